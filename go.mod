@@ -2,7 +2,4 @@ module github.com/shardd/shardd
 
 go 1.26
 
-require (
-	github.com/robfig/cron/v3 v3.0.1 // indirect
-	gopkg.in/yaml.v3 v3.0.1 // indirect
-)
+require github.com/robfig/cron/v3 v3.0.1
