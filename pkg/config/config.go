@@ -1,0 +1,271 @@
+// Package config loads and validates shardd job definitions.
+//
+// A config is one YAML file, or a directory whose *.yaml and *.yml files are
+// read in name order (conf.d style). Each file holds a `jobs:` list and an
+// optional `defaults:` block that applies to that file's jobs unless a job
+// sets the field itself:
+//
+//	defaults:
+//	  timeZone: Europe/Berlin
+//	  failover: true
+//	jobs:
+//	  - name: orders
+//	    cron: "0/5 * * * * ?"
+//	    shardingTotalCount: 3
+//	    shardingItemParameters: "0=Beijing,1=Shanghai,2=Guangzhou"
+//	    script: ["/usr/local/bin/sync-orders"]
+//
+// Field names follow ElasticJob's so that its users recognise them. Loading is
+// strict: unknown fields are errors, and every problem of every file is
+// reported at once, each naming the file, line, job and field:
+//
+//	jobs.yaml:14: job "orders": shardingTotalCount must be >= 1, got 0
+//
+// Defaults are applied in this order: the built-in defaults (DefaultJob), then
+// the file's defaults block, then the job's own fields.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/shardd/shardd/pkg/schedule"
+	"github.com/shardd/shardd/pkg/shard"
+)
+
+// Config is a validated set of jobs.
+type Config struct {
+	// Jobs sorted by name.
+	Jobs []*Job
+	// Files that were read, in order.
+	Files []string
+}
+
+// Job returns the job called name, or nil.
+func (c *Config) Job(name string) *Job {
+	i := sort.Search(len(c.Jobs), func(i int) bool { return c.Jobs[i].Name >= name })
+	if i < len(c.Jobs) && c.Jobs[i].Name == name {
+		return c.Jobs[i]
+	}
+	return nil
+}
+
+// Job is one job definition. The YAML names are ElasticJob's where it has one.
+type Job struct {
+	Name        string `yaml:"name" json:"name"`
+	Description string `yaml:"description" json:"description,omitempty"`
+	// Cron is the schedule (see package schedule). Empty means the job runs
+	// only when triggered by hand.
+	Cron string `yaml:"cron" json:"cron,omitempty"`
+	// TimeZone is an IANA zone name in which Cron is read. Default UTC, so
+	// that hosts with different local zones agree on fire times.
+	TimeZone               string         `yaml:"timeZone" json:"timeZone"`
+	ShardingTotalCount     int            `yaml:"shardingTotalCount" json:"shardingTotalCount"`
+	ShardingItemParameters ItemParameters `yaml:"shardingItemParameters" json:"shardingItemParameters,omitempty"`
+	JobParameter           string         `yaml:"jobParameter" json:"jobParameter,omitempty"`
+	// Strategy is a shard strategy name; jobShardingStrategyType is accepted as an alias.
+	Strategy         string `yaml:"strategy" alias:"jobShardingStrategyType" json:"strategy"`
+	Failover         bool   `yaml:"failover" json:"failover"`
+	Misfire          bool   `yaml:"misfire" json:"misfire"`
+	MonitorExecution bool   `yaml:"monitorExecution" json:"monitorExecution"`
+	Disabled         bool   `yaml:"disabled" json:"disabled"`
+	Overwrite        bool   `yaml:"overwrite" json:"overwrite"`
+	// MaxTimeDiffSeconds is the clock skew against etcd this host tolerates; -1 disables the check.
+	MaxTimeDiffSeconds int `yaml:"maxTimeDiffSeconds" json:"maxTimeDiffSeconds"`
+	// ReconcileIntervalMinutes bounds how long the leader may go without re-checking the shard map.
+	ReconcileIntervalMinutes int `yaml:"reconcileIntervalMinutes" json:"reconcileIntervalMinutes"`
+	// Timeout bounds one execution of one item; 0 means no limit.
+	Timeout Duration `yaml:"timeout" json:"timeout"`
+	// Retries is how many times a failed execution is tried again.
+	Retries int `yaml:"retries" json:"retries"`
+	// MaxConcurrency caps the items of this job running at once on one instance; 0 means no cap.
+	MaxConcurrency int `yaml:"maxConcurrency" json:"maxConcurrency"`
+
+	// Exactly one of Script and HTTP is set.
+	Script *Script `yaml:"script" json:"script,omitempty"`
+	HTTP   *HTTP   `yaml:"http" json:"http,omitempty"`
+
+	// Set by Load from the fields above.
+	Schedule schedule.Schedule `yaml:"-" json:"-"` // nil when Cron is empty
+	Location *time.Location    `yaml:"-" json:"-"`
+	Shard    shard.Strategy    `yaml:"-" json:"-"`
+	// Pos is where the job is defined.
+	Pos Pos `yaml:"-" json:"-"`
+}
+
+// Pos is a place in a config file.
+type Pos struct {
+	File string
+	Line int
+}
+
+func (p Pos) String() string { return fmt.Sprintf("%s:%d", p.File, p.Line) }
+
+// Script is work run as a child process.
+type Script struct {
+	// Command is the program: an argv list run directly, or a string run by /bin/sh -c.
+	Command Command           `yaml:"command" json:"command"`
+	Env     map[string]string `yaml:"env" json:"env,omitempty"`
+	Workdir string            `yaml:"workdir" json:"workdir,omitempty"`
+}
+
+// Command is an argv list (Argv) or a shell string (Shell); exactly one is set.
+type Command struct {
+	Argv  []string `json:"argv,omitempty"`
+	Shell string   `json:"shell,omitempty"`
+}
+
+// HTTP is work done by calling an HTTP hook.
+type HTTP struct {
+	URL     string            `yaml:"url" json:"url"`
+	Method  string            `yaml:"method" json:"method"`
+	Headers map[string]string `yaml:"headers" json:"headers,omitempty"`
+	// Body is sent as is; when empty, the execution context is sent as JSON.
+	Body    string   `yaml:"body" json:"body,omitempty"`
+	Timeout Duration `yaml:"timeout" json:"timeout"`
+	// SuccessCodes are the statuses that count as success; empty means any 2xx.
+	SuccessCodes []int `yaml:"successCodes" json:"successCodes,omitempty"`
+}
+
+// Duration is a time.Duration written like "30s" in YAML and JSON.
+type Duration time.Duration
+
+// String returns the duration as time.Duration formats it.
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalText writes the duration like "1m30s".
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads a duration like "1m30s".
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	*d = Duration(v)
+	return err
+}
+
+// Built-in defaults.
+const (
+	DefaultTimeZone                 = "UTC"
+	DefaultMaxTimeDiffSeconds       = -1
+	DefaultReconcileIntervalMinutes = 10
+	DefaultHTTPMethod               = "POST"
+	DefaultHTTPTimeout              = Duration(30 * time.Second)
+	// MaxShardingTotalCount bounds the items of one job, so that its shard
+	// map stays well inside etcd's request size limit.
+	MaxShardingTotalCount = 10000
+	// MaxNameLength bounds job names, which are etcd key segments.
+	MaxNameLength = 128
+)
+
+// DefaultJob returns a job with every built-in default set.
+func DefaultJob() Job {
+	return Job{
+		TimeZone:                 DefaultTimeZone,
+		ShardingTotalCount:       1,
+		Strategy:                 shard.Default,
+		Misfire:                  true,
+		MonitorExecution:         true,
+		MaxTimeDiffSeconds:       DefaultMaxTimeDiffSeconds,
+		ReconcileIntervalMinutes: DefaultReconcileIntervalMinutes,
+	}
+}
+
+// Load reads path, a YAML file or a directory of them, and validates every
+// job. The error, if any, joins every problem found (see Error).
+func Load(path string) (*Config, error) {
+	files, err := configFiles(path)
+	if err != nil {
+		return nil, err
+	}
+	var l loader
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			l.errs = append(l.errs, err)
+			continue
+		}
+		l.file(f, data)
+	}
+	return l.finish(files)
+}
+
+// Parse loads one file's content; name is used in error messages.
+func Parse(name string, data []byte) (*Config, error) {
+	var l loader
+	l.file(name, data)
+	return l.finish([]string{name})
+}
+
+func configFiles(path string) ([]string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	if !st.IsDir() {
+		return []string{path}, nil
+	}
+	var files []string
+	for _, pattern := range []string{"*.yaml", "*.yml"} {
+		m, err := filepath.Glob(filepath.Join(path, pattern))
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		files = append(files, m...)
+	}
+	sort.Strings(files)
+	if len(files) == 0 {
+		return nil, fmt.Errorf("config: directory %s has no *.yaml or *.yml files", path)
+	}
+	return files, nil
+}
+
+// Error is one problem in a config file.
+type Error struct {
+	File string
+	Line int
+	Job  string // empty for problems outside a job
+	Msg  string // starts with the field name where there is one
+}
+
+func (e *Error) Error() string {
+	pos := e.File
+	if e.Line > 0 {
+		pos = fmt.Sprintf("%s:%d", e.File, e.Line)
+	}
+	if e.Job != "" {
+		return fmt.Sprintf("%s: job %s: %s", pos, e.Job, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", pos, e.Msg)
+}
+
+// Errors returns the individual problems joined in err by Load or Parse.
+func Errors(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	if err == nil {
+		return nil
+	}
+	return []error{err}
+}
+
+func (l *loader) finish(files []string) (*Config, error) {
+	l.checkDuplicates()
+	if len(l.errs) > 0 {
+		sort.SliceStable(l.errs, func(i, j int) bool {
+			a, aok := l.errs[i].(*Error)
+			b, bok := l.errs[j].(*Error)
+			if !aok || !bok {
+				return !aok && bok
+			}
+			return a.File < b.File || a.File == b.File && a.Line < b.Line
+		})
+		return nil, errors.Join(l.errs...)
+	}
+	sort.Slice(l.jobs, func(i, j int) bool { return l.jobs[i].Name < l.jobs[j].Name })
+	return &Config{Jobs: l.jobs, Files: files}, nil
+}

@@ -1,0 +1,270 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadGood(t *testing.T) {
+	c, err := Load("testdata/good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, j := range c.Jobs {
+		names = append(names, j.Name)
+	}
+	if want := []string{"hook", "invoices", "manual-only", "orders"}; !reflect.DeepEqual(names, want) {
+		t.Fatalf("jobs = %v, want %v (sorted)", names, want)
+	}
+
+	orders := c.Job("orders")
+	if orders.ShardingTotalCount != 3 || orders.ShardingItemParameters[2] != "Guangzhou" || orders.JobParameter != "full" {
+		t.Errorf("orders = %+v", orders)
+	}
+	if orders.TimeZone != "Asia/Shanghai" || !orders.Failover || orders.Timeout != Duration(5*time.Minute) {
+		t.Errorf("orders did not take the defaults block: %+v", orders)
+	}
+	if !orders.Misfire || !orders.MonitorExecution || orders.MaxTimeDiffSeconds != -1 || orders.ReconcileIntervalMinutes != 10 || orders.Strategy != "AVG_ALLOCATION" {
+		t.Errorf("orders did not take the built-in defaults: %+v", orders)
+	}
+	if got := orders.Script.Command.Argv; !reflect.DeepEqual(got, []string{"/usr/local/bin/sync-orders", "--region", "eu"}) {
+		t.Errorf("orders argv = %q", got)
+	}
+	if orders.Script.Env["LOG_LEVEL"] != "info" || orders.Script.Workdir != "/var/lib/orders" {
+		t.Errorf("orders script = %+v", orders.Script)
+	}
+	if orders.Schedule == nil || orders.Location.String() != "Asia/Shanghai" || orders.Pos.Line != 7 {
+		t.Errorf("orders derived fields: schedule %v, location %v, pos %v", orders.Schedule, orders.Location, orders.Pos)
+	}
+
+	inv := c.Job("invoices")
+	if inv.Strategy != "ODEVITY" || inv.Shard.Name() != "ODEVITY" {
+		t.Errorf("jobShardingStrategyType alias not applied: %q", inv.Strategy)
+	}
+	if inv.Failover {
+		t.Error("invoices: job's failover: false did not override the defaults block")
+	}
+	if inv.Script.Command.Shell != "echo item $SHARDD_ITEM" || inv.ShardingItemParameters[0] != "a,b" {
+		t.Errorf("invoices = %+v", inv.Script)
+	}
+
+	hook := c.Job("hook")
+	if hook.HTTP.Method != "PUT" || hook.HTTP.Timeout != Duration(10*time.Second) || !reflect.DeepEqual(hook.HTTP.SuccessCodes, []int{200, 202}) {
+		t.Errorf("hook = %+v", hook.HTTP)
+	}
+	if hook.TimeZone != "UTC" {
+		t.Errorf("hook timeZone %q: the job's own value must win over defaults", hook.TimeZone)
+	}
+	if m := c.Job("manual-only"); m.Schedule != nil || m.TimeZone != "Asia/Shanghai" {
+		t.Errorf("manual-only = %+v", m)
+	}
+	if c.Job("nope") != nil {
+		t.Error("Job(nope) != nil")
+	}
+}
+
+// Each bad file holds one realistic mistake; the error must name the file,
+// the line, the job and the field, with the bad value.
+func TestLoadBad(t *testing.T) {
+	tests := []struct {
+		file string
+		want string
+	}{
+		{"bad-cron", `bad-cron.bad.yaml:3: job "orders": cron "0 0 25 * * ?": end of range (25) above maximum (23)`},
+		{"quartz-last-day", `quartz-last-day.bad.yaml:3: job "month-end": cron "0 0 23 L * ?": day-of-month "L": L (last day) and W (nearest weekday) are Quartz features shardd does not support`},
+		{"quartz-year", `quartz-year.bad.yaml:3: job "once": cron "0 0 12 1 1 ? 2027": year "2027": a concrete year`},
+		{"unknown-field", `unknown-field.bad.yaml:4: job "orders": unknown field shardingTotalcount (did you mean shardingTotalCount?)`},
+		{"unknown-top-level", `unknown-top-level.bad.yaml:1: unknown field "job" (want defaults or jobs)`},
+		{"duplicate-name", `duplicate-name.bad.yaml:4: job "orders": name is defined twice; first at testdata/duplicate-name.bad.yaml:2`},
+		{"script-and-http", `script-and-http.bad.yaml:4: job "orders": script and http are both set`},
+		{"no-work", `no-work.bad.yaml:2: job "orders": no work: set script or http`},
+		{"total-zero", `total-zero.bad.yaml:3: job "orders": shardingTotalCount must be >= 1, got 0`},
+		{"param-out-of-range", `param-out-of-range.bad.yaml:4: job "orders": shardingItemParameters item 3 is out of range: items are 0..2 (shardingTotalCount 3)`},
+		{"param-repeated", `param-repeated.bad.yaml:4: job "orders": shardingItemParameters item 1 is given twice`},
+		{"param-malformed", `param-malformed.bad.yaml:4: job "orders": shardingItemParameters "0:Beijing" is not item=value`},
+		{"bad-timezone", `bad-timezone.bad.yaml:3: job "orders": timeZone "Mars/Olympus_Mons" is not an IANA time zone name`},
+		{"negative-timeout", `negative-timeout.bad.yaml:3: job "orders": timeout must be >= 0 (0 = no limit), got -5s`},
+		{"bad-duration", `bad-duration.bad.yaml:3: job "orders": timeout must be a duration like 30s or 1m30s, got "30"`},
+		{"malformed-url", `malformed-url.bad.yaml:4: job "hook": http.url "http//missing-colon/run" must start with http:// or https://`},
+		{"name-with-slash", `name-with-slash.bad.yaml:2: job "billing/eu": name "billing/eu" has '/'`},
+		{"unknown-strategy", `unknown-strategy.bad.yaml:3: job "orders": strategy "AVERAGE" (one of AVG_ALLOCATION, BROADCAST,`},
+		{"reserved-strategy", `reserved-strategy.bad.yaml:3: job "orders": strategy LFU is reserved for runtime routing`},
+		{"strategy-and-alias", `strategy-and-alias.bad.yaml:4: job "orders": strategy and jobShardingStrategyType are the same field; set only one`},
+		{"broadcast-total", `broadcast-total.bad.yaml:4: job "cache-warm": shardingTotalCount must not be set with strategy BROADCAST`},
+		{"defaults-name", `defaults-name.bad.yaml:2: defaults: script cannot be set in defaults`},
+		{"wrong-type", `wrong-type.bad.yaml:3: job "orders": failover must be true or false, got "sometimes"`},
+		{"http-method", `http-method.bad.yaml:5: job "hook": http.method "FETCH" is not one of GET, POST, PUT, PATCH, DELETE`},
+		{"duplicate-key", `duplicate-key.bad.yaml:4: job "orders": cron is set twice (first at line 3)`},
+		{"missing-name", `missing-name.bad.yaml:2: job #1: name is required`},
+		{"success-code", `success-code.bad.yaml:5: job "hook": http.successCodes: 999 is not an HTTP status`},
+		{"syntax", `syntax.bad.yaml:3: mapping values are not allowed in this context`},
+	}
+	seen := map[string]bool{}
+	for _, tt := range tests {
+		seen[tt.file+".bad.yaml"] = true
+		t.Run(tt.file, func(t *testing.T) {
+			c, err := Load(filepath.Join("testdata", tt.file+".bad.yaml"))
+			if err == nil {
+				t.Fatalf("loaded %d jobs, want error %q", len(c.Jobs), tt.want)
+			}
+			errs := Errors(err)
+			if len(errs) != 1 {
+				t.Errorf("%d errors, want 1:\n%v", len(errs), err)
+			}
+			if !strings.Contains(errs[0].Error(), tt.want) {
+				t.Errorf("error:\n  %s\nwant it to contain:\n  %s", errs[0], tt.want)
+			}
+		})
+	}
+	files, _ := filepath.Glob("testdata/*.bad.yaml")
+	for _, f := range files {
+		if !seen[filepath.Base(f)] {
+			t.Errorf("%s has no expected error in this test", f)
+		}
+	}
+}
+
+func TestLoadReportsEveryProblem(t *testing.T) {
+	const data = `
+jobs:
+  - name: a
+    shardingTotalCount: 0
+    timeout: -1s
+    script: [/bin/true]
+  - name: b
+    cron: "nope"
+    retries: -2
+  - name: a
+    script: [/bin/true]
+`
+	_, err := Parse("jobs.yaml", []byte(data))
+	got := []string{}
+	for _, e := range Errors(err) {
+		got = append(got, e.Error())
+	}
+	want := []string{
+		`jobs.yaml:4: job "a": shardingTotalCount must be >= 1, got 0`,
+		`jobs.yaml:5: job "a": timeout must be >= 0 (0 = no limit), got -1s`,
+		`jobs.yaml:7: job "b": no work: set script or http`,
+		`jobs.yaml:8: job "b": cron "nope": 1 fields; want 6 or 7`,
+		`jobs.yaml:9: job "b": retries must be >= 0, got -2`,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d errors, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i := range want {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("error %d = %q, want prefix %q", i, got[i], want[i])
+		}
+	}
+}
+
+func TestLoadDirectory(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("10-orders.yaml", "defaults: {failover: true}\njobs:\n  - name: orders\n    script: [/bin/true]\n")
+	write("20-hooks.yml", "jobs:\n  - name: hook\n    http: {url: 'http://127.0.0.1:1/'}\n")
+	write("README.md", "not yaml: [")
+	c, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Jobs) != 2 || len(c.Files) != 2 {
+		t.Fatalf("jobs %d, files %v", len(c.Jobs), c.Files)
+	}
+	if !c.Job("orders").Failover || c.Job("hook").Failover {
+		t.Error("a file's defaults block must apply to that file only")
+	}
+
+	write("30-dup.yaml", "jobs:\n  - name: orders\n    script: [/bin/false]\n")
+	_, err = Load(dir)
+	if err == nil || !strings.Contains(err.Error(), `30-dup.yaml:2: job "orders": name is defined twice; first at `+filepath.Join(dir, "10-orders.yaml")+":3") {
+		t.Errorf("duplicate across files: %v", err)
+	}
+
+	if _, err := Load(t.TempDir()); err == nil || !strings.Contains(err.Error(), "no *.yaml or *.yml files") {
+		t.Errorf("empty directory: %v", err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "no such file") {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func TestYAMLAnchorsAndMergeKeys(t *testing.T) {
+	const data = `
+jobs:
+  - &base
+    name: one
+    failover: true
+    script: [/bin/true]
+  - <<: *base
+    name: two
+`
+	c, err := Parse("jobs.yaml", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if two := c.Job("two"); two == nil || !two.Failover || two.Script.Command.Argv[0] != "/bin/true" {
+		t.Errorf("merge key not applied: %+v", two)
+	}
+}
+
+func TestMergeKeyCycleIsNoHang(t *testing.T) {
+	c, err := Parse("jobs.yaml", []byte("jobs:\n  - &a\n    name: x\n    script: [/bin/true]\n    <<: *a\n"))
+	if err != nil || c.Job("x") == nil {
+		t.Fatalf("self-merge: %v", err)
+	}
+}
+
+func TestParseItemParameters(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    ItemParameters
+		wantErr string
+	}{
+		{"", ItemParameters{}, ""},
+		{"0=Beijing,1=Shanghai,2=Guangzhou", ItemParameters{0: "Beijing", 1: "Shanghai", 2: "Guangzhou"}, ""},
+		{" 0 = A , 1 = B ", ItemParameters{0: "A", 1: "B"}, ""},
+		{"0=a=b", ItemParameters{0: "a=b"}, ""},
+		{"0=$(touch /tmp/pwned); rm -rf ~", ItemParameters{0: "$(touch /tmp/pwned); rm -rf ~"}, ""},
+		{"0=", nil, `"0=" is not item=value`},
+		{"0=a,,1=b", nil, `"" is not item=value`},
+		{"x=a", nil, `item "x" in "x=a" is not a non-negative integer`},
+		{"-1=a", nil, "not a non-negative integer"},
+		{"1=a,1=b", nil, "item 1 is given twice"},
+	}
+	for _, tt := range tests {
+		got, err := ParseItemParameters(tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("ParseItemParameters(%q) error = %v, want %q", tt.in, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("ParseItemParameters(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestCheckName(t *testing.T) {
+	for _, ok := range []string{"orders", "Orders_2.eu-west", "订单同步", strings.Repeat("a", 128)} {
+		if err := CheckName(ok); err != nil {
+			t.Errorf("CheckName(%q) = %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "a/b", ".hidden", "..", "with space", strings.Repeat("a", 129), "a\x00b", "semi;colon"} {
+		if err := CheckName(bad); err == nil {
+			t.Errorf("CheckName(%q) = nil, want error", bad)
+		}
+	}
+}

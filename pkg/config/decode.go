@@ -1,0 +1,398 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// loader collects the jobs and the problems of every file it is given.
+type loader struct {
+	errs []error
+	jobs []*Job
+}
+
+// scope is where a problem is reported: a file and, inside it, a job.
+type scope struct {
+	l    *loader
+	file string
+	job  string
+}
+
+func (s scope) errorf(line int, format string, args ...any) {
+	s.l.errs = append(s.l.errs, &Error{File: s.file, Line: line, Job: s.job, Msg: fmt.Sprintf(format, args...)})
+}
+
+// fileKeys are the allowed top-level keys of a config file.
+var fileKeys = []string{"defaults", "jobs"}
+
+// notInDefaults are job fields a defaults block may not set, with the reason.
+var notInDefaults = map[string]string{
+	"name":                   "every job needs its own name",
+	"cron":                   "each job has its own schedule",
+	"description":            "it describes one job",
+	"shardingItemParameters": "they depend on each job's items",
+	"script":                 "each job has its own work",
+	"http":                   "each job has its own work",
+}
+
+var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
+
+func (l *loader) file(name string, data []byte) {
+	fs := scope{l: l, file: name}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		msg, line := strings.TrimPrefix(err.Error(), "yaml: "), 0
+		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
+			line, _ = strconv.Atoi(m[1])
+			msg = err.Error()[len(m[0]):]
+		}
+		fs.errorf(line, "%s", msg)
+		return
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return // an empty file defines no jobs
+	}
+	root := resolve(doc.Content[0])
+	if root.Kind != yaml.MappingNode {
+		fs.errorf(root.Line, "want a mapping with %s, got %s", strings.Join(fileKeys, " and "), kindName(root))
+		return
+	}
+	var defaults, jobs *yaml.Node
+	for _, kv := range pairs(root) {
+		switch kv.key.Value {
+		case "defaults":
+			defaults = kv.value
+		case "jobs":
+			jobs = kv.value
+		default:
+			fs.errorf(kv.key.Line, "unknown field %q (want %s)", kv.key.Value, strings.Join(fileKeys, " or "))
+		}
+	}
+	if defaults != nil {
+		if defaults.Kind != yaml.MappingNode && !isNull(defaults) {
+			fs.errorf(defaults.Line, "defaults must be a mapping of job fields, got %s", kindName(defaults))
+			defaults = nil
+		} else {
+			// Check the block once; errors are reported here, not per job.
+			for _, kv := range pairs(defaults) {
+				if why, ok := notInDefaults[kv.key.Value]; ok {
+					fs.errorf(kv.key.Line, "defaults: %s cannot be set in defaults: %s", kv.key.Value, why)
+				}
+			}
+			d := DefaultJob()
+			decodeStruct(fs, defaults, reflect.ValueOf(&d).Elem(), "defaults.", nil)
+		}
+	}
+	if jobs == nil || isNull(jobs) {
+		return
+	}
+	if jobs.Kind != yaml.SequenceNode {
+		fs.errorf(jobs.Line, "jobs must be a list of jobs, got %s", kindName(jobs))
+		return
+	}
+	for i, n := range jobs.Content {
+		l.job(name, i, resolve(n), defaults)
+	}
+}
+
+// job decodes one entry of a jobs list on top of the defaults, then validates it.
+func (l *loader) job(file string, index int, n, defaults *yaml.Node) {
+	js := scope{l: l, file: file, job: fmt.Sprintf("#%d", index+1)}
+	if n.Kind != yaml.MappingNode {
+		js.errorf(n.Line, "want a mapping of job fields, got %s", kindName(n))
+		return
+	}
+	for _, kv := range pairs(n) {
+		if kv.key.Value == "name" && kv.value.Kind == yaml.ScalarNode && kv.value.Value != "" {
+			js.job = strconv.Quote(kv.value.Value)
+		}
+	}
+	j := DefaultJob()
+	if defaults != nil {
+		// Problems in defaults were reported once by file; ignore them here.
+		decodeStruct(scope{l: &loader{}, file: file}, defaults, reflect.ValueOf(&j).Elem(), "", nil)
+	}
+	f := &fields{line: map[string]int{"": n.Line}, failed: map[string]bool{}}
+	before := len(l.errs)
+	decodeStruct(js, n, reflect.ValueOf(&j).Elem(), "", f)
+	j.Pos = Pos{File: file, Line: n.Line}
+	if validate(js, &j, f) && len(l.errs) == before {
+		l.jobs = append(l.jobs, &j)
+	}
+}
+
+// fields records, by field path ("timeout", "http.url"; "" is the job), the
+// line where each field was set and which fields failed to decode.
+type fields struct {
+	line   map[string]int
+	failed map[string]bool
+}
+
+// fail marks path as not decoded, so that validation does not judge its value.
+func (f *fields) fail(path string) {
+	if f != nil {
+		f.failed[path] = true
+	}
+}
+
+// nodeDecoder is implemented by field types that read a YAML node themselves.
+// The error's text follows the field name in the message.
+type nodeDecoder interface {
+	decodeNode(n *yaml.Node) error
+}
+
+// shorthander is implemented by struct types that may also be written as a
+// non-mapping value, which then fills the named field.
+type shorthander interface {
+	shorthandField() string
+}
+
+var (
+	durationType    = reflect.TypeOf(Duration(0))
+	nodeDecoderType = reflect.TypeOf((*nodeDecoder)(nil)).Elem()
+	shorthanderType = reflect.TypeOf((*shorthander)(nil)).Elem()
+)
+
+// decodeStruct decodes mapping n into the struct v strictly: every key must
+// be a field (by yaml tag or alias tag), and every problem is reported with
+// its line. prefix is the path of v ("" or "http."). f, if not nil, records
+// the fields set and failed.
+func decodeStruct(s scope, n *yaml.Node, v reflect.Value, prefix string, f *fields) {
+	t := v.Type()
+	if n.Kind != yaml.MappingNode {
+		if reflect.PointerTo(t).Implements(shorthanderType) {
+			field := v.Addr().Interface().(shorthander).shorthandField()
+			decodeField(s, n, fieldByTag(v, field), prefix+field, f)
+			return
+		}
+		f.fail(strings.TrimSuffix(prefix, "."))
+		s.errorf(n.Line, "%s must be a mapping, got %s", strings.TrimSuffix(prefix, "."), kindName(n))
+		return
+	}
+	set := map[string]*yaml.Node{} // field name -> key node that set it
+	for _, kv := range pairs(n) {
+		key := kv.key.Value
+		idx, name := lookupField(t, key)
+		if idx < 0 {
+			s.errorf(kv.key.Line, "%s", unknownField(t, prefix, key))
+			continue
+		}
+		if prev, dup := set[name]; dup {
+			if prev.Value == key {
+				s.errorf(kv.key.Line, "%s%s is set twice (first at line %d)", prefix, key, prev.Line)
+			} else {
+				s.errorf(kv.key.Line, "%s%s and %s%s are the same field; set only one", prefix, prev.Value, prefix, key)
+			}
+			continue
+		}
+		set[name] = kv.key
+		if f != nil {
+			f.line[prefix+name] = kv.key.Line
+		}
+		decodeField(s, kv.value, v.Field(idx), prefix+name, f)
+	}
+}
+
+func decodeField(s scope, n *yaml.Node, v reflect.Value, path string, f *fields) {
+	n = resolve(n)
+	bad := func(format string, args ...any) {
+		f.fail(path)
+		s.errorf(n.Line, format, args...)
+	}
+	if v.Kind() == reflect.Pointer && v.Type().Elem().Kind() == reflect.Struct {
+		if isNull(n) {
+			v.SetZero()
+			return
+		}
+		if v.IsNil() {
+			v.Set(reflect.New(v.Type().Elem()))
+		}
+		v = v.Elem()
+	}
+	if reflect.PointerTo(v.Type()).Implements(nodeDecoderType) {
+		if err := v.Addr().Interface().(nodeDecoder).decodeNode(n); err != nil {
+			bad("%s %s", path, err)
+		}
+		return
+	}
+	if v.Kind() == reflect.Struct && v.Type() != durationType {
+		decodeStruct(s, n, v, path+".", f)
+		return
+	}
+	if v.Type() == durationType {
+		d, err := time.ParseDuration(n.Value)
+		if n.Kind != yaml.ScalarNode || err != nil {
+			bad("%s must be a duration like 30s or 1m30s, got %s", path, describe(n))
+			return
+		}
+		v.SetInt(int64(d))
+		return
+	}
+	if v.Kind() == reflect.String && n.Kind == yaml.ScalarNode && n.Tag != "!!null" {
+		v.SetString(n.Value) // numbers and booleans are kept as written
+		return
+	}
+	target := reflect.New(v.Type())
+	if err := n.Decode(target.Interface()); err != nil {
+		bad("%s must be %s, got %s", path, typeName(v.Type()), describe(n))
+		return
+	}
+	if v.Kind() == reflect.Map && !v.IsNil() && !target.Elem().IsNil() {
+		for _, k := range target.Elem().MapKeys() { // merge over defaults
+			v.SetMapIndex(k, target.Elem().MapIndex(k))
+		}
+		return
+	}
+	v.Set(target.Elem())
+}
+
+// lookupField finds the field of t whose yaml tag or alias tag is key, and
+// returns its index and canonical (yaml tag) name.
+func lookupField(t reflect.Type, key string) (int, string) {
+	for i := 0; i < t.NumField(); i++ {
+		tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]
+		if tag == "" || tag == "-" {
+			continue
+		}
+		if tag == key || t.Field(i).Tag.Get("alias") == key {
+			return i, tag
+		}
+	}
+	return -1, ""
+}
+
+func fieldByTag(v reflect.Value, name string) reflect.Value {
+	i, _ := lookupField(v.Type(), name)
+	return v.Field(i)
+}
+
+// unknownField words the error for key, suggesting a field that differs only in case.
+func unknownField(t reflect.Type, prefix, key string) string {
+	var names []string
+	for i := 0; i < t.NumField(); i++ {
+		tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]
+		if tag == "" || tag == "-" {
+			continue
+		}
+		if strings.EqualFold(tag, key) {
+			return fmt.Sprintf("unknown field %s%s (did you mean %s?)", prefix, key, tag)
+		}
+		names = append(names, tag)
+	}
+	return fmt.Sprintf("unknown field %s%s (known: %s)", prefix, key, strings.Join(names, ", "))
+}
+
+type pair struct{ key, value *yaml.Node }
+
+// pairs lists the key/value pairs of mapping n, with YAML merge keys (<<)
+// expanded: merged pairs come first, so the mapping's own keys win.
+func pairs(n *yaml.Node) []pair {
+	return mergedPairs(n, map[*yaml.Node]bool{})
+}
+
+// mergedPairs is pairs; merges of a mapping into itself (through aliases)
+// are skipped, since its own keys are already there.
+func mergedPairs(n *yaml.Node, visiting map[*yaml.Node]bool) []pair {
+	n = resolve(n)
+	if visiting[n] {
+		return nil
+	}
+	visiting[n] = true
+	defer delete(visiting, n)
+	var merged, own []pair
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Tag == "!!merge" {
+			v = resolve(v)
+			srcs := []*yaml.Node{v}
+			if v.Kind == yaml.SequenceNode {
+				srcs = v.Content
+			}
+			for _, src := range srcs {
+				merged = append(merged, mergedPairs(src, visiting)...)
+			}
+			continue
+		}
+		own = append(own, pair{k, v})
+	}
+	if len(merged) == 0 {
+		return own
+	}
+	out := own
+	have := map[string]bool{}
+	for _, p := range own {
+		have[p.key.Value] = true
+	}
+	for _, p := range merged {
+		if !have[p.key.Value] {
+			have[p.key.Value] = true
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func resolve(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	return n
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.ScalarNode:
+		return describe(n)
+	}
+	return "nothing"
+}
+
+// describe shows a node in an error message.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if isNull(n) {
+			return "nothing"
+		}
+		v := n.Value
+		if len(v) > 60 {
+			v = v[:57] + "..."
+		}
+		return strconv.Quote(v)
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	return "nothing"
+}
+
+func typeName(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return "an integer"
+	case reflect.String:
+		return "a string"
+	case reflect.Slice:
+		return "a list of " + strings.TrimPrefix(strings.TrimPrefix(typeName(t.Elem()), "an "), "a ") + "s"
+	case reflect.Map:
+		return "a mapping of " + strings.TrimPrefix(typeName(t.Key()), "a ") + "s to " + strings.TrimPrefix(typeName(t.Elem()), "a ") + "s"
+	}
+	return t.String()
+}

@@ -1,0 +1,198 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/shardd/shardd/pkg/schedule"
+	"github.com/shardd/shardd/pkg/shard"
+)
+
+// validate checks j, reporting every problem through s at the line of the
+// field at fault, and sets the derived fields. Fields that failed to decode
+// (f.failed) are not judged again. It reports whether j is valid.
+func validate(s scope, j *Job, f *fields) bool {
+	before := len(s.l.errs)
+	bad := func(field, format string, args ...any) {
+		parent, _, _ := strings.Cut(field, ".")
+		if f.failed[field] || f.failed[parent] {
+			return
+		}
+		line, ok := f.line[field]
+		if !ok {
+			line = f.line[""]
+		}
+		s.errorf(line, format, args...)
+	}
+
+	if err := CheckName(j.Name); err != nil {
+		bad("name", "name %s", err)
+	}
+
+	loc, err := time.LoadLocation(j.TimeZone)
+	if err != nil || j.TimeZone == "" || j.TimeZone == "Local" {
+		bad("timeZone", "timeZone %q is not an IANA time zone name like UTC or Asia/Shanghai", j.TimeZone)
+		loc = time.UTC
+	}
+	j.Location = loc
+	if j.Cron != "" {
+		sched, err := schedule.Parse(j.Cron, loc)
+		if err != nil {
+			bad("cron", "cron %s", strings.TrimPrefix(err.Error(), schedule.ErrSyntax.Error()+" "))
+		}
+		j.Schedule = sched
+	}
+
+	strategy, err := shard.Lookup(j.Strategy)
+	switch {
+	case errors.Is(err, shard.ErrReserved):
+		bad("strategy", "strategy %s is reserved for runtime routing and not supported yet (use one of %s)", j.Strategy, strings.Join(shard.Names(), ", "))
+	case err != nil:
+		bad("strategy", "strategy %s", strings.TrimPrefix(err.Error(), shard.ErrUnknown.Error()+": "))
+	}
+	j.Shard = strategy
+
+	switch {
+	case j.ShardingTotalCount < 1:
+		bad("shardingTotalCount", "shardingTotalCount must be >= 1, got %d", j.ShardingTotalCount)
+	case j.ShardingTotalCount > MaxShardingTotalCount:
+		bad("shardingTotalCount", "shardingTotalCount must be <= %d, got %d", MaxShardingTotalCount, j.ShardingTotalCount)
+	case j.Strategy == shard.Broadcast && j.ShardingTotalCount != 1:
+		bad("shardingTotalCount", "shardingTotalCount must not be set with strategy BROADCAST, which runs one item per instance (got %d)", j.ShardingTotalCount)
+	}
+	if j.Strategy != shard.Broadcast && j.ShardingTotalCount >= 1 {
+		for _, item := range j.ShardingItemParameters.Items() {
+			if item >= j.ShardingTotalCount {
+				bad("shardingItemParameters", "shardingItemParameters item %d is out of range: items are 0..%d (shardingTotalCount %d)", item, j.ShardingTotalCount-1, j.ShardingTotalCount)
+				break
+			}
+		}
+	}
+
+	if j.MaxTimeDiffSeconds < -1 {
+		bad("maxTimeDiffSeconds", "maxTimeDiffSeconds must be -1 (off) or >= 0, got %d", j.MaxTimeDiffSeconds)
+	}
+	if j.ReconcileIntervalMinutes < 1 {
+		bad("reconcileIntervalMinutes", "reconcileIntervalMinutes must be >= 1, got %d", j.ReconcileIntervalMinutes)
+	}
+	if j.Timeout < 0 {
+		bad("timeout", "timeout must be >= 0 (0 = no limit), got %s", j.Timeout)
+	}
+	if j.Retries < 0 {
+		bad("retries", "retries must be >= 0, got %d", j.Retries)
+	}
+	if j.MaxConcurrency < 0 {
+		bad("maxConcurrency", "maxConcurrency must be >= 0 (0 = no limit), got %d", j.MaxConcurrency)
+	}
+
+	switch {
+	case j.Script == nil && j.HTTP == nil:
+		bad("", "no work: set script or http")
+	case j.Script != nil && j.HTTP != nil:
+		bad("http", "script and http are both set; a job does one kind of work")
+	case j.Script != nil:
+		validateScript(j.Script, bad)
+	default:
+		validateHTTP(j.HTTP, bad)
+	}
+	return len(s.l.errs) == before
+}
+
+func validateScript(sc *Script, bad func(field, format string, args ...any)) {
+	switch {
+	case sc.Command.Shell == "" && len(sc.Command.Argv) == 0:
+		bad("script.command", "script.command is empty")
+	case sc.Command.Shell == "" && sc.Command.Argv[0] == "":
+		bad("script.command", "script.command: the program (first argument) is empty")
+	case sc.Command.Shell != "" && strings.TrimSpace(sc.Command.Shell) == "":
+		bad("script.command", "script.command is blank")
+	}
+	for k := range sc.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			bad("script.env", "script.env name %q is not a valid environment variable name", k)
+		}
+		if strings.HasPrefix(k, "SHARDD_") {
+			bad("script.env", "script.env %s: names starting with SHARDD_ are set by shardd", k)
+		}
+	}
+}
+
+var httpMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+func validateHTTP(h *HTTP, bad func(field, format string, args ...any)) {
+	if h.Method == "" {
+		h.Method = DefaultHTTPMethod
+	}
+	if h.Timeout == 0 {
+		h.Timeout = DefaultHTTPTimeout
+	}
+	u, err := url.Parse(h.URL)
+	switch {
+	case h.URL == "":
+		bad("http.url", "http.url is required")
+	case err != nil:
+		bad("http.url", "http.url %q is malformed: %v", h.URL, errors.Unwrap(err))
+	case u.Scheme != "http" && u.Scheme != "https":
+		bad("http.url", "http.url %q must start with http:// or https://", h.URL)
+	case u.Host == "":
+		bad("http.url", "http.url %q has no host", h.URL)
+	}
+	if !slices.Contains(httpMethods, h.Method) {
+		bad("http.method", "http.method %q is not one of %s", h.Method, strings.Join(httpMethods, ", "))
+	}
+	if h.Timeout < 0 {
+		bad("http.timeout", "http.timeout must be > 0, got %s", h.Timeout)
+	}
+	for name := range h.Headers {
+		if name == "" || strings.ContainsAny(name, " \t\r\n:") {
+			bad("http.headers", "http.headers name %q is not a valid header name", name)
+		}
+	}
+	for _, code := range h.SuccessCodes {
+		if code < 100 || code > 599 {
+			bad("http.successCodes", "http.successCodes: %d is not an HTTP status (100-599)", code)
+		}
+	}
+}
+
+// CheckName reports whether name can be a job name: 1 to 128 bytes of
+// letters, digits, '-', '_' and '.', not starting with '.', so that it is one
+// safe etcd key segment and one safe path segment in the API.
+func CheckName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("is required")
+	case len(name) > MaxNameLength:
+		return fmt.Errorf("is %d bytes long; the limit is %d", len(name), MaxNameLength)
+	case !utf8.ValidString(name):
+		return errors.New("is not valid UTF-8")
+	case name[0] == '.':
+		return fmt.Errorf("%q must not start with '.'", name)
+	}
+	for _, r := range name {
+		if !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '-' && r != '_' && r != '.' {
+			return fmt.Errorf("%q has %q; use letters, digits, '-', '_' and '.'", name, r)
+		}
+	}
+	return nil
+}
+
+// checkDuplicates reports job names defined more than once, across all files.
+func (l *loader) checkDuplicates() {
+	first := map[string]*Job{}
+	for _, j := range l.jobs {
+		if prev, ok := first[j.Name]; ok {
+			l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.Pos.Line, Job: strconv.Quote(j.Name), Msg: "name is defined twice; first at " + prev.Pos.String()})
+			continue
+		}
+		first[j.Name] = j
+	}
+}
