@@ -268,3 +268,22 @@ func TestCheckName(t *testing.T) {
 		}
 	}
 }
+
+func TestExampleConfigIsValid(t *testing.T) {
+	c, err := Load("../../jobs.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Jobs) < 3 {
+		t.Errorf("jobs.example.yaml has %d jobs", len(c.Jobs))
+	}
+	var script, hook, single bool
+	for _, j := range c.Jobs {
+		script = script || j.Script != nil && j.ShardingTotalCount > 1 && len(j.ShardingItemParameters) > 0
+		hook = hook || j.HTTP != nil
+		single = single || j.Strategy == "FIRST"
+	}
+	if !script || !hook || !single {
+		t.Errorf("example lacks a sharded script job (%v), an HTTP hook (%v) or a single-owner job (%v)", script, hook, single)
+	}
+}

@@ -1,0 +1,145 @@
+// Command shardd is a sharded, distributed cron daemon.
+//
+// Usage:
+//
+//	shardd <command> [flags]
+//
+// Run `shardd help` for the commands and `shardd <command> --help` for their flags.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	_ "time/tzdata" // time zones for timeZone on hosts without tzdata
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	usage   string // flags synopsis
+	run     func(env *env, args []string) error
+}
+
+// env is what a command talks to, so that tests can capture it.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// exitError carries a specific exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the command ran and found a problem (invalid config, ...)
+	exitUsage   = 2 // bad command line
+)
+
+func commands() []command {
+	return []command{
+		{"validate", "check job definitions and report every problem", "--config PATH", cmdValidate},
+		{"plan", "preview how a strategy spreads a job's items over instances", "--strategy S --job NAME --total N --instances a,b,c [-o json] | --config PATH --instances a,b,c", cmdPlan},
+		{"version", "print the version", "", cmdVersion},
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
+}
+
+// run executes the command line args and returns the exit code.
+func run(args []string, e *env) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) > 1 {
+			return run([]string{args[1], "--help"}, e)
+		}
+		usage(e.stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	if args[0] == "--version" {
+		args[0] = "version"
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(e, args[1:])
+		var ee *exitError
+		switch {
+		case err == nil:
+			return exitOK
+		case errors.Is(err, flag.ErrHelp):
+			return exitOK
+		case errors.As(err, &ee):
+			if ee.err.Error() != "" {
+				fmt.Fprintf(e.stderr, "shardd %s: %s\n", c.name, ee.err)
+			}
+			return ee.code
+		default:
+			fmt.Fprintf(e.stderr, "shardd %s: %s\n", c.name, err)
+			return exitFailure
+		}
+	}
+	fmt.Fprintf(e.stderr, "shardd: unknown command %q\nRun 'shardd help' for usage.\n", args[0])
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprint(w, "shardd is a sharded, distributed cron daemon coordinated through etcd.\n\nUsage:\n\n\tshardd <command> [flags]\n\nCommands:\n\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "\t%-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'shardd <command> --help' for a command's flags.\n")
+}
+
+// newFlagSet returns a flag set for c whose usage text lists c's flags, and
+// whose errors are returned (as usage errors), not printed and exited on.
+func newFlagSet(e *env, name string) *flag.FlagSet {
+	var c command
+	for _, cc := range commands() {
+		if cc.name == name {
+			c = cc
+		}
+	}
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "%s.\n\nUsage:\n\n\tshardd %s %s\n\nFlags:\n", strings.ToUpper(c.summary[:1])+c.summary[1:], c.name, c.usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args into fs; a parse error becomes a usage exit, and
+// positional arguments are refused.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &exitError{exitUsage, errors.New("")} // flag already printed the problem and usage
+	}
+	if fs.NArg() > 0 {
+		return usageError("unexpected argument %q", fs.Arg(0))
+	}
+	return nil
+}
+
+func usageError(format string, args ...any) error {
+	return &exitError{exitUsage, fmt.Errorf(format, args...)}
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// shardd runs the command line args and returns exit code, stdout and stderr.
+func shardd(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(args, &env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }})
+	return code, out.String(), errOut.String()
+}
+
+func TestPlanJSON(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--strategy", "AVG_ALLOCATION", "--job", "x", "--total", "9", "--instances", "host0,host1,host2"}, `{"host0":[0,1,2],"host1":[3,4,5],"host2":[6,7,8]}`},
+		{[]string{"--job", "x", "--total", "8", "--instances", "host0,host1,host2"}, `{"host0":[0,1,6],"host1":[2,3,7],"host2":[4,5]}`},
+		{[]string{"--job", "x", "--total", "10", "--instances", "host0,host1,host2"}, `{"host0":[0,1,2,9],"host1":[3,4,5],"host2":[6,7,8]}`},
+		// Instances are taken in the order given, not sorted.
+		{[]string{"--job", "x", "--total", "8", "--instances", "c,a,b"}, `{"a":[2,3,7],"b":[4,5],"c":[0,1,6]}`},
+		{[]string{"--job", "x", "--total", "2", "--instances", "a,b,c"}, `{"a":[0],"b":[1],"c":[]}`},
+		{[]string{"--strategy", "ROUND_ROBIN", "--job", "hello", "--total", "3", "--instances", "a,b,c"}, `{"a":[2],"b":[0],"c":[1]}`},
+		{[]string{"--strategy", "ROUND", "--job", "a", "--fire-seq", "1", "--instances", "a,b,c"}, `{"a":[],"b":[],"c":[0]}`},
+		{[]string{"--strategy", "BROADCAST", "--job", "a", "--instances", "a,b"}, `{"a":[0],"b":[1]}`},
+	}
+	for _, tt := range tests {
+		code, out, errOut := shardd(t, append(append([]string{"plan"}, tt.args...), "-o", "json")...)
+		if code != 0 || out != tt.want+"\n" {
+			t.Errorf("plan %v = %d %q (stderr %q), want %s", tt.args, code, out, errOut, tt.want)
+		}
+	}
+}
+
+func TestPlanTable(t *testing.T) {
+	code, out, _ := shardd(t, "plan", "--job", "x", "--total", "8", "--instances", "host0,host1,host2")
+	want := "INSTANCE  COUNT  ITEMS\nhost0     3      0,1,6\nhost1     3      2,3,7\nhost2     2      4,5\n"
+	if code != 0 || out != want {
+		t.Errorf("got %d\n%s\nwant\n%s", code, out, want)
+	}
+}
+
+func TestPlanConfig(t *testing.T) {
+	code, out, errOut := shardd(t, "plan", "--config", "../../pkg/config/testdata/good.yaml", "--instances", "a,b,c", "-o", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got map[string]map[string][]int
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("not one JSON object: %v\n%s", err, out)
+	}
+	if want := map[string][]int{"a": {0}, "b": {1}, "c": {2}}; !reflect.DeepEqual(got["orders"], want) {
+		t.Errorf("orders = %v, want %v", got["orders"], want)
+	}
+	if len(got) != 4 {
+		t.Errorf("%d jobs, want 4", len(got))
+	}
+
+	code, out, _ = shardd(t, "plan", "--config", "../../pkg/config/testdata/good.yaml", "--instances", "a,b,c")
+	if code != 0 || !strings.Contains(out, "a         1      0=Beijing") {
+		t.Errorf("table does not show item parameters:\n%s", out)
+	}
+}
+
+func TestPlanUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--job", "x"}, "--instances: at least one instance id is required"},
+		{[]string{"--job", "x", "--instances", "a,,b"}, `empty instance id in "a,,b"`},
+		{[]string{"--job", "x", "--instances", "a,b,a"}, `instance "a" given twice`},
+		{[]string{"--instances", "a"}, "--job is required"},
+		{[]string{"--job", "x", "--instances", "a", "--total", "0"}, "total must be >= 1, got 0"},
+		{[]string{"--job", "x", "--instances", "a", "--strategy", "LRU"}, "reserved for runtime routing"},
+		{[]string{"--job", "x", "--instances", "a", "-o", "yaml"}, "-o must be table or json"},
+		{[]string{"--job", "x", "--instances", "a", "--fire-time", "tomorrow"}, "--fire-time: want RFC 3339"},
+		{[]string{"--nope"}, "flag provided but not defined: -nope"},
+		{[]string{"--job", "x", "--instances", "a", "extra"}, `unexpected argument "extra"`},
+	}
+	for _, tt := range tests {
+		code, _, errOut := shardd(t, append([]string{"plan"}, tt.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, tt.want) {
+			t.Errorf("plan %v = %d, stderr %q; want %d and %q", tt.args, code, errOut, exitUsage, tt.want)
+		}
+	}
+}
+
+func TestValidate(t *testing.T) {
+	code, out, _ := shardd(t, "validate", "--config", "../../pkg/config/testdata/good.yaml")
+	if code != 0 || !strings.Contains(out, "4 job(s) in 1 file(s), valid") {
+		t.Errorf("good config: %d %q", code, out)
+	}
+
+	bad := filepath.Join(t.TempDir(), "jobs.yaml")
+	os.WriteFile(bad, []byte("jobs:\n  - name: orders\n    shardingTotalCount: 0\n    cron: nope\n    script: [/bin/true]\n"), 0o644)
+	code, _, errOut := shardd(t, "validate", "--config", bad)
+	if code != exitFailure {
+		t.Errorf("bad config exit %d, want %d", code, exitFailure)
+	}
+	for _, want := range []string{
+		bad + `:3: job "orders": shardingTotalCount must be >= 1, got 0`,
+		bad + `:4: job "orders": cron "nope"`,
+		"2 problem(s) in " + bad,
+	} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut)
+		}
+	}
+
+	if code, _, errOut := shardd(t, "validate"); code != exitUsage || !strings.Contains(errOut, "--config is required") {
+		t.Errorf("validate without --config: %d %q", code, errOut)
+	}
+}
+
+func TestCommandLine(t *testing.T) {
+	if code, out, _ := shardd(t, "version"); code != 0 || !strings.HasPrefix(out, "shardd ") {
+		t.Errorf("version: %d %q", code, out)
+	}
+	if code, out, _ := shardd(t, "help"); code != 0 || !strings.Contains(out, "validate") || !strings.Contains(out, "plan") {
+		t.Errorf("help: %d %q", code, out)
+	}
+	if code, _, _ := shardd(t); code != exitUsage {
+		t.Errorf("no command: exit %d, want %d", code, exitUsage)
+	}
+	if code, _, errOut := shardd(t, "plan", "--help"); code != 0 || !strings.Contains(errOut, "shardd plan --strategy S") {
+		t.Errorf("plan --help: %d %q", code, errOut)
+	}
+	if code, _, errOut := shardd(t, "frobnicate"); code != exitUsage || !strings.Contains(errOut, `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: %d %q", code, errOut)
+	}
+}
