@@ -287,3 +287,35 @@ func TestExampleConfigIsValid(t *testing.T) {
 		t.Errorf("example lacks a sharded script job (%v), an HTTP hook (%v) or a single-owner job (%v)", script, hook, single)
 	}
 }
+
+func TestJobJSONRoundTrip(t *testing.T) {
+	c, err := Load("testdata/good.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range c.Jobs {
+		back, err := ParseJobJSON("etcd", j.JSON())
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", j.Name, err, j.JSON())
+		}
+		if back.Hash() != j.Hash() || string(back.JSON()) != string(j.JSON()) {
+			t.Errorf("%s: round trip changed the job:\n%s\n%s", j.Name, j.JSON(), back.JSON())
+		}
+		if (back.Schedule == nil) != (j.Schedule == nil) || back.Location.String() != j.Location.String() || back.Shard.Name() != j.Shard.Name() {
+			t.Errorf("%s: derived fields not set", j.Name)
+		}
+	}
+	if c.Job("orders").Hash() == c.Job("invoices").Hash() {
+		t.Error("different jobs, same hash")
+	}
+	for _, bad := range []struct{ data, want string }{
+		{`{`, "not a job definition"},
+		{`{"name":"x","bogus":1,"script":{"command":{"argv":["/bin/true"]}}}`, `unknown field "bogus"`},
+		{`{"name":"x","shardingTotalCount":0,"script":{"command":{"argv":["/bin/true"]}}}`, `etcd: job "x": shardingTotalCount must be >= 1, got 0`},
+		{`{"name":"x"} {}`, "data after the JSON object"},
+	} {
+		if _, err := ParseJobJSON("etcd", []byte(bad.data)); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("ParseJobJSON(%s) = %v, want %q", bad.data, err, bad.want)
+		}
+	}
+}

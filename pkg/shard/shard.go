@@ -328,3 +328,18 @@ func consistentHash(in Input) []int {
 	}
 	return owners
 }
+
+// Pick returns the candidate with the highest rendezvous hash for key ("" if
+// there is none). Every caller with the same key and candidates, in any
+// order, picks the same one; removing another candidate never changes the
+// pick. shardd uses it to spread job leaderships over instances.
+func Pick(key string, candidates []string) string {
+	best, bestScore := "", uint64(0)
+	for _, c := range candidates {
+		score := newHash().str(key).str(c).sum()
+		if best == "" || score > bestScore || score == bestScore && c < best {
+			best, bestScore = c, score
+		}
+	}
+	return best
+}

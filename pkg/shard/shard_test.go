@@ -179,3 +179,38 @@ func TestLookup(t *testing.T) {
 		t.Errorf("Lookup(NOPE) error = %v", err)
 	}
 }
+
+func TestPick(t *testing.T) {
+	if Pick("job", nil) != "" {
+		t.Error("Pick of no candidates")
+	}
+	counts := map[string]int{}
+	for i := 0; i < 300; i++ {
+		key := fmt.Sprintf("job-%d", i)
+		p := Pick(key, []string{"a", "b", "c"})
+		if q := Pick(key, []string{"c", "a", "b"}); q != p {
+			t.Fatalf("order changed the pick: %s vs %s", p, q)
+		}
+		// Removing a candidate that was not picked keeps the pick.
+		for _, gone := range []string{"a", "b", "c"} {
+			if gone == p {
+				continue
+			}
+			var rest []string
+			for _, c := range []string{"a", "b", "c"} {
+				if c != gone {
+					rest = append(rest, c)
+				}
+			}
+			if q := Pick(key, rest); q != p {
+				t.Fatalf("%s: removing %s moved the pick from %s to %s", key, gone, p, q)
+			}
+		}
+		counts[p]++
+	}
+	for _, c := range []string{"a", "b", "c"} {
+		if counts[c] < 60 {
+			t.Errorf("%s picked %d of 300 times", c, counts[c])
+		}
+	}
+}

@@ -1,0 +1,101 @@
+// Package etcdtest runs a real etcd server for tests: embedded in the test
+// process, on free loopback ports, with its data in a temporary directory.
+package etcdtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/shardd/shardd/pkg/embedetcd"
+)
+
+// Server is one embedded etcd member that can be stopped and restarted on
+// the same data directory and ports.
+type Server struct {
+	t                  testing.TB
+	dir                string
+	clientURL, peerURL string
+	e                  *embedetcd.Server
+}
+
+// Start starts a server that is stopped when the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{
+		t:         t,
+		dir:       t.TempDir(),
+		clientURL: "http://" + FreeAddr(t),
+		peerURL:   "http://" + FreeAddr(t),
+	}
+	s.Restart()
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Endpoint is the client URL.
+func (s *Server) Endpoint() string { return s.clientURL }
+
+// Addr is the client host:port.
+func (s *Server) Addr() string { return s.clientURL[len("http://"):] }
+
+// Stop stops the server; its data stays for Restart.
+func (s *Server) Stop() {
+	if s.e != nil {
+		s.e.Close()
+		s.e = nil
+	}
+}
+
+// Restart starts the server (again) on the same data directory and ports.
+func (s *Server) Restart() {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var err error
+	for attempt := 0; attempt < 50; attempt++ { // a just-closed port can take a moment to free
+		s.e, err = embedetcd.Start(ctx, embedetcd.Options{Dir: s.dir, ClientURL: s.clientURL, PeerURL: s.peerURL, LogLevel: "error"})
+		if err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	s.t.Fatalf("start etcd: %v", err)
+}
+
+// Client returns a client of endpoint (the server's by default) that is
+// closed when the test ends.
+func (s *Server) Client(endpoint ...string) *clientv3.Client {
+	s.t.Helper()
+	if len(endpoint) == 0 {
+		endpoint = []string{s.clientURL}
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            endpoint,
+		DialTimeout:          2 * time.Second,
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// FreeAddr returns a loopback host:port that was free a moment ago.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return fmt.Sprint(ln.Addr())
+}

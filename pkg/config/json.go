@@ -1,0 +1,48 @@
+package config
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// JSON returns j's definition as canonical JSON: the same definition always
+// gives the same bytes. Derived fields (schedule, location, position) are left out.
+func (j *Job) JSON() []byte {
+	b, err := json.Marshal(j)
+	if err != nil {
+		panic(fmt.Sprintf("config: marshal job %q: %v", j.Name, err)) // every field type marshals
+	}
+	return b
+}
+
+// Hash identifies j's definition: two jobs with equal hashes behave the same.
+func (j *Job) Hash() string {
+	sum := sha256.Sum256(j.JSON())
+	return hex.EncodeToString(sum[:8])
+}
+
+// ParseJobJSON reads a job definition written by JSON, strictly, and
+// validates it as Load would. source names where the data came from in errors.
+func ParseJobJSON(source string, data []byte) (*Job, error) {
+	j := DefaultJob()
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&j); err != nil {
+		return nil, &Error{File: source, Msg: "not a job definition: " + err.Error()}
+	}
+	if dec.More() {
+		return nil, &Error{File: source, Msg: "not a job definition: data after the JSON object"}
+	}
+	if j.Script != nil && j.Script.Command.Shell != "" && len(j.Script.Command.Argv) > 0 {
+		return nil, &Error{File: source, Job: fmt.Sprintf("%q", j.Name), Msg: "script.command has both argv and shell"}
+	}
+	var l loader
+	if !validate(scope{l: &l, file: source, job: fmt.Sprintf("%q", j.Name)}, &j, &fields{line: map[string]int{}, failed: map[string]bool{}}) {
+		return nil, errors.Join(l.errs...)
+	}
+	return &j, nil
+}

@@ -1,0 +1,81 @@
+package coord
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// ClientOptions configure the etcd client.
+type ClientOptions struct {
+	Endpoints []string
+	// TLS: a CA bundle to verify the servers, and a client certificate and key.
+	CAFile, CertFile, KeyFile string
+	Username, Password        string
+	// DialTimeout bounds connecting; default 5s.
+	DialTimeout time.Duration
+}
+
+// NewClient connects to etcd. gRPC keepalives detect a dead or black-holed
+// connection within a few seconds.
+func NewClient(o ClientOptions) (*clientv3.Client, error) {
+	if len(o.Endpoints) == 0 {
+		return nil, errors.New("coord: no etcd endpoints")
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 5 * time.Second
+	}
+	cfg := clientv3.Config{
+		Endpoints:            o.Endpoints,
+		DialTimeout:          o.DialTimeout,
+		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTimeout: 2 * time.Second,
+		Username:             o.Username,
+		Password:             o.Password,
+		Logger:               zap.NewNop(),
+		PermitWithoutStream:  true,
+	}
+	if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
+		t, err := tlsConfig(o)
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = t
+	}
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for %v: %w", o.Endpoints, err)
+	}
+	return cli, nil
+}
+
+func tlsConfig(o ClientOptions) (*tls.Config, error) {
+	t := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("etcd CA: %w", err)
+		}
+		t.RootCAs = x509.NewCertPool()
+		if !t.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("etcd CA %s: no PEM certificates", o.CAFile)
+		}
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, errors.New("etcd client certificate: set both cert and key, or neither")
+	}
+	if o.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("etcd client certificate: %w", err)
+		}
+		t.Certificates = []tls.Certificate{cert}
+	}
+	return t, nil
+}

@@ -1,0 +1,77 @@
+// Package coord coordinates shardd instances through etcd: one session
+// (lease) per instance, one elected leader per job, and one fenced shard map
+// per job that every instance watches.
+//
+// It is the only package that imports the etcd client; it converts etcd
+// types to shardd types at its edge. Key names are built in keys.go.
+//
+// # Instance lifecycle
+//
+// A Node is one instance. Its Run loop goes through these states:
+//
+//		connecting --grant lease, register--> up --fence--> fenced --etcd answers--> connecting
+//		     ^  |                              |
+//		     |  +-- name held by a live        +-- ctx cancelled (shutdown) --> leaving --> stopped
+//		     |      instance: retry, give up
+//		     +----- after 2 x TTL
+//
+//	  - connecting: grant a lease; revoke the previous lease if there was one
+//	    (an old lease can come back after an outage, and its keys with it);
+//	    create instances/<id> with the lease in a Txn that fails if the key
+//	    exists (two live processes may not share an id); put
+//	    jobs/<job>/members/<id> for every local job; register job configs.
+//	  - up: keepalives every TTL/3. The session knows the time it sent the last
+//	    keepalive that etcd acknowledged; the lease cannot expire on the server
+//	    before sent+TTL. At sent+TTL-margin with no newer acknowledgement the
+//	    session fences itself: Fenced() closes, every leadership and every
+//	    worker started under the session is cancelled. It does not wait for the
+//	    client's Session.Done(), which fires late.
+//	  - fenced: keep no state; retry with backoff until etcd answers, then
+//	    back to connecting with a fresh lease. A session loss never stops a job
+//	    for good.
+//	  - leaving (SIGTERM): stop workers, resign leaderships, revoke the lease,
+//	    so the other instances reshard at once instead of after the TTL.
+//
+// # Per-job leader
+//
+// Under each session, every local job has a campaign loop on
+// concurrency.Election at jobs/<job>/leader/. Campaign may return after the
+// lease has expired (etcd #11051), so a won campaign is checked against the
+// session and the election key before acting, and every leader write is a
+// Txn whose If compares the election key's CreateRevision: a deposed leader's
+// write fails, and the leader steps down.
+//
+// The leader's reconcile is level-triggered: read members, disabled markers,
+// the registered config and the stored map at one revision; compute the
+// desired map with the job's strategy over the eligible instances (members
+// not disabled, sorted by id); write it with epoch+1 when it differs, guarded
+// by the election key and the map's ModRevision. Watches on those keys only
+// wake the reconcile (a buffered(1) channel); a ticker every
+// reconcileIntervalMinutes bounds what a missed event could cost. A
+// malformed stored map is logged and replaced.
+//
+// # Views
+//
+// Every instance, leader or not, watches every local job's shard map and
+// keeps the last good one: non-leaders never wait for a leader, they act on
+// the last published map. Watches use WithRequireLeader and survive
+// compaction by re-reading.
+//
+// # Failure cases
+//
+//   - instance crash: its lease expires after at most TTL; the member keys go;
+//     leaders reshard. Graceful stop: the lease is revoked, resharding is
+//     immediate.
+//   - leader crash or pause: its election key goes with the lease; the next
+//     campaigner leads. A paused leader that wakes up cannot write: its Txn
+//     compares an election key that no longer exists.
+//   - etcd unreachable or black-holed: keepalives stop being acknowledged,
+//     the instance fences itself before its lease can expire on the server,
+//     then reconnects with a new lease.
+//   - etcd restart: leases are refreshed to full TTL by the new server; the
+//     instance keeps its session if keepalives resume in time, else it fences
+//     and re-registers.
+//   - malformed values in the shard map or config keys: logged with the key;
+//     the leader rewrites the map, a malformed config is replaced by the
+//     local definition.
+package coord

@@ -1,0 +1,227 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/pkg/config"
+)
+
+// runJob is one job's worker under session s: register the job's config and
+// membership, then watch its map and campaign for its leadership until ctx
+// is done.
+func (n *Node) runJob(ctx context.Context, s *session, local *config.Job) {
+	log := n.log.With("job", local.Name)
+	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for {
+		err := n.registerJob(ctx, s, local)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("register job", "err", err)
+		if !sleep(ctx, b.next()) {
+			return
+		}
+	}
+	defer func() {
+		if s.ctx.Err() == nil { // the job was removed, not the session lost: leave the job now
+			dctx, cancel := context.WithTimeout(s.ctx, time.Second)
+			n.opts.Client.Delete(dctx, n.keys.Member(local.Name, n.opts.ID))
+			cancel()
+		}
+	}()
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		n.watchMap(ctx, local.Name)
+	}()
+	n.campaign(ctx, s, local)
+	wg.Wait()
+}
+
+// registerJob publishes the job's definition with ElasticJob's overwrite
+// semantics (the registered copy wins unless the local job says overwrite:
+// true; a malformed copy is replaced) and then the membership key.
+func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) error {
+	effective, conflict, err := n.registerConfig(ctx, local)
+	if err != nil {
+		return err
+	}
+	n.updateView(local.Name, func(v *JobView) { v.Job, v.Conflict = effective, conflict })
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	if _, err := n.opts.Client.Put(rctx, n.keys.Member(local.Name, n.opts.ID), "", clientv3.WithLease(s.lease)); err != nil {
+		return fmt.Errorf("put member key: %w", err)
+	}
+	return nil
+}
+
+// registerConfig returns the effective definition of local's job and whether
+// the local one conflicts with it.
+func (n *Node) registerConfig(ctx context.Context, local *config.Job) (*config.Job, bool, error) {
+	key := n.keys.Config(local.Name)
+	log := n.log.With("job", local.Name)
+	mine, err := json.Marshal(registeredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC()})
+	if err != nil {
+		return nil, false, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(rctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(mine))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return nil, false, fmt.Errorf("register config %s: %w", key, err)
+	}
+	if resp.Succeeded {
+		log.Info("registered job config", "hash", local.Hash())
+		return local, false, nil
+	}
+	kv := resp.Responses[0].GetResponseRange().Kvs[0]
+	registered, perr := n.parseRegistered(key, local.Name, kv.Value)
+	replace := func(why string) (*config.Job, bool, error) {
+		r, err := n.opts.Client.Txn(rctx).
+			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
+			Then(clientv3.OpPut(key, string(mine))).Commit()
+		if err != nil {
+			return nil, false, fmt.Errorf("replace config %s: %w", key, err)
+		}
+		if !r.Succeeded {
+			return nil, false, fmt.Errorf("replace config %s: changed concurrently; retrying", key)
+		}
+		log.Info(why, "hash", local.Hash())
+		return local, false, nil
+	}
+	switch {
+	case perr != nil:
+		log.Error("registered job config is malformed; replacing it with the local definition", "key", key, "err", perr)
+		return replace("replaced malformed job config")
+	case registered.Hash() == local.Hash():
+		return local, false, nil
+	case local.Overwrite:
+		return replace("overwrote registered job config (overwrite: true)")
+	default:
+		log.Warn("local job definition differs from the registered one; using the registered one (set overwrite: true to replace it)",
+			"local_hash", local.Hash(), "registered_hash", registered.Hash())
+		return registered, true, nil
+	}
+}
+
+// parseRegistered decodes a config key's value.
+func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error) {
+	var rc registeredConfig
+	if err := json.Unmarshal(data, &rc); err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	j, err := config.ParseJobJSON(key, rc.Job)
+	if err != nil {
+		return nil, err
+	}
+	if j.Name != job {
+		return nil, fmt.Errorf("defines job %q, not %q", j.Name, job)
+	}
+	return j, nil
+}
+
+// watchMap keeps the node's view of job's shard map current until ctx is done.
+func (n *Node) watchMap(ctx context.Context, job string) {
+	key := n.keys.Shards(job)
+	log := n.log.With("job", job)
+	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for ctx.Err() == nil {
+		gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+		resp, err := n.opts.Client.Get(gctx, key)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Debug("read shard map", "err", err)
+			}
+			sleep(ctx, b.next())
+			continue
+		}
+		b.reset()
+		for _, kv := range resp.Kvs {
+			n.observeMap(job, kv)
+		}
+		wch := n.opts.Client.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
+			if wr.Err() != nil {
+				log.Debug("shard map watch ended; re-reading", "err", wr.Err())
+				break
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypePut {
+					n.observeMap(job, ev.Kv)
+				}
+			}
+		}
+	}
+}
+
+// observeMap takes a newer, well-formed map into the job's view.
+func (n *Node) observeMap(job string, kv *mvccpb.KeyValue) {
+	m, err := decodeShardMap(kv.Value)
+	if err != nil {
+		n.log.Error("ignoring shard map; keeping the last good one", "job", job, "key", string(kv.Key), "err", err)
+		return
+	}
+	var changed bool
+	n.updateView(job, func(v *JobView) {
+		if v.Map == nil || m.Epoch > v.Map.Epoch {
+			v.Map, changed = m, true
+		}
+	})
+	if !changed {
+		return
+	}
+	n.log.Info("shard map", "job", job, "epoch", m.Epoch, "items", m.ItemsOf(n.opts.ID), "instances", m.Instances, "leader", m.Leader)
+	if n.opts.OnMap != nil {
+		n.opts.OnMap(job, m)
+	}
+}
+
+// pokeOnChange wakes the leader (non-blocking) whenever a key under watchKey
+// changes after revision rev, until ctx is done. A broken watch is
+// re-established from the current revision, with a wake, since events may
+// have been missed.
+func (n *Node) pokeOnChange(ctx context.Context, watchKey string, prefix bool, rev int64, wake chan<- struct{}) {
+	opts := []clientv3.OpOption{clientv3.WithRev(rev)}
+	if prefix {
+		opts = append(opts, clientv3.WithPrefix())
+	}
+	for ctx.Err() == nil {
+		for wr := range n.opts.Client.Watch(clientv3.WithRequireLeader(ctx), watchKey, opts...) {
+			if wr.Err() != nil {
+				break
+			}
+			if len(wr.Events) > 0 {
+				poke(wake)
+			}
+		}
+		poke(wake)
+		opts[0] = clientv3.WithRev(0)
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+func poke(c chan<- struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+var errNotLeader = errors.New("coord: not the leader")

@@ -1,0 +1,70 @@
+package coord
+
+import (
+	"path"
+	"strconv"
+	"strings"
+)
+
+// DefaultPrefix is the default root of shardd's etcd keyspace.
+const DefaultPrefix = "/shardd"
+
+// Keys builds every etcd key shardd uses; no other file spells a key.
+//
+//	<prefix>/instances/<id>                    session   instance info (JSON)
+//	<prefix>/jobs/<job>/config                 none      registered job definition (JSON)
+//	<prefix>/jobs/<job>/members/<id>           session   instance may run the job
+//	<prefix>/jobs/<job>/disabled/job           none      the job is disabled
+//	<prefix>/jobs/<job>/disabled/instances/<id> none     the instance is disabled for the job
+//	<prefix>/jobs/<job>/disabled/items/<n>     none      the item is disabled
+//	<prefix>/jobs/<job>/leader/                session   concurrency.Election prefix
+//	<prefix>/jobs/<job>/shards                 none      shard map (JSON), leader only, fenced
+type Keys struct {
+	prefix string // cleaned, no trailing slash
+}
+
+// NewKeys returns the keyspace under prefix ("/shardd" if empty).
+func NewKeys(prefix string) Keys {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return Keys{prefix: strings.TrimSuffix(path.Clean("/"+prefix), "/")}
+}
+
+// Prefix returns the keyspace root.
+func (k Keys) Prefix() string { return k.prefix }
+
+func (k Keys) Instances() string            { return k.prefix + "/instances/" }
+func (k Keys) Instance(id string) string    { return k.Instances() + id }
+func (k Keys) Jobs() string                 { return k.prefix + "/jobs/" }
+func (k Keys) job(job string) string        { return k.Jobs() + job + "/" }
+func (k Keys) Config(job string) string     { return k.job(job) + "config" }
+func (k Keys) Members(job string) string    { return k.job(job) + "members/" }
+func (k Keys) Member(job, id string) string { return k.Members(job) + id }
+func (k Keys) Disabled(job string) string   { return k.job(job) + "disabled/" }
+func (k Keys) DisabledJob(job string) string {
+	return k.Disabled(job) + "job"
+}
+func (k Keys) DisabledInstance(job, id string) string {
+	return k.Disabled(job) + "instances/" + id
+}
+func (k Keys) DisabledItem(job string, item int) string {
+	return k.Disabled(job) + "items/" + strconv.Itoa(item)
+}
+func (k Keys) Leader(job string) string { return k.job(job) + "leader/" }
+func (k Keys) Shards(job string) string { return k.job(job) + "shards" }
+
+// JobOf returns the job name in a key under Jobs(), or "".
+func (k Keys) JobOf(key string) string {
+	rest, ok := strings.CutPrefix(key, k.Jobs())
+	if !ok {
+		return ""
+	}
+	job, _, _ := strings.Cut(rest, "/")
+	return job
+}
+
+// lastSegment returns what follows the last '/' of key.
+func lastSegment(key string) string {
+	return key[strings.LastIndexByte(key, '/')+1:]
+}

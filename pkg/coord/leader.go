@@ -1,0 +1,360 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/shard"
+)
+
+// campaign competes for job's leadership under s and leads while elected,
+// until ctx is done.
+func (n *Node) campaign(ctx context.Context, s *session, local *config.Job) {
+	job := local.Name
+	log := n.log.With("job", job)
+	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for ctx.Err() == nil {
+		e := concurrency.NewElection(s.conc, n.keys.Leader(job))
+		if err := e.Campaign(ctx, n.opts.ID); err != nil {
+			if ctx.Err() == nil {
+				log.Debug("campaign", "err", err)
+				sleep(ctx, b.next())
+			}
+			continue
+		}
+		// Campaign can succeed after the lease expired (etcd #11051): check
+		// the session and that the election key is still ours.
+		if err := n.checkElected(ctx, s, e); err != nil {
+			log.Warn("campaign won on a stale session; campaigning again", "err", err)
+			sleep(ctx, b.next())
+			continue
+		}
+		b.reset()
+		log.Info("leading job", "leader_rev", e.Rev())
+		n.updateView(job, func(v *JobView) { v.Leading = true })
+		lctx, cancel := context.WithCancel(ctx)
+		err := n.lead(lctx, local, e.Key(), e.Rev())
+		cancel()
+		n.updateView(job, func(v *JobView) { v.Leading = false })
+		if s.ctx.Err() == nil {
+			// Resign so that another instance leads at once; when the
+			// session is gone, the lease's end removes the key.
+			rctx, rcancel := context.WithTimeout(s.ctx, time.Second)
+			e.Resign(rctx)
+			rcancel()
+		}
+		switch {
+		case errors.Is(err, errYield):
+			log.Info("handed leadership over", "reason", err)
+		case errors.Is(err, errNotLeader):
+			log.Warn("lost leadership", "err", err)
+		case ctx.Err() != nil:
+			log.Info("stopped leading job")
+		}
+	}
+}
+
+// checkElected verifies that s is up and the election key e holds is still
+// there, created at e.Rev() under s's lease.
+func (n *Node) checkElected(ctx context.Context, s *session, e *concurrency.Election) error {
+	if s.ctx.Err() != nil {
+		return s.Err()
+	}
+	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Get(gctx, e.Key())
+	if err != nil {
+		return err
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != e.Rev() || clientv3.LeaseID(resp.Kvs[0].Lease) != s.lease {
+		return fmt.Errorf("election key %s is gone or not ours", e.Key())
+	}
+	return nil
+}
+
+// lead runs the leader's reconcile loop for job until ctx is done or a
+// fenced write shows that this instance no longer leads.
+func (n *Node) lead(ctx context.Context, local *config.Job, leaderKey string, leaderRev int64) error {
+	job := local.Name
+	l := &leader{n: n, job: job, local: local, key: leaderKey, rev: leaderRev}
+	wake := make(chan struct{}, 1)
+
+	// Read once to learn the revision the watches start after.
+	st, err := l.read(ctx)
+	for err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		n.log.Debug("leader read", "job", job, "err", err)
+		sleep(ctx, 200*time.Millisecond)
+		st, err = l.read(ctx)
+	}
+	watchFrom := st.rev + 1
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wctx, stopWatches := context.WithCancel(ctx)
+	defer stopWatches()
+	for _, w := range []struct {
+		key    string
+		prefix bool
+	}{
+		{n.keys.Members(job), true},
+		{n.keys.Disabled(job), true},
+		{n.keys.Config(job), false},
+		{n.keys.Shards(job), false},
+		{n.keys.Leader(job), true}, // a new candidate may be the preferred leader
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.pokeOnChange(wctx, w.key, w.prefix, watchFrom, wake)
+		}()
+	}
+
+	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for {
+		if st == nil {
+			st, err = l.read(ctx)
+		}
+		if err == nil {
+			err = l.reconcile(ctx, st)
+		}
+		st = nil
+		interval := time.Duration(l.interval) * time.Minute
+		switch {
+		case errors.Is(err, errNotLeader), errors.Is(err, errYield):
+			return err
+		case err != nil && ctx.Err() == nil:
+			n.log.Warn("reconcile shard map", "job", job, "err", err)
+			interval = b.next()
+		default:
+			b.reset()
+		}
+		t := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// leader holds one leadership of one job.
+type leader struct {
+	n        *Node
+	job      string
+	local    *config.Job
+	key      string // election key
+	rev      int64  // its CreateRevision: the fence
+	interval int    // reconcileIntervalMinutes of the effective config
+}
+
+// state is what one reconcile reads, at one revision.
+type state struct {
+	rev       int64
+	members   []string
+	disabled  map[string]bool // instance ids disabled for the job
+	jobOff    bool            // disabled/job exists
+	config    *config.Job     // effective; nil when missing or malformed
+	configRev int64           // ModRevision of the config key, 0 when missing
+	configBad error
+	shards    *ShardMap // nil when missing or malformed
+	shardsRev int64     // ModRevision of the shards key, 0 when missing
+	shardsBad error
+	// candidates are the ids campaigning for the job, the leader included.
+	candidates []string
+}
+
+// read gets everything the reconcile needs in one transaction.
+func (l *leader) read(ctx context.Context) (*state, error) {
+	k := l.n.keys
+	rctx, cancel := context.WithTimeout(ctx, l.n.opts.TTL)
+	defer cancel()
+	resp, err := l.n.opts.Client.Txn(rctx).Then(
+		clientv3.OpGet(k.Members(l.job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(k.Disabled(l.job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(k.Config(l.job)),
+		clientv3.OpGet(k.Shards(l.job)),
+		clientv3.OpGet(k.Leader(l.job), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read job state: %w", err)
+	}
+	st := &state{rev: resp.Header.Revision, disabled: map[string]bool{}}
+	for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
+		st.candidates = append(st.candidates, string(kv.Value))
+	}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		st.members = append(st.members, lastSegment(string(kv.Key)))
+	}
+	sort.Strings(st.members)
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		rest := strings.TrimPrefix(string(kv.Key), k.Disabled(l.job))
+		switch {
+		case rest == "job":
+			st.jobOff = true
+		case strings.HasPrefix(rest, "instances/"):
+			st.disabled[strings.TrimPrefix(rest, "instances/")] = true
+		}
+	}
+	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		st.configRev = kvs[0].ModRevision
+		st.config, st.configBad = l.n.parseRegistered(k.Config(l.job), l.job, kvs[0].Value)
+	}
+	if kvs := resp.Responses[3].GetResponseRange().Kvs; len(kvs) > 0 {
+		st.shardsRev = kvs[0].ModRevision
+		st.shards, st.shardsBad = decodeShardMap(kvs[0].Value)
+	}
+	return st, nil
+}
+
+// reconcile writes the desired map when the stored one differs.
+func (l *leader) reconcile(ctx context.Context, st *state) error {
+	log := l.n.log.With("job", l.job)
+	job := st.config
+	if job == nil {
+		// Missing or malformed: the local definition takes its place.
+		if st.configBad != nil {
+			log.Error("registered job config is malformed; replacing it with the local definition", "key", l.n.keys.Config(l.job), "err", st.configBad)
+		}
+		if err := l.putConfig(ctx, st.configRev); err != nil {
+			return err
+		}
+		job = l.local
+	}
+	l.interval = job.ReconcileIntervalMinutes
+
+	desired, err := l.desired(job, st)
+	if err != nil {
+		return err
+	}
+	if st.shards != nil && st.shards.sameAssignment(desired) {
+		return l.yieldToPreferred(st)
+	}
+	if st.shardsBad != nil {
+		log.Error("stored shard map is malformed; rewriting it", "key", l.n.keys.Shards(l.job), "err", st.shardsBad)
+	}
+	// The epoch grows by one; a missing or malformed map restarts above
+	// every epoch it could have had (each earlier write used a revision).
+	desired.Epoch = st.rev + 1
+	if st.shards != nil {
+		desired.Epoch = st.shards.Epoch + 1
+	}
+	val, err := json.Marshal(desired)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, l.n.opts.TTL)
+	defer cancel()
+	resp, err := l.n.opts.Client.Txn(wctx).
+		If(
+			clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev),
+			clientv3.Compare(clientv3.ModRevision(l.n.keys.Shards(l.job)), "=", st.shardsRev),
+		).
+		Then(clientv3.OpPut(l.n.keys.Shards(l.job), string(val))).
+		Else(clientv3.OpGet(l.key)).Commit()
+	if err != nil {
+		// Unknown outcome: the next reconcile reads the map back.
+		return fmt.Errorf("write shard map: %w", err)
+	}
+	if !resp.Succeeded {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != l.rev {
+			return fmt.Errorf("%w: shard map write rejected: election key %s is gone", errNotLeader, l.key)
+		}
+		return fmt.Errorf("shard map changed while writing; retrying")
+	}
+	log.Info("wrote shard map", "epoch", desired.Epoch, "instances", desired.Instances, "total", desired.Total, "strategy", desired.Strategy)
+	return nil
+}
+
+// errYield ends a leadership so that the preferred candidate can lead.
+var errYield = errors.New("coord: yielding leadership to the preferred instance")
+
+// yieldToPreferred returns errYield when another campaigning instance is
+// the job's preferred leader. Without it the first instance to start would
+// lead every job; with it, leaderships spread over the instances (by
+// rendezvous hash of job and id), and move only when candidates come or go.
+// It is called only once the stored map is current, so a handover never
+// leaves a stale map behind.
+func (l *leader) yieldToPreferred(st *state) error {
+	if p := shard.Pick(l.job, st.candidates); p != "" && p != l.n.opts.ID {
+		return fmt.Errorf("%w %s", errYield, p)
+	}
+	return nil
+}
+
+// putConfig registers the local definition where the config key is missing
+// (rev 0) or malformed (its ModRevision is rev).
+func (l *leader) putConfig(ctx context.Context, rev int64) error {
+	key := l.n.keys.Config(l.job)
+	val, err := json.Marshal(registeredConfig{Hash: l.local.Hash(), Job: l.local.JSON(), Writer: l.n.opts.ID, Written: l.n.opts.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	}
+	wctx, cancel := context.WithTimeout(ctx, l.n.opts.TTL)
+	defer cancel()
+	resp, err := l.n.opts.Client.Txn(wctx).
+		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev), cmp).
+		Then(clientv3.OpPut(key, string(val))).Commit()
+	if err != nil {
+		return fmt.Errorf("register config %s: %w", key, err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("register config %s: changed concurrently or leadership lost; retrying", key)
+	}
+	l.n.log.Info("registered job config", "job", l.job, "hash", l.local.Hash())
+	return nil
+}
+
+// desired computes the map the job should have now.
+func (l *leader) desired(job *config.Job, st *state) (*ShardMap, error) {
+	m := &ShardMap{
+		Strategy:   job.Strategy,
+		Total:      job.ShardingTotalCount,
+		Instances:  []string{},
+		Items:      map[string][]int{},
+		Leader:     l.n.opts.ID,
+		ConfigHash: job.Hash(),
+		Written:    l.n.opts.Now().UTC(),
+	}
+	if job.Disabled || st.jobOff {
+		m.Disabled = true
+		return m, nil
+	}
+	for _, id := range st.members {
+		if !st.disabled[id] {
+			m.Instances = append(m.Instances, id)
+		}
+	}
+	m.PerFire = job.Shard.PerFire()
+	if m.PerFire || len(m.Instances) == 0 {
+		if job.Strategy == shard.Broadcast {
+			m.Total = len(m.Instances)
+		}
+		return m, nil
+	}
+	a, err := job.Shard.Assign(shard.Input{Instances: m.Instances, Job: job.Name, Total: job.ShardingTotalCount})
+	if err != nil {
+		return nil, fmt.Errorf("compute shard map: %w", err)
+	}
+	m.Total = a.Total()
+	m.Items = a.ByInstance()
+	return m, nil
+}

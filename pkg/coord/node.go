@@ -1,0 +1,394 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/pkg/config"
+)
+
+// ErrDuplicateID is returned by Run when another live instance holds this
+// instance's id for longer than two TTLs.
+var ErrDuplicateID = errors.New("coord: instance id is held by another live instance")
+
+// Options configure a Node.
+type Options struct {
+	Client *clientv3.Client
+	// Prefix is the root of the keyspace (DefaultPrefix if empty).
+	Prefix string
+	// ID identifies the instance; two live instances may not share it.
+	ID string
+	// Info is published at the instance key; ID, Jobs and Started are filled in.
+	Info InstanceInfo
+	// TTL of the session lease, >= MinTTL. Default 10s.
+	TTL time.Duration
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// OnMap, if set, is called whenever this instance's view of a job's
+	// shard map changes to a newer epoch. It must not block.
+	OnMap func(job string, m *ShardMap)
+}
+
+// Node is one shardd instance in the cluster.
+type Node struct {
+	opts Options
+	keys Keys
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	jobs    map[string]*config.Job // local definitions
+	views   map[string]*JobView
+	up      bool
+	started time.Time
+	changed chan struct{} // buffered(1): the job set changed
+}
+
+// JobView is what an instance knows about one of its jobs.
+type JobView struct {
+	// Local is this host's definition; Job the effective one (the registered
+	// copy, unless Local has overwrite: true).
+	Local, Job *config.Job
+	// Conflict is set when Local differs from the registered definition and
+	// does not overwrite it.
+	Conflict bool
+	// Map is the last good shard map seen, nil before the first.
+	Map *ShardMap
+	// Leading is set while this instance is the job's leader.
+	Leading bool
+}
+
+// New returns a node for jobs; Run starts it.
+func New(opts Options, jobs []*config.Job) (*Node, error) {
+	if opts.Client == nil {
+		return nil, errors.New("coord: Options.Client is nil")
+	}
+	if err := config.CheckName(opts.ID); err != nil {
+		return nil, fmt.Errorf("coord: instance id %w", err)
+	}
+	if opts.TTL == 0 {
+		opts.TTL = 10 * time.Second
+	}
+	if opts.TTL < MinTTL || opts.TTL%time.Second != 0 {
+		return nil, fmt.Errorf("coord: TTL must be a whole number of seconds >= %s, got %s", MinTTL, opts.TTL)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	n := &Node{
+		opts:    opts,
+		keys:    NewKeys(opts.Prefix),
+		log:     opts.Logger.With("instance", opts.ID),
+		views:   map[string]*JobView{},
+		changed: make(chan struct{}, 1),
+		started: opts.Now(),
+	}
+	n.SetJobs(jobs)
+	return n, nil
+}
+
+// ID returns the instance id.
+func (n *Node) ID() string { return n.opts.ID }
+
+// Keys returns the node's keyspace.
+func (n *Node) Keys() Keys { return n.keys }
+
+// SetJobs replaces the local job definitions; a running node registers the
+// new set in its next step.
+func (n *Node) SetJobs(jobs []*config.Job) {
+	n.mu.Lock()
+	n.jobs = make(map[string]*config.Job, len(jobs))
+	for _, j := range jobs {
+		n.jobs[j.Name] = j
+		if v, ok := n.views[j.Name]; ok {
+			v.Local = j
+		} else {
+			n.views[j.Name] = &JobView{Local: j, Job: j}
+		}
+	}
+	for name := range n.views {
+		if _, ok := n.jobs[name]; !ok {
+			delete(n.views, name)
+		}
+	}
+	n.mu.Unlock()
+	select {
+	case n.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Up reports whether the instance holds a live session.
+func (n *Node) Up() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.up
+}
+
+// View returns a copy of what the node knows of job, and whether it has the job.
+func (n *Node) View(job string) (JobView, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	v, ok := n.views[job]
+	if !ok {
+		return JobView{}, false
+	}
+	return *v, true
+}
+
+// Jobs returns the names of the local jobs, sorted.
+func (n *Node) Jobs() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	names := make([]string, 0, len(n.jobs))
+	for name := range n.jobs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func (n *Node) updateView(job string, f func(v *JobView)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if v, ok := n.views[job]; ok {
+		f(v)
+	}
+}
+
+// Run keeps the instance in the cluster until ctx is cancelled: it opens a
+// session, registers, runs every job's worker, and starts over with a new
+// session whenever one is lost. On cancellation it leaves gracefully
+// (resign, revoke) and returns nil. It returns an error only when the
+// instance id stays held by another live instance for two TTLs.
+func (n *Node) Run(ctx context.Context) error {
+	var prevLease clientv3.LeaseID
+	var dupSince time.Time
+	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
+	for {
+		wasUp, err := n.runSession(ctx, &prevLease)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if wasUp {
+			b.reset()
+		}
+		switch {
+		case errors.Is(err, ErrDuplicateID):
+			if dupSince.IsZero() {
+				dupSince = n.opts.Now()
+			}
+			if n.opts.Now().Sub(dupSince) > 2*n.opts.TTL {
+				return err
+			}
+			n.log.Warn("instance id is held by another instance; waiting for its lease to expire", "err", err)
+		case err != nil:
+			dupSince = time.Time{}
+			n.log.Warn("session ended; reconnecting", "err", err)
+		}
+		if !sleep(ctx, b.next()) {
+			return nil
+		}
+	}
+}
+
+// runSession is one session from grant to fence or shutdown. wasUp reports
+// whether the instance got registered.
+func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (wasUp bool, err error) {
+	if *prevLease != clientv3.NoLease {
+		// The old lease may come back with its keys after an outage: revoke it.
+		rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+		_, err := n.opts.Client.Revoke(rctx, *prevLease)
+		cancel()
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			return false, fmt.Errorf("revoke previous lease %x: %w", *prevLease, err)
+		}
+		*prevLease = clientv3.NoLease
+	}
+	s, err := openSession(ctx, n.opts.Client, n.opts.TTL, n.opts.Now, n.log)
+	if err != nil {
+		return false, err
+	}
+	*prevLease = s.lease
+	if err := n.register(s); err != nil {
+		s.close(true)
+		*prevLease = clientv3.NoLease
+		return false, err
+	}
+	n.log.Info("session up", "lease", fmt.Sprintf("%x", s.lease), "ttl", n.opts.TTL)
+	n.setUp(true)
+	defer n.setUp(false)
+
+	workers := newWorkerSet(s)
+	defer workers.stop()
+	for {
+		workers.sync(n, n.currentJobs())
+		select {
+		case <-ctx.Done():
+			workers.stop() // resigns leaderships while the session is still up
+			if err := s.close(true); err != nil {
+				n.log.Warn("leaving: lease not revoked; others reshard after the TTL", "err", err)
+			} else {
+				n.log.Info("left the cluster: leaderships resigned, lease revoked")
+			}
+			*prevLease = clientv3.NoLease
+			return true, nil
+		case <-s.Fenced():
+			err := s.Err()
+			n.setUp(false)
+			n.log.Error("session lost: stopping leaderships and work", "err", err)
+			workers.stop()
+			s.close(false)
+			return true, err
+		case <-n.changed:
+			if err := n.register(s); err != nil {
+				n.log.Warn("update instance registration", "err", err)
+			}
+		}
+	}
+}
+
+func (n *Node) setUp(up bool) {
+	n.mu.Lock()
+	n.up = up
+	if !up {
+		for _, v := range n.views {
+			v.Leading = false
+		}
+	}
+	n.mu.Unlock()
+}
+
+func (n *Node) currentJobs() map[string]*config.Job {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make(map[string]*config.Job, len(n.jobs))
+	for k, v := range n.jobs {
+		out[k] = v
+	}
+	return out
+}
+
+// register creates or updates the instance key under s's lease. Creating
+// fails if another live instance holds the id.
+func (n *Node) register(s *session) error {
+	info := n.opts.Info
+	info.ID = n.opts.ID
+	info.Jobs = n.Jobs()
+	info.Started = n.started
+	val, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	key := n.keys.Instance(n.opts.ID)
+	ctx, cancel := context.WithTimeout(s.ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(s.lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return fmt.Errorf("register instance %s: %w", key, err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	kv := resp.Responses[0].GetResponseRange().Kvs[0]
+	if clientv3.LeaseID(kv.Lease) == s.lease {
+		_, err := n.opts.Client.Put(ctx, key, string(val), clientv3.WithLease(s.lease))
+		return err
+	}
+	var other InstanceInfo
+	json.Unmarshal(kv.Value, &other)
+	return fmt.Errorf("%w: %s is registered by pid %d on host %q since %s", ErrDuplicateID, key, other.PID, other.Host, other.Started.Format(time.RFC3339))
+}
+
+// workerSet runs one worker per job under a session.
+type workerSet struct {
+	s       *session
+	running map[string]*worker
+}
+
+type worker struct {
+	job    *config.Job
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newWorkerSet(s *session) *workerSet {
+	return &workerSet{s: s, running: map[string]*worker{}}
+}
+
+// sync starts workers for new or changed jobs and stops the others.
+func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
+	for name, w := range ws.running {
+		if j, ok := jobs[name]; !ok || j.Hash() != w.job.Hash() {
+			w.cancel()
+			<-w.done
+			delete(ws.running, name)
+		}
+	}
+	for name, j := range jobs {
+		if _, ok := ws.running[name]; ok {
+			continue
+		}
+		ctx, cancel := context.WithCancel(ws.s.ctx)
+		w := &worker{job: j, cancel: cancel, done: make(chan struct{})}
+		ws.running[name] = w
+		go func() {
+			defer close(w.done)
+			n.runJob(ctx, ws.s, j)
+		}()
+	}
+}
+
+// stop stops every worker and waits for them.
+func (ws *workerSet) stop() {
+	for name, w := range ws.running {
+		w.cancel()
+		<-w.done
+		delete(ws.running, name)
+	}
+}
+
+// backoff is exponential with jitter.
+type backoff struct {
+	min, max, cur time.Duration
+}
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(b.cur*2, b.max)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
+
+// sleep waits d or until ctx is done; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,103 @@
+// Package embedetcd runs a single-member etcd server inside the shardd
+// process: the default when no etcd endpoints are configured.
+package embedetcd
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// Server is a single-member etcd server run inside the shardd process: the
+// default when no endpoints are configured. It is meant for one host and for
+// development: a single member can lose an acknowledged write on a crash
+// (etcd #14370); production clusters should run 3 or 5 members.
+type Server struct {
+	e         *embed.Etcd
+	clientURL string
+}
+
+// Options configure Start.
+type Options struct {
+	// Dir holds the member's data; it is created if missing.
+	Dir string
+	// ClientURL and PeerURL to listen on, e.g. http://127.0.0.1:2379.
+	ClientURL, PeerURL string
+	// Name of the member; default "shardd".
+	Name string
+	// LogLevel of etcd's own log (debug, info, warn, error); default warn.
+	LogLevel string
+	// LogFile receives etcd's own log; default Dir/etcd.log. Fatal errors
+	// also come out of Err.
+	LogFile string
+}
+
+// Start starts an embedded etcd and returns once it serves clients,
+// or with an error when it fails or ctx ends first.
+func Start(ctx context.Context, o Options) (*Server, error) {
+	if o.Name == "" {
+		o.Name = "shardd"
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = "warn"
+	}
+	cu, err := url.Parse(o.ClientURL)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd client URL %q: %w", o.ClientURL, err)
+	}
+	pu, err := url.Parse(o.PeerURL)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd peer URL %q: %w", o.PeerURL, err)
+	}
+	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = o.Name
+	cfg.Dir = filepath.Join(o.Dir, "etcd")
+	cfg.ListenClientUrls = []url.URL{*cu}
+	cfg.AdvertiseClientUrls = []url.URL{*cu}
+	cfg.ListenPeerUrls = []url.URL{*pu}
+	cfg.AdvertisePeerUrls = []url.URL{*pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.LogLevel = o.LogLevel
+	if o.LogFile == "" {
+		o.LogFile = filepath.Join(o.Dir, "etcd.log")
+	}
+	cfg.LogOutputs = []string{o.LogFile}
+	// Keep revisions for an hour, so watches rarely see compaction.
+	cfg.AutoCompactionMode = "periodic"
+	cfg.AutoCompactionRetention = "1h"
+
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+		return &Server{e: e, clientURL: cu.String()}, nil
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("embedded etcd: %w", err)
+	case <-ctx.Done():
+		e.Close()
+		return nil, ctx.Err()
+	case <-time.After(time.Minute):
+		e.Close()
+		return nil, fmt.Errorf("embedded etcd not ready after a minute")
+	}
+}
+
+// ClientURL is where clients reach the embedded server.
+func (e *Server) ClientURL() string { return e.clientURL }
+
+// Err reports a fatal server error.
+func (e *Server) Err() <-chan error { return e.e.Err() }
+
+// Close stops the server and waits for it.
+func (e *Server) Close() { e.e.Close() }
