@@ -56,11 +56,11 @@ func (b *logBuffer) String() string {
 type testNode struct {
 	*Node
 	stopOnce sync.Once
-	proxy  *faultproxy.Proxy
-	cli    *clientv3.Client
-	log    *logBuffer
-	cancel context.CancelFunc
-	done   chan error
+	proxy    *faultproxy.Proxy
+	cli      *clientv3.Client
+	log      *logBuffer
+	cancel   context.CancelFunc
+	done     chan error
 }
 
 // startNode runs a node whose etcd connection goes through its own proxy.
