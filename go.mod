@@ -3,6 +3,7 @@ module github.com/shardd/shardd
 go 1.26.0
 
 require (
+	github.com/oklog/run v1.2.0
 	github.com/robfig/cron/v3 v3.0.1
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	oklogrun "github.com/oklog/run"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/embedetcd"
+	"github.com/shardd/shardd/pkg/version"
+)
+
+// Defaults of `shardd run`.
+const (
+	defaultListen     = "127.0.0.1:9741"
+	defaultDataDir    = "shardd-data"
+	defaultEmbedURL   = "http://127.0.0.1:2379"
+	defaultEmbedPeer  = "http://127.0.0.1:2380"
+	shutdownGraceTime = 10 * time.Second
+)
+
+func cmdRun(e *env, args []string) error {
+	fs := newFlagSet(e, "run")
+	var (
+		cfgPath   = fs.String("config", "", "job definitions: a YAML `file` or a directory of *.yaml")
+		name      = fs.String("name", hostname(), "instance `id`, unique in the cluster (default the hostname)")
+		dataDir   = fs.String("data-dir", defaultDataDir, "`directory` for the embedded etcd's data")
+		listen    = fs.String("listen", defaultListen, "`address` of the HTTP endpoints (/healthz, /readyz); empty disables")
+		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
+		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd)")
+		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd)")
+		ef        etcdFlags
+		lf        logFlags
+	)
+	ef.register(fs, "etcd endpoint `URLs`, comma-separated; empty runs an embedded single-node etcd in --data-dir")
+	lf.register(fs)
+	if err := applyEnv(e, fs); err != nil {
+		return err
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *cfgPath == "" {
+		return usageError("--config is required")
+	}
+	if *ttl < coord.MinTTL || *ttl%time.Second != 0 {
+		return usageError("--ttl must be a whole number of seconds >= %s, got %s", coord.MinTTL, *ttl)
+	}
+	if err := config.CheckName(*name); err != nil {
+		return usageError("--name %v", err)
+	}
+	log, err := lf.logger(e)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(*cfgPath)
+	if err != nil {
+		for _, p := range config.Errors(err) {
+			log.Error("invalid config", "err", p)
+		}
+		return &exitError{exitFailure, fmt.Errorf("invalid config %s", *cfgPath)}
+	}
+	log.Info("starting shardd", "version", version.String(), "instance", *name, "jobs", len(cfg.Jobs), "config", *cfgPath)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var g oklogrun.Group
+
+	endpoints := ef.list()
+	if len(endpoints) == 0 {
+		dir, _ := filepath.Abs(*dataDir)
+		srv, err := embedetcd.Start(ctx, embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: *embedPeer})
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		log.Warn("no --etcd given: running an embedded single-node etcd; this is a single-host default for development, use a 3 or 5 member etcd cluster in production",
+			"data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
+		log.Info("other local shardd processes can join with --etcd "+srv.ClientURL(), "url", srv.ClientURL())
+		endpoints = []string{srv.ClientURL()}
+		stop := make(chan struct{})
+		g.Add(func() error {
+			select {
+			case err := <-srv.Err():
+				return fmt.Errorf("embedded etcd: %w", err)
+			case <-stop:
+				return nil
+			}
+		}, func(error) { close(stop) })
+	}
+
+	cli, err := coord.NewClient(ef.clientOptions(endpoints))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+
+	var apiAddr string
+	var ln net.Listener
+	if *listen != "" {
+		if ln, err = net.Listen("tcp", *listen); err != nil {
+			return fmt.Errorf("--listen: %w", err)
+		}
+		apiAddr = ln.Addr().String()
+	}
+	node, err := coord.New(coord.Options{
+		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
+		Info: coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
+	}, cfg.Jobs)
+	if err != nil {
+		return err
+	}
+
+	{ // the node: leaves the cluster gracefully when interrupted
+		nctx, ncancel := context.WithCancel(ctx)
+		g.Add(func() error { return node.Run(nctx) }, func(error) { ncancel() })
+	}
+	if ln != nil {
+		srv := &http.Server{Handler: healthHandler(node), ReadHeaderTimeout: 5 * time.Second}
+		g.Add(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}, func(error) {
+			sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+			defer scancel()
+			srv.Shutdown(sctx)
+		})
+		log.Info("serving HTTP", "addr", apiAddr)
+	}
+	{ // signals: the first stops gracefully, a second forces exit
+		sig := make(chan os.Signal, 2)
+		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+		stop := make(chan struct{})
+		g.Add(func() error {
+			select {
+			case s := <-sig:
+				log.Info("shutting down; send the signal again to force", "signal", s.String())
+				go forceOnSecondSignal(sig, log)
+				return nil
+			case <-stop:
+				return nil
+			}
+		}, func(error) { close(stop) })
+		defer signal.Stop(sig)
+	}
+	err = g.Run()
+	log.Info("stopped")
+	return err
+}
+
+// forceOnSecondSignal exits at once on another signal, or when a graceful
+// stop takes longer than shutdownGraceTime.
+func forceOnSecondSignal(sig <-chan os.Signal, log *slog.Logger) {
+	select {
+	case s := <-sig:
+		log.Warn("second signal: exiting now", "signal", s.String())
+	case <-time.After(shutdownGraceTime):
+		log.Warn("graceful stop took too long: exiting now", "grace", shutdownGraceTime)
+	}
+	os.Exit(1)
+}
+
+// healthHandler serves /healthz (the process is alive) and /readyz (the
+// instance holds a session).
+func healthHandler(node *coord.Node) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if !node.Up() {
+			http.Error(w, "not ready: no etcd session", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}

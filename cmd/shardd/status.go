@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+func cmdStatus(e *env, args []string) error {
+	fs := newFlagSet(e, "status")
+	var ef etcdFlags
+	ef.register(fs, "etcd endpoint `URLs`, comma-separated (default "+defaultEmbedURL+", the embedded default)")
+	output := fs.String("o", "table", "output `format`: table or json")
+	timeout := fs.Duration("timeout", 5*time.Second, "give up reading etcd after this long")
+	if err := applyEnv(e, fs); err != nil {
+		return err
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *output != "table" && *output != "json" {
+		return usageError("-o must be table or json, got %q", *output)
+	}
+	endpoints := ef.list()
+	if len(endpoints) == 0 {
+		endpoints = []string{defaultEmbedURL}
+	}
+	cli, err := coord.NewClient(ef.clientOptions(endpoints))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	st, err := coord.ReadStatus(ctx, cli, coord.NewKeys(ef.prefix))
+	if err != nil {
+		return fmt.Errorf("%w (etcd %s)", err, strings.Join(endpoints, ","))
+	}
+	if *output == "json" {
+		return writeJSON(e.stdout, st)
+	}
+	return writeStatus(e.stdout, st)
+}
+
+func writeStatus(w io.Writer, st *coord.ClusterStatus) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tSTATUS\tLEADER\tEPOCH\tSTRATEGY\tITEMS\tELIGIBLE")
+	for _, j := range st.Jobs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.Name, j.Status, dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total, dash(strings.Join(j.Eligible, ",")))
+	}
+	tw.Flush()
+	for _, j := range st.Jobs {
+		fmt.Fprintf(w, "\njob %s\n", j.Name)
+		for _, p := range j.Problems {
+			fmt.Fprintf(w, "  problem: %s\n", p)
+		}
+		if j.PerFire {
+			fmt.Fprintf(w, "  %s picks the owner at each fire among the eligible instances\n", j.Strategy)
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  ITEM\tPARAMETER\tINSTANCE")
+		for _, it := range j.Items {
+			fmt.Fprintf(tw, "  %d\t%s\t%s\n", it.Item, dash(it.Parameter), dash(it.Instance))
+		}
+		tw.Flush()
+		if len(j.DisabledItems) > 0 {
+			var s []string
+			for _, i := range j.DisabledItems {
+				s = append(s, strconv.Itoa(i))
+			}
+			fmt.Fprintf(w, "  disabled items: %s\n", strings.Join(s, ","))
+		}
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tHOST\tPID\tVERSION\tSTARTED\tAPI\tJOBS")
+	for _, in := range st.Instances {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.ID, in.Host, in.PID, dash(in.Version), in.Started.Format(time.RFC3339), dash(in.API), dash(strings.Join(in.Jobs, ",")))
+	}
+	return tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

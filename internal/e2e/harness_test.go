@@ -1,0 +1,308 @@
+// Package e2e tests shardd as operators run it: separate shardd processes
+// built from this repository, a separate etcd process, and real faults
+// (kill -9, SIGSTOP, a black-holed connection, an etcd restart).
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/faultproxy"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// ttl is the session TTL the tests run shardd with.
+const ttl = 2 * time.Second
+
+var bin struct{ shardd, etcd string }
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		fmt.Println("e2e: skipped in -short mode")
+		os.Exit(0)
+	}
+	dir, err := os.MkdirTemp("", "shardd-e2e-bin")
+	if err != nil {
+		panic(err)
+	}
+	bin.shardd = filepath.Join(dir, "shardd")
+	bin.etcd = filepath.Join(dir, "testetcd")
+	for out, pkg := range map[string]string{bin.shardd: "github.com/shardd/shardd/cmd/shardd", bin.etcd: "github.com/shardd/shardd/internal/etcdtest/testetcd"} {
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: build", pkg, err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// etcdProc is an etcd server in its own process.
+type etcdProc struct {
+	t                  *testing.T
+	dir                string
+	clientURL, peerURL string
+	cmd                *exec.Cmd
+}
+
+func startEtcd(t *testing.T) *etcdProc {
+	e := &etcdProc{t: t, dir: t.TempDir(), clientURL: "http://" + etcdtest.FreeAddr(t), peerURL: "http://" + etcdtest.FreeAddr(t)}
+	e.start()
+	t.Cleanup(func() { e.signal(syscall.SIGKILL) })
+	return e
+}
+
+func (e *etcdProc) addr() string { return strings.TrimPrefix(e.clientURL, "http://") }
+
+func (e *etcdProc) start() {
+	e.t.Helper()
+	for attempt := 0; ; attempt++ {
+		cmd := exec.Command(bin.etcd, "--data-dir", e.dir, "--client-url", e.clientURL, "--peer-url", e.peerURL)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			e.t.Fatal(err)
+		}
+		line, _ := bufio.NewReader(out).ReadString('\n')
+		if strings.HasPrefix(line, "ready") {
+			e.cmd = cmd
+			return
+		}
+		cmd.Wait()
+		if attempt == 20 { // the ports of a just-killed etcd can take a moment
+			e.t.Fatalf("etcd did not start")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (e *etcdProc) signal(s syscall.Signal) {
+	if e.cmd == nil {
+		return
+	}
+	e.cmd.Process.Signal(s)
+	if s == syscall.SIGKILL || s == syscall.SIGTERM {
+		e.cmd.Wait()
+		e.cmd = nil
+	}
+}
+
+// client returns a client straight to etcd, closed at the end of the test.
+func (e *etcdProc) client() *clientv3.Client {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.clientURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// proc is one shardd process, talking to etcd through its own proxy.
+type proc struct {
+	t     *testing.T
+	name  string
+	cmd   *exec.Cmd
+	proxy *faultproxy.Proxy
+	start time.Time
+
+	mu     sync.Mutex
+	logs   []map[string]any
+	raw    strings.Builder
+	exited chan struct{}
+	err    error
+}
+
+// startShardd starts `shardd run` with the config file cfg.
+func startShardd(t *testing.T, e *etcdProc, name, cfg string, extra ...string) *proc {
+	t.Helper()
+	px, err := faultproxy.Start(e.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"run", "--config", cfg, "--etcd", "http://" + px.Addr(), "--name", name,
+		"--ttl", ttl.String(), "--listen", "", "--log-format", "json"}, extra...)
+	p := &proc{t: t, name: name, cmd: exec.Command(bin.shardd, args...), proxy: px, exited: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), "SHARDD_LOG_LEVEL=debug")
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.start = time.Now()
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		s := bufio.NewScanner(stderr)
+		s.Buffer(make([]byte, 1<<20), 1<<20)
+		for s.Scan() {
+			var rec map[string]any
+			p.mu.Lock()
+			p.raw.WriteString(s.Text() + "\n")
+			if json.Unmarshal(s.Bytes(), &rec) == nil {
+				p.logs = append(p.logs, rec)
+			}
+			p.mu.Unlock()
+		}
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		p.signal(syscall.SIGCONT)
+		p.signal(syscall.SIGKILL)
+		<-p.exited
+		px.Close()
+		if t.Failed() {
+			t.Logf("log of %s:\n%s", name, p.rawLog())
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(s syscall.Signal) {
+	select {
+	case <-p.exited:
+	default:
+		p.cmd.Process.Signal(s)
+	}
+}
+
+// stop sends sig and waits for the process to exit.
+func (p *proc) stop(sig syscall.Signal) {
+	p.signal(sig)
+	select {
+	case <-p.exited:
+	case <-time.After(15 * time.Second):
+		p.t.Fatalf("%s did not exit after %s", p.name, sig)
+	}
+}
+
+func (p *proc) rawLog() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.raw.String()
+}
+
+// find returns the log records for which match holds.
+func (p *proc) find(match func(rec map[string]any) bool) []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []map[string]any
+	for _, r := range p.logs {
+		if match(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func msg(m string) func(map[string]any) bool {
+	return func(r map[string]any) bool { return r["msg"] == m }
+}
+
+// view returns the epoch and items of the last shard map p logged for job.
+func (p *proc) view(job string) (int64, []int) {
+	recs := p.find(func(r map[string]any) bool { return r["msg"] == "shard map" && r["job"] == job })
+	if len(recs) == 0 {
+		return 0, nil
+	}
+	r := recs[len(recs)-1]
+	items := []int{}
+	list, _ := r["items"].([]any) // null when the instance owns nothing
+	for _, v := range list {
+		items = append(items, int(v.(float64)))
+	}
+	return int64(r["epoch"].(float64)), items
+}
+
+// storedMap reads a job's map from etcd.
+func storedMap(t *testing.T, cli *clientv3.Client, job string) *coord.ShardMap {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, coord.NewKeys("").Shards(job))
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil
+	}
+	var m coord.ShardMap
+	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil {
+		return nil
+	}
+	return &m
+}
+
+// agreed reports whether the stored map of job assigns want and every
+// process in procs has logged that map as its view.
+func agreed(t *testing.T, cli *clientv3.Client, job string, want map[string][]int, procs ...*proc) bool {
+	m := storedMap(t, cli, job)
+	if m == nil || !reflect.DeepEqual(m.Items, want) {
+		return false
+	}
+	for _, p := range procs {
+		epoch, items := p.view(job)
+		if epoch != m.Epoch || !reflect.DeepEqual(items, want[p.name]) {
+			return false
+		}
+	}
+	return true
+}
+
+// waitFor polls cond until it holds, and returns how long that took.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// writeConfig writes a job file with the given jobs ("name:total" each).
+func writeConfig(t *testing.T, jobs ...string) string {
+	var b strings.Builder
+	b.WriteString("jobs:\n")
+	for _, j := range jobs {
+		name, total, _ := strings.Cut(j, ":")
+		fmt.Fprintf(&b, "  - name: %s\n    shardingTotalCount: %s\n    script: [/bin/true]\n", name, total)
+	}
+	path := filepath.Join(t.TempDir(), "jobs.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// leaderOf returns the id leading job, from its election keys.
+func leaderOf(cli *clientv3.Client, job string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, coord.NewKeys("").Leader(job), clientv3.WithFirstCreate()...)
+	if err != nil || len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
+}

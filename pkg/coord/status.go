@@ -1,0 +1,189 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Job statuses, after ElasticJob's.
+const (
+	StatusOK         = "OK"         // the map covers exactly the eligible instances
+	StatusCrashed    = "CRASHED"    // items are owned by an instance that is gone
+	StatusDisabled   = "DISABLED"   // the job is disabled
+	StatusResharding = "RESHARDING" // the map does not yet match the eligible instances
+)
+
+// ClusterStatus is everything `shardd status` shows.
+type ClusterStatus struct {
+	Revision  int64            `json:"revision"`
+	Jobs      []JobStatus      `json:"jobs"`
+	Instances []InstanceStatus `json:"instances"`
+}
+
+// JobStatus is one job as etcd has it.
+type JobStatus struct {
+	Name     string `json:"name"`
+	Status   string `json:"status"`
+	Leader   string `json:"leader"`
+	Epoch    int64  `json:"epoch"`
+	Strategy string `json:"strategy"`
+	Total    int    `json:"total"`
+	// Eligible are the live members not disabled for the job.
+	Eligible []string `json:"eligible"`
+	// Items maps each item to its owner ("" for none).
+	Items          []ItemStatus `json:"items"`
+	PerFire        bool         `json:"perFire,omitempty"`
+	ConfigHash     string       `json:"configHash,omitempty"`
+	DisabledItems  []int        `json:"disabledItems,omitempty"`
+	Problems       []string     `json:"problems,omitempty"`
+	itemParameters map[int]string
+}
+
+// ItemStatus is one item of a job.
+type ItemStatus struct {
+	Item      int    `json:"item"`
+	Parameter string `json:"parameter,omitempty"`
+	Instance  string `json:"instance"`
+}
+
+// InstanceStatus is one live instance.
+type InstanceStatus struct {
+	InstanceInfo
+	Lease string `json:"lease"`
+}
+
+// ReadStatus reads the cluster's state from etcd at one revision.
+func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterStatus, error) {
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix()),
+		clientv3.OpGet(keys.Jobs(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", keys.Prefix(), err)
+	}
+	rev := resp.Header.Revision
+	cs := &ClusterStatus{Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{}}
+	alive := map[string]bool{}
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+		var info InstanceInfo
+		if err := json.Unmarshal(kv.Value, &info); err != nil {
+			info.ID = lastSegment(string(kv.Key))
+		}
+		alive[lastSegment(string(kv.Key))] = true
+		cs.Instances = append(cs.Instances, InstanceStatus{InstanceInfo: info, Lease: fmt.Sprintf("%x", kv.Lease)})
+	}
+
+	type jobKeys struct {
+		members       []string
+		disabledInst  map[string]bool
+		disabledItems []int
+		jobOff        bool
+	}
+	byJob := map[string]*jobKeys{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		key := string(kv.Key)
+		name := keys.JobOf(key)
+		if name == "" {
+			continue
+		}
+		jk := byJob[name]
+		if jk == nil {
+			jk = &jobKeys{disabledInst: map[string]bool{}}
+			byJob[name] = jk
+		}
+		switch {
+		case strings.HasPrefix(key, keys.Members(name)):
+			jk.members = append(jk.members, lastSegment(key))
+		case key == keys.DisabledJob(name):
+			jk.jobOff = true
+		case strings.HasPrefix(key, keys.Disabled(name)+"instances/"):
+			jk.disabledInst[lastSegment(key)] = true
+		case strings.HasPrefix(key, keys.Disabled(name)+"items/"):
+			if n, err := strconv.Atoi(lastSegment(key)); err == nil {
+				jk.disabledItems = append(jk.disabledItems, n)
+			}
+		}
+	}
+	names := make([]string, 0, len(byJob))
+	for name := range byJob {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		jk := byJob[name]
+		js := JobStatus{Name: name, Eligible: []string{}, Items: []ItemStatus{}}
+		r, err := cli.Txn(ctx).Then(
+			clientv3.OpGet(keys.Shards(name), clientv3.WithRev(rev)),
+			clientv3.OpGet(keys.Config(name), clientv3.WithRev(rev)),
+			clientv3.OpGet(keys.Leader(name), append(clientv3.WithFirstCreate(), clientv3.WithRev(rev))...),
+		).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("read job %q: %w", name, err)
+		}
+		sort.Strings(jk.members)
+		for _, id := range jk.members {
+			if !jk.disabledInst[id] {
+				js.Eligible = append(js.Eligible, id)
+			}
+		}
+		sort.Ints(jk.disabledItems)
+		js.DisabledItems = jk.disabledItems
+		if kvs := r.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
+			js.Leader = string(kvs[0].Value)
+		}
+		configDisabled := false
+		if kvs := r.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+			var rc registeredConfig
+			var def struct {
+				Disabled               bool           `json:"disabled"`
+				ShardingItemParameters map[int]string `json:"shardingItemParameters"`
+			}
+			if json.Unmarshal(kvs[0].Value, &rc) != nil || json.Unmarshal(rc.Job, &def) != nil {
+				js.Problems = append(js.Problems, "registered config is malformed")
+			} else {
+				configDisabled = def.Disabled
+				js.itemParameters = def.ShardingItemParameters
+			}
+		}
+		var m *ShardMap
+		if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			if m, err = decodeShardMap(kvs[0].Value); err != nil {
+				js.Problems = append(js.Problems, err.Error())
+			}
+		}
+		js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
+		if m != nil {
+			js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
+			for item := 0; item < m.Total; item++ {
+				js.Items = append(js.Items, ItemStatus{Item: item, Parameter: js.itemParameters[item], Instance: m.Owner(item)})
+			}
+		}
+		cs.Jobs = append(cs.Jobs, js)
+	}
+	return cs, nil
+}
+
+func jobState(m *ShardMap, eligible []string, alive map[string]bool, disabled bool) string {
+	switch {
+	case disabled || m != nil && m.Disabled:
+		return StatusDisabled
+	case m == nil:
+		return StatusResharding
+	}
+	for id := range m.Items {
+		if !alive[id] && len(m.Items[id]) > 0 {
+			return StatusCrashed
+		}
+	}
+	if !slices.Equal(m.Instances, eligible) {
+		return StatusResharding
+	}
+	return StatusOK
+}
