@@ -104,4 +104,3 @@ func hostname() string {
 	}
 	return h
 }
-
