@@ -5,7 +5,9 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -X github.com/shardd/shardd/pkg/version.Version=$(VERSION)
 FUZZTIME ?= 10s
 
-.PHONY: help build test lint fuzz run clean
+BENCHTIME ?= 20x
+
+.PHONY: help build test lint fuzz bench run clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -29,9 +31,11 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 	  done; \
 	done
 
-run: build ## validate and preview jobs.example.yaml
-	$(BIN) validate --config jobs.example.yaml
-	$(BIN) plan --config jobs.example.yaml --instances host-a,host-b,host-c
+bench: ## run the benchmarks (BENCHTIME trials each, default 20x) and print their numbers
+	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./...
+
+run: build ## run bin/shardd on jobs.example.yaml with the embedded etcd
+	$(BIN) run --config jobs.example.yaml
 
 clean: ## remove build output
 	rm -rf bin

@@ -139,3 +139,40 @@ func TestCommandLine(t *testing.T) {
 		t.Errorf("unknown command: %d %q", code, errOut)
 	}
 }
+
+func TestRunRejectsBadInput(t *testing.T) {
+	good := "../../jobs.example.yaml"
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(bad, []byte("jobs:\n  - name: x\n    shardingTotalCount: 0\n    script: [/bin/true]\n"), 0o644)
+	tests := []struct {
+		args []string
+		env  map[string]string
+		code int
+		want string
+	}{
+		{[]string{}, nil, exitUsage, "--config is required"},
+		{[]string{"--config", good, "--ttl", "1s"}, nil, exitUsage, "--ttl must be a whole number of seconds >= 2s, got 1s"},
+		{[]string{"--config", good, "--ttl", "2500ms"}, nil, exitUsage, "--ttl must be a whole number of seconds"},
+		{[]string{"--config", good, "--name", "a/b"}, nil, exitUsage, `--name "a/b" has '/'`},
+		{[]string{"--config", good}, map[string]string{"SHARDD_TTL": "1s"}, exitUsage, "--ttl must be a whole number of seconds >= 2s, got 1s"},
+		{[]string{"--config", good}, map[string]string{"SHARDD_TTL": "soon"}, exitUsage, `SHARDD_TTL="soon"`},
+		{[]string{"--config", good, "--log-format", "xml"}, nil, exitUsage, "--log-format: want text or json"},
+		{[]string{"--config", bad}, nil, exitFailure, "shardingTotalCount must be >= 1, got 0"},
+	}
+	for _, tt := range tests {
+		var out, errOut bytes.Buffer
+		getenv := func(k string) string { return tt.env[k] }
+		code := run(append([]string{"run"}, tt.args...), &env{stdout: &out, stderr: &errOut, getenv: getenv})
+		if code != tt.code || !strings.Contains(errOut.String(), tt.want) {
+			t.Errorf("run %v (env %v) = %d, stderr %q; want %d and %q", tt.args, tt.env, code, errOut.String(), tt.code, tt.want)
+		}
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	for flag, want := range map[string]string{"etcd": "SHARDD_ETCD", "etcd-ca": "SHARDD_ETCD_CA", "data-dir": "SHARDD_DATA_DIR"} {
+		if got := envName(flag); got != want {
+			t.Errorf("envName(%q) = %q, want %q", flag, got, want)
+		}
+	}
+}

@@ -64,7 +64,7 @@ type testNode struct {
 }
 
 // startNode runs a node whose etcd connection goes through its own proxy.
-func startNode(t *testing.T, srv *etcdtest.Server, id string, js []*config.Job) *testNode {
+func startNode(t testing.TB, srv *etcdtest.Server, id string, js []*config.Job) *testNode {
 	t.Helper()
 	p, err := faultproxy.Start(srv.Addr())
 	if err != nil {
@@ -94,7 +94,7 @@ func startNode(t *testing.T, srv *etcdtest.Server, id string, js []*config.Job) 
 }
 
 // stop shuts the node down gracefully and waits for Run to return.
-func (tn *testNode) stop(t *testing.T) {
+func (tn *testNode) stop(t testing.TB) {
 	tn.stopOnce.Do(func() {
 		tn.cancel()
 		select {
@@ -109,7 +109,7 @@ func (tn *testNode) stop(t *testing.T) {
 }
 
 // waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for !cond() {
@@ -122,7 +122,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 }
 
 // storedMap reads a job's shard map from etcd.
-func storedMap(t *testing.T, cli *clientv3.Client, job string) *ShardMap {
+func storedMap(t testing.TB, cli *clientv3.Client, job string) *ShardMap {
 	t.Helper()
 	resp, err := cli.Get(context.Background(), NewKeys("").Shards(job))
 	if err != nil || len(resp.Kvs) == 0 {
@@ -137,7 +137,7 @@ func storedMap(t *testing.T, cli *clientv3.Client, job string) *ShardMap {
 
 // agreed reports whether every node's view of job is the stored map and
 // covers exactly want, with items as given.
-func agreed(t *testing.T, cli *clientv3.Client, job string, want map[string][]int, nodes ...*testNode) bool {
+func agreed(t testing.TB, cli *clientv3.Client, job string, want map[string][]int, nodes ...*testNode) bool {
 	m := storedMap(t, cli, job)
 	if m == nil || !reflect.DeepEqual(m.Items, want) {
 		return false

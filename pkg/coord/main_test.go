@@ -1,0 +1,13 @@
+package coord
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// Every goroutine a Node starts must be gone when Run returns and the test
+// has closed its clients and servers.
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
