@@ -358,3 +358,28 @@ func mustDelete(t *testing.T, cli *clientv3.Client, key string) {
 		t.Fatal(err)
 	}
 }
+
+// etcd unreachable at start: shardd retries with clear logs and joins once
+// etcd is there, without crashing.
+func TestEtcdUnreachableAtStart(t *testing.T) {
+	e := newEtcd(t)
+	cfg := writeConfig(t, "orders:2")
+	a := startShardd(t, e, "a", cfg)
+	waitFor(t, 15*time.Second, "two failed attempts logged", func() bool {
+		return len(a.find(msg("session ended; reconnecting"))) >= 2
+	})
+	select {
+	case <-a.exited:
+		t.Fatalf("shardd exited while etcd was unreachable: %v", a.err)
+	default:
+	}
+	e.start()
+	cli := e.client()
+	waitFor(t, 15*time.Second, "a to join once etcd is up", func() bool {
+		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}}, a)
+	})
+	a.stop(syscall.SIGTERM)
+	if a.err != nil {
+		t.Errorf("exit after SIGTERM: %v", a.err)
+	}
+}

@@ -66,8 +66,14 @@ type etcdProc struct {
 }
 
 func startEtcd(t *testing.T) *etcdProc {
-	e := &etcdProc{t: t, dir: t.TempDir(), clientURL: "http://" + etcdtest.FreeAddr(t), peerURL: "http://" + etcdtest.FreeAddr(t)}
+	e := newEtcd(t)
 	e.start()
+	return e
+}
+
+// newEtcd prepares an etcd process without starting it.
+func newEtcd(t *testing.T) *etcdProc {
+	e := &etcdProc{t: t, dir: t.TempDir(), clientURL: "http://" + etcdtest.FreeAddr(t), peerURL: "http://" + etcdtest.FreeAddr(t)}
 	t.Cleanup(func() { e.signal(syscall.SIGKILL) })
 	return e
 }

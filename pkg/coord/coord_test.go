@@ -370,6 +370,11 @@ func TestRegisteredConfigWins(t *testing.T) {
 	if !strings.Contains(b.log.String(), "differs from the registered one") {
 		t.Error("b did not log the conflict")
 	}
+	waitFor(t, 5*time.Second, "status to report b's conflict", func() bool {
+		st, err := ReadStatus(context.Background(), cli, NewKeys(""))
+		return err == nil && len(st.Jobs) == 1 && len(st.Jobs[0].Problems) == 1 &&
+			strings.Contains(st.Jobs[0].Problems[0], "instance b has a different local definition")
+	})
 	waitFor(t, 5*time.Second, "3 items over a and b", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 2}, "b": {1}}, a, b)
 	})

@@ -59,7 +59,14 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	if err != nil {
 		return err
 	}
-	n.updateView(local.Name, func(v *JobView) { v.Job, v.Conflict = effective, conflict })
+	var republish bool
+	n.updateView(local.Name, func(v *JobView) {
+		republish = v.Conflict != conflict
+		v.Job, v.Conflict = effective, conflict
+	})
+	if republish {
+		n.republish() // the instance key lists conflicts, for shardd status
+	}
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	if _, err := n.opts.Client.Put(rctx, n.keys.Member(local.Name, n.opts.ID), "", clientv3.WithLease(s.lease)); err != nil {

@@ -126,10 +126,7 @@ func (n *Node) SetJobs(jobs []*config.Job) {
 		}
 	}
 	n.mu.Unlock()
-	select {
-	case n.changed <- struct{}{}:
-	default:
-	}
+	n.republish()
 }
 
 // Up reports whether the instance holds a live session.
@@ -160,6 +157,28 @@ func (n *Node) Jobs() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// conflicts lists the jobs whose local definition lost to the registered one.
+func (n *Node) conflicts() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var out []string
+	for name, v := range n.views {
+		if v.Conflict {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// republish asks the session loop to rewrite the instance key.
+func (n *Node) republish() {
+	select {
+	case n.changed <- struct{}{}:
+	default:
+	}
 }
 
 func (n *Node) updateView(job string, f func(v *JobView)) {
@@ -289,6 +308,7 @@ func (n *Node) register(s *session) error {
 	info := n.opts.Info
 	info.ID = n.opts.ID
 	info.Jobs = n.Jobs()
+	info.Conflicts = n.conflicts()
 	info.Started = n.started
 	val, err := json.Marshal(info)
 	if err != nil {

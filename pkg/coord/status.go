@@ -158,6 +158,11 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 				js.Problems = append(js.Problems, err.Error())
 			}
 		}
+		for _, in := range cs.Instances {
+			if slices.Contains(in.Conflicts, name) {
+				js.Problems = append(js.Problems, fmt.Sprintf("instance %s has a different local definition and uses the registered one", in.ID))
+			}
+		}
 		js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
 		if m != nil {
 			js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash

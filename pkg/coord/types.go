@@ -17,6 +17,9 @@ type InstanceInfo struct {
 	Started time.Time `json:"started"`
 	API     string    `json:"api,omitempty"`
 	Jobs    []string  `json:"jobs"`
+	// Conflicts are the jobs whose local definition differs from the
+	// registered one, which this instance uses instead.
+	Conflicts []string `json:"conflicts,omitempty"`
 }
 
 // ShardMap is the value of a job's shards key: which instance owns which item.
