@@ -1,0 +1,125 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"time"
+)
+
+// HTTP calls a hook. Build it with NewHTTP, which prepares its client.
+type HTTP struct {
+	URL    string
+	Method string
+	// Headers are sent with ${VAR} expanded from the environment, so that
+	// secrets stay out of the job file.
+	Headers map[string]string
+	// Body is sent as is; empty sends the context as JSON.
+	Body string
+	// SuccessCodes accepted; empty accepts any 2xx.
+	SuccessCodes []int
+	// Timeout bounds the whole call; the connection alone gets ConnectTimeout.
+	Timeout, ConnectTimeout time.Duration
+	TailBytes               int
+
+	client *http.Client
+}
+
+// TLSFiles configure an HTTP hook's TLS: a CA bundle to verify the server,
+// and a client certificate and key.
+type TLSFiles struct {
+	CA, Cert, Key string
+}
+
+// NewHTTP returns h ready to run, with its TLS files loaded.
+func NewHTTP(h HTTP, tlsFiles TLSFiles) (*HTTP, error) {
+	if h.ConnectTimeout == 0 {
+		h.ConnectTimeout = 5 * time.Second
+	}
+	if h.TailBytes == 0 {
+		h.TailBytes = 4096
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = (&net.Dialer{Timeout: h.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
+	tr.TLSHandshakeTimeout = h.ConnectTimeout
+	if tlsFiles != (TLSFiles{}) {
+		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+		if tlsFiles.CA != "" {
+			pem, err := os.ReadFile(tlsFiles.CA)
+			if err != nil {
+				return nil, fmt.Errorf("http tls ca: %w", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("http tls ca %s: no PEM certificates", tlsFiles.CA)
+			}
+		}
+		if tlsFiles.Cert != "" || tlsFiles.Key != "" {
+			cert, err := tls.LoadX509KeyPair(tlsFiles.Cert, tlsFiles.Key)
+			if err != nil {
+				return nil, fmt.Errorf("http tls client certificate: %w", err)
+			}
+			cfg.Certificates = []tls.Certificate{cert}
+		}
+		tr.TLSClientConfig = cfg
+	}
+	h.client = &http.Client{Transport: tr, Timeout: h.Timeout}
+	return &h, nil
+}
+
+// Run calls the hook once for c. Network errors and 5xx answers are
+// retryable; other statuses outside SuccessCodes are final failures.
+func (h *HTTP) Run(ctx context.Context, c Context) Result {
+	res := Result{Start: time.Now(), ExitCode: -1}
+	defer func() { res.End = time.Now() }()
+	body := []byte(h.Body)
+	if h.Body == "" {
+		body = c.JSON()
+	}
+	req, err := http.NewRequestWithContext(ctx, h.Method, h.URL, bytes.NewReader(body))
+	if err != nil {
+		res.Err = fmt.Errorf("request: %w", err)
+		return res
+	}
+	if h.Body == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("User-Agent", "shardd")
+	req.Header.Set("shardingContext", c.elasticJobContext()) // for hooks migrated from ElasticJob
+	for k, v := range h.Headers {
+		req.Header.Set(k, os.ExpandEnv(v))
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		res.Err = err
+		res.Retryable = ctx.Err() == nil
+		if ctx.Err() != nil {
+			res.Err = fmt.Errorf("%w: %v", ErrKilled, err)
+		}
+		return res
+	}
+	defer resp.Body.Close()
+	out := &tail{max: h.TailBytes}
+	io.Copy(out, io.LimitReader(resp.Body, 1<<20))
+	res.Output = out.String()
+	res.ExitCode = resp.StatusCode
+	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
+	if len(h.SuccessCodes) > 0 {
+		ok = slices.Contains(h.SuccessCodes, resp.StatusCode)
+	}
+	if !ok {
+		res.Err = fmt.Errorf("%s %s: status %d", h.Method, h.URL, resp.StatusCode)
+		res.Retryable = resp.StatusCode >= 500
+		return res
+	}
+	res.OK = true
+	return res
+}
+

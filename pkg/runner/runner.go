@@ -1,0 +1,111 @@
+// Package runner executes one item of one job: a script as a child process
+// or a call to an HTTP hook. It knows nothing about etcd or schedules: it is
+// given the execution's context and returns its result.
+//
+// The context travels as data, never spliced into a command line: scripts get
+// environment variables (SHARDD_JOB, SHARDD_ITEM, ...) and the whole context
+// as JSON in SHARDD_CONTEXT; HTTP hooks get the JSON as the request body.
+package runner
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Context describes one execution: (job, fire, item) and its attempt.
+type Context struct {
+	Job           string    `json:"job"`
+	Item          int       `json:"item"`
+	ItemParameter string    `json:"itemParameter"`
+	Total         int       `json:"total"`
+	JobParameter  string    `json:"jobParameter"`
+	Fire          time.Time `json:"fire"`
+	// Fence is the etcd revision of the claim: strictly increasing per
+	// (job, item), so downstream systems can reject stale writers.
+	Fence    int64  `json:"fence"`
+	Attempt  int    `json:"attempt"`
+	Instance string `json:"instance"`
+	// Source is NORMAL, MISFIRE, FAILOVER or MANUAL.
+	Source string `json:"source"`
+}
+
+// JSON returns the context as JSON.
+func (c Context) JSON() []byte {
+	b, _ := json.Marshal(c) // plain data: cannot fail
+	return b
+}
+
+// Env returns the context as SHARDD_* environment variables.
+func (c Context) Env() []string {
+	return []string{
+		"SHARDD_JOB=" + c.Job,
+		"SHARDD_ITEM=" + strconv.Itoa(c.Item),
+		"SHARDD_ITEM_PARAMETER=" + c.ItemParameter,
+		"SHARDD_TOTAL=" + strconv.Itoa(c.Total),
+		"SHARDD_JOB_PARAMETER=" + c.JobParameter,
+		"SHARDD_FIRE_TIME=" + c.Fire.Format(time.RFC3339),
+		"SHARDD_FENCE=" + strconv.FormatInt(c.Fence, 10),
+		"SHARDD_ATTEMPT=" + strconv.Itoa(c.Attempt),
+		"SHARDD_INSTANCE=" + c.Instance,
+		"SHARDD_SOURCE=" + c.Source,
+		"SHARDD_CONTEXT=" + string(c.JSON()),
+	}
+}
+
+// elasticJobContext is the shardingContext JSON ElasticJob passes to its
+// script jobs, for scripts migrated from it.
+func (c Context) elasticJobContext() string {
+	b, _ := json.Marshal(map[string]any{
+		"jobName":            c.Job,
+		"taskId":             c.Job + "@-@" + strconv.Itoa(c.Item) + "@-@" + c.Source + "@-@" + c.Instance,
+		"shardingTotalCount": c.Total,
+		"jobParameter":       c.JobParameter,
+		"shardingItem":       c.Item,
+		"shardingParameter":  c.ItemParameter,
+	})
+	return string(b)
+}
+
+// Result is the outcome of one execution.
+type Result struct {
+	Start, End time.Time
+	// OK is set when the work succeeded: exit 0, or an accepted HTTP status.
+	OK bool
+	// ExitCode of a script (-1 if it did not exit normally); HTTP status of a hook.
+	ExitCode int
+	// Err says why the work failed, nil when OK.
+	Err error
+	// Retryable is set when trying again may help: a network error or a 5xx.
+	Retryable bool
+	// Output is the tail of the script's output or the response body.
+	Output string
+}
+
+// Duration is how long the execution took.
+func (r Result) Duration() time.Duration { return r.End.Sub(r.Start) }
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	max int
+	buf []byte
+	cut bool
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = append(t.buf[:0], t.buf[over:]...)
+		t.cut = true
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	s := strings.ToValidUTF8(string(t.buf), "\uFFFD")
+	if t.cut {
+		return "..." + s
+	}
+	return s
+}

@@ -1,0 +1,267 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var ctxFixture = Context{
+	Job: "orders", Item: 2, ItemParameter: "Guangzhou", Total: 3, JobParameter: "full",
+	Fire: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Fence: 4711, Attempt: 1, Instance: "host-a", Source: "NORMAL",
+}
+
+func TestScriptGetsContextAsEnv(t *testing.T) {
+	res := Script{Argv: []string{"/bin/sh", "-c", `env | grep '^SHARDD_' | sort`}}.Run(context.Background(), ctxFixture)
+	if !res.OK {
+		t.Fatalf("run failed: %v\n%s", res.Err, res.Output)
+	}
+	for _, want := range []string{
+		"SHARDD_JOB=orders", "SHARDD_ITEM=2", "SHARDD_ITEM_PARAMETER=Guangzhou", "SHARDD_TOTAL=3",
+		"SHARDD_JOB_PARAMETER=full", "SHARDD_FIRE_TIME=2026-01-02T03:04:05Z", "SHARDD_FENCE=4711",
+		"SHARDD_ATTEMPT=1", "SHARDD_INSTANCE=host-a", "SHARDD_SOURCE=NORMAL",
+	} {
+		if !strings.Contains(res.Output, want+"\n") {
+			t.Errorf("output lacks %s:\n%s", want, res.Output)
+		}
+	}
+	var got Context
+	for _, line := range strings.Split(res.Output, "\n") {
+		if v, ok := strings.CutPrefix(line, "SHARDD_CONTEXT="); ok {
+			if err := json.Unmarshal([]byte(v), &got); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got != ctxFixture {
+		t.Errorf("SHARDD_CONTEXT = %+v, want %+v", got, ctxFixture)
+	}
+}
+
+// A hostile item parameter is data: it reaches the script verbatim and runs nothing.
+func TestItemParameterIsNeverCode(t *testing.T) {
+	dir := t.TempDir()
+	pwned := filepath.Join(dir, "pwned")
+	param := "$(touch " + pwned + "); rm -rf ~ `touch " + pwned + "`"
+	c := ctxFixture
+	c.ItemParameter = param
+	for name, s := range map[string]Script{
+		"argv":  {Argv: []string{"/usr/bin/printenv", "SHARDD_ITEM_PARAMETER"}},
+		"shell": {Shell: `echo "$SHARDD_ITEM_PARAMETER"; echo $SHARDD_ITEM_PARAMETER`},
+	} {
+		res := s.Run(context.Background(), c)
+		if !res.OK {
+			t.Fatalf("%s: %v", name, res.Err)
+		}
+		if !strings.HasPrefix(res.Output, param+"\n") {
+			t.Errorf("%s: parameter arrived as %q, want %q", name, res.Output, param)
+		}
+		if _, err := os.Stat(pwned); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s: the parameter ran a command", name)
+		}
+	}
+}
+
+func TestScriptExitCodeAndContextArg(t *testing.T) {
+	res := Script{Shell: "echo out; echo err >&2; exit 3"}.Run(context.Background(), ctxFixture)
+	if res.OK || res.ExitCode != 3 || !res.Retryable || res.Output != "out\nerr\n" {
+		t.Errorf("exit 3: %+v", res)
+	}
+	res = Script{Argv: []string{"/bin/sh", "-c", `echo "$1"`, "sh"}, ContextArg: true}.Run(context.Background(), ctxFixture)
+	var ej map[string]any
+	if err := json.Unmarshal([]byte(res.Output), &ej); err != nil || ej["shardingItem"] != 2.0 || ej["shardingParameter"] != "Guangzhou" || ej["jobName"] != "orders" {
+		t.Errorf("ElasticJob context argument: %q (%v)", res.Output, err)
+	}
+	res = Script{Argv: []string{"/nonexistent/program"}}.Run(context.Background(), ctxFixture)
+	if res.OK || res.Err == nil || !strings.Contains(res.Err.Error(), "start /nonexistent/program") {
+		t.Errorf("missing program: %+v", res)
+	}
+}
+
+// alive reports whether pid runs; a zombie (dead, not yet reaped by an init
+// that may never reap it in a container) counts as dead. The kill may take a
+// moment to land, so it is given one.
+func alive(pid int) bool {
+	for i := 0; i < 50; i++ {
+		if syscall.Kill(pid, 0) != nil {
+			return false
+		}
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return false
+		}
+		if f := strings.Fields(string(stat)); len(f) > 2 && f[2] == "Z" {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
+// grandchild starts a script that leaves a background process and reports its pid.
+func grandchildScript(dir, trap string) Script {
+	return Script{Shell: trap + `sleep 60 & echo $! > ` + filepath.Join(dir, "pid") + `; wait`, Grace: 300 * time.Millisecond}
+}
+
+func readPID(t *testing.T, dir string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
+}
+
+func TestTimeoutKillsTheWholeGroup(t *testing.T) {
+	for _, trap := range []string{"", "trap '' TERM; "} { // the second ignores SIGTERM: SIGKILL after the grace
+		dir := t.TempDir()
+		s := grandchildScript(dir, trap)
+		s.Timeout = 300 * time.Millisecond
+		res := s.Run(context.Background(), ctxFixture)
+		if res.OK || !errors.Is(res.Err, ErrTimeout) {
+			t.Fatalf("trap %q: result %+v, want a timeout", trap, res)
+		}
+		if pid := readPID(t, dir); alive(pid) {
+			t.Errorf("trap %q: grandchild %d survived the timeout", trap, pid)
+		}
+		if d := res.Duration(); d > 3*time.Second {
+			t.Errorf("trap %q: the run took %s", trap, d)
+		}
+	}
+}
+
+func TestCancelKillsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	s := grandchildScript(dir, "trap '' TERM; ")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	done := make(chan Result)
+	go func() { done <- s.Run(ctx, ctxFixture) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for _, err := os.Stat(filepath.Join(dir, "pid")); err != nil; _, err = os.Stat(filepath.Join(dir, "pid")) {
+		if time.Now().After(deadline) {
+			t.Fatal("script did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel(errors.New("session fenced"))
+	res := <-done
+	if !errors.Is(res.Err, ErrKilled) || res.Retryable || !strings.Contains(res.Err.Error(), "session fenced") {
+		t.Errorf("result %+v, want killed and not retryable", res)
+	}
+	if pid := readPID(t, dir); alive(pid) {
+		t.Errorf("grandchild %d survived the cancel", pid)
+	}
+}
+
+func TestLeftoverProcessesDieWithTheScript(t *testing.T) {
+	dir := t.TempDir()
+	res := Script{Shell: `sleep 60 & echo $! > ` + filepath.Join(dir, "pid")}.Run(context.Background(), ctxFixture)
+	if !res.OK {
+		t.Fatal(res.Err)
+	}
+	if pid := readPID(t, dir); alive(pid) {
+		t.Errorf("background process %d outlived the item", pid)
+	}
+}
+
+func TestOutputTailIsCapped(t *testing.T) {
+	res := Script{Shell: `i=0; while [ $i -lt 500 ]; do echo "line $i"; i=$((i+1)); done`, TailBytes: 64}.Run(context.Background(), ctxFixture)
+	if !res.OK {
+		t.Fatal(res.Err)
+	}
+	if len(res.Output) > 64+3 || !strings.HasPrefix(res.Output, "...") || !strings.HasSuffix(res.Output, "line 499\n") {
+		t.Errorf("tail = %q", res.Output)
+	}
+}
+
+func TestHTTPHook(t *testing.T) {
+	t.Setenv("HOOK_TOKEN", "s3cret")
+	var gotAuth, gotSharding string
+	var gotBody Context
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		gotAuth, gotSharding = r.Header.Get("Authorization"), r.Header.Get("shardingContext")
+		b, _ := io.ReadAll(r.Body)
+		json.Unmarshal(b, &gotBody)
+		switch r.URL.Path {
+		case "/ok":
+			w.Write([]byte("done"))
+		case "/accepted":
+			w.WriteHeader(http.StatusAccepted)
+		case "/missing":
+			http.NotFound(w, r)
+		case "/broken":
+			http.Error(w, "boom", http.StatusBadGateway)
+		case "/slow":
+			time.Sleep(2 * time.Second)
+		}
+	}))
+	defer srv.Close()
+	hook := func(path string, codes ...int) *HTTP {
+		h, err := NewHTTP(HTTP{URL: srv.URL + path, Method: "POST", Headers: map[string]string{"Authorization": "Bearer ${HOOK_TOKEN}"}, SuccessCodes: codes, Timeout: 500 * time.Millisecond}, TLSFiles{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+
+	res := hook("/ok").Run(context.Background(), ctxFixture)
+	if !res.OK || res.ExitCode != 200 || res.Output != "done" {
+		t.Fatalf("ok: %+v", res)
+	}
+	if gotAuth != "Bearer s3cret" || gotBody != ctxFixture || !strings.Contains(gotSharding, `"shardingItem":2`) {
+		t.Errorf("request: auth %q, body %+v, shardingContext %q", gotAuth, gotBody, gotSharding)
+	}
+	if res := hook("/accepted", 200).Run(context.Background(), ctxFixture); res.OK || res.Retryable {
+		t.Errorf("202 outside successCodes [200]: %+v", res)
+	}
+	if res := hook("/missing").Run(context.Background(), ctxFixture); res.OK || res.Retryable || res.ExitCode != 404 {
+		t.Errorf("404: %+v", res)
+	}
+	if res := hook("/broken").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.ExitCode != 502 {
+		t.Errorf("502 must be retryable: %+v", res)
+	}
+	if res := hook("/slow").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.Duration() > 1500*time.Millisecond {
+		t.Errorf("timeout: %+v", res)
+	}
+	h, _ := NewHTTP(HTTP{URL: "http://127.0.0.1:1/", Method: "POST", Timeout: time.Second}, TLSFiles{})
+	if res := h.Run(context.Background(), ctxFixture); res.OK || !res.Retryable {
+		t.Errorf("connection refused must be retryable: %+v", res)
+	}
+}
+
+func TestHTTPHookTLS(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer srv.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
+
+	untrusted, _ := NewHTTP(HTTP{URL: srv.URL, Method: "GET", Timeout: time.Second}, TLSFiles{})
+	if res := untrusted.Run(context.Background(), ctxFixture); res.OK {
+		t.Error("a server with an unknown CA was trusted")
+	}
+	trusted, err := NewHTTP(HTTP{URL: srv.URL, Method: "GET", Timeout: time.Second}, TLSFiles{CA: ca})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := trusted.Run(context.Background(), ctxFixture); !res.OK {
+		t.Errorf("with the CA: %+v", res)
+	}
+	if _, err := NewHTTP(HTTP{URL: srv.URL}, TLSFiles{CA: "/nonexistent"}); err == nil {
+		t.Error("a missing CA file was accepted")
+	}
+}
