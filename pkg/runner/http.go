@@ -122,4 +122,3 @@ func (h *HTTP) Run(ctx context.Context, c Context) Result {
 	res.OK = true
 	return res
 }
-
