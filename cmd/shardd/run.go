@@ -18,6 +18,7 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/embedetcd"
+	"github.com/shardd/shardd/pkg/engine"
 	"github.com/shardd/shardd/pkg/version"
 )
 
@@ -38,6 +39,7 @@ func cmdRun(e *env, args []string) error {
 		dataDir   = fs.String("data-dir", defaultDataDir, "`directory` for the embedded etcd's data")
 		listen    = fs.String("listen", defaultListen, "`address` of the HTTP endpoints (/healthz, /readyz); empty disables")
 		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
+		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd)")
 		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd)")
 		ef        etcdFlags
@@ -114,17 +116,37 @@ func cmdRun(e *env, args []string) error {
 		}
 		apiAddr = ln.Addr().String()
 	}
+	var eng *engine.Engine
 	node, err := coord.New(coord.Options{
 		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
-		Info: coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
+		Info:  coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
+		OnMap: func(job string, m *coord.ShardMap) { eng.OnMap(job, m) },
 	}, cfg.Jobs)
 	if err != nil {
 		return err
 	}
+	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc})
+	killWork = eng.Kill
 
-	{ // the node: leaves the cluster gracefully when interrupted
+	{ // the daemon: on interrupt, stop firing and let running items finish,
+		// then leave the cluster (resign, revoke the lease)
 		nctx, ncancel := context.WithCancel(ctx)
-		g.Add(func() error { return node.Run(nctx) }, func(error) { ncancel() })
+		ectx, ecancel := context.WithCancel(ctx)
+		engDone := make(chan struct{})
+		g.Add(func() error {
+			go func() {
+				defer close(engDone)
+				eng.Run(ectx)
+			}()
+			err := node.Run(nctx)
+			ecancel()
+			<-engDone
+			return err
+		}, func(error) {
+			ecancel()
+			<-engDone
+			ncancel()
+		})
 	}
 	if ln != nil {
 		srv := &http.Server{Handler: healthHandler(node), ReadHeaderTimeout: 5 * time.Second}
@@ -161,15 +183,21 @@ func cmdRun(e *env, args []string) error {
 	return err
 }
 
+// killWork stops every running item at once; set once the engine exists.
+var killWork = func() {}
+
 // forceOnSecondSignal exits at once on another signal, or when a graceful
-// stop takes longer than shutdownGraceTime.
+// stop takes longer than shutdownGraceTime, killing running items first so
+// that none outlives this instance's claim.
 func forceOnSecondSignal(sig <-chan os.Signal, log *slog.Logger) {
 	select {
 	case s := <-sig:
-		log.Warn("second signal: exiting now", "signal", s.String())
+		log.Warn("second signal: killing running items and exiting now", "signal", s.String())
 	case <-time.After(shutdownGraceTime):
-		log.Warn("graceful stop took too long: exiting now", "grace", shutdownGraceTime)
+		log.Warn("graceful stop took too long: killing running items and exiting now", "grace", shutdownGraceTime)
 	}
+	killWork()
+	time.Sleep(100 * time.Millisecond) // let the kills land
 	os.Exit(1)
 }
 

@@ -69,9 +69,17 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	}
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	if _, err := n.opts.Client.Put(rctx, n.keys.Member(local.Name, n.opts.ID), "", clientv3.WithLease(s.lease)); err != nil {
+	key := n.keys.Member(local.Name, n.opts.ID)
+	resp, err := n.opts.Client.Txn(rctx).Then(clientv3.OpPut(key, "", clientv3.WithLease(s.lease)), clientv3.OpGet(key)).Commit()
+	if err != nil {
 		return fmt.Errorf("put member key: %w", err)
 	}
+	kvs := resp.Responses[1].GetResponseRange().Kvs
+	n.mu.Lock()
+	if n.session == s && len(kvs) == 1 {
+		n.members[local.Name] = kvs[0].CreateRevision // the guard of this session's claims
+	}
+	n.mu.Unlock()
 	return nil
 }
 
@@ -188,7 +196,7 @@ func (n *Node) observeMap(job string, kv *mvccpb.KeyValue) {
 	var changed bool
 	n.updateView(job, func(v *JobView) {
 		if v.Map == nil || m.Epoch > v.Map.Epoch {
-			v.Map, changed = m, true
+			v.Map, v.MapRev, changed = m, kv.ModRevision, true
 		}
 	})
 	if !changed {

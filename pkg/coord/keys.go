@@ -19,6 +19,9 @@ const DefaultPrefix = "/shardd"
 //	<prefix>/jobs/<job>/disabled/items/<n>     none      the item is disabled
 //	<prefix>/jobs/<job>/leader/                session   concurrency.Election prefix
 //	<prefix>/jobs/<job>/shards                 none      shard map (JSON), leader only, fenced
+//	<prefix>/jobs/<job>/items/<n>              none      last claimed fire of the item (JSON), fenced claims
+//	<prefix>/jobs/<job>/running/<n>            session   the instance running the item
+//	<prefix>/jobs/<job>/history/<n>/<slot>     none      last HistoryPerItem executions of the item (ring)
 type Keys struct {
 	prefix string // cleaned, no trailing slash
 }
@@ -52,6 +55,18 @@ func (k Keys) DisabledItem(job string, item int) string {
 	return k.Disabled(job) + "items/" + strconv.Itoa(item)
 }
 func (k Keys) Leader(job string) string { return k.job(job) + "leader/" }
+func (k Keys) Items(job string) string  { return k.job(job) + "items/" }
+func (k Keys) Item(job string, item int) string {
+	return k.Items(job) + strconv.Itoa(item)
+}
+func (k Keys) Running(job string) string { return k.job(job) + "running/" }
+func (k Keys) RunningItem(job string, item int) string {
+	return k.Running(job) + strconv.Itoa(item)
+}
+func (k Keys) HistoryPrefix(job string) string { return k.job(job) + "history/" }
+func (k Keys) History(job string, item int, slot int64) string {
+	return k.HistoryPrefix(job) + strconv.Itoa(item) + "/" + strconv.FormatInt(slot, 10)
+}
 func (k Keys) Shards(job string) string { return k.job(job) + "shards" }
 
 // JobOf returns the job name in a key under Jobs(), or "".

@@ -51,6 +51,8 @@ type Node struct {
 	jobs    map[string]*config.Job // local definitions
 	views   map[string]*JobView
 	up      bool
+	session *session         // current session, nil when down
+	members map[string]int64 // job -> CreateRevision of this session's member key
 	started time.Time
 	changed chan struct{} // buffered(1): the job set changed
 }
@@ -65,6 +67,8 @@ type JobView struct {
 	Conflict bool
 	// Map is the last good shard map seen, nil before the first.
 	Map *ShardMap
+	// MapRev is the ModRevision of Map's key, the guard of claims made on it.
+	MapRev int64
 	// Leading is set while this instance is the job's leader.
 	Leading bool
 }
@@ -249,8 +253,8 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 		return false, err
 	}
 	n.log.Info("session up", "lease", fmt.Sprintf("%x", s.lease), "ttl", n.opts.TTL)
-	n.setUp(true)
-	defer n.setUp(false)
+	n.setSession(s)
+	defer n.setSession(nil)
 
 	workers := newWorkerSet(s)
 	defer workers.stop()
@@ -268,7 +272,7 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 			return true, nil
 		case <-s.Fenced():
 			err := s.Err()
-			n.setUp(false)
+			n.setSession(nil)
 			n.log.Error("session lost: stopping leaderships and work", "err", err)
 			workers.stop()
 			s.close(false)
@@ -281,15 +285,36 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 	}
 }
 
-func (n *Node) setUp(up bool) {
+// setSession records the current session (nil: none).
+func (n *Node) setSession(s *session) {
 	n.mu.Lock()
-	n.up = up
-	if !up {
+	defer n.mu.Unlock()
+	n.session, n.up = s, s != nil
+	n.members = map[string]int64{}
+	if s == nil {
 		for _, v := range n.views {
 			v.Leading = false
 		}
 	}
-	n.mu.Unlock()
+}
+
+// sessionFor returns the current session and the CreateRevision of its
+// member key for job (0 when the job is not registered in it).
+func (n *Node) sessionFor(job string) (*session, int64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.session, n.members[job]
+}
+
+// Session returns a context that is cancelled when the current session ends
+// (or fences itself), and false when there is no session.
+func (n *Node) Session() (context.Context, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.session == nil {
+		return nil, false
+	}
+	return n.session.ctx, true
 }
 
 func (n *Node) currentJobs() map[string]*config.Job {

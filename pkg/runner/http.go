@@ -76,8 +76,8 @@ func NewHTTP(h HTTP, tlsFiles TLSFiles) (*HTTP, error) {
 
 // Run calls the hook once for c. Network errors and 5xx answers are
 // retryable; other statuses outside SuccessCodes are final failures.
-func (h *HTTP) Run(ctx context.Context, c Context) Result {
-	res := Result{Start: time.Now(), ExitCode: -1}
+func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
+	res = Result{Start: time.Now(), ExitCode: -1}
 	defer func() { res.End = time.Now() }()
 	body := []byte(h.Body)
 	if h.Body == "" {

@@ -75,6 +75,9 @@ func TestItemParameterIsNeverCode(t *testing.T) {
 
 func TestScriptExitCodeAndContextArg(t *testing.T) {
 	res := Script{Shell: "echo out; echo err >&2; exit 3"}.Run(context.Background(), ctxFixture)
+	if res.End.Before(res.Start) || res.Duration() <= 0 {
+		t.Errorf("start %s end %s", res.Start, res.End)
+	}
 	if res.OK || res.ExitCode != 3 || !res.Retryable || res.Output != "out\nerr\n" {
 		t.Errorf("exit 3: %+v", res)
 	}

@@ -42,8 +42,8 @@ var ErrKilled = errors.New("runner: killed")
 // Run executes the script for c. Cancelling ctx kills the whole process
 // group at once (SIGKILL): it is how shardd stops work it may no longer own.
 // Any processes the script leaves behind in its group are killed when it exits.
-func (s Script) Run(ctx context.Context, c Context) Result {
-	res := Result{Start: time.Now(), ExitCode: -1}
+func (s Script) Run(ctx context.Context, c Context) (res Result) {
+	res = Result{Start: time.Now(), ExitCode: -1}
 	defer func() { res.End = time.Now() }()
 	grace, tailBytes := s.Grace, s.TailBytes
 	if grace == 0 {
