@@ -80,12 +80,12 @@ type Report struct {
 	// although shardd had not recorded it (its instance was cut off or
 	// paused before it could): allowed by G2, the at-least-once edge that
 	// jobs cover with idempotence or the fence token.
-	RerunsAfterEnd int
-	Overlaps                          int `json:"g1Overlaps"`
-	Duplicates                        int `json:"g2Duplicates"`
-	Misses                            int `json:"g3Misses"`
-	FenceInversions                   int `json:"g4FenceInversions"`
-	Violations                        []string
+	RerunsAfterEnd  int
+	Overlaps        int `json:"g1Overlaps"`
+	Duplicates      int `json:"g2Duplicates"`
+	Misses          int `json:"g3Misses"`
+	FenceInversions int `json:"g4FenceInversions"`
+	Violations      []string
 }
 
 // OK reports whether no guarantee was violated.
@@ -147,7 +147,9 @@ func Check(events []Event, o Options) Report {
 	for k := range runs {
 		keys = append(keys, k)
 	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].job < keys[j].job || keys[i].job == keys[j].job && keys[i].item < keys[j].item })
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].job < keys[j].job || keys[i].job == keys[j].job && keys[i].item < keys[j].item
+	})
 	for _, k := range keys {
 		rs := runs[k]
 		sort.Slice(rs, func(i, j int) bool { return rs[i].start.At.Before(rs[j].start.At) })
