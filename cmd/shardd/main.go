@@ -16,6 +16,8 @@ import (
 	"strings"
 
 	_ "time/tzdata" // time zones for timeZone on hosts without tzdata
+
+	"github.com/shardd/shardd/pkg/runner"
 )
 
 // command is one subcommand.
@@ -58,6 +60,9 @@ func commands() []command {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == runner.GuardCommand { // internal: see runner.GuardMain
+		os.Exit(runner.GuardMain(os.Args[2:]))
+	}
 	os.Exit(run(os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 }
 

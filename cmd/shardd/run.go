@@ -125,7 +125,11 @@ func cmdRun(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc})
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find the shardd binary for the script guard: %w", err)
+	}
+	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Guard: self})
 	killWork = eng.Kill
 
 	{ // the daemon: on interrupt, stop firing and let running items finish,

@@ -38,6 +38,9 @@ type Options struct {
 	// MaxConcurrency caps the items running at once on this instance, all
 	// jobs together; 0 means no cap.
 	MaxConcurrency int
+	// Guard is the shardd binary, run as a guard between the engine and
+	// each script (see runner.GuardMain); empty runs scripts unguarded.
+	Guard string
 }
 
 // Engine runs the owned items of every job of its node.
@@ -349,7 +352,7 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 		}
 		return false
 	}
-	w, err := js.worker(job, e.log)
+	w, err := js.worker(job, e.opts.Guard, e.log)
 	if err != nil {
 		log.Error("job work is not runnable", "err", err)
 		e.opts.Node.Complete(context.WithoutCancel(ctx), g, coord.StateFailed, -1, err.Error(), "", time.Now(), time.Now())
@@ -367,7 +370,7 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 	stop := context.AfterFunc(e.killCtx, func() { cancel(errKilled) })
 	defer stop()
 	start := time.Now()
-	res := w.run(runCtx, rc)
+	res := w.run(runCtx, rc, g.Deadline)
 	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
 		wait := min(100*time.Millisecond<<retry, 10*time.Second)
 		log.Warn("run failed; retrying", "err", res.Err, "retry", retry+1, "in", wait)
@@ -375,7 +378,7 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 		case <-time.After(wait):
 		case <-runCtx.Done():
 		}
-		res = w.run(runCtx, rc)
+		res = w.run(runCtx, rc, g.Deadline)
 	}
 	state, errText := coord.StateDone, ""
 	if !res.OK {
@@ -443,16 +446,16 @@ func (e *Engine) release(js *jobState) {
 
 // workerCache holds a job's runner, built once per job definition.
 type workerCache struct {
-	run func(ctx context.Context, c runner.Context) runner.Result
+	run func(ctx context.Context, c runner.Context, deadline func() time.Time) runner.Result
 }
 
-func (js *jobState) worker(job *config.Job, log *slog.Logger) (*workerCache, error) {
+func (js *jobState) worker(job *config.Job, guard string, log *slog.Logger) (*workerCache, error) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	if w, ok := js.workers[job.Hash()]; ok {
 		return w, nil
 	}
-	w, err := newWorker(job, log)
+	w, err := newWorker(job, guard, log)
 	if err != nil {
 		return nil, err
 	}
@@ -460,14 +463,18 @@ func (js *jobState) worker(job *config.Job, log *slog.Logger) (*workerCache, err
 	return w, nil
 }
 
-func newWorker(job *config.Job, log *slog.Logger) (*workerCache, error) {
+func newWorker(job *config.Job, guard string, log *slog.Logger) (*workerCache, error) {
 	switch {
 	case job.Script != nil:
 		s := runner.Script{
 			Argv: job.Script.Command.Argv, Shell: job.Script.Command.Shell, Env: job.Script.Env,
-			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log,
+			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Guard: guard,
 		}
-		return &workerCache{run: s.Run}, nil
+		return &workerCache{run: func(ctx context.Context, c runner.Context, deadline func() time.Time) runner.Result {
+			s := s
+			s.Deadline = deadline
+			return s.Run(ctx, c)
+		}}, nil
 	case job.HTTP != nil:
 		timeout := time.Duration(job.HTTP.Timeout)
 		if job.Timeout > 0 {
@@ -480,7 +487,7 @@ func newWorker(job *config.Job, log *slog.Logger) (*workerCache, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &workerCache{run: h.Run}, nil
+		return &workerCache{run: func(ctx context.Context, c runner.Context, _ func() time.Time) runner.Result { return h.Run(ctx, c) }}, nil
 	}
 	return nil, errors.New("job has neither script nor http")
 }

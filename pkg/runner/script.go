@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -31,6 +32,31 @@ type Script struct {
 	TailBytes int
 	// Log receives every output line (nil: discarded).
 	Log *slog.Logger
+	// Guard is the shardd binary that runs the guard (see GuardMain), and
+	// Deadline the current fence time it is fed. With both set, the script
+	// dies with shardd, and at the deadline if shardd stops moving it.
+	Guard    string
+	Deadline func() time.Time
+}
+
+// feedDeadlines sends the guard each new deadline until stop is closed.
+func feedDeadlines(w *os.File, deadline func() time.Time, stop <-chan struct{}) {
+	var last time.Time
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if d := deadline(); !d.Equal(last) {
+			if _, err := fmt.Fprintf(w, "%d\n", d.UnixNano()); err != nil {
+				return
+			}
+			last = d
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // ErrTimeout is the error of a run stopped at its timeout.
@@ -67,6 +93,19 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			args = append(args, c.elasticJobContext())
 		}
 		cmd = exec.Command("/bin/sh", args...)
+	}
+	var feed *os.File // the guard's control pipe
+	if s.Guard != "" && s.Deadline != nil {
+		args := append([]string{GuardCommand, "--deadline", strconv.FormatInt(s.Deadline().UnixNano(), 10), "--", cmd.Path}, cmd.Args[1:]...)
+		cmd = exec.Command(s.Guard, args...)
+		r, w, err := os.Pipe()
+		if err != nil {
+			res.Err = fmt.Errorf("guard pipe: %w", err)
+			return res
+		}
+		defer r.Close()
+		defer w.Close()
+		cmd.Stdin, feed = r, w
 	}
 	cmd.Dir = s.Workdir
 	cmd.Env = os.Environ()
@@ -115,6 +154,11 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	if feed != nil {
+		stopFeed := make(chan struct{})
+		defer close(stopFeed)
+		go feedDeadlines(feed, s.Deadline, stopFeed)
+	}
 
 	var timeout <-chan time.Time
 	if s.Timeout > 0 {
