@@ -53,6 +53,10 @@ func commands() []command {
 	return []command{
 		{"run", "run the daemon: join the cluster and run the jobs", "--config PATH [--etcd URL,...] [--name ID] [--data-dir DIR] [--listen ADDR] [--ttl 10s] [--prefix /shardd]", cmdRun},
 		{"status", "show jobs, leaders, shard maps and instances from etcd", "[--etcd URL,...] [-o json]", cmdStatus},
+		{"trigger", "run a job's items once now, on their owners", "JOB [--item N] [--etcd URL,...]", cmdTrigger},
+		{"disable", "disable a job, one item, or one instance for a job", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdDisable},
+		{"enable", "undo disable", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdEnable},
+		{"history", "show a job's recent executions", "JOB [--item N] [-o json] [--etcd URL,...]", cmdHistory},
 		{"validate", "check job definitions and report every problem", "--config PATH", cmdValidate},
 		{"plan", "preview how a strategy spreads a job's items over instances", "--strategy S --job NAME --total N --instances a,b,c [-o json] | --config PATH --instances a,b,c", cmdPlan},
 		{"version", "print the version", "", cmdVersion},

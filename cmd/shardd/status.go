@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"strconv"
@@ -14,10 +13,9 @@ import (
 
 func cmdStatus(e *env, args []string) error {
 	fs := newFlagSet(e, "status")
-	var ef etcdFlags
-	ef.register(fs, "etcd endpoint `URLs`, comma-separated (default "+defaultEmbedURL+", the embedded default)")
+	var o opsFlags
+	o.register(fs)
 	output := fs.String("o", "table", "output `format`: table or json")
-	timeout := fs.Duration("timeout", 5*time.Second, "give up reading etcd after this long")
 	if err := applyEnv(e, fs); err != nil {
 		return err
 	}
@@ -27,20 +25,14 @@ func cmdStatus(e *env, args []string) error {
 	if *output != "table" && *output != "json" {
 		return usageError("-o must be table or json, got %q", *output)
 	}
-	endpoints := ef.list()
-	if len(endpoints) == 0 {
-		endpoints = []string{defaultEmbedURL}
-	}
-	cli, err := coord.NewClient(ef.clientOptions(endpoints))
+	cli, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	st, err := coord.ReadStatus(ctx, cli, coord.NewKeys(ef.prefix))
+	defer done()
+	st, err := coord.ReadStatus(ctx, cli, coord.NewKeys(o.ef.prefix))
 	if err != nil {
-		return fmt.Errorf("%w (etcd %s)", err, strings.Join(endpoints, ","))
+		return fmt.Errorf("%w (etcd %s)", err, strings.Join(cli.Endpoints(), ","))
 	}
 	if *output == "json" {
 		return writeJSON(e.stdout, st)

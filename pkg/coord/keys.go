@@ -22,6 +22,7 @@ const DefaultPrefix = "/shardd"
 //	<prefix>/jobs/<job>/items/<n>              none      last claimed fire of the item (JSON), fenced claims
 //	<prefix>/jobs/<job>/running/<n>            session   the instance running the item
 //	<prefix>/jobs/<job>/history/<n>/<slot>     none      last HistoryPerItem executions of the item (ring)
+//	<prefix>/jobs/<job>/triggers/<id>          1 minute  a one-off run requested by an operator
 type Keys struct {
 	prefix string // cleaned, no trailing slash
 }
@@ -64,6 +65,8 @@ func (k Keys) RunningItem(job string, item int) string {
 	return k.Running(job) + strconv.Itoa(item)
 }
 func (k Keys) HistoryPrefix(job string) string { return k.job(job) + "history/" }
+func (k Keys) Triggers(job string) string      { return k.job(job) + "triggers/" }
+func (k Keys) Trigger(job, id string) string   { return k.Triggers(job) + id }
 func (k Keys) History(job string, item int, slot int64) string {
 	return k.HistoryPrefix(job) + strconv.Itoa(item) + "/" + strconv.FormatInt(slot, 10)
 }

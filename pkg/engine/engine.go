@@ -26,6 +26,7 @@ type Coordinator interface {
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, state string, exitCode int, errText, output string, start, end time.Time) error
 	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error
+	WatchTriggers(ctx context.Context, job string, fn func(coord.Trigger))
 }
 
 // Options configure an Engine.
@@ -136,6 +137,22 @@ func (e *Engine) jobLoop(ctx context.Context, name string) {
 	log := e.log.With("job", name)
 	js := &jobState{busy: map[int]*itemSlot{}, workers: map[string]*workerCache{}}
 	wake := e.wakeChan(name)
+	triggers := make(chan coord.Trigger, 16)
+	var watcher sync.WaitGroup
+	defer watcher.Wait()
+	tctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watcher.Add(1)
+	go func() {
+		defer watcher.Done()
+		e.opts.Node.WatchTriggers(tctx, name, func(tr coord.Trigger) {
+			select {
+			case triggers <- tr:
+			default:
+				log.Warn("too many triggers at once; dropping one", "trigger", tr.ID)
+			}
+		})
+	}()
 	var owned []int
 	last := e.opts.Now()
 	for {
@@ -166,6 +183,19 @@ func (e *Engine) jobLoop(ctx context.Context, name string) {
 		case <-ctx.Done():
 			stopTimer()
 			return
+		case tr := <-triggers:
+			stopTimer()
+			mine := e.ownedAt(v, tr.Fire, job.Schedule)
+			var items []int
+			for _, item := range mine {
+				if len(tr.Items) == 0 || slices.Contains(tr.Items, item) {
+					items = append(items, item)
+				}
+			}
+			log.Info("manual trigger", "trigger", tr.ID, "items", items, "by", tr.By)
+			for _, item := range items {
+				e.manual(ctx, js, v, item, tr.Fire)
+			}
 		case <-wake:
 			stopTimer()
 			// A new map (or a new session): take over items that are new to us.
@@ -245,6 +275,43 @@ func (e *Engine) dispatch(ctx context.Context, js *jobState, v coord.JobView, it
 			e.itemWorker(ctx, js, v.Job.Name, item, fire)
 		}()
 	}
+}
+
+// manual runs item once for a trigger at fire, unless it is busy or a
+// later fire was claimed already.
+func (e *Engine) manual(ctx context.Context, js *jobState, v coord.JobView, item int, fire time.Time) {
+	log := e.log.With("job", v.Job.Name, "item", item)
+	js.mu.Lock()
+	if _, busy := js.busy[item]; busy {
+		js.mu.Unlock()
+		log.Info("item is running; manual trigger ignored for it")
+		return
+	}
+	js.busy[item] = &itemSlot{}
+	js.mu.Unlock()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer func() {
+			js.mu.Lock()
+			delete(js.busy, item)
+			js.mu.Unlock()
+		}()
+		snap, err := e.opts.Node.ReadItems(ctx, v.Job.Name)
+		if err != nil {
+			log.Warn("read item state", "err", err)
+			return
+		}
+		st := snap.Items[item]
+		switch {
+		case st.RunningBy != "":
+			log.Info("item is running elsewhere; manual trigger ignored for it", "running_on", st.RunningBy)
+		case st.Record != nil && !fire.After(st.Record.Fire):
+			log.Info("a later fire was claimed already; manual trigger ignored for it", "claimed", st.Record.Fire)
+		default:
+			e.execute(ctx, js, v, item, st, fire, 1, coord.SourceManual, 0)
+		}
+	}()
 }
 
 // itemWorker plans and runs one item until nothing is pending.

@@ -1,0 +1,95 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Trigger is a one-off run of a job requested by an operator.
+type Trigger struct {
+	ID string `json:"id"`
+	// Items to run; empty runs every item.
+	Items []int `json:"items,omitempty"`
+	// Fire is the run's fire time: when it was requested.
+	Fire time.Time `json:"fire"`
+	By   string    `json:"by,omitempty"`
+}
+
+// TriggerTTL is how long a trigger request stays in etcd.
+const TriggerTTL = time.Minute
+
+// RequestTrigger asks the cluster to run job's items now, as source MANUAL.
+// The owners of the items run them; the request expires after TriggerTTL.
+func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job string, items []int, by string) (Trigger, error) {
+	lease, err := cli.Grant(ctx, int64(TriggerTTL/time.Second))
+	if err != nil {
+		return Trigger{}, fmt.Errorf("trigger job %q: %w", job, err)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	tr := Trigger{ID: strconv.FormatInt(now.UnixNano(), 36), Items: items, Fire: now, By: by}
+	val, _ := json.Marshal(tr)
+	resp, err := cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(keys.Config(job)), ">", 0)).
+		Then(clientv3.OpPut(keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID))).Commit()
+	if err != nil {
+		return Trigger{}, fmt.Errorf("trigger job %q: %w", job, err)
+	}
+	if !resp.Succeeded {
+		return Trigger{}, fmt.Errorf("trigger job %q: no such job registered in etcd", job)
+	}
+	return tr, nil
+}
+
+// WatchTriggers calls fn for every trigger of job requested from now on,
+// until ctx is done.
+func (n *Node) WatchTriggers(ctx context.Context, job string, fn func(Trigger)) {
+	rev := int64(0)
+	for ctx.Err() == nil {
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterDelete()}
+		if rev > 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		for wr := range n.opts.Client.Watch(clientv3.WithRequireLeader(ctx), n.keys.Triggers(job), opts...) {
+			if wr.Err() != nil {
+				break
+			}
+			rev = wr.Header.Revision + 1
+			for _, ev := range wr.Events {
+				var tr Trigger
+				if err := json.Unmarshal(ev.Kv.Value, &tr); err != nil {
+					n.log.Error("ignoring malformed trigger", "job", job, "key", string(ev.Kv.Key), "err", err)
+					continue
+				}
+				fn(tr)
+			}
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+// SetDisabled disables (or enables, with on false) a job, one item of it
+// (item >= 0) or one instance for it (instance != "").
+func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int, instance string, on bool) error {
+	key := keys.DisabledJob(job)
+	switch {
+	case item >= 0:
+		key = keys.DisabledItem(job, item)
+	case instance != "":
+		key = keys.DisabledInstance(job, instance)
+	}
+	var err error
+	if on {
+		_, err = cli.Put(ctx, key, time.Now().UTC().Format(time.RFC3339))
+	} else {
+		_, err = cli.Delete(ctx, key)
+	}
+	if err != nil {
+		return fmt.Errorf("update %s: %w", key, err)
+	}
+	return nil
+}
