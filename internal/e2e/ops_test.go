@@ -109,7 +109,9 @@ func TestOperations(t *testing.T) {
 	if after := count(readLedger(t, dir), tick0); after != before {
 		t.Errorf("disabled item 0 ran %d more times", after-before)
 	}
-	if n := count(readLedger(t, dir), func(ev ledger.Event) bool { return ev.Job == "tick" && ev.Item == 1 && ev.At.After(time.Now().Add(-3*time.Second)) }); n == 0 {
+	if n := count(readLedger(t, dir), func(ev ledger.Event) bool {
+		return ev.Job == "tick" && ev.Item == 1 && ev.At.After(time.Now().Add(-3*time.Second))
+	}); n == 0 {
 		t.Error("item 1 stopped running too")
 	}
 	shardd(t, e, "enable", "tick", "--item", "0")
