@@ -89,6 +89,11 @@ type Job struct {
 	Script *Script `yaml:"script" json:"script,omitempty"`
 	HTTP   *HTTP   `yaml:"http" json:"http,omitempty"`
 
+	// OnFailure is told about every run that failed after its retries.
+	OnFailure *OnFailure `yaml:"onFailure" json:"onFailure,omitempty"`
+	// Listeners run once per instance per fire, around its items.
+	Listeners *Listeners `yaml:"listeners" json:"listeners,omitempty"`
+
 	// Set by Load from the fields above.
 	Schedule schedule.Schedule `yaml:"-" json:"-"` // nil when Cron is empty
 	Location *time.Location    `yaml:"-" json:"-"`
@@ -111,6 +116,9 @@ type Script struct {
 	Command Command           `yaml:"command" json:"command"`
 	Env     map[string]string `yaml:"env" json:"env,omitempty"`
 	Workdir string            `yaml:"workdir" json:"workdir,omitempty"`
+	// ContextArg appends ElasticJob's shardingContext JSON as the last
+	// argument, for scripts migrated from ElasticJob.
+	ContextArg bool `yaml:"contextArg" json:"contextArg,omitempty"`
 }
 
 // Command is an argv list (Argv) or a shell string (Shell); exactly one is set.
@@ -129,6 +137,35 @@ type HTTP struct {
 	Timeout Duration `yaml:"timeout" json:"timeout"`
 	// SuccessCodes are the statuses that count as success; empty means any 2xx.
 	SuccessCodes []int `yaml:"successCodes" json:"successCodes,omitempty"`
+	// TLS verifies the server with a CA bundle and presents a client certificate.
+	TLS *TLSFiles `yaml:"tls" json:"tls,omitempty"`
+}
+
+// TLSFiles name PEM files.
+type TLSFiles struct {
+	CA   string `yaml:"ca" json:"ca,omitempty"`
+	Cert string `yaml:"cert" json:"cert,omitempty"`
+	Key  string `yaml:"key" json:"key,omitempty"`
+}
+
+// OnFailure says whom to tell about a failed run, besides the log.
+type OnFailure struct {
+	// Webhook receives a JSON POST; Format shapes it for a chat's incoming
+	// webhook: json (default: the whole record plus "text"), slack,
+	// dingtalk or wechat.
+	Webhook string `yaml:"webhook" json:"webhook,omitempty"`
+	Format  string `yaml:"format" json:"format,omitempty"`
+	// Command runs with the run's context and result in SHARDD_* variables.
+	Command *Command `yaml:"command" json:"command,omitempty"`
+}
+
+// Listeners are commands run around each fire, once per instance that
+// runs items of it: Before before its first item starts, After once its
+// items of that fire have finished. Both get SHARDD_JOB, SHARDD_FIRE_TIME,
+// SHARDD_INSTANCE and SHARDD_ITEMS (comma-separated).
+type Listeners struct {
+	Before *Command `yaml:"before" json:"before,omitempty"`
+	After  *Command `yaml:"after" json:"after,omitempty"`
 }
 
 // Duration is a time.Duration written like "30s" in YAML and JSON.

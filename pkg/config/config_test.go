@@ -38,6 +38,9 @@ func TestLoadGood(t *testing.T) {
 	if orders.Script.Env["LOG_LEVEL"] != "info" || orders.Script.Workdir != "/var/lib/orders" {
 		t.Errorf("orders script = %+v", orders.Script)
 	}
+	if !orders.Script.ContextArg || orders.OnFailure.Format != "slack" || orders.Listeners.Before.Argv[0] != "/usr/local/bin/orders-lock" || orders.Listeners.After.Shell == "" {
+		t.Errorf("orders extras: %+v %+v %+v", orders.Script, orders.OnFailure, orders.Listeners)
+	}
 	if orders.Schedule == nil || orders.Location.String() != "Asia/Shanghai" || orders.Pos.Line != 7 {
 		t.Errorf("orders derived fields: schedule %v, location %v, pos %v", orders.Schedule, orders.Location, orders.Pos)
 	}
@@ -56,6 +59,9 @@ func TestLoadGood(t *testing.T) {
 	hook := c.Job("hook")
 	if hook.HTTP.Method != "PUT" || hook.HTTP.Timeout != Duration(10*time.Second) || !reflect.DeepEqual(hook.HTTP.SuccessCodes, []int{200, 202}) {
 		t.Errorf("hook = %+v", hook.HTTP)
+	}
+	if hook.HTTP.TLS == nil || hook.HTTP.TLS.CA != "/etc/shardd/hooks-ca.pem" || hook.OnFailure.Command.Argv[0] != "/usr/local/bin/page-oncall" {
+		t.Errorf("hook extras: %+v %+v", hook.HTTP.TLS, hook.OnFailure)
 	}
 	if hook.TimeZone != "UTC" {
 		t.Errorf("hook timeZone %q: the job's own value must win over defaults", hook.TimeZone)
@@ -103,6 +109,8 @@ func TestLoadBad(t *testing.T) {
 		{"missing-name", `missing-name.bad.yaml:2: job #1: name is required`},
 		{"success-code", `success-code.bad.yaml:5: job "hook": http.successCodes: 999 is not an HTTP status`},
 		{"syntax", `syntax.bad.yaml:3: mapping values are not allowed in this context`},
+		{"onfailure-format", `onfailure-format.bad.yaml:6: job "orders": onFailure.format "teams" is not one of json, slack, dingtalk, wechat`},
+		{"onfailure-empty", `onfailure-empty.bad.yaml:4: job "orders": onFailure needs a webhook or a command`},
 	}
 	seen := map[string]bool{}
 	for _, tt := range tests {

@@ -103,6 +103,29 @@ func validate(s scope, j *Job, f *fields) bool {
 	default:
 		validateHTTP(j.HTTP, bad)
 	}
+	if of := j.OnFailure; of != nil {
+		if of.Webhook == "" && of.Command == nil {
+			bad("onFailure", "onFailure needs a webhook or a command")
+		}
+		if of.Webhook != "" {
+			if u, err := url.Parse(of.Webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				bad("onFailure.webhook", "onFailure.webhook %q is not an http:// or https:// URL", of.Webhook)
+			}
+		}
+		if !slices.Contains([]string{"", "json", "slack", "dingtalk", "wechat"}, of.Format) {
+			bad("onFailure.format", "onFailure.format %q is not one of json, slack, dingtalk, wechat", of.Format)
+		}
+		if of.Command != nil && of.Command.Shell == "" && len(of.Command.Argv) == 0 {
+			bad("onFailure.command", "onFailure.command is empty")
+		}
+	}
+	if ls := j.Listeners; ls != nil {
+		for name, c := range map[string]*Command{"before": ls.Before, "after": ls.After} {
+			if c != nil && c.Shell == "" && (len(c.Argv) == 0 || c.Argv[0] == "") {
+				bad("listeners."+name, "listeners.%s is empty", name)
+			}
+		}
+	}
 	return len(s.l.errs) == before
 }
 

@@ -252,8 +252,28 @@ func (e *Engine) ownedAt(v coord.JobView, t time.Time, sched schedule.Schedule) 
 	return a.ByInstance()[e.opts.Node.ID()]
 }
 
-// dispatch hands items to their workers for fire (zero: acquisition).
+// dispatch hands items to their workers for fire (zero: acquisition). For
+// a fire, the job's listeners run before the first and after the last of
+// the items started for it.
 func (e *Engine) dispatch(ctx context.Context, js *jobState, v coord.JobView, items []int, fire time.Time) {
+	ls := v.Job.Listeners
+	var group *sync.WaitGroup
+	var started []int
+	if ls != nil && !fire.IsZero() && len(items) > 0 {
+		e.listener(v.Job, "BEFORE", ls.Before, fire, items)
+		group = &sync.WaitGroup{}
+		defer func() {
+			if len(started) == 0 {
+				return
+			}
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				group.Wait()
+				e.listener(v.Job, "AFTER", ls.After, fire, started)
+			}()
+		}()
+	}
 	for _, item := range items {
 		js.mu.Lock()
 		if slot, busy := js.busy[item]; busy {
@@ -269,10 +289,17 @@ func (e *Engine) dispatch(ctx context.Context, js *jobState, v coord.JobView, it
 		slot := &itemSlot{}
 		js.busy[item] = slot
 		js.mu.Unlock()
+		firstPass := func() {}
+		if group != nil {
+			group.Add(1)
+			started = append(started, item)
+			firstPass = sync.OnceFunc(group.Done)
+		}
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
-			e.itemWorker(ctx, js, v.Job.Name, item, fire)
+			defer firstPass()
+			e.itemWorker(ctx, js, v.Job.Name, item, fire, firstPass)
 		}()
 	}
 }
@@ -315,7 +342,8 @@ func (e *Engine) manual(ctx context.Context, js *jobState, v coord.JobView, item
 }
 
 // itemWorker plans and runs one item until nothing is pending.
-func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item int, due time.Time) {
+// firstPass is called once the due fire has been handled.
+func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item int, due time.Time, firstPass func()) {
 	log := e.log.With("job", name, "item", item)
 	defer func() {
 		js.mu.Lock()
@@ -364,6 +392,7 @@ func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item
 				log.Info("fires skipped by misfire policy", "skipped", d.skipped, "through", d.skipTo)
 			}
 		}
+		firstPass()
 		// Anything pending? A fire came while this one ran.
 		js.mu.Lock()
 		slot := js.busy[item]
@@ -462,6 +491,7 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 		log.Info("done", "fence", g.Fence, "duration", res.End.Sub(start).Round(time.Millisecond))
 	} else {
 		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "err", res.Err)
+		e.notifyFailure(job, rc, res)
 	}
 	return true
 }
@@ -536,6 +566,7 @@ func newWorker(job *config.Job, guard string, log *slog.Logger) (*workerCache, e
 		s := runner.Script{
 			Argv: job.Script.Command.Argv, Shell: job.Script.Command.Shell, Env: job.Script.Env,
 			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Guard: guard,
+			ContextArg: job.Script.ContextArg,
 		}
 		return &workerCache{run: func(ctx context.Context, c runner.Context, deadline func() time.Time) runner.Result {
 			s := s
@@ -547,10 +578,14 @@ func newWorker(job *config.Job, guard string, log *slog.Logger) (*workerCache, e
 		if job.Timeout > 0 {
 			timeout = min(timeout, time.Duration(job.Timeout))
 		}
+		var files runner.TLSFiles
+		if t := job.HTTP.TLS; t != nil {
+			files = runner.TLSFiles{CA: t.CA, Cert: t.Cert, Key: t.Key}
+		}
 		h, err := runner.NewHTTP(runner.HTTP{
 			URL: job.HTTP.URL, Method: job.HTTP.Method, Headers: job.HTTP.Headers, Body: job.HTTP.Body,
 			SuccessCodes: job.HTTP.SuccessCodes, Timeout: timeout,
-		}, runner.TLSFiles{})
+		}, files)
 		if err != nil {
 			return nil, err
 		}

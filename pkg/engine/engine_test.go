@@ -1,0 +1,208 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// instance runs a coord node and an engine in this process on srv.
+func instance(t *testing.T, srv *etcdtest.Server, id, yaml string) *coord.Node {
+	t.Helper()
+	c, err := config.Parse("jobs.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var eng *Engine
+	node, err := coord.New(coord.Options{
+		Client: srv.Client(), ID: id, TTL: 2 * time.Second, Logger: log,
+		OnMap: func(job string, m *coord.ShardMap) { eng.OnMap(job, m) },
+	}, c.Jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng = New(Options{Node: node, Logger: log, TTL: 2 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	ectx, ecancel := context.WithCancel(ctx)
+	go func() { defer wg.Done(); eng.Run(ectx) }()
+	go func() { defer wg.Done(); node.Run(ctx) }()
+	t.Cleanup(func() { ecancel(); cancel(); wg.Wait() })
+	return node
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for start := time.Now(); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Since(start) > timeout {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+	}
+}
+
+const ledgerLine = `echo "$1 $SHARDD_JOB $SHARDD_ITEM $SHARDD_FIRE_TIME $SHARDD_ATTEMPT $SHARDD_FENCE $SHARDD_INSTANCE $SHARDD_SOURCE $(date +%s%N)" >> "$LEDGER"`
+
+func events(t *testing.T, path string) []ledger.Event {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	evs, err := ledger.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
+// An item still running at its next fire is not started twice; one
+// coalesced run follows when it finishes, and the coalesced fires are
+// counted in the history.
+func TestMisfireCoalesces(t *testing.T) {
+	srv := etcdtest.Start(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	t.Setenv("LEDGER", path)
+	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 2.5; ` + strings.ReplaceAll(ledgerLine, "$1", "end") + `'`
+	instance(t, srv, "a", "jobs:\n  - name: slow\n    cron: \"@every 1s\"\n    script: "+yamlQuote(script)+"\n")
+	waitFor(t, 20*time.Second, "three runs", func() bool {
+		n := 0
+		for _, ev := range events(t, path) {
+			if ev.Kind == "end" {
+				n++
+			}
+		}
+		return n >= 3
+	})
+	evs := events(t, path)
+	r := ledger.Check(evs, ledger.Options{})
+	if r.Overlaps+r.Duplicates+r.FenceInversions > 0 {
+		t.Fatalf("%s %v", r, r.Violations)
+	}
+	// Runs follow each other: each starts within a second of the previous end.
+	var starts, ends []time.Time
+	for _, ev := range evs {
+		if ev.Kind == "start" {
+			starts = append(starts, ev.At)
+		} else if ev.Kind == "end" {
+			ends = append(ends, ev.At)
+		}
+	}
+	for i := 1; i < len(ends) && i < len(starts); i++ {
+		if gap := starts[i].Sub(ends[i-1]); gap < 0 || gap > 1500*time.Millisecond {
+			t.Errorf("run %d started %s after run %d ended", i, gap, i-1)
+		}
+	}
+	recs, err := coord.ReadHistory(context.Background(), srv.Client(), coord.NewKeys(""), "slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	skipped := 0
+	for _, r := range recs {
+		skipped += r.Skipped
+	}
+	if skipped == 0 {
+		t.Errorf("no coalesced fire counted in history: %+v", recs)
+	}
+}
+
+func yamlQuote(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func TestOnFailureAndListeners(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var posts []map[string]any
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		posts = append(posts, body)
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	yaml := `jobs:
+  - name: flaky
+    cron: "@every 1s"
+    shardingTotalCount: 2
+    script: "exit 7"
+    onFailure:
+      webhook: ` + hook.URL + `
+      format: slack
+      command: ` + yamlQuote(`echo "$SHARDD_ITEM $SHARDD_EXIT_CODE" >> `+filepath.Join(dir, "failures")) + `
+    listeners:
+      before: ` + yamlQuote(`echo "before $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
+      after: ` + yamlQuote(`echo "after $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
+`
+	instance(t, srv, "a", yaml)
+	waitFor(t, 15*time.Second, "a failure to be reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		b, _ := os.ReadFile(filepath.Join(dir, "failures"))
+		return len(posts) >= 2 && strings.Contains(string(b), "0 7") && strings.Contains(string(b), "1 7")
+	})
+	mu.Lock()
+	text, _ := posts[0]["text"].(string)
+	mu.Unlock()
+	if !strings.Contains(text, "job flaky item") || !strings.Contains(text, "failed on a") {
+		t.Errorf("slack text = %q", text)
+	}
+	waitFor(t, 5*time.Second, "listeners", func() bool {
+		b, _ := os.ReadFile(filepath.Join(dir, "listeners"))
+		return strings.Contains(string(b), "before 0,1\n") && strings.Contains(string(b), "after 0,1\n")
+	})
+	b, _ := os.ReadFile(filepath.Join(dir, "listeners"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if !strings.HasPrefix(lines[0], "before") {
+		t.Errorf("listener order: %q", lines)
+	}
+}
+
+// maxConcurrency 1: the job's items run one at a time on the instance.
+func TestMaxConcurrency(t *testing.T) {
+	srv := etcdtest.Start(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	t.Setenv("LEDGER", path)
+	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 0.2; ` + strings.ReplaceAll(ledgerLine, "$1", "end") + `'`
+	instance(t, srv, "a", "jobs:\n  - name: one-at-a-time\n    cron: \"@every 2s\"\n    shardingTotalCount: 3\n    maxConcurrency: 1\n    script: "+yamlQuote(script)+"\n")
+	waitFor(t, 15*time.Second, "six runs", func() bool {
+		n := 0
+		for _, ev := range events(t, path) {
+			if ev.Kind == "end" {
+				n++
+			}
+		}
+		return n >= 6
+	})
+	running, most := 0, 0
+	for _, ev := range events(t, path) {
+		switch ev.Kind {
+		case "start":
+			running++
+		case "end":
+			running--
+		}
+		most = max(most, running)
+	}
+	if most != 1 {
+		t.Errorf("%d items ran at once, want 1", most)
+	}
+}
