@@ -129,7 +129,15 @@ func cmdRun(e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("find the shardd binary for the script guard: %w", err)
 	}
-	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Guard: self})
+	skew, err := coord.NewClockSkew(ef.clientOptions(endpoints))
+	if err != nil {
+		return err
+	}
+	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Guard: self, Skew: skew.Skew})
+	{ // clock skew against etcd, for maxTimeDiffSeconds
+		sctx, scancel := context.WithCancel(ctx)
+		g.Add(func() error { skew.Run(sctx, 30*time.Second); return nil }, func(error) { scancel() })
+	}
 	killWork = eng.Kill
 
 	{ // the daemon: on interrupt, stop firing and let running items finish,

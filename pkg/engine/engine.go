@@ -42,6 +42,9 @@ type Options struct {
 	// Guard is the shardd binary, run as a guard between the engine and
 	// each script (see runner.GuardMain); empty runs scripts unguarded.
 	Guard string
+	// Skew returns this host's clock skew against etcd (etcd minus here)
+	// and whether it is known; nil or unknown skips maxTimeDiffSeconds.
+	Skew func() (time.Duration, bool)
 }
 
 // Engine runs the owned items of every job of its node.
@@ -226,10 +229,29 @@ func (e *Engine) jobLoop(ctx context.Context, name string) {
 				log.Debug("no session: not firing", "fire", fire)
 				continue
 			}
+			if err := e.checkClock(job); err != nil {
+				log.Error("refusing to fire", "fire", fire, "err", err)
+				continue
+			}
 			owned = e.ownedAt(v, fire, job.Schedule)
 			e.dispatch(ctx, js, v, owned, fire)
 		}
 	}
+}
+
+// checkClock enforces the job's maxTimeDiffSeconds.
+func (e *Engine) checkClock(job *config.Job) error {
+	if job.MaxTimeDiffSeconds < 0 || e.opts.Skew == nil {
+		return nil
+	}
+	skew, ok := e.opts.Skew()
+	if !ok {
+		return nil
+	}
+	if limit := time.Duration(job.MaxTimeDiffSeconds) * time.Second; skew > limit || -skew > limit {
+		return fmt.Errorf("this host's clock is off by %s against etcd, more than maxTimeDiffSeconds %d allows; fix its time sync (NTP)", skew.Round(time.Millisecond), job.MaxTimeDiffSeconds)
+	}
+	return nil
 }
 
 // ownedAt returns the items this instance owns in v for a fire at t.

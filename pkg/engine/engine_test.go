@@ -206,3 +206,20 @@ func TestMaxConcurrency(t *testing.T) {
 		t.Errorf("%d items ran at once, want 1", most)
 	}
 }
+
+func TestClockSkewRefusesToFire(t *testing.T) {
+	job := &config.Job{Name: "j", MaxTimeDiffSeconds: 2}
+	e := New(Options{Skew: func() (time.Duration, bool) { return 5 * time.Second, true }})
+	if err := e.checkClock(job); err == nil || !strings.Contains(err.Error(), "off by 5s against etcd, more than maxTimeDiffSeconds 2") {
+		t.Errorf("skew 5s, limit 2s: %v", err)
+	}
+	e.opts.Skew = func() (time.Duration, bool) { return -1500 * time.Millisecond, true }
+	if err := e.checkClock(job); err != nil {
+		t.Errorf("skew -1.5s, limit 2s: %v", err)
+	}
+	job.MaxTimeDiffSeconds = -1
+	e.opts.Skew = func() (time.Duration, bool) { return time.Hour, true }
+	if err := e.checkClock(job); err != nil {
+		t.Errorf("check off (-1): %v", err)
+	}
+}
