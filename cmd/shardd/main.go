@@ -64,8 +64,8 @@ func commands() []command {
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == runner.GuardCommand { // internal: see runner.GuardMain
-		os.Exit(runner.GuardMain(os.Args[2:]))
+	if len(os.Args) > 1 && os.Args[1] == runner.WatchdogCommand { // internal: see runner.WatchdogMain
+		os.Exit(runner.WatchdogMain())
 	}
 	os.Exit(run(os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/engine"
+	"github.com/shardd/shardd/pkg/runner"
 	"github.com/shardd/shardd/pkg/version"
 )
 
@@ -127,13 +128,18 @@ func cmdRun(e *env, args []string) error {
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("find the shardd binary for the script guard: %w", err)
+		return fmt.Errorf("find the shardd binary for the script watchdog: %w", err)
 	}
+	wd, err := runner.StartWatchdog(self, log)
+	if err != nil {
+		return err
+	}
+	defer wd.Close()
 	skew, err := coord.NewClockSkew(ef.clientOptions(endpoints))
 	if err != nil {
 		return err
 	}
-	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Guard: self, Skew: skew.Skew})
+	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Skew: skew.Skew})
 	{ // clock skew against etcd, for maxTimeDiffSeconds
 		sctx, scancel := context.WithCancel(ctx)
 		g.Add(func() error { skew.Run(sctx, 30*time.Second); return nil }, func(error) { scancel() })

@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/shardd/shardd/pkg/embedetcd"
 )
@@ -72,10 +73,17 @@ func (s *Server) Restart() {
 // closed when the test ends.
 func (s *Server) Client(endpoint ...string) *clientv3.Client {
 	s.t.Helper()
+	return s.ClientWith(nil, endpoint...)
+}
+
+// ClientWith is Client with extra gRPC dial options (interceptors).
+func (s *Server) ClientWith(opts []grpc.DialOption, endpoint ...string) *clientv3.Client {
+	s.t.Helper()
 	if len(endpoint) == 0 {
 		endpoint = []string{s.clientURL}
 	}
 	cli, err := clientv3.New(clientv3.Config{
+		DialOptions:          opts,
 		Endpoints:            endpoint,
 		DialTimeout:          2 * time.Second,
 		DialKeepAliveTime:    2 * time.Second,

@@ -126,6 +126,38 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 	return out, nil
 }
 
+// ReadItem reads one item's record, running marker and disable mark.
+func (n *Node) ReadItem(ctx context.Context, job string, item int) (ItemState, error) {
+	k := n.keys
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(rctx).Then(
+		clientv3.OpGet(k.Item(job, item)),
+		clientv3.OpGet(k.RunningItem(job, item)),
+		clientv3.OpGet(k.DisabledItem(job, item), clientv3.WithKeysOnly()),
+	).Commit()
+	if err != nil {
+		return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, err)
+	}
+	var st ItemState
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		var rec ItemRecord
+		if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+			n.log.Error("ignoring malformed item record", "job", job, "key", string(kvs[0].Key), "err", err)
+			rec = ItemRecord{Job: job, Item: item, State: StateFailed}
+		}
+		st.Record, st.Rev = &rec, kvs[0].ModRevision
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		st.RunningBy = string(kvs[0].Value)
+		if st.RunningBy == "" {
+			st.RunningBy = "?"
+		}
+	}
+	st.Disabled = len(resp.Responses[2].GetResponseRange().Kvs) > 0
+	return st, nil
+}
+
 // ErrClaimLost is returned by Claim when the claim's guard failed: another
 // instance claimed or runs the item, the map changed, or this instance is no
 // longer a member under its session. Re-read and decide again.

@@ -306,6 +306,18 @@ func (n *Node) sessionFor(job string) (*session, int64) {
 	return n.session, n.members[job]
 }
 
+// FenceDeadline returns the time at which the current session fences itself
+// unless etcd acknowledges another keepalive, and false with no session.
+func (n *Node) FenceDeadline() (time.Time, bool) {
+	n.mu.Lock()
+	s := n.session
+	n.mu.Unlock()
+	if s == nil {
+		return time.Time{}, false
+	}
+	return s.Deadline(), true
+}
+
 // Session returns a context that is cancelled when the current session ends
 // (or fences itself), and false when there is no session.
 func (n *Node) Session() (context.Context, bool) {

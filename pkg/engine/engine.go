@@ -22,7 +22,9 @@ type Coordinator interface {
 	Jobs() []string
 	View(job string) (coord.JobView, bool)
 	Session() (context.Context, bool)
+	FenceDeadline() (time.Time, bool)
 	ReadItems(ctx context.Context, job string) (coord.JobItems, error)
+	ReadItem(ctx context.Context, job string, item int) (coord.ItemState, error)
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, state string, exitCode int, errText, output string, start, end time.Time) error
 	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error
@@ -39,12 +41,25 @@ type Options struct {
 	// MaxConcurrency caps the items running at once on this instance, all
 	// jobs together; 0 means no cap.
 	MaxConcurrency int
-	// Guard is the shardd binary, run as a guard between the engine and
-	// each script (see runner.GuardMain); empty runs scripts unguarded.
-	Guard string
+	// Watchdog kills scripts when shardd dies or its session's fence
+	// deadline passes (see runner.WatchdogMain); nil runs them unwatched.
+	Watchdog *runner.Watchdog
 	// Skew returns this host's clock skew against etcd (etcd minus here)
 	// and whether it is known; nil or unknown skips maxTimeDiffSeconds.
 	Skew func() (time.Duration, bool)
+	// Observe, if set, is called after every run (metrics, benchmarks).
+	Observe func(Run)
+}
+
+// Run describes one finished execution, for Options.Observe.
+type Run struct {
+	Job    string
+	Item   int
+	Fire   time.Time
+	Source string
+	// Started is when the work began (see runner.Result.Started).
+	Started time.Time
+	Result  runner.Result
 }
 
 // Engine runs the owned items of every job of its node.
@@ -108,6 +123,26 @@ func (e *Engine) wakeChan(job string) chan struct{} {
 // Run fires every job until ctx is done, then waits for running items: they
 // finish, or are killed when the node's session ends.
 func (e *Engine) Run(ctx context.Context) error {
+	var feeder sync.WaitGroup
+	stopFeed := func() {}
+	if e.opts.Watchdog != nil {
+		// Keep the watchdog's deadline at the session's fence deadline; when
+		// the session is gone the last one stays, and passes.
+		fctx, cancel := context.WithCancel(context.Background())
+		stopFeed = cancel
+		feeder.Add(1)
+		go func() {
+			defer feeder.Done()
+			for {
+				if d, ok := e.opts.Node.FenceDeadline(); ok {
+					e.opts.Watchdog.SetDeadline(d)
+				}
+				if !sleepCtx(fctx, 50*time.Millisecond) {
+					return
+				}
+			}
+		}()
+	}
 	var loops sync.WaitGroup
 	for _, name := range e.opts.Node.Jobs() {
 		loops.Add(1)
@@ -117,8 +152,21 @@ func (e *Engine) Run(ctx context.Context) error {
 		}()
 	}
 	loops.Wait()
-	e.wg.Wait()
+	e.wg.Wait() // running items finish, or die with their session
+	stopFeed()
+	feeder.Wait()
 	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // jobState is the engine's local state of one job's items.
@@ -296,6 +344,12 @@ func (e *Engine) dispatch(ctx context.Context, js *jobState, v coord.JobView, it
 			}()
 		}()
 	}
+	// One read for all the items; workers re-read their own item later.
+	snap, err := e.opts.Node.ReadItems(ctx, v.Job.Name)
+	if err != nil {
+		e.log.Warn("read item states; skipping this fire", "job", v.Job.Name, "fire", fire, "err", err)
+		return
+	}
 	for _, item := range items {
 		js.mu.Lock()
 		if slot, busy := js.busy[item]; busy {
@@ -317,11 +371,12 @@ func (e *Engine) dispatch(ctx context.Context, js *jobState, v coord.JobView, it
 			started = append(started, item)
 			firstPass = sync.OnceFunc(group.Done)
 		}
+		st := snap.Items[item]
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
 			defer firstPass()
-			e.itemWorker(ctx, js, v.Job.Name, item, fire, firstPass)
+			e.itemWorker(ctx, js, v.Job.Name, item, fire, &st, firstPass)
 		}()
 	}
 }
@@ -346,12 +401,11 @@ func (e *Engine) manual(ctx context.Context, js *jobState, v coord.JobView, item
 			delete(js.busy, item)
 			js.mu.Unlock()
 		}()
-		snap, err := e.opts.Node.ReadItems(ctx, v.Job.Name)
+		st, err := e.opts.Node.ReadItem(ctx, v.Job.Name, item)
 		if err != nil {
 			log.Warn("read item state", "err", err)
 			return
 		}
-		st := snap.Items[item]
 		switch {
 		case st.RunningBy != "":
 			log.Info("item is running elsewhere; manual trigger ignored for it", "running_on", st.RunningBy)
@@ -364,8 +418,9 @@ func (e *Engine) manual(ctx context.Context, js *jobState, v coord.JobView, item
 }
 
 // itemWorker plans and runs one item until nothing is pending.
-// firstPass is called once the due fire has been handled.
-func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item int, due time.Time, firstPass func()) {
+// st, if not nil, is the item's state read for this dispatch; firstPass is
+// called once the due fire has been handled.
+func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item int, due time.Time, st *coord.ItemState, firstPass func()) {
 	log := e.log.With("job", name, "item", item)
 	defer func() {
 		js.mu.Lock()
@@ -380,20 +435,24 @@ func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item
 		}
 		job := v.Job
 		p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: max(time.Minute, 3*e.opts.TTL)}
-		snap, err := e.opts.Node.ReadItems(ctx, name)
-		if err != nil {
-			log.Warn("read item state", "err", err)
-			return // the next fire or map change tries again
+		if st == nil {
+			s, err := e.opts.Node.ReadItem(ctx, name, item)
+			if err != nil {
+				log.Warn("read item state", "err", err)
+				return // the next fire or map change tries again
+			}
+			st = &s
 		}
-		st := snap.Items[item]
-		if st.Disabled {
+		cur := *st
+		st = nil // every later pass reads again
+		if cur.Disabled {
 			return
 		}
-		d := plan(st, p, due, e.opts.Now())
+		d := plan(cur, p, due, e.opts.Now())
 		switch {
 		case d.wait:
 			if !job.Misfire && !due.IsZero() {
-				log.Info("item still running elsewhere; fire skipped (misfire: false)", "fire", due, "running_on", st.RunningBy)
+				log.Info("item still running elsewhere; fire skipped (misfire: false)", "fire", due, "running_on", cur.RunningBy)
 				due = time.Time{}
 			}
 			if !e.waitReleased(ctx, name, item) {
@@ -401,14 +460,14 @@ func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item
 			}
 			continue
 		case d.failover:
-			if !e.execute(ctx, js, v, item, st, st.Record.Fire, st.Record.Attempt+1, coord.SourceFailover, 0) {
+			if !e.execute(ctx, js, v, item, cur, cur.Record.Fire, cur.Record.Attempt+1, coord.SourceFailover, 0) {
 				return
 			}
 			continue // then plan again: missed fires, the due fire
 		case !d.run.IsZero():
-			e.execute(ctx, js, v, item, st, d.run, 1, d.source, d.skipped+extraSkipped)
+			e.execute(ctx, js, v, item, cur, d.run, 1, d.source, d.skipped+extraSkipped)
 		case d.skipped > 0:
-			if err := e.opts.Node.Skip(ctx, name, item, d.skipTo, d.skipped, st); err != nil && !errors.Is(err, coord.ErrClaimLost) {
+			if err := e.opts.Node.Skip(ctx, name, item, d.skipTo, d.skipped, cur); err != nil && !errors.Is(err, coord.ErrClaimLost) {
 				log.Warn("record skipped fires", "err", err)
 			} else if err == nil {
 				log.Info("fires skipped by misfire policy", "skipped", d.skipped, "through", d.skipTo)
@@ -444,8 +503,8 @@ func (e *Engine) waitReleased(ctx context.Context, job string, item int) bool {
 			return false
 		case <-t.C:
 		}
-		snap, err := e.opts.Node.ReadItems(ctx, job)
-		if err == nil && snap.Items[item].RunningBy == "" {
+		st, err := e.opts.Node.ReadItem(ctx, job, item)
+		if err == nil && st.RunningBy == "" {
 			return true
 		}
 	}
@@ -470,7 +529,7 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 		}
 		return false
 	}
-	w, err := js.worker(job, e.opts.Guard, e.log)
+	w, err := js.worker(job, e.opts.Watchdog, e.log)
 	if err != nil {
 		log.Error("job work is not runnable", "err", err)
 		e.opts.Node.Complete(context.WithoutCancel(ctx), g, coord.StateFailed, -1, err.Error(), "", time.Now(), time.Now())
@@ -488,7 +547,7 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 	stop := context.AfterFunc(e.killCtx, func() { cancel(errKilled) })
 	defer stop()
 	start := time.Now()
-	res := w.run(runCtx, rc, g.Deadline)
+	res := w.run(runCtx, rc)
 	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
 		wait := min(100*time.Millisecond<<retry, 10*time.Second)
 		log.Warn("run failed; retrying", "err", res.Err, "retry", retry+1, "in", wait)
@@ -496,7 +555,7 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 		case <-time.After(wait):
 		case <-runCtx.Done():
 		}
-		res = w.run(runCtx, rc, g.Deadline)
+		res = w.run(runCtx, rc)
 	}
 	state, errText := coord.StateDone, ""
 	if !res.OK {
@@ -508,6 +567,9 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 	}
 	if err := e.opts.Node.Complete(context.WithoutCancel(ctx), g, state, res.ExitCode, errText, res.Output, start, res.End); err != nil {
 		log.Warn("record the outcome", "err", err)
+	}
+	if e.opts.Observe != nil {
+		e.opts.Observe(Run{Job: job.Name, Item: item, Fire: fire, Source: source, Started: res.Started, Result: res})
 	}
 	if res.OK {
 		log.Info("done", "fence", g.Fence, "duration", res.End.Sub(start).Round(time.Millisecond))
@@ -565,16 +627,16 @@ func (e *Engine) release(js *jobState) {
 
 // workerCache holds a job's runner, built once per job definition.
 type workerCache struct {
-	run func(ctx context.Context, c runner.Context, deadline func() time.Time) runner.Result
+	run func(ctx context.Context, c runner.Context) runner.Result
 }
 
-func (js *jobState) worker(job *config.Job, guard string, log *slog.Logger) (*workerCache, error) {
+func (js *jobState) worker(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (*workerCache, error) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	if w, ok := js.workers[job.Hash()]; ok {
 		return w, nil
 	}
-	w, err := newWorker(job, guard, log)
+	w, err := newWorker(job, wd, log)
 	if err != nil {
 		return nil, err
 	}
@@ -582,19 +644,15 @@ func (js *jobState) worker(job *config.Job, guard string, log *slog.Logger) (*wo
 	return w, nil
 }
 
-func newWorker(job *config.Job, guard string, log *slog.Logger) (*workerCache, error) {
+func newWorker(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (*workerCache, error) {
 	switch {
 	case job.Script != nil:
 		s := runner.Script{
 			Argv: job.Script.Command.Argv, Shell: job.Script.Command.Shell, Env: job.Script.Env,
-			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Guard: guard,
+			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Watchdog: wd,
 			ContextArg: job.Script.ContextArg,
 		}
-		return &workerCache{run: func(ctx context.Context, c runner.Context, deadline func() time.Time) runner.Result {
-			s := s
-			s.Deadline = deadline
-			return s.Run(ctx, c)
-		}}, nil
+		return &workerCache{run: s.Run}, nil
 	case job.HTTP != nil:
 		timeout := time.Duration(job.HTTP.Timeout)
 		if job.Timeout > 0 {
@@ -611,7 +669,7 @@ func newWorker(job *config.Job, guard string, log *slog.Logger) (*workerCache, e
 		if err != nil {
 			return nil, err
 		}
-		return &workerCache{run: func(ctx context.Context, c runner.Context, _ func() time.Time) runner.Result { return h.Run(ctx, c) }}, nil
+		return &workerCache{run: h.Run}, nil
 	}
 	return nil, errors.New("job has neither script nor http")
 }

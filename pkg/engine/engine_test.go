@@ -14,14 +14,30 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/runner"
 )
 
+// The test binary doubles as the script guard, as the shardd binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == runner.WatchdogCommand {
+		os.Exit(runner.WatchdogMain())
+	}
+	os.Exit(m.Run())
+}
+
 // instance runs a coord node and an engine in this process on srv.
-func instance(t *testing.T, srv *etcdtest.Server, id, yaml string) *coord.Node {
+func instance(t testing.TB, srv *etcdtest.Server, id, yaml string, opts ...func(*Options)) *coord.Node {
+	t.Helper()
+	return instanceWith(t, srv.Client(), id, yaml, opts...)
+}
+
+func instanceWith(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...func(*Options)) *coord.Node {
 	t.Helper()
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
 	if err != nil {
@@ -30,20 +46,28 @@ func instance(t *testing.T, srv *etcdtest.Server, id, yaml string) *coord.Node {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	var eng *Engine
 	node, err := coord.New(coord.Options{
-		Client: srv.Client(), ID: id, TTL: 2 * time.Second, Logger: log,
+		Client: cli, ID: id, TTL: 2 * time.Second, Logger: log,
 		OnMap: func(job string, m *coord.ShardMap) { eng.OnMap(job, m) },
 	}, c.Jobs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng = New(Options{Node: node, Logger: log, TTL: 2 * time.Second})
+	wd, err := runner.StartWatchdog(os.Args[0], log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd}
+	for _, f := range opts {
+		f(&o)
+	}
+	eng = New(o)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
 	ectx, ecancel := context.WithCancel(ctx)
 	go func() { defer wg.Done(); eng.Run(ectx) }()
 	go func() { defer wg.Done(); node.Run(ctx) }()
-	t.Cleanup(func() { ecancel(); cancel(); wg.Wait() })
+	t.Cleanup(func() { ecancel(); cancel(); wg.Wait(); wd.Close() })
 	return node
 }
 

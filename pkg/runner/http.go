@@ -96,6 +96,7 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	for k, v := range h.Headers {
 		req.Header.Set(k, os.ExpandEnv(v))
 	}
+	res.Started = time.Now()
 	resp, err := h.client.Do(req)
 	if err != nil {
 		res.Err = err

@@ -71,6 +71,9 @@ func (c Context) elasticJobContext() string {
 // Result is the outcome of one execution.
 type Result struct {
 	Start, End time.Time
+	// Started is when the work began: the child process existed, or the
+	// request was about to be sent. Zero when it never began.
+	Started time.Time
 	// OK is set when the work succeeded: exit 0, or an accepted HTTP status.
 	OK bool
 	// ExitCode of a script (-1 if it did not exit normally); HTTP status of a hook.

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -32,31 +31,10 @@ type Script struct {
 	TailBytes int
 	// Log receives every output line (nil: discarded).
 	Log *slog.Logger
-	// Guard is the shardd binary that runs the guard (see GuardMain), and
-	// Deadline the current fence time it is fed. With both set, the script
-	// dies with shardd, and at the deadline if shardd stops moving it.
-	Guard    string
-	Deadline func() time.Time
-}
-
-// feedDeadlines sends the guard each new deadline until stop is closed.
-func feedDeadlines(w *os.File, deadline func() time.Time, stop <-chan struct{}) {
-	var last time.Time
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if d := deadline(); !d.Equal(last) {
-			if _, err := fmt.Fprintf(w, "%d\n", d.UnixNano()); err != nil {
-				return
-			}
-			last = d
-		}
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
-	}
+	// Watchdog, if set, is told the script's process group, so that the
+	// script dies with shardd or at the session's fence deadline even when
+	// shardd cannot act (see WatchdogMain).
+	Watchdog *Watchdog
 }
 
 // ErrTimeout is the error of a run stopped at its timeout.
@@ -93,19 +71,6 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			args = append(args, c.elasticJobContext())
 		}
 		cmd = exec.Command("/bin/sh", args...)
-	}
-	var feed *os.File // the guard's control pipe
-	if s.Guard != "" && s.Deadline != nil {
-		args := append([]string{GuardCommand, "--deadline", strconv.FormatInt(s.Deadline().UnixNano(), 10), "--", cmd.Path}, cmd.Args[1:]...)
-		cmd = exec.Command(s.Guard, args...)
-		r, w, err := os.Pipe()
-		if err != nil {
-			res.Err = fmt.Errorf("guard pipe: %w", err)
-			return res
-		}
-		defer r.Close()
-		defer w.Close()
-		cmd.Stdin, feed = r, w
 	}
 	cmd.Dir = s.Workdir
 	cmd.Env = os.Environ()
@@ -145,6 +110,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	}()
 
 	err = cmd.Start()
+	res.Started = time.Now()
 	pw.Close() // the child has its copy
 	if err != nil {
 		<-copied
@@ -154,10 +120,12 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	if feed != nil {
-		stopFeed := make(chan struct{})
-		defer close(stopFeed)
-		go feedDeadlines(feed, s.Deadline, stopFeed)
+	if s.Watchdog != nil {
+		if err := s.Watchdog.Add(pgid); err != nil {
+			syscall.Kill(-pgid, syscall.SIGKILL) // unguarded work must not run
+			res.Err = fmt.Errorf("%w: watchdog: %v", ErrKilled, err)
+		}
+		defer s.Watchdog.Del(pgid)
 	}
 
 	var timeout <-chan time.Time

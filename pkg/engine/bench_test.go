@@ -1,0 +1,168 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+)
+
+// Execution benchmarks: three instances in this process on a real embedded
+// etcd, scripts run through the guard as the daemon runs them. Each
+// iteration is one second of firing; run them with a fixed count
+// (make bench: -benchtime 20x).
+
+// rpcCounter counts the etcd requests of the clients it is installed in:
+// unary calls and opened streams (watches, keepalives).
+type rpcCounter struct{ n atomic.Int64 }
+
+func (c *rpcCounter) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			c.n.Add(1)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			c.n.Add(1)
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
+	}
+}
+
+// runs collects observed runs.
+type runs struct {
+	mu     sync.Mutex
+	delays []time.Duration
+	done   int
+}
+
+func (r *runs) observe(run Run) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done++
+	if !run.Started.IsZero() {
+		r.delays = append(r.delays, run.Started.Sub(run.Fire))
+	}
+}
+
+func (r *runs) snapshot() (int, []time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.done, append([]time.Duration(nil), r.delays...)
+}
+
+func report(b *testing.B, ds []time.Duration) {
+	if len(ds) == 0 {
+		b.Fatal("no runs observed")
+	}
+	slices.Sort(ds)
+	at := func(p float64) time.Duration { return ds[min(len(ds)-1, int(p*float64(len(ds))))] }
+	b.ReportMetric(float64(at(0.50))/1e6, "p50-ms")
+	b.ReportMetric(float64(at(0.99))/1e6, "p99-ms")
+	b.ReportMetric(float64(ds[len(ds)-1])/1e6, "max-ms")
+	b.ReportMetric(float64(len(ds)), "runs")
+	b.ReportMetric(0, "ns/op")
+}
+
+// cluster starts three instances of yaml and waits until every job has a map.
+func cluster(b *testing.B, yaml string, jobs int, r *runs, cnt *rpcCounter) {
+	srv := etcdtest.Start(b)
+	for _, id := range []string{"a", "b", "c"} {
+		instanceWith(b, srv.ClientWith(cnt.dialOptions()), id, yaml, func(o *Options) { o.Observe = r.observe })
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := srv.Client().Get(context.Background(), "/shardd/jobs/", clientv3WithPrefixKeysOnly()...)
+		if err == nil {
+			n := 0
+			for _, kv := range resp.Kvs {
+				if strings.HasSuffix(string(kv.Key), "/shards") {
+					n++
+				}
+			}
+			if n == jobs {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("maps did not appear")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // let the first fires and the leader handovers settle
+}
+
+// measure runs b.N one-second windows and reports the fire-to-start delay
+// of the runs started in them.
+func measure(b *testing.B, r *runs, cnt *rpcCounter) {
+	doneBefore, before := r.snapshot()
+	reqBefore := cnt.n.Load()
+	start := time.Now()
+	b.ResetTimer()
+	time.Sleep(time.Duration(b.N) * time.Second)
+	b.StopTimer()
+	doneAfter, after := r.snapshot()
+	executions := doneAfter - doneBefore
+	report(b, after[len(before):])
+	b.ReportMetric(float64(executions)/time.Since(start).Seconds(), "exec/s")
+	if executions > 0 {
+		b.ReportMetric(float64(cnt.n.Load()-reqBefore)/float64(executions), "etcd-req/exec")
+	}
+}
+
+func jobsYAML(n, items int, work string) string {
+	var b strings.Builder
+	b.WriteString("jobs:\n")
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "  - name: job-%04d\n    cron: \"@every 1s\"\n    shardingTotalCount: %d\n    %s\n", i, items, work)
+	}
+	return b.String()
+}
+
+// BenchmarkFireDelay: scheduled fire to child process start (or request
+// sent), for one 6-item job and for 1,000 jobs, every second, 3 instances.
+func BenchmarkFireDelay(b *testing.B) {
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer hook.Close()
+	for _, tc := range []struct {
+		name        string
+		jobs, items int
+		work        string
+	}{
+		{"1job-script", 1, 6, "script: [/bin/true]"},
+		{"100jobs-script", 100, 1, "script: [/bin/true]"},
+		{"1000jobs-script", 1000, 1, "script: [/bin/true]"},
+		{"1000jobs-http", 1000, 1, "http: {url: '" + hook.URL + "'}"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r, cnt := &runs{}, &rpcCounter{}
+			cluster(b, jobsYAML(tc.jobs, tc.items, tc.work), tc.jobs, r, cnt)
+			measure(b, r, cnt)
+		})
+	}
+}
+
+// BenchmarkThroughput: the executions per second three instances sustain
+// with a trivial HTTP hook, one job of 3,000 items firing every second.
+func BenchmarkThroughput(b *testing.B) {
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer hook.Close()
+	r, cnt := &runs{}, &rpcCounter{}
+	cluster(b, jobsYAML(1, 3000, "http: {url: '"+hook.URL+"'}"), 1, r, cnt)
+	measure(b, r, cnt)
+}
+
+func clientv3WithPrefixKeysOnly() []clientv3.OpOption {
+	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly()}
+}

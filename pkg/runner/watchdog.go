@@ -1,0 +1,202 @@
+package runner
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// WatchdogCommand is the hidden subcommand of the shardd binary that runs
+// the watchdog (see WatchdogMain).
+const WatchdogCommand = "__watchdog"
+
+// The watchdog is one small process beside shardd. shardd could be killed
+// with -9 or stopped with SIGSTOP while scripts run; the scripts, each in
+// its own process group, would go on after shardd's lease ended and another
+// instance took their items over (G1). shardd tells the watchdog, over a
+// pipe, each script's process group and the session's fence deadline; the
+// watchdog kills every registered group
+//
+//   - when the pipe closes: shardd is gone (then it exits);
+//   - when the deadline passes without a newer one: shardd is stopped or
+//     cut off from etcd, and its lease may expire at any moment.
+//
+// Protocol, one command a line: "deadline <unix-nanos>", "add <pgid>",
+// "del <pgid>".
+
+// WatchdogMain runs the watchdog on standard input; it returns when the
+// input closes, after killing every group still registered.
+func WatchdogMain() int {
+	groups := map[int]bool{}
+	killAll := func(why string) {
+		for pgid := range groups {
+			syscall.Kill(-pgid, syscall.SIGKILL)
+			fmt.Fprintf(os.Stderr, "shardd watchdog: killed process group %d: %s\n", pgid, why)
+			delete(groups, pgid)
+		}
+	}
+	lines := make(chan string)
+	go func() {
+		s := bufio.NewScanner(os.Stdin)
+		for s.Scan() {
+			lines <- s.Text()
+		}
+		close(lines)
+	}()
+	var deadline *time.Timer
+	var fire <-chan time.Time
+	for {
+		select {
+		case line, ok := <-lines:
+			if !ok {
+				killAll("shardd is gone")
+				return 0
+			}
+			cmd, arg, _ := strings.Cut(line, " ")
+			n, err := strconv.ParseInt(arg, 10, 64)
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "shardd watchdog: bad line %q\n", line)
+				continue
+			}
+			switch cmd {
+			case "deadline":
+				if deadline != nil {
+					deadline.Stop()
+				}
+				deadline = time.NewTimer(time.Until(time.Unix(0, n)))
+				fire = deadline.C
+			case "add":
+				groups[int(n)] = true
+			case "del":
+				delete(groups, int(n))
+			}
+		case <-fire:
+			killAll("the session's fence deadline passed")
+		}
+	}
+}
+
+// Watchdog is shardd's side of the watchdog process.
+type Watchdog struct {
+	bin string
+	log *slog.Logger
+
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{} // closed when the current watchdog process is reaped
+	w        io.WriteCloser
+	groups   map[int]bool
+	deadline time.Time
+	closed   bool
+}
+
+// StartWatchdog starts `bin __watchdog`; bin is the shardd binary.
+func StartWatchdog(bin string, log *slog.Logger) (*Watchdog, error) {
+	w := &Watchdog{bin: bin, log: log, groups: map[int]bool{}}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.start(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *Watchdog) start() error {
+	cmd := exec.Command(w.bin, WatchdogCommand)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // not in shardd's group
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start the script watchdog: %w", err)
+	}
+	exited := make(chan struct{})
+	w.cmd, w.w, w.exited = cmd, in, exited
+	go func() { // reaps it; a dead watchdog shows as a failed write
+		defer close(exited)
+		cmd.Wait()
+	}()
+	if !w.deadline.IsZero() {
+		fmt.Fprintf(in, "deadline %d\n", w.deadline.UnixNano())
+	}
+	for pgid := range w.groups {
+		fmt.Fprintf(in, "add %d\n", pgid)
+	}
+	return nil
+}
+
+// send writes a line, restarting a dead watchdog once.
+func (w *Watchdog) send(line string) error {
+	if w.closed {
+		return errors.New("watchdog closed")
+	}
+	if _, err := io.WriteString(w.w, line); err == nil {
+		return nil
+	}
+	w.log.Error("script watchdog died; restarting it")
+	w.w.Close()
+	if err := w.start(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w.w, line)
+	return err
+}
+
+// SetDeadline moves the time at which every registered group is killed.
+func (w *Watchdog) SetDeadline(t time.Time) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if t.Equal(w.deadline) {
+		return nil
+	}
+	w.deadline = t
+	return w.send(fmt.Sprintf("deadline %d\n", t.UnixNano()))
+}
+
+// Add registers a script's process group.
+func (w *Watchdog) Add(pgid int) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.groups[pgid] = true
+	return w.send(fmt.Sprintf("add %d\n", pgid))
+}
+
+// Del unregisters a process group that has ended.
+func (w *Watchdog) Del(pgid int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.groups, pgid)
+	w.send(fmt.Sprintf("del %d\n", pgid))
+}
+
+// Close stops the watchdog, which kills the groups still registered, and
+// waits for it to exit.
+func (w *Watchdog) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	err := w.w.Close()
+	exited := w.exited
+	w.mu.Unlock()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		w.cmd.Process.Kill()
+		<-exited
+	}
+	return err
+}
