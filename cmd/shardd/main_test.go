@@ -81,7 +81,6 @@ func TestPlanUsageErrors(t *testing.T) {
 		{[]string{"--job", "x", "--instances", "a,b,a"}, `instance "a" given twice`},
 		{[]string{"--instances", "a"}, "--job is required"},
 		{[]string{"--job", "x", "--instances", "a", "--total", "0"}, "total must be >= 1, got 0"},
-		{[]string{"--job", "x", "--instances", "a", "--strategy", "LRU"}, "reserved for runtime routing"},
 		{[]string{"--job", "x", "--instances", "a", "-o", "yaml"}, "-o must be table or json"},
 		{[]string{"--job", "x", "--instances", "a", "--fire-time", "tomorrow"}, "--fire-time: want RFC 3339"},
 		{[]string{"--nope"}, "flag provided but not defined: -nope"},

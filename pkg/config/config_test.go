@@ -99,7 +99,6 @@ func TestLoadBad(t *testing.T) {
 		{"malformed-url", `malformed-url.bad.yaml:4: job "hook": http.url "http//missing-colon/run" must start with http:// or https://`},
 		{"name-with-slash", `name-with-slash.bad.yaml:2: job "billing/eu": name "billing/eu" has '/'`},
 		{"unknown-strategy", `unknown-strategy.bad.yaml:3: job "orders": strategy "AVERAGE" (one of AVG_ALLOCATION, BROADCAST,`},
-		{"reserved-strategy", `reserved-strategy.bad.yaml:3: job "orders": strategy LFU is reserved for runtime routing`},
 		{"strategy-and-alias", `strategy-and-alias.bad.yaml:4: job "orders": strategy and jobShardingStrategyType are the same field; set only one`},
 		{"broadcast-total", `broadcast-total.bad.yaml:4: job "cache-warm": shardingTotalCount must not be set with strategy BROADCAST`},
 		{"defaults-name", `defaults-name.bad.yaml:2: defaults: script cannot be set in defaults`},

@@ -52,10 +52,7 @@ func validate(s scope, j *Job, f *fields) bool {
 	}
 
 	strategy, err := shard.Lookup(j.Strategy)
-	switch {
-	case errors.Is(err, shard.ErrReserved):
-		bad("strategy", "strategy %s is reserved for runtime routing and not supported yet (use one of %s)", j.Strategy, strings.Join(shard.Names(), ", "))
-	case err != nil:
+	if err != nil {
 		bad("strategy", "strategy %s", strings.TrimPrefix(err.Error(), shard.ErrUnknown.Error()+": "))
 	}
 	j.Shard = strategy

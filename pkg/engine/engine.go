@@ -29,6 +29,7 @@ type Coordinator interface {
 	Complete(ctx context.Context, g *coord.Grant, state string, exitCode int, errText, output string, start, end time.Time) error
 	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error
 	WatchTriggers(ctx context.Context, job string, fn func(coord.Trigger))
+	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
 }
 
 // Options configure an Engine.
@@ -279,6 +280,14 @@ func (e *Engine) jobLoop(ctx context.Context, name string) {
 			}
 			if err := e.checkClock(job); err != nil {
 				log.Error("refusing to fire", "fire", fire, "err", err)
+				continue
+			}
+			if job.Shard.Runtime() {
+				e.wg.Add(1)
+				go func() {
+					defer e.wg.Done()
+					e.route(ctx, js, v, fire)
+				}()
 				continue
 			}
 			owned = e.ownedAt(v, fire, job.Schedule)

@@ -31,6 +31,22 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// memberOnly runs a coord node without an engine: a member that never runs anything.
+func memberOnly(t *testing.T, srv *etcdtest.Server, id, yaml string) {
+	c, err := config.Parse("jobs.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := coord.New(coord.Options{Client: srv.Client(), ID: id, TTL: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, c.Jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); node.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 // instance runs a coord node and an engine in this process on srv.
 func instance(t testing.TB, srv *etcdtest.Server, id, yaml string, opts ...func(*Options)) *coord.Node {
 	t.Helper()
@@ -245,5 +261,48 @@ func TestClockSkewRefusesToFire(t *testing.T) {
 	e.opts.Skew = func() (time.Duration, bool) { return time.Hour, true }
 	if err := e.checkClock(job); err != nil {
 		t.Errorf("check off (-1): %v", err)
+	}
+}
+
+// Runtime routes: FAILOVER runs every fire on the first instance; LFU
+// spreads the fires; neither runs a fire twice.
+func TestRuntimeRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		route  string
+		spread bool
+	}{{"FAILOVER", false}, {"LFU", true}} {
+		t.Run(tc.route, func(t *testing.T) {
+			srv := etcdtest.Start(t)
+			path := filepath.Join(t.TempDir(), "ledger")
+			t.Setenv("LEDGER", path)
+			script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+			yaml := "jobs:\n  - name: routed\n    cron: \"@every 1s\"\n    strategy: " + tc.route + "\n    script: " + yamlQuote(script) + "\n"
+			for _, id := range []string{"a", "b", "c"} {
+				instance(t, srv, id, yaml)
+			}
+			if tc.route == "FAILOVER" {
+				// "0" sorts first but never claims (as if stuck): its turn passes.
+				memberOnly(t, srv, "0", yaml)
+			}
+			waitFor(t, 20*time.Second, "eight fires", func() bool { return len(events(t, path)) >= 8 })
+			evs := events(t, path)
+			fires := map[time.Time]int{}
+			on := map[string]int{}
+			for _, ev := range evs {
+				fires[ev.Fire]++
+				on[ev.Instance]++
+			}
+			for fire, n := range fires {
+				if n > 1 {
+					t.Errorf("fire %s ran %d times", fire, n)
+				}
+			}
+			if tc.spread && len(on) < 3 {
+				t.Errorf("LFU ran on %v, want all three", on)
+			}
+			if !tc.spread && (len(on) != 1 || on["a"] == 0) {
+				t.Errorf("FAILOVER ran on %v, want only a", on)
+			}
+		})
 	}
 }

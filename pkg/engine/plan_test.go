@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -47,6 +48,30 @@ func TestPlan(t *testing.T) {
 		got := plan(tt.st, tt.p, tt.due, tt.now)
 		if got != tt.want {
 			t.Errorf("%s: plan = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestRouteOrder(t *testing.T) {
+	at := func(s int) time.Time { return time.Date(2026, 1, 1, 0, 0, s, 0, time.UTC) }
+	hist := []coord.ItemRecord{
+		{Instance: "a", Start: at(1), State: "DONE"},
+		{Instance: "a", Start: at(4), State: "DONE"},
+		{Instance: "c", Start: at(3), State: "FAILED"},
+		{Instance: "b", Start: at(9), State: "SKIPPED"}, // not an execution
+	}
+	ids := []string{"a", "b", "c"}
+	for _, tt := range []struct {
+		route string
+		want  []string
+	}{
+		{"FAILOVER", []string{"a", "b", "c"}},
+		{"BUSYOVER", []string{"a", "b", "c"}},
+		{"LFU", []string{"b", "c", "a"}}, // 0, 1, 2 executions
+		{"LRU", []string{"b", "c", "a"}}, // never, 3s, 4s
+	} {
+		if got := routeOrder(tt.route, ids, hist); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.route, got, tt.want)
 		}
 	}
 }

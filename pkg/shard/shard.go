@@ -21,9 +21,11 @@
 //	ROUND            XXL-JOB route: every item to one instance, rotating by fire sequence
 //	RANDOM           XXL-JOB route: every item to one instance picked by a hash of the fire time
 //	BROADCAST        XXL-JOB sharding broadcast: one item per instance, item i on instance i
-//
-// LFU, LRU, FAILOVER and BUSYOVER are reserved: they route by runtime state
-// (execution counts, health, idleness) that a pure function does not have.
+//	FAILOVER, BUSYOVER, LFU, LRU
+//	                 XXL-JOB routes decided at run time, from state a pure function
+//	                 does not have (health, idleness, execution counts): Runtime
+//	                 reports them, and Assign previews them as FIRST. The engine
+//	                 ranks the instances at each fire (see package engine).
 package shard
 
 import (
@@ -46,7 +48,7 @@ const (
 	Random         = "RANDOM"
 	Broadcast      = "BROADCAST"
 
-	// Reserved for runtime routes; Lookup reports ErrReserved for them.
+	// Runtime routes: decided by the engine at each fire.
 	LFU      = "LFU"
 	LRU      = "LRU"
 	Failover = "FAILOVER"
@@ -56,12 +58,8 @@ const (
 // Default is the strategy used when a job names none.
 const Default = AvgAllocation
 
-var (
-	// ErrUnknown is returned by Lookup for a name that is no strategy.
-	ErrUnknown = errors.New("shard: unknown strategy")
-	// ErrReserved is returned by Lookup for a runtime route not implemented by this package.
-	ErrReserved = errors.New("shard: strategy reserved for runtime routing")
-)
+// ErrUnknown is returned by Lookup for a name that is no strategy.
+var ErrUnknown = errors.New("shard: unknown strategy")
 
 // Fire identifies one scheduled run for the strategies that vary per fire.
 type Fire struct {
@@ -88,8 +86,13 @@ type Input struct {
 type Strategy struct {
 	name    string
 	perFire bool
+	runtime bool
 	assign  func(in Input) []int
 }
+
+// Runtime reports whether the owner is decided at run time by the engine
+// (FAILOVER, BUSYOVER, LFU, LRU); Assign then previews it as FIRST.
+func (s Strategy) Runtime() bool { return s.runtime }
 
 // Name returns the strategy's configuration name.
 func (s Strategy) Name() string { return s.name }
@@ -146,17 +149,18 @@ var strategies = map[string]Strategy{
 	Round:          {name: Round, perFire: true, assign: round},
 	Random:         {name: Random, perFire: true, assign: random},
 	Broadcast:      {name: Broadcast, assign: func(in Input) []int { return identity(len(in.Instances)) }},
+	Failover:       {name: Failover, perFire: true, runtime: true, assign: firstAll},
+	Busyover:       {name: Busyover, perFire: true, runtime: true, assign: firstAll},
+	LFU:            {name: LFU, perFire: true, runtime: true, assign: firstAll},
+	LRU:            {name: LRU, perFire: true, runtime: true, assign: firstAll},
 }
 
-var reserved = map[string]bool{LFU: true, LRU: true, Failover: true, Busyover: true}
+func firstAll(in Input) []int { return single(0, in.Total) }
 
 // Lookup returns the strategy called name (case-sensitive, as configured).
 func Lookup(name string) (Strategy, error) {
 	if s, ok := strategies[name]; ok {
 		return s, nil
-	}
-	if reserved[name] {
-		return Strategy{}, fmt.Errorf("%w: %s", ErrReserved, name)
 	}
 	if s, ok := strategies[strings.ToUpper(name)]; ok {
 		return Strategy{}, fmt.Errorf("%w: %q (did you mean %s?)", ErrUnknown, name, s.name)

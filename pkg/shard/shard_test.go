@@ -168,8 +168,8 @@ func TestLookup(t *testing.T) {
 		}
 	}
 	for _, name := range []string{LFU, LRU, Failover, Busyover} {
-		if _, err := Lookup(name); !errors.Is(err, ErrReserved) {
-			t.Errorf("Lookup(%q) error = %v, want ErrReserved", name, err)
+		if s, err := Lookup(name); err != nil || !s.Runtime() || !s.PerFire() {
+			t.Errorf("Lookup(%q) = %+v, %v: want a runtime route", name, s, err)
 		}
 	}
 	if _, err := Lookup("avg_allocation"); !errors.Is(err, ErrUnknown) || !strings.Contains(err.Error(), "did you mean AVG_ALLOCATION") {
