@@ -306,3 +306,39 @@ func TestRuntimeRoutes(t *testing.T) {
 		})
 	}
 }
+
+// A hook answering 5xx is retried with backoff up to retries; the run is
+// recorded once, as done.
+func TestHTTPRetries(t *testing.T) {
+	srv := etcdtest.Start(t)
+	var mu sync.Mutex
+	calls := 0
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls%3 != 0 { // two failures, then success
+			http.Error(w, "try later", http.StatusBadGateway)
+		}
+	}))
+	defer hook.Close()
+	node := instance(t, srv, "a", "jobs:\n  - name: hooked\n    retries: 2\n    http: {url: '"+hook.URL+"'}\n")
+	cli := srv.Client()
+	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+		v, _ := node.View("hooked")
+		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
+	})
+	if _, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), "hooked", nil, "test"); err != nil {
+		t.Fatal(err)
+	}
+	var recs []coord.ItemRecord
+	waitFor(t, 10*time.Second, "the run to be recorded", func() bool {
+		recs, _ = coord.ReadHistory(context.Background(), cli, coord.NewKeys(""), "hooked")
+		return len(recs) == 1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if calls != 3 || recs[0].State != coord.StateDone || recs[0].ExitCode != 200 || recs[0].Source != coord.SourceManual {
+		t.Errorf("%d calls, record %+v; want 3 calls and one DONE run", calls, recs[0])
+	}
+}
