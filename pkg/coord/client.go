@@ -1,15 +1,18 @@
 package coord
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 )
 
 // ClientOptions configure the etcd client.
@@ -20,6 +23,9 @@ type ClientOptions struct {
 	Username, Password        string
 	// DialTimeout bounds connecting; default 5s.
 	DialTimeout time.Duration
+	// Observe, if set, is called after every etcd request with its operation
+	// (the gRPC method's name: Range, Txn, LeaseGrant, ...), latency and error.
+	Observe func(operation string, d time.Duration, err error)
 }
 
 // NewClient connects to etcd. gRPC keepalives detect a dead or black-holed
@@ -47,6 +53,16 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 			return nil, err
 		}
 		cfg.TLS = t
+	}
+	if o.Observe != nil {
+		observe := o.Observe
+		cfg.DialOptions = append(cfg.DialOptions,
+			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				start := time.Now()
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				observe(method[strings.LastIndexByte(method, '/')+1:], time.Since(start), err)
+				return err
+			}))
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {

@@ -277,6 +277,9 @@ func (l *leader) reconcile(ctx context.Context, st *state) error {
 		return fmt.Errorf("shard map changed while writing; retrying")
 	}
 	log.Info("wrote shard map", "epoch", desired.Epoch, "instances", desired.Instances, "total", desired.Total, "strategy", desired.Strategy)
+	if l.n.opts.OnMapWritten != nil {
+		l.n.opts.OnMapWritten(l.job)
+	}
 	return nil
 }
 

@@ -39,6 +39,10 @@ type Options struct {
 	// OnMap, if set, is called whenever this instance's view of a job's
 	// shard map changes to a newer epoch. It must not block.
 	OnMap func(job string, m *ShardMap)
+	// OnMapWritten, if set, is called when this instance, as leader, wrote a map.
+	OnMapWritten func(job string)
+	// OnSessionLost, if set, is called when a session fenced itself or expired.
+	OnSessionLost func(err error)
 }
 
 // Node is one shardd instance in the cluster.
@@ -274,6 +278,9 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 			err := s.Err()
 			n.setSession(nil)
 			n.log.Error("session lost: stopping leaderships and work", "err", err)
+			if n.opts.OnSessionLost != nil {
+				n.opts.OnSessionLost(err)
+			}
 			workers.stop()
 			s.close(false)
 			return true, err

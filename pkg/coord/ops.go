@@ -93,3 +93,18 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, job strin
 	}
 	return nil
 }
+
+// Status reads the cluster's state (see ReadStatus).
+func (n *Node) Status(ctx context.Context) (*ClusterStatus, error) {
+	return ReadStatus(ctx, n.opts.Client, n.keys)
+}
+
+// Trigger requests a one-off run of job (see RequestTrigger).
+func (n *Node) Trigger(ctx context.Context, job string, items []int) (Trigger, error) {
+	return RequestTrigger(ctx, n.opts.Client, n.keys, job, items, n.opts.ID)
+}
+
+// SetDisabled disables or enables a job, item or instance (see SetDisabled).
+func (n *Node) SetDisabled(ctx context.Context, job string, item int, instance string, on bool) error {
+	return SetDisabled(ctx, n.opts.Client, n.keys, job, item, instance, on)
+}

@@ -48,8 +48,12 @@ type Options struct {
 	// Skew returns this host's clock skew against etcd (etcd minus here)
 	// and whether it is known; nil or unknown skips maxTimeDiffSeconds.
 	Skew func() (time.Duration, bool)
-	// Observe, if set, is called after every run (metrics, benchmarks).
-	Observe func(Run)
+	// Observe, if set, is called after every run (metrics, benchmarks);
+	// OnStart before every run's work begins; OnSkipped when fires are
+	// recorded as skipped or coalesced.
+	Observe   func(Run)
+	OnStart   func(job string)
+	OnSkipped func(job string, fires int)
 }
 
 // Run describes one finished execution, for Options.Observe.
@@ -61,6 +65,11 @@ type Run struct {
 	// Started is when the work began (see runner.Result.Started).
 	Started time.Time
 	Result  runner.Result
+	// Killed is set when the run was stopped because its session ended (or
+	// at a forced shutdown); it was not recorded.
+	Killed bool
+	// Duration covers the run with its retries.
+	Duration time.Duration
 }
 
 // Engine runs the owned items of every job of its node.
@@ -480,6 +489,9 @@ func (e *Engine) itemWorker(ctx context.Context, js *jobState, name string, item
 				log.Warn("record skipped fires", "err", err)
 			} else if err == nil {
 				log.Info("fires skipped by misfire policy", "skipped", d.skipped, "through", d.skipTo)
+				if e.opts.OnSkipped != nil {
+					e.opts.OnSkipped(name, d.skipped)
+				}
 			}
 		}
 		firstPass()
@@ -556,6 +568,18 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 	stop := context.AfterFunc(e.killCtx, func() { cancel(errKilled) })
 	defer stop()
 	start := time.Now()
+	if e.opts.OnStart != nil {
+		e.opts.OnStart(job.Name)
+	}
+	observe := func(res runner.Result) {
+		if e.opts.Observe != nil {
+			e.opts.Observe(Run{Job: job.Name, Item: item, Fire: fire, Source: source, Started: res.Started, Result: res,
+				Killed: runCtx.Err() != nil, Duration: time.Since(start)})
+		}
+	}
+	if skipped > 0 && e.opts.OnSkipped != nil {
+		e.opts.OnSkipped(job.Name, skipped)
+	}
 	res := w.run(runCtx, rc)
 	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
 		wait := min(100*time.Millisecond<<retry, 10*time.Second)
@@ -571,15 +595,14 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 		state, errText = coord.StateFailed, fmt.Sprint(res.Err)
 	}
 	if runCtx.Err() != nil {
+		observe(res)
 		log.Error("run killed", "err", context.Cause(runCtx))
 		return false // the record stays RUNNING; failover decides
 	}
 	if err := e.opts.Node.Complete(context.WithoutCancel(ctx), g, state, res.ExitCode, errText, res.Output, start, res.End); err != nil {
 		log.Warn("record the outcome", "err", err)
 	}
-	if e.opts.Observe != nil {
-		e.opts.Observe(Run{Job: job.Name, Item: item, Fire: fire, Source: source, Started: res.Started, Result: res})
-	}
+	observe(res)
 	if res.OK {
 		log.Info("done", "fence", g.Fence, "duration", res.End.Sub(start).Round(time.Millisecond))
 	} else {

@@ -1,0 +1,362 @@
+// Package api serves shardd's HTTP endpoints: health, readiness, metrics and
+// the JSON API over the cluster's jobs and instances.
+//
+//	GET  /healthz                          the process is alive
+//	GET  /readyz                           the instance holds an etcd session and a valid config
+//	GET  /metrics                          Prometheus metrics
+//	GET  /api/v1/jobs                      every job: status, leader, epoch, items
+//	GET  /api/v1/jobs/{job}                one job, with this instance's view of it
+//	GET  /api/v1/jobs/{job}/history        recent executions
+//	GET  /api/v1/instances                 live instances
+//	POST /api/v1/jobs/{job}/trigger        run now (?item=N for one item)
+//	POST /api/v1/jobs/{job}/disable        disable the job (?item=N or ?instance=ID for one)
+//	POST /api/v1/jobs/{job}/enable         undo disable
+//
+// Write endpoints need the write token (Authorization: Bearer ...). Without
+// a write token they are served only on a loopback address: there is no
+// default token (XXL-JOB's led to CVE-2022-36157). A read token, if set,
+// guards the read endpoints of /api (either token reads).
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// Cluster is what the API reads and changes; *coord.Node implements it.
+type Cluster interface {
+	ID() string
+	Up() bool
+	View(job string) (coord.JobView, bool)
+	Status(ctx context.Context) (*coord.ClusterStatus, error)
+	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
+	Trigger(ctx context.Context, job string, items []int) (coord.Trigger, error)
+	SetDisabled(ctx context.Context, job string, item int, instance string, on bool) error
+}
+
+// Options configure the handler.
+type Options struct {
+	Cluster Cluster
+	// Metrics serves /metrics (nil: 404).
+	Metrics http.Handler
+	// ConfigError returns the last configuration reload's error, nil if it succeeded.
+	ConfigError func() error
+	// WriteToken and ReadToken are the bearer tokens; empty means none.
+	WriteToken, ReadToken string
+	// Loopback says the server listens on a loopback address only.
+	Loopback bool
+	// Timeout bounds the etcd reads and writes of one request; default 5s.
+	Timeout time.Duration
+}
+
+// Handler returns the HTTP handler.
+func Handler(o Options) http.Handler {
+	if o.Timeout == 0 {
+		o.Timeout = 5 * time.Second
+	}
+	a := &api{o: o}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", a.readyz)
+	if o.Metrics != nil {
+		mux.Handle("GET /metrics", o.Metrics)
+	}
+	mux.HandleFunc("GET /api/v1/jobs", a.read(a.jobs))
+	mux.HandleFunc("GET /api/v1/jobs/{job}", a.read(a.job))
+	mux.HandleFunc("GET /api/v1/jobs/{job}/history", a.read(a.history))
+	mux.HandleFunc("GET /api/v1/instances", a.read(a.instances))
+	mux.HandleFunc("POST /api/v1/jobs/{job}/trigger", a.write(a.trigger))
+	mux.HandleFunc("POST /api/v1/jobs/{job}/disable", a.write(a.disable(true)))
+	mux.HandleFunc("POST /api/v1/jobs/{job}/enable", a.write(a.disable(false)))
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+type api struct{ o Options }
+
+type apiError struct {
+	Error string `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
+}
+
+// bearer returns the request's bearer token, "" if none.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if t, ok := strings.CutPrefix(h, "Bearer "); ok {
+		return strings.TrimSpace(t)
+	}
+	return ""
+}
+
+func tokenIs(got, want string) bool {
+	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// read guards a read endpoint.
+func (a *api) read(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a.o.ReadToken != "" {
+			t := bearer(r)
+			if t == "" {
+				writeError(w, http.StatusUnauthorized, "a bearer token is required")
+				return
+			}
+			if !tokenIs(t, a.o.ReadToken) && !tokenIs(t, a.o.WriteToken) {
+				writeError(w, http.StatusUnauthorized, "invalid token")
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+// write guards a write endpoint.
+func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if a.o.WriteToken == "" {
+			if !a.o.Loopback {
+				writeError(w, http.StatusForbidden, "write endpoints are disabled: this server listens beyond loopback and has no write token (--api-token-file)")
+				return
+			}
+			h(w, r)
+			return
+		}
+		t := bearer(r)
+		switch {
+		case t == "":
+			writeError(w, http.StatusUnauthorized, "a bearer token is required")
+		case tokenIs(t, a.o.WriteToken):
+			h(w, r)
+		case tokenIs(t, a.o.ReadToken):
+			writeError(w, http.StatusForbidden, "the read-only token cannot change anything")
+		default:
+			writeError(w, http.StatusUnauthorized, "invalid token")
+		}
+	}
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	var problems []string
+	if !a.o.Cluster.Up() {
+		problems = append(problems, "no etcd session")
+	}
+	if a.o.ConfigError != nil {
+		if err := a.o.ConfigError(); err != nil {
+			// The last good configuration keeps running: still ready, but say so.
+			fmt.Fprintf(w, "ok; the last configuration reload failed, the previous configuration runs: %v\n", err)
+			if len(problems) == 0 {
+				return
+			}
+		}
+	}
+	if len(problems) > 0 {
+		http.Error(w, "not ready: "+strings.Join(problems, "; "), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+func (a *api) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), a.o.Timeout)
+}
+
+func (a *api) status(w http.ResponseWriter, r *http.Request) (*coord.ClusterStatus, bool) {
+	ctx, cancel := a.ctx(r)
+	defer cancel()
+	st, err := a.o.Cluster.Status(ctx)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "read cluster state from etcd: %v", err)
+		return nil, false
+	}
+	return st, true
+}
+
+// jobOut is a job as the API shows it.
+type jobOut struct {
+	coord.JobStatus
+	// Local is this instance's view, when it defines the job.
+	Local *localView `json:"local,omitempty"`
+}
+
+type localView struct {
+	Instance string `json:"instance"`
+	Items    []int  `json:"items"`
+	Leading  bool   `json:"leading"`
+	Epoch    int64  `json:"epoch"`
+	// Conflict: this instance's definition differs from the registered one.
+	Conflict bool `json:"conflict"`
+}
+
+func (a *api) local(job string) *localView {
+	v, ok := a.o.Cluster.View(job)
+	if !ok {
+		return nil
+	}
+	lv := &localView{Instance: a.o.Cluster.ID(), Items: []int{}, Leading: v.Leading, Conflict: v.Conflict}
+	if v.Map != nil {
+		lv.Epoch = v.Map.Epoch
+		if items := v.Map.ItemsOf(a.o.Cluster.ID()); items != nil {
+			lv.Items = items
+		}
+	}
+	return lv
+}
+
+func (a *api) jobs(w http.ResponseWriter, r *http.Request) {
+	st, ok := a.status(w, r)
+	if !ok {
+		return
+	}
+	out := make([]jobOut, 0, len(st.Jobs))
+	for _, j := range st.Jobs {
+		out = append(out, jobOut{JobStatus: j, Local: a.local(j.Name)})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// jobName returns the {job} path value, or writes an error.
+func jobName(w http.ResponseWriter, r *http.Request) (string, bool) {
+	job := r.PathValue("job")
+	if err := config.CheckName(job); err != nil {
+		writeError(w, http.StatusBadRequest, "job name %v", err)
+		return "", false
+	}
+	return job, true
+}
+
+func (a *api) job(w http.ResponseWriter, r *http.Request) {
+	name, ok := jobName(w, r)
+	if !ok {
+		return
+	}
+	st, ok := a.status(w, r)
+	if !ok {
+		return
+	}
+	for _, j := range st.Jobs {
+		if j.Name == name {
+			writeJSON(w, http.StatusOK, jobOut{JobStatus: j, Local: a.local(name)})
+			return
+		}
+	}
+	writeError(w, http.StatusNotFound, "no job %q in the cluster", name)
+}
+
+func (a *api) history(w http.ResponseWriter, r *http.Request) {
+	name, ok := jobName(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := a.ctx(r)
+	defer cancel()
+	recs, err := a.o.Cluster.History(ctx, name)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	if recs == nil {
+		recs = []coord.ItemRecord{}
+	}
+	writeJSON(w, http.StatusOK, recs)
+}
+
+func (a *api) instances(w http.ResponseWriter, r *http.Request) {
+	if st, ok := a.status(w, r); ok {
+		writeJSON(w, http.StatusOK, st.Instances)
+	}
+}
+
+// itemParam reads ?item=N; -1 when absent.
+func itemParam(w http.ResponseWriter, r *http.Request) (int, bool) {
+	s := r.URL.Query().Get("item")
+	if s == "" {
+		return -1, true
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		writeError(w, http.StatusBadRequest, "item must be a non-negative integer, got %q", s)
+		return 0, false
+	}
+	return n, true
+}
+
+func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
+	name, ok := jobName(w, r)
+	if !ok {
+		return
+	}
+	item, ok := itemParam(w, r)
+	if !ok {
+		return
+	}
+	var items []int
+	if item >= 0 {
+		items = []int{item}
+	}
+	ctx, cancel := a.ctx(r)
+	defer cancel()
+	tr, err := a.o.Cluster.Trigger(ctx, name, items)
+	if err != nil {
+		status := http.StatusServiceUnavailable
+		if strings.Contains(err.Error(), "no such job") {
+			status = http.StatusNotFound
+		}
+		writeError(w, status, "%v", err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, tr)
+}
+
+func (a *api) disable(on bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		name, ok := jobName(w, r)
+		if !ok {
+			return
+		}
+		item, ok := itemParam(w, r)
+		if !ok {
+			return
+		}
+		instance := r.URL.Query().Get("instance")
+		if item >= 0 && instance != "" {
+			writeError(w, http.StatusBadRequest, "item and instance exclude each other")
+			return
+		}
+		if instance != "" {
+			if err := config.CheckName(instance); err != nil {
+				writeError(w, http.StatusBadRequest, "instance %v", err)
+				return
+			}
+		}
+		ctx, cancel := a.ctx(r)
+		defer cancel()
+		if err := a.o.Cluster.SetDisabled(ctx, name, item, instance, on); err != nil {
+			writeError(w, http.StatusServiceUnavailable, "%v", err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"job": name, "item": item, "instance": instance, "disabled": on})
+	}
+}
+

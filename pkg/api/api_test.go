@@ -1,0 +1,155 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// fakeCluster records what the API asked of it.
+type fakeCluster struct {
+	up       bool
+	trigger  []string
+	disabled []string
+}
+
+func (f *fakeCluster) ID() string { return "a" }
+func (f *fakeCluster) Up() bool   { return f.up }
+func (f *fakeCluster) View(job string) (coord.JobView, bool) {
+	if job != "orders" {
+		return coord.JobView{}, false
+	}
+	return coord.JobView{Leading: true, Map: &coord.ShardMap{Epoch: 7, Items: map[string][]int{"a": {0, 1}}}}, true
+}
+func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) {
+	return &coord.ClusterStatus{
+		Jobs:      []coord.JobStatus{{Name: "orders", Status: coord.StatusOK, Leader: "a", Epoch: 7, Total: 2}},
+		Instances: []coord.InstanceStatus{{InstanceInfo: coord.InstanceInfo{ID: "a"}}},
+	}, nil
+}
+func (f *fakeCluster) History(ctx context.Context, job string) ([]coord.ItemRecord, error) {
+	return []coord.ItemRecord{{Job: job, Item: 0, State: coord.StateDone}}, nil
+}
+func (f *fakeCluster) Trigger(ctx context.Context, job string, items []int) (coord.Trigger, error) {
+	if job != "orders" {
+		return coord.Trigger{}, errors.New(`trigger job "` + job + `": no such job registered in etcd`)
+	}
+	f.trigger = append(f.trigger, job)
+	return coord.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0)}, nil
+}
+func (f *fakeCluster) SetDisabled(ctx context.Context, job string, item int, instance string, on bool) error {
+	f.disabled = append(f.disabled, job)
+	return nil
+}
+
+func do(t *testing.T, h http.Handler, method, path, token string) (int, string) {
+	t.Helper()
+	req := httptest.NewRequest(method, path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String()
+}
+
+func TestAuthorization(t *testing.T) {
+	const w, r = "write-secret", "read-secret"
+	tests := []struct {
+		name                string
+		writeTok, readTok   string
+		loopback            bool
+		method, path, token string
+		want                int
+	}{
+		{"reads are open without a read token", w, "", false, "GET", "/api/v1/jobs", "", 200},
+		{"write without a token", w, "", true, "POST", "/api/v1/jobs/orders/trigger", "", 401},
+		{"write with a wrong token", w, "", true, "POST", "/api/v1/jobs/orders/trigger", "nope", 401},
+		{"write with the write token", w, "", false, "POST", "/api/v1/jobs/orders/trigger", w, 202},
+		{"write with the read token", w, r, true, "POST", "/api/v1/jobs/orders/disable", r, 403},
+		{"read without the read token", w, r, true, "GET", "/api/v1/jobs", "", 401},
+		{"read with a wrong token", w, r, true, "GET", "/api/v1/instances", "nope", 401},
+		{"read with the read token", w, r, true, "GET", "/api/v1/jobs/orders", r, 200},
+		{"read with the write token", w, r, true, "GET", "/api/v1/jobs/orders/history", w, 200},
+		{"no write token, loopback: writes served", "", "", true, "POST", "/api/v1/jobs/orders/enable", "", 200},
+		{"no write token, beyond loopback: writes refused", "", "", false, "POST", "/api/v1/jobs/orders/trigger", "", 403},
+		{"metrics are open", w, r, false, "GET", "/metrics", "", 200},
+		{"health is open", w, r, false, "GET", "/healthz", "", 200},
+	}
+	for _, tt := range tests {
+		h := Handler(Options{Cluster: &fakeCluster{up: true}, WriteToken: tt.writeTok, ReadToken: tt.readTok, Loopback: tt.loopback,
+			Metrics: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})})
+		code, body := do(t, h, tt.method, tt.path, tt.token)
+		if code != tt.want {
+			t.Errorf("%s: %s %s = %d %s, want %d", tt.name, tt.method, tt.path, code, body, tt.want)
+		}
+		if code >= 400 && code != 404 {
+			var e apiError
+			if json.Unmarshal([]byte(body), &e) != nil || e.Error == "" {
+				t.Errorf("%s: error body is not JSON with a message: %q", tt.name, body)
+			}
+		}
+	}
+}
+
+func TestEndpoints(t *testing.T) {
+	fc := &fakeCluster{up: true}
+	h := Handler(Options{Cluster: fc, Loopback: true})
+
+	code, body := do(t, h, "GET", "/api/v1/jobs/orders", "")
+	var job jobOut
+	if code != 200 || json.Unmarshal([]byte(body), &job) != nil || job.Leader != "a" || job.Local == nil || job.Local.Epoch != 7 || len(job.Local.Items) != 2 || !job.Local.Leading {
+		t.Errorf("job: %d %s", code, body)
+	}
+	if code, body := do(t, h, "GET", "/api/v1/jobs/missing", ""); code != 404 || !strings.Contains(body, `no job \"missing\"`) {
+		t.Errorf("missing job: %d %s", code, body)
+	}
+	if code, body := do(t, h, "GET", "/api/v1/jobs/bad..name/history", ""); code != 200 && code != 400 {
+		t.Errorf("odd name: %d %s", code, body)
+	}
+	if code, body := do(t, h, "POST", "/api/v1/jobs/orders/trigger?item=x", ""); code != 400 || !strings.Contains(body, "item must be a non-negative integer") {
+		t.Errorf("bad item: %d %s", code, body)
+	}
+	if code, _ := do(t, h, "POST", "/api/v1/jobs/orders/trigger?item=1", ""); code != 202 || len(fc.trigger) != 1 {
+		t.Errorf("trigger: %d %v", code, fc.trigger)
+	}
+	if code, body := do(t, h, "POST", "/api/v1/jobs/nope/trigger", ""); code != 404 {
+		t.Errorf("trigger of an unknown job: %d %s", code, body)
+	}
+	if code, body := do(t, h, "POST", "/api/v1/jobs/orders/disable?item=1&instance=b", ""); code != 400 {
+		t.Errorf("item and instance: %d %s", code, body)
+	}
+	if code, _ := do(t, h, "POST", "/api/v1/jobs/orders/disable?instance=b", ""); code != 200 || len(fc.disabled) != 1 {
+		t.Errorf("disable: %d", code)
+	}
+	if code, body := do(t, h, "GET", "/api/v1/nothing", ""); code != 404 || !strings.Contains(body, "no such endpoint") {
+		t.Errorf("unknown endpoint: %d %s", code, body)
+	}
+	if code, body := do(t, h, "DELETE", "/api/v1/jobs/orders", ""); code != 404 || !strings.Contains(body, "no such endpoint: DELETE /api/v1/jobs/orders") {
+		t.Errorf("wrong method: %d %s", code, body)
+	}
+}
+
+func TestReadyz(t *testing.T) {
+	fc := &fakeCluster{}
+	var cfgErr error
+	h := Handler(Options{Cluster: fc, ConfigError: func() error { return cfgErr }})
+	if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, "no etcd session") {
+		t.Errorf("down: %d %s", code, body)
+	}
+	fc.up = true
+	if code, _ := do(t, h, "GET", "/readyz", ""); code != 200 {
+		t.Errorf("up: %d", code)
+	}
+	cfgErr = errors.New(`jobs.yaml:3: job "x": shardingTotalCount must be >= 1, got 0`)
+	if code, body := do(t, h, "GET", "/readyz", ""); code != 200 || !strings.Contains(body, "last configuration reload failed") || !strings.Contains(body, "shardingTotalCount") {
+		t.Errorf("failed reload: %d %s", code, body)
+	}
+}

@@ -1,0 +1,154 @@
+// Package metrics defines shardd's Prometheus metrics. Every collector is
+// registered on the Registerer given to New, never the global registry. No
+// metric has a per-item label: a job with 10,000 items is still a handful of
+// series.
+package metrics
+
+import (
+	"runtime"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics holds shardd's collectors.
+type Metrics struct {
+	Runs            *prometheus.CounterVec   // job, result, source
+	RunDuration     *prometheus.HistogramVec // job
+	TriggerDelay    *prometheus.HistogramVec // job
+	Running         *prometheus.GaugeVec     // job
+	SkippedFires    *prometheus.CounterVec   // job
+	Reshards        *prometheus.CounterVec   // job
+	SessionLosses   prometheus.Counter
+	EtcdRequests    *prometheus.HistogramVec // operation, result
+	ReloadSuccess   prometheus.Gauge
+	ReloadTimestamp prometheus.Gauge
+}
+
+// Run results.
+const (
+	ResultSuccess = "success"
+	ResultFailure = "failure"
+	ResultKilled  = "killed"
+)
+
+// New creates the collectors and registers them, with Go and process
+// collectors and build information, on reg.
+func New(reg prometheus.Registerer, version string) *Metrics {
+	m := &Metrics{
+		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardd_runs_total", Help: "Item executions finished on this instance, by job, result (success, failure, killed) and source (NORMAL, MISFIRE, FAILOVER, MANUAL).",
+		}, []string{"job", "result", "source"}),
+		RunDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "shardd_run_duration_seconds", Help: "Duration of item executions on this instance, retries included.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10), // 10ms .. ~43min
+		}, []string{"job"}),
+		TriggerDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "shardd_trigger_delay_seconds", Help: "Delay from an item's scheduled fire time to the start of its work.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"job"}),
+		Running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shardd_running_items", Help: "Items of the job running on this instance now.",
+		}, []string{"job"}),
+		SkippedFires: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardd_skipped_fires_total", Help: "Fires not run by misfire policy (coalesced or dropped), as recorded by this instance.",
+		}, []string{"job"}),
+		Reshards: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shardd_reshards_total", Help: "Shard maps written by this instance as the job's leader.",
+		}, []string{"job"}),
+		SessionLosses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "shardd_session_losses_total", Help: "etcd sessions this instance lost (it fenced itself and reconnected).",
+		}),
+		EtcdRequests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "shardd_etcd_request_duration_seconds", Help: "Latency of etcd requests by operation (gRPC method) and result (ok, error).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"operation", "result"}),
+		ReloadSuccess: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shardd_config_last_reload_successful", Help: "Whether the last configuration reload succeeded (1) or failed (0).",
+		}),
+		ReloadTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "shardd_config_last_reload_success_timestamp_seconds", Help: "Time of the last successful configuration load.",
+		}),
+	}
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "shardd_build_info", Help: "Build information; the value is always 1.",
+	}, []string{"version", "goversion"})
+	build.WithLabelValues(version, runtime.Version()).Set(1)
+	reg.MustRegister(m.Runs, m.RunDuration, m.TriggerDelay, m.Running, m.SkippedFires, m.Reshards,
+		m.SessionLosses, m.EtcdRequests, m.ReloadSuccess, m.ReloadTimestamp, build,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// EtcdRequest records one etcd request.
+func (m *Metrics) EtcdRequest(operation string, d time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.EtcdRequests.WithLabelValues(operation, result).Observe(d.Seconds())
+}
+
+// Reloaded records a configuration load.
+func (m *Metrics) Reloaded(ok bool, at time.Time) {
+	if ok {
+		m.ReloadSuccess.Set(1)
+		m.ReloadTimestamp.Set(float64(at.Unix()))
+		return
+	}
+	m.ReloadSuccess.Set(0)
+}
+
+// JobState is what the state collector reads of one job at scrape time.
+type JobState struct {
+	Job        string
+	ItemsOwned int
+	Leading    bool
+	Epoch      int64
+}
+
+// StateCollector exports gauges read at scrape time from the instance's
+// state: session up, and per job items owned, leadership and map epoch.
+type StateCollector struct {
+	read func() (sessionUp bool, jobs []JobState)
+
+	up, owned, leader, epoch *prometheus.Desc
+}
+
+// NewStateCollector returns a collector that calls read at every scrape.
+func NewStateCollector(read func() (bool, []JobState)) *StateCollector {
+	return &StateCollector{
+		read:   read,
+		up:     prometheus.NewDesc("shardd_session_up", "Whether this instance holds a live etcd session (1) or not (0).", nil, nil),
+		owned:  prometheus.NewDesc("shardd_items_owned", "Items of the job this instance owns in its current shard map.", []string{"job"}, nil),
+		leader: prometheus.NewDesc("shardd_leader", "Whether this instance leads the job (1) or not (0).", []string{"job"}, nil),
+		epoch:  prometheus.NewDesc("shardd_shard_map_epoch", "Epoch of the job's shard map as this instance last saw it.", []string{"job"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.up
+	ch <- c.owned
+	ch <- c.leader
+	ch <- c.epoch
+}
+
+// Collect implements prometheus.Collector.
+func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
+	up, jobs := c.read()
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, b2f(up))
+	for _, j := range jobs {
+		ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(j.ItemsOwned), j.Job)
+		ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, b2f(j.Leading), j.Job)
+		ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(j.Epoch), j.Job)
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
