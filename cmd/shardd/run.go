@@ -10,15 +10,20 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	oklogrun "github.com/oklog/run"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/engine"
+	"github.com/shardd/shardd/pkg/metrics"
 	"github.com/shardd/shardd/pkg/runner"
 	"github.com/shardd/shardd/pkg/version"
 )
@@ -41,6 +46,9 @@ func cmdRun(e *env, args []string) error {
 		listen    = fs.String("listen", defaultListen, "`address` of the HTTP endpoints (/healthz, /readyz); empty disables")
 		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
 		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
+		tokenFile = fs.String("api-token-file", "", "`file` with the bearer token for the API's write endpoints (and reads)")
+		readFile  = fs.String("api-read-token-file", "", "`file` with a read-only bearer token; when set, API reads need a token")
+		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd)")
 		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd)")
 		ef        etcdFlags
@@ -75,6 +83,17 @@ func cmdRun(e *env, args []string) error {
 		return &exitError{exitFailure, fmt.Errorf("invalid config %s", *cfgPath)}
 	}
 	log.Info("starting shardd", "version", version.String(), "instance", *name, "jobs", len(cfg.Jobs), "config", *cfgPath)
+	writeToken, err := readToken(*tokenFile)
+	if err != nil {
+		return usageError("--api-token-file: %v", err)
+	}
+	readOnlyToken, err := readToken(*readFile)
+	if err != nil {
+		return usageError("--api-read-token-file: %v", err)
+	}
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg, version.String())
+	m.Reloaded(true, time.Now())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -103,7 +122,9 @@ func cmdRun(e *env, args []string) error {
 		}, func(error) { close(stop) })
 	}
 
-	cli, err := coord.NewClient(ef.clientOptions(endpoints))
+	copts := ef.clientOptions(endpoints)
+	copts.Observe = m.EtcdRequest
+	cli, err := coord.NewClient(copts)
 	if err != nil {
 		return err
 	}
@@ -116,12 +137,17 @@ func cmdRun(e *env, args []string) error {
 			return fmt.Errorf("--listen: %w", err)
 		}
 		apiAddr = ln.Addr().String()
+		if writeToken == "" && !isLoopback(ln.Addr()) {
+			log.Warn("the API listens beyond loopback without --api-token-file: its write endpoints are disabled", "addr", apiAddr)
+		}
 	}
 	var eng *engine.Engine
 	node, err := coord.New(coord.Options{
 		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
-		Info:  coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
-		OnMap: func(job string, m *coord.ShardMap) { eng.OnMap(job, m) },
+		Info:          coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
+		OnMap:         func(job string, sm *coord.ShardMap) { eng.OnMap(job, sm) },
+		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
+		OnSessionLost: func(error) { m.SessionLosses.Inc() },
 	}, cfg.Jobs)
 	if err != nil {
 		return err
@@ -139,7 +165,22 @@ func cmdRun(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	eng = engine.New(engine.Options{Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Skew: skew.Skew})
+	eng = engine.New(engine.Options{
+		Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Skew: skew.Skew,
+		OnStart:   func(job string) { m.Running.WithLabelValues(job).Inc() },
+		OnSkipped: func(job string, n int) { m.SkippedFires.WithLabelValues(job).Add(float64(n)) },
+		Observe:   func(r engine.Run) { observeRun(m, r) },
+	})
+	reg.MustRegister(metrics.NewStateCollector(func() (bool, []metrics.JobState) { return nodeState(node) }))
+	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, apply: func(c *config.Config) {
+		node.SetJobs(c.Jobs)
+		eng.Resync()
+	}}
+	rl.loaded()
+	{
+		rctx, rcancel := context.WithCancel(ctx)
+		g.Add(func() error { rl.Run(rctx); return nil }, func(error) { rcancel() })
+	}
 	{ // clock skew against etcd, for maxTimeDiffSeconds
 		sctx, scancel := context.WithCancel(ctx)
 		g.Add(func() error { skew.Run(sctx, 30*time.Second); return nil }, func(error) { scancel() })
@@ -167,7 +208,10 @@ func cmdRun(e *env, args []string) error {
 		})
 	}
 	if ln != nil {
-		srv := &http.Server{Handler: healthHandler(node), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: api.Handler(api.Options{
+			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
+			WriteToken: writeToken, ReadToken: readOnlyToken, Loopback: isLoopback(ln.Addr()),
+		}), ReadHeaderTimeout: 5 * time.Second}
 		g.Add(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -219,19 +263,61 @@ func forceOnSecondSignal(sig <-chan os.Signal, log *slog.Logger) {
 	os.Exit(1)
 }
 
-// healthHandler serves /healthz (the process is alive) and /readyz (the
-// instance holds a session).
-func healthHandler(node *coord.Node) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if !node.Up() {
-			http.Error(w, "not ready: no etcd session", http.StatusServiceUnavailable)
-			return
+// observeRun records a finished run in the metrics.
+func observeRun(m *metrics.Metrics, r engine.Run) {
+	m.Running.WithLabelValues(r.Job).Dec()
+	result := metrics.ResultSuccess
+	switch {
+	case r.Killed:
+		result = metrics.ResultKilled
+	case !r.Result.OK:
+		result = metrics.ResultFailure
+	}
+	m.Runs.WithLabelValues(r.Job, result, r.Source).Inc()
+	m.RunDuration.WithLabelValues(r.Job).Observe(r.Duration.Seconds())
+	if !r.Started.IsZero() {
+		m.TriggerDelay.WithLabelValues(r.Job).Observe(r.Started.Sub(r.Fire).Seconds())
+	}
+}
+
+// nodeState reads what the state collector exports.
+func nodeState(node *coord.Node) (bool, []metrics.JobState) {
+	var jobs []metrics.JobState
+	for _, name := range node.Jobs() {
+		v, ok := node.View(name)
+		if !ok {
+			continue
 		}
-		fmt.Fprintln(w, "ok")
-	})
-	return mux
+		js := metrics.JobState{Job: name, Leading: v.Leading}
+		if v.Map != nil {
+			js.Epoch = v.Map.Epoch
+			js.ItemsOwned = len(v.Map.ItemsOf(node.ID()))
+		}
+		jobs = append(jobs, js)
+	}
+	return node.Up(), jobs
+}
+
+// readToken reads a token file ("" for none); the token is its first line.
+func readToken(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	tok := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
+	if len(tok) < 16 {
+		return "", fmt.Errorf("%s: the token must be at least 16 characters", path)
+	}
+	return tok, nil
+}
+
+// isLoopback reports whether addr is a loopback address.
+func isLoopback(addr net.Addr) bool {
+	if tcp, ok := addr.(*net.TCPAddr); ok {
+		return tcp.IP.IsLoopback()
+	}
+	return false
 }

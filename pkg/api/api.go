@@ -359,4 +359,3 @@ func (a *api) disable(on bool) http.HandlerFunc {
 		writeJSON(w, http.StatusOK, map[string]any{"job": name, "item": item, "instance": instance, "disabled": on})
 	}
 }
-

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -17,7 +18,7 @@ import (
 // runJob is one job's worker under session s: register the job's config and
 // membership, then watch its map and campaign for its leadership until ctx
 // is done.
-func (n *Node) runJob(ctx context.Context, s *session, local *config.Job) {
+func (n *Node) runJob(ctx context.Context, s *session, local *config.Job, removed *atomic.Bool) {
 	log := n.log.With("job", local.Name)
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
@@ -34,10 +35,11 @@ func (n *Node) runJob(ctx context.Context, s *session, local *config.Job) {
 		}
 	}
 	defer func() {
-		if s.ctx.Err() == nil { // the job was removed, not the session lost: leave the job now
+		if removed.Load() && s.ctx.Err() == nil { // the job left the config: leave it now
 			dctx, cancel := context.WithTimeout(s.ctx, time.Second)
 			n.opts.Client.Delete(dctx, n.keys.Member(local.Name, n.opts.ID))
 			cancel()
+			n.log.Info("left job", "job", local.Name)
 		}
 	}()
 

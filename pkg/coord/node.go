@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -388,23 +389,29 @@ type workerSet struct {
 }
 
 type worker struct {
-	job    *config.Job
-	cancel context.CancelFunc
-	done   chan struct{}
+	job     *config.Job
+	cancel  context.CancelFunc
+	done    chan struct{}
+	removed atomic.Bool // set before cancel when the job left the config
 }
 
 func newWorkerSet(s *session) *workerSet {
 	return &workerSet{s: s, running: map[string]*worker{}}
 }
 
-// sync starts workers for new or changed jobs and stops the others.
+// sync starts workers for new or changed jobs and stops the others. A
+// removed job's membership is withdrawn; a changed job keeps it, so that
+// its items do not move away and back.
 func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
 	for name, w := range ws.running {
-		if j, ok := jobs[name]; !ok || j.Hash() != w.job.Hash() {
-			w.cancel()
-			<-w.done
-			delete(ws.running, name)
+		j, ok := jobs[name]
+		if ok && j.Hash() == w.job.Hash() {
+			continue
 		}
+		w.removed.Store(!ok)
+		w.cancel()
+		<-w.done
+		delete(ws.running, name)
 	}
 	for name, j := range jobs {
 		if _, ok := ws.running[name]; ok {
@@ -415,7 +422,7 @@ func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
 		ws.running[name] = w
 		go func() {
 			defer close(w.done)
-			n.runJob(ctx, ws.s, j)
+			n.runJob(ctx, ws.s, j, &w.removed)
 		}()
 	}
 }

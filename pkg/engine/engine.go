@@ -84,6 +84,7 @@ type Engine struct {
 
 	killCtx context.Context // cancelled by Kill
 	kill    context.CancelFunc
+	resync  chan struct{} // buffered(1): the node's job set changed
 }
 
 // New returns an engine; call Run.
@@ -96,6 +97,7 @@ func New(opts Options) *Engine {
 	}
 	e := &Engine{opts: opts, log: opts.Logger, wakes: map[string]chan struct{}{}}
 	e.killCtx, e.kill = context.WithCancel(context.Background())
+	e.resync = make(chan struct{}, 1)
 	if opts.MaxConcurrency > 0 {
 		e.global = make(chan struct{}, opts.MaxConcurrency)
 	}
@@ -153,15 +155,49 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	var loops sync.WaitGroup
-	for _, name := range e.opts.Node.Jobs() {
-		loops.Add(1)
-		go func() {
-			defer loops.Done()
-			e.jobLoop(ctx, name)
-		}()
+	type loop struct {
+		cancel context.CancelFunc
+		done   chan struct{}
 	}
-	loops.Wait()
+	loops := map[string]*loop{}
+	stop := func(name string) {
+		l := loops[name]
+		l.cancel()
+		<-l.done
+		delete(loops, name)
+	}
+	resync := func() {
+		want := map[string]bool{}
+		for _, name := range e.opts.Node.Jobs() {
+			want[name] = true
+			if _, ok := loops[name]; ok {
+				continue
+			}
+			lctx, cancel := context.WithCancel(ctx)
+			l := &loop{cancel: cancel, done: make(chan struct{})}
+			loops[name] = l
+			go func() {
+				defer close(l.done)
+				e.jobLoop(lctx, name)
+			}()
+		}
+		for name := range loops {
+			if !want[name] {
+				stop(name) // its running items go on; they finish or die with the session
+			}
+		}
+	}
+	resync()
+	for ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-e.resync:
+			resync()
+		}
+	}
+	for name := range loops {
+		stop(name)
+	}
 	e.wg.Wait() // running items finish, or die with their session
 	stopFeed()
 	feeder.Wait()
@@ -613,6 +649,15 @@ func (e *Engine) execute(ctx context.Context, js *jobState, v coord.JobView, ite
 }
 
 var errKilled = errors.New("engine: killed at shutdown")
+
+// Resync makes a running engine start and stop job loops to match the
+// node's jobs (after a reload).
+func (e *Engine) Resync() {
+	select {
+	case e.resync <- struct{}{}:
+	default:
+	}
+}
 
 // Kill stops every running item at once (a forced shutdown).
 func (e *Engine) Kill() { e.kill() }

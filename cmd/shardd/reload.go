@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/metrics"
+)
+
+// reloader applies configuration changes without a restart: on SIGHUP, and
+// when the content of the config file or directory changes (checked every
+// interval). A new configuration is loaded and validated in full and only
+// then swapped in; an invalid one is rejected, logged and shown in a metric
+// and in /readyz, and the previous one keeps running.
+type reloader struct {
+	path     string
+	interval time.Duration
+	log      *slog.Logger
+	metrics  *metrics.Metrics
+	apply    func(*config.Config)
+
+	mu      sync.Mutex
+	lastErr error
+	digest  [32]byte
+}
+
+// Err returns the last reload's error, nil after a success.
+func (r *reloader) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastErr
+}
+
+// digestOf hashes the names and contents of the config files at path.
+func digestOf(path string) [32]byte {
+	h := sha256.New()
+	files := []string{path}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		files = nil
+		for _, p := range []string{"*.yaml", "*.yml"} {
+			m, _ := filepath.Glob(filepath.Join(path, p))
+			files = append(files, m...)
+		}
+		sort.Strings(files)
+	}
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		h.Write([]byte(f))
+		h.Write([]byte{0})
+		h.Write(b)
+	}
+	var d [32]byte
+	copy(d[:], h.Sum(nil))
+	return d
+}
+
+// loaded records the digest of the configuration running now.
+func (r *reloader) loaded() {
+	r.mu.Lock()
+	r.digest = digestOf(r.path)
+	r.mu.Unlock()
+}
+
+// reload loads the configuration and applies it if valid.
+func (r *reloader) reload(why string) {
+	d := digestOf(r.path)
+	cfg, err := config.Load(r.path)
+	r.mu.Lock()
+	r.digest = d
+	r.lastErr = err
+	r.mu.Unlock()
+	if err != nil {
+		for _, p := range config.Errors(err) {
+			r.log.Error("configuration reload rejected; the previous configuration keeps running", "trigger", why, "err", p)
+		}
+		r.metrics.Reloaded(false, time.Now())
+		return
+	}
+	r.apply(cfg)
+	r.metrics.Reloaded(true, time.Now())
+	r.log.Info("configuration reloaded", "trigger", why, "jobs", len(cfg.Jobs), "files", len(cfg.Files))
+}
+
+// Run reloads on SIGHUP and on file changes until ctx is done.
+func (r *reloader) Run(ctx context.Context) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			r.reload("SIGHUP")
+		case <-t.C:
+			r.mu.Lock()
+			changed := digestOf(r.path) != r.digest
+			r.mu.Unlock()
+			if changed {
+				r.reload("file change")
+			}
+		}
+	}
+}
