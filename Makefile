@@ -7,7 +7,10 @@ FUZZTIME ?= 10s
 
 BENCHTIME ?= 20x
 
-.PHONY: help build test lint fuzz bench run clean
+DESTDIR  ?=
+PREFIX   ?= /usr/local
+
+.PHONY: help build test lint fuzz bench run install verify-deploy e2e-prometheus clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -36,6 +39,28 @@ bench: ## run the benchmarks (BENCHTIME trials each, default 20x) and print thei
 
 run: build ## run bin/shardd on jobs.example.yaml with the embedded etcd
 	$(BIN) run --config jobs.example.yaml
+
+install: build ## install binary, systemd unit, /etc/shardd (DESTDIR, PREFIX honoured)
+	install -D -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/bin/shardd
+	install -D -m 0644 systemd/shardd.service $(DESTDIR)/etc/systemd/system/shardd.service
+	sed -i 's|/usr/local/bin/shardd|$(PREFIX)/bin/shardd|' $(DESTDIR)/etc/systemd/system/shardd.service
+	install -d -m 0755 $(DESTDIR)/etc/shardd/jobs.d
+	test -e $(DESTDIR)/etc/shardd/shardd.env || install -m 0640 systemd/shardd.env $(DESTDIR)/etc/shardd/shardd.env
+	test -e $(DESTDIR)/etc/shardd/jobs.d/jobs.yaml || install -m 0644 jobs.example.yaml $(DESTDIR)/etc/shardd/jobs.d/jobs.yaml
+	@if [ -z "$(DESTDIR)" ]; then \
+	  id shardd >/dev/null 2>&1 || useradd --system --home-dir /var/lib/shardd --shell /usr/sbin/nologin shardd; \
+	  systemctl daemon-reload 2>/dev/null || true; \
+	  echo "installed; start with: systemctl enable --now shardd"; \
+	fi
+
+verify-deploy: build ## systemd-analyze verify, promtool check rules/config, docker-compose config
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	sed "s|/usr/local/bin/shardd|$(CURDIR)/$(BIN)|" systemd/shardd.service > $$tmp/shardd.service; \
+	systemd-analyze verify $$tmp/shardd.service && echo "systemd-analyze verify: OK"; \
+	promtool check rules deploy/alerts.yml; \
+	cp deploy/alerts.yml $$tmp/alerts.yml; sed "s|/etc/prometheus/alerts.yml|$$tmp/alerts.yml|" deploy/prometheus.yml > $$tmp/prometheus.yml; \
+	promtool check config $$tmp/prometheus.yml; \
+	docker-compose -f docker-compose.yml config -q && echo "docker-compose config: OK"
 
 clean: ## remove build output
 	rm -rf bin

@@ -224,6 +224,10 @@ func cmdRun(e *env, args []string) error {
 		})
 		log.Info("serving HTTP", "addr", apiAddr)
 	}
+	{ // systemd: READY when the session is up, watchdog pings
+		sctx, scancel := context.WithCancel(ctx)
+		g.Add(func() error { runSystemd(sctx, node.Up); return nil }, func(error) { scancel() })
+	}
 	{ // signals: the first stops gracefully, a second forces exit
 		sig := make(chan os.Signal, 2)
 		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -232,6 +236,7 @@ func cmdRun(e *env, args []string) error {
 			select {
 			case s := <-sig:
 				log.Info("shutting down; send the signal again to force", "signal", s.String())
+				sdNotify("STOPPING=1")
 				go forceOnSecondSignal(sig, log)
 				return nil
 			case <-stop:

@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -311,4 +313,20 @@ func leaderOf(cli *clientv3.Client, job string) string {
 		return ""
 	}
 	return string(resp.Kvs[0].Value)
+}
+
+func clientv3WithPrefix() []clientv3.OpOption { return []clientv3.OpOption{clientv3.WithPrefix()} }
+
+// httpGetQuiet fetches url, returning its body on a 200.
+func httpGetQuiet(url string) ([]byte, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return nil, fmt.Errorf("GET %s: %d", url, resp.StatusCode)
+	}
+	return b, err
 }

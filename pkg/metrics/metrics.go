@@ -1,7 +1,8 @@
 // Package metrics defines shardd's Prometheus metrics. Every collector is
 // registered on the Registerer given to New, never the global registry. No
 // metric has a per-item label: a job with 10,000 items is still a handful of
-// series.
+// series. The job label is shardd_job, since Prometheus reserves job (and
+// instance) for its scrape targets.
 package metrics
 
 import (
@@ -39,24 +40,24 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 	m := &Metrics{
 		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardd_runs_total", Help: "Item executions finished on this instance, by job, result (success, failure, killed) and source (NORMAL, MISFIRE, FAILOVER, MANUAL).",
-		}, []string{"job", "result", "source"}),
+		}, []string{"shardd_job", "result", "source"}),
 		RunDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "shardd_run_duration_seconds", Help: "Duration of item executions on this instance, retries included.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 10), // 10ms .. ~43min
-		}, []string{"job"}),
+		}, []string{"shardd_job"}),
 		TriggerDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "shardd_trigger_delay_seconds", Help: "Delay from an item's scheduled fire time to the start of its work.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
-		}, []string{"job"}),
+		}, []string{"shardd_job"}),
 		Running: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "shardd_running_items", Help: "Items of the job running on this instance now.",
-		}, []string{"job"}),
+		}, []string{"shardd_job"}),
 		SkippedFires: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardd_skipped_fires_total", Help: "Fires not run by misfire policy (coalesced or dropped), as recorded by this instance.",
-		}, []string{"job"}),
+		}, []string{"shardd_job"}),
 		Reshards: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shardd_reshards_total", Help: "Shard maps written by this instance as the job's leader.",
-		}, []string{"job"}),
+		}, []string{"shardd_job"}),
 		SessionLosses: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "shardd_session_losses_total", Help: "etcd sessions this instance lost (it fenced itself and reconnected).",
 		}),
@@ -121,9 +122,9 @@ func NewStateCollector(read func() (bool, []JobState)) *StateCollector {
 	return &StateCollector{
 		read:   read,
 		up:     prometheus.NewDesc("shardd_session_up", "Whether this instance holds a live etcd session (1) or not (0).", nil, nil),
-		owned:  prometheus.NewDesc("shardd_items_owned", "Items of the job this instance owns in its current shard map.", []string{"job"}, nil),
-		leader: prometheus.NewDesc("shardd_leader", "Whether this instance leads the job (1) or not (0).", []string{"job"}, nil),
-		epoch:  prometheus.NewDesc("shardd_shard_map_epoch", "Epoch of the job's shard map as this instance last saw it.", []string{"job"}, nil),
+		owned:  prometheus.NewDesc("shardd_items_owned", "Items of the job this instance owns in its current shard map.", []string{"shardd_job"}, nil),
+		leader: prometheus.NewDesc("shardd_leader", "Whether this instance leads the job (1) or not (0).", []string{"shardd_job"}, nil),
+		epoch:  prometheus.NewDesc("shardd_shard_map_epoch", "Epoch of the job's shard map as this instance last saw it.", []string{"shardd_job"}, nil),
 	}
 }
 

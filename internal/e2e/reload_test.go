@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+func ledgerJob(dir, name, extra string, items int, sleep string) string {
+	return fmt.Sprintf(`  - name: %s
+    cron: "@every 1s"
+    shardingTotalCount: %d
+%s    script:
+      command: %s
+      env: {LEDGER_DIR: %s, LEDGER_SLEEP: "%s"}
+`, name, items, extra, yamlQuote(ledgerScript), yamlQuote(dir), sleep)
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Jobs are added, changed and removed without a restart; a broken config is
+// rejected while the previous one keeps running; a running item is not
+// disturbed by a reload.
+func TestHotReload(t *testing.T) {
+	dir := t.TempDir()
+	e := startEtcd(t)
+	cli := e.client()
+	cfg := filepath.Join(dir, "jobs.yaml")
+	write := func(jobs ...string) {
+		if err := os.WriteFile(cfg, []byte("jobs:\n"+strings.Join(jobs, "")), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one := ledgerJob(dir, "one", "", 2, "0.1")
+	long := ledgerJob(dir, "long", "", 1, "4")
+	write(one, long)
+	addr := etcdtest.FreeAddr(t)
+	a := startShardd(t, e, "a", cfg, "--reload-interval", "300ms", "--listen", addr)
+	b := startShardd(t, e, "b", cfg, "--reload-interval", "300ms")
+	waitFor(t, 15*time.Second, "agreement", func() bool {
+		return agreed(t, cli, "one", map[string][]int{"a": {0}, "b": {1}}, a, b)
+	})
+	runsOf := func(job string) int {
+		return count(readEvents(t, dir, "start"), func(ev ledger.Event) bool { return ev.Job == job })
+	}
+	longEnded := func() int {
+		return count(readEvents(t, dir, "end"), func(ev ledger.Event) bool { return ev.Job == "long" })
+	}
+	waitFor(t, 10*time.Second, "long to start", func() bool { return runsOf("long") > 0 })
+
+	// Add: a new job runs on both instances, while long's run goes on.
+	endedLong := longEnded()
+	write(one, long, ledgerJob(dir, "two", "", 2, "0.1"))
+	waitFor(t, 10*time.Second, "the added job to run", func() bool { return runsOf("two") >= 2 })
+	waitFor(t, 10*time.Second, "long's run to end normally", func() bool { return longEnded() > endedLong })
+	if killed := count(readEvents(t, dir, "start"), func(ev ledger.Event) bool { return ev.Job == "long" && ev.Source == "FAILOVER" }); killed > 0 {
+		t.Errorf("a reload disturbed a running item: %d failovers of long", killed)
+	}
+
+	// Change: one goes to 4 items (overwrite, so the registered copy is replaced).
+	write(ledgerJob(dir, "one", "    overwrite: true\n", 4, "0.1"), long, ledgerJob(dir, "two", "", 2, "0.1"))
+	waitFor(t, 10*time.Second, "the changed job's map", func() bool {
+		return agreed(t, cli, "one", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b)
+	})
+
+	// Remove: two stops running and loses its members.
+	write(ledgerJob(dir, "one", "    overwrite: true\n", 4, "0.1"), long)
+	waitFor(t, 10*time.Second, "two to lose its members", func() bool {
+		resp, err := cli.Get(context.Background(), coord.NewKeys("").Members("two"), clientv3WithPrefix()...)
+		return err == nil && len(resp.Kvs) == 0
+	})
+	time.Sleep(1500 * time.Millisecond) // a run claimed just before may still start
+	removedRuns := runsOf("two")
+	time.Sleep(2500 * time.Millisecond) // two fires pass
+	if n := runsOf("two"); n != removedRuns {
+		t.Errorf("the removed job ran %d more times", n-removedRuns)
+	}
+
+	// Broken: rejected, the previous config keeps running, and says so.
+	os.WriteFile(cfg, []byte("jobs:\n  - name: one\n    shardingTotalCount: 0\n"), 0o644)
+	b.signal(syscall.SIGHUP)
+	waitFor(t, 10*time.Second, "the rejection", func() bool {
+		return len(a.find(msg("configuration reload rejected; the previous configuration keeps running"))) > 0 &&
+			len(b.find(msg("configuration reload rejected; the previous configuration keeps running"))) > 0
+	})
+	before := runsOf("one")
+	waitFor(t, 10*time.Second, "one to keep running", func() bool { return runsOf("one") >= before+4 })
+	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 || !strings.Contains(body, "shardingTotalCount must be >= 1") {
+		t.Errorf("readyz after a rejected reload: %d %q", code, body)
+	}
+	if _, body := httpGet(t, "http://"+addr+"/metrics"); !strings.Contains(body, "shardd_config_last_reload_successful 0") {
+		t.Error("the reload failure is not in the metrics")
+	}
+}
