@@ -10,7 +10,10 @@ BENCHTIME ?= 20x
 DESTDIR  ?=
 PREFIX   ?= /usr/local
 
-.PHONY: help build test lint fuzz bench run install verify-deploy e2e-prometheus clean
+CHAOS_ROUNDS ?= 200
+CHAOS_SEED   ?=
+
+.PHONY: help build test lint fuzz bench chaos run install verify-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -34,8 +37,13 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 	  done; \
 	done
 
-bench: ## run the benchmarks (BENCHTIME trials each, default 20x) and print their numbers
-	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./...
+bench: ## benchmarks (BENCHTIME trials, default 20x) and resource use; writes bench/results.json and .md
+	$(GO) run ./internal/benchreport -benchtime $(BENCHTIME) $(BENCHFLAGS)
+
+chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_SEED; summary in bench/chaos-summary.json
+	@mkdir -p bench
+	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CURDIR)/bench/chaos-summary.json \
+	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
 run: build ## run bin/shardd on jobs.example.yaml with the embedded etcd
 	$(BIN) run --config jobs.example.yaml

@@ -64,7 +64,27 @@ type etcdProc struct {
 	t                  *testing.T
 	dir                string
 	clientURL, peerURL string
+	extra              []string // member name and initial cluster, for a multi-member cluster
 	cmd                *exec.Cmd
+	ready              *bufio.Reader
+}
+
+// startEtcdCluster starts an n-member etcd cluster, one process a member.
+func startEtcdCluster(t *testing.T, n int) []*etcdProc {
+	members := make([]*etcdProc, n)
+	var initial []string
+	for i := range members {
+		members[i] = newEtcd(t)
+		initial = append(initial, fmt.Sprintf("m%d=%s", i, members[i].peerURL))
+	}
+	for i, m := range members {
+		m.extra = []string{"--name", fmt.Sprintf("m%d", i), "--initial-cluster", strings.Join(initial, ",")}
+		m.launch()
+	}
+	for _, m := range members {
+		m.waitReady()
+	}
+	return members
 }
 
 func startEtcd(t *testing.T) *etcdProc {
@@ -85,26 +105,41 @@ func (e *etcdProc) addr() string { return strings.TrimPrefix(e.clientURL, "http:
 func (e *etcdProc) start() {
 	e.t.Helper()
 	for attempt := 0; ; attempt++ {
-		cmd := exec.Command(bin.etcd, "--data-dir", e.dir, "--client-url", e.clientURL, "--peer-url", e.peerURL)
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			e.t.Fatal(err)
-		}
-		line, _ := bufio.NewReader(out).ReadString('\n')
-		if strings.HasPrefix(line, "ready") {
-			e.cmd = cmd
+		e.launch()
+		if e.waitReady() {
 			return
 		}
-		cmd.Wait()
 		if attempt == 20 { // the ports of a just-killed etcd can take a moment
 			e.t.Fatalf("etcd did not start")
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// launch starts the process; waitReady waits for it to serve.
+func (e *etcdProc) launch() {
+	e.t.Helper()
+	args := append([]string{"--data-dir", e.dir, "--client-url", e.clientURL, "--peer-url", e.peerURL}, e.extra...)
+	cmd := exec.Command(bin.etcd, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.cmd, e.ready = cmd, bufio.NewReader(out)
+}
+
+func (e *etcdProc) waitReady() bool {
+	line, _ := e.ready.ReadString('\n')
+	if strings.HasPrefix(line, "ready") {
+		return true
+	}
+	e.cmd.Wait()
+	e.cmd = nil
+	return false
 }
 
 func (e *etcdProc) signal(s syscall.Signal) {
@@ -130,11 +165,12 @@ func (e *etcdProc) client() *clientv3.Client {
 
 // proc is one shardd process, talking to etcd through its own proxy.
 type proc struct {
-	t     *testing.T
-	name  string
-	cmd   *exec.Cmd
-	proxy *faultproxy.Proxy
-	start time.Time
+	t       *testing.T
+	name    string
+	cmd     *exec.Cmd
+	proxy   *faultproxy.Proxy   // the first of proxies
+	proxies []*faultproxy.Proxy // one per etcd member
+	start   time.Time
 
 	mu     sync.Mutex
 	logs   []map[string]any
@@ -146,13 +182,27 @@ type proc struct {
 // startShardd starts `shardd run` with the config file cfg.
 func startShardd(t *testing.T, e *etcdProc, name, cfg string, extra ...string) *proc {
 	t.Helper()
-	px, err := faultproxy.Start(e.addr())
-	if err != nil {
-		t.Fatal(err)
+	return startSharddOn(t, []*etcdProc{e}, ttl, name, cfg, extra...)
+}
+
+// startSharddOn starts `shardd run` on the members, each reached through a
+// proxy of its own, with session TTL sessionTTL.
+func startSharddOn(t *testing.T, members []*etcdProc, sessionTTL time.Duration, name, cfg string, extra ...string) *proc {
+	t.Helper()
+	var proxies []*faultproxy.Proxy
+	var endpoints []string
+	for _, m := range members {
+		px, err := faultproxy.Start(m.addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxies = append(proxies, px)
+		endpoints = append(endpoints, "http://"+px.Addr())
 	}
-	args := append([]string{"run", "--config", cfg, "--etcd", "http://" + px.Addr(), "--name", name,
-		"--ttl", ttl.String(), "--listen", "", "--log-format", "json"}, extra...)
-	p := &proc{t: t, name: name, cmd: exec.Command(bin.shardd, args...), proxy: px, exited: make(chan struct{})}
+	px := proxies[0]
+	args := append([]string{"run", "--config", cfg, "--etcd", strings.Join(endpoints, ","), "--name", name,
+		"--ttl", sessionTTL.String(), "--listen", "", "--log-format", "json"}, extra...)
+	p := &proc{t: t, name: name, cmd: exec.Command(bin.shardd, args...), proxy: px, proxies: proxies, exited: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "SHARDD_LOG_LEVEL=debug")
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
@@ -181,12 +231,27 @@ func startShardd(t *testing.T, e *etcdProc, name, cfg string, extra ...string) *
 		p.signal(syscall.SIGCONT)
 		p.signal(syscall.SIGKILL)
 		<-p.exited
-		px.Close()
+		for _, px := range proxies {
+			px.Close()
+		}
 		if t.Failed() {
 			t.Logf("log of %s:\n%s", name, p.rawLog())
 		}
 	})
 	return p
+}
+
+// cut black-holes every connection of p to etcd; heal restores them.
+func (p *proc) cut() {
+	for _, px := range p.proxies {
+		px.Blackhole()
+	}
+}
+
+func (p *proc) heal() {
+	for _, px := range p.proxies {
+		px.Restore()
+	}
 }
 
 func (p *proc) signal(s syscall.Signal) {

@@ -30,6 +30,9 @@ type Options struct {
 	ClientURL, PeerURL string
 	// Name of the member; default "shardd".
 	Name string
+	// InitialCluster lists the members of a new cluster as
+	// name=peerURL,...; default this member alone.
+	InitialCluster string
 	// LogLevel of etcd's own log (debug, info, warn, error); default warn.
 	LogLevel string
 	// LogFile receives etcd's own log; default Dir/etcd.log. Fatal errors
@@ -65,6 +68,10 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	cfg.ListenPeerUrls = []url.URL{*pu}
 	cfg.AdvertisePeerUrls = []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if o.InitialCluster != "" {
+		cfg.InitialCluster = o.InitialCluster
+		cfg.InitialClusterToken = "shardd"
+	}
 	cfg.LogLevel = o.LogLevel
 	if o.LogFile == "" {
 		o.LogFile = filepath.Join(o.Dir, "etcd.log")

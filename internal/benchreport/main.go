@@ -1,0 +1,321 @@
+// Command benchreport runs shardd's benchmarks and measures its resource
+// use, then writes bench/results.json and bench/results.md. `make bench`
+// runs it.
+//
+// Methodology: the Go benchmarks of pkg/coord and pkg/engine run with a
+// fixed count of trials (-benchtime Nx) and report percentiles of their
+// trials; see their doc comments. Resource use is measured on separate
+// processes built from this tree: one etcd (testetcd) and shardd instances
+// whose jobs never fire during the measurement (a yearly schedule), so the
+// numbers are the cost of membership, leadership and watches alone. After
+// the maps converge and a warm-up, RSS is read from /proc/<pid>/status and
+// CPU as the utime+stime delta over the window, per shardd process.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+type benchResult struct {
+	Name    string             `json:"name"`
+	Trials  int                `json:"trials"`
+	Metrics map[string]float64 `json:"metrics"`
+}
+
+type resourceResult struct {
+	Scenario      string  `json:"scenario"`
+	Jobs          int     `json:"jobs"`
+	Instances     int     `json:"instances"`
+	ConvergeSecs  float64 `json:"convergeSeconds"`
+	RSSMiBPerInst float64 `json:"rssMiBPerInstance"`
+	CPUPctPerInst float64 `json:"cpuPercentPerInstance"`
+	WindowSecs    float64 `json:"windowSeconds"`
+}
+
+type report struct {
+	Date       string           `json:"date"`
+	Machine    string           `json:"machine"`
+	GoVersion  string           `json:"goVersion"`
+	BenchTime  string           `json:"benchtime"`
+	Benchmarks []benchResult    `json:"benchmarks"`
+	Resources  []resourceResult `json:"resources"`
+}
+
+func main() {
+	benchtime := flag.String("benchtime", "20x", "trials per benchmark")
+	short := flag.Bool("short", false, "smaller resource scenarios (CI)")
+	out := flag.String("out", "bench", "output directory")
+	flag.Parse()
+	if err := run(*benchtime, *short, *out); err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(1)
+	}
+}
+
+func run(benchtime string, short bool, out string) error {
+	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), GoVersion: runtime.Version(), BenchTime: benchtime}
+	benches, err := goBench(benchtime)
+	if err != nil {
+		return err
+	}
+	rep.Benchmarks = benches
+
+	dir, err := os.MkdirTemp("", "shardd-benchreport")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	for bin, pkg := range map[string]string{"shardd": "./cmd/shardd", "testetcd": "./internal/etcdtest/testetcd"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, bin), pkg).CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	scenarios := []struct {
+		name      string
+		jobs, n   int
+		window    time.Duration
+		convergeT time.Duration
+	}{
+		{"idle daemon, 100 jobs", 100, 1, 30 * time.Second, 2 * time.Minute},
+		{"10,000 jobs over 3 instances", 10000, 3, 30 * time.Second, 10 * time.Minute},
+	}
+	if short {
+		scenarios[0].window = 5 * time.Second
+		scenarios[1].name, scenarios[1].jobs, scenarios[1].window = "1,000 jobs over 3 instances (short form)", 1000, 5*time.Second
+	}
+	for _, sc := range scenarios {
+		fmt.Printf("== resources: %s\n", sc.name)
+		r, err := measure(dir, sc.name, sc.jobs, sc.n, sc.window, sc.convergeT)
+		if err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		fmt.Printf("   converged in %.1fs; per instance: RSS %.1f MiB, CPU %.2f%%\n", r.ConvergeSecs, r.RSSMiBPerInst, r.CPUPctPerInst)
+		rep.Resources = append(rep.Resources, r)
+	}
+
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(filepath.Join(out, "results.json"), b, 0o644); err != nil {
+		return err
+	}
+	md := markdown(rep)
+	if err := os.WriteFile(filepath.Join(out, "results.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Println(md)
+	fmt.Printf("wrote %s and %s\n", filepath.Join(out, "results.json"), filepath.Join(out, "results.md"))
+	return nil
+}
+
+var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(-\d+)?\s+(\d+)\s+(.*)$`)
+
+// goBench runs the benchmarks, streaming their output, and parses it.
+func goBench(benchtime string) ([]benchResult, error) {
+	cmd := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "./pkg/coord", "./pkg/engine")
+	var buf bytes.Buffer
+	cmd.Stdout = io.MultiWriter(os.Stdout, &buf)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("go test -bench: %w", err)
+	}
+	var out []benchResult
+	s := bufio.NewScanner(&buf)
+	for s.Scan() {
+		m := benchLine.FindStringSubmatch(strings.TrimSpace(s.Text()))
+		if m == nil {
+			continue
+		}
+		trials, _ := strconv.Atoi(m[3])
+		r := benchResult{Name: strings.TrimPrefix(m[1], "Benchmark"), Trials: trials, Metrics: map[string]float64{}}
+		f := strings.Fields(m[4])
+		for i := 0; i+1 < len(f); i += 2 {
+			if v, err := strconv.ParseFloat(f[i], 64); err == nil && f[i+1] != "ns/op" {
+				r.Metrics[f[i+1]] = v
+			}
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// measure runs n shardd instances with jobs idle jobs on a fresh etcd.
+func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duration) (resourceResult, error) {
+	r := resourceResult{Scenario: name, Jobs: jobs, Instances: n, WindowSecs: window.Seconds()}
+	work, err := os.MkdirTemp("", "shardd-bench-res")
+	if err != nil {
+		return r, err
+	}
+	defer os.RemoveAll(work)
+	client := "http://" + freeAddr()
+	etcd := exec.Command(filepath.Join(bin, "testetcd"), "--data-dir", filepath.Join(work, "etcd"), "--client-url", client, "--peer-url", "http://"+freeAddr())
+	etcdOut, _ := etcd.StdoutPipe()
+	if err := etcd.Start(); err != nil {
+		return r, err
+	}
+	defer func() { etcd.Process.Kill(); etcd.Wait() }()
+	if line, _ := bufio.NewReader(etcdOut).ReadString('\n'); !strings.HasPrefix(line, "ready") {
+		return r, fmt.Errorf("etcd did not start")
+	}
+
+	var cfg strings.Builder
+	cfg.WriteString("jobs:\n")
+	for i := 0; i < jobs; i++ {
+		fmt.Fprintf(&cfg, "  - name: job-%05d\n    cron: \"0 0 0 1 1 ?\"\n    shardingTotalCount: 3\n    script: [/bin/true]\n", i)
+	}
+	cfgPath := filepath.Join(work, "jobs.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
+		return r, err
+	}
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			p.Process.Signal(os.Interrupt)
+			p.Wait()
+		}
+	}()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		p := exec.Command(filepath.Join(bin, "shardd"), "run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
+			"--listen", "", "--log-level", "warn")
+		p.Stderr = io.Discard
+		if err := p.Start(); err != nil {
+			return r, err
+		}
+		procs = append(procs, p)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return r, err
+	}
+	defer cli.Close()
+	// Converged: every job's map lists all n instances.
+	for {
+		if time.Since(start) > convergeTimeout {
+			return r, fmt.Errorf("maps did not converge within %s", convergeTimeout)
+		}
+		if converged(cli, jobs, n) {
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	r.ConvergeSecs = time.Since(start).Seconds()
+	time.Sleep(5 * time.Second) // warm-up: leadership hand-overs settle
+	cpu0 := make([]float64, n)
+	for i, p := range procs {
+		cpu0[i] = cpuSeconds(p.Process.Pid)
+	}
+	time.Sleep(window)
+	var rss, cpu float64
+	for i, p := range procs {
+		rss += rssMiB(p.Process.Pid)
+		cpu += (cpuSeconds(p.Process.Pid) - cpu0[i]) / window.Seconds() * 100
+	}
+	r.RSSMiBPerInst, r.CPUPctPerInst = rss/float64(n), cpu/float64(n)
+	return r, nil
+}
+
+func converged(cli *clientv3.Client, jobs, n int) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := cli.Get(ctx, "/shardd/jobs/", clientv3.WithPrefix())
+	if err != nil {
+		return false
+	}
+	ok := 0
+	for _, kv := range resp.Kvs {
+		if !strings.HasSuffix(string(kv.Key), "/shards") {
+			continue
+		}
+		var m struct{ Instances []string }
+		if json.Unmarshal(kv.Value, &m) == nil && len(m.Instances) == n {
+			ok++
+		}
+	}
+	return ok == jobs
+}
+
+func rssMiB(pid int) float64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// cpuSeconds is utime+stime of pid, from /proc/<pid>/stat.
+func cpuSeconds(pid int) float64 {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100 // USER_HZ
+}
+
+func machine() string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(line, ":", 2)[1])
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d cores (%s), %s/%s", runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH)
+}
+
+func markdown(r report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Measured %s on %s, %s, benchmarks with -benchtime %s.\n\n", r.Date, r.Machine, r.GoVersion, r.BenchTime)
+	b.WriteString("| benchmark | trials | p50 ms | p99 ms | max ms | other |\n|---|---|---|---|---|---|\n")
+	for _, x := range r.Benchmarks {
+		var other []string
+		for _, k := range []string{"exec/s", "etcd-req/exec", "runs", "map-bytes"} {
+			if v, ok := x.Metrics[k]; ok {
+				other = append(other, fmt.Sprintf("%s %.4g", k, v))
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.4g | %.4g | %.4g | %s |\n", x.Name, x.Trials, x.Metrics["p50-ms"], x.Metrics["p99-ms"], x.Metrics["max-ms"], strings.Join(other, ", "))
+	}
+	b.WriteString("\n| resources | jobs | instances | maps converged in | RSS per instance | CPU per instance (idle) |\n|---|---|---|---|---|---|\n")
+	for _, x := range r.Resources {
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f s | %.1f MiB | %.2f %% over %.0f s |\n", x.Scenario, x.Jobs, x.Instances, x.ConvergeSecs, x.RSSMiBPerInst, x.CPUPctPerInst, x.WindowSecs)
+	}
+	return b.String()
+}

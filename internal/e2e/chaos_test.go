@@ -1,0 +1,215 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/runner"
+)
+
+// TestChaos is the chaos suite: 3 shardd on a 3-member etcd cluster, every
+// process on its own loopback ports, several every-second jobs that write
+// the ledger (scripts with failover on and off, one whose runs outlast the
+// TTL, an HTTP hook), and randomized faults from a seed. It runs only when
+// SHARDD_CHAOS_ROUNDS is set (make chaos; .ci/run runs a short form):
+//
+//	SHARDD_CHAOS_ROUNDS  fault rounds (make chaos: 200)
+//	SHARDD_CHAOS_SEED    seed of the fault sequence (default: the time; printed)
+//	SHARDD_CHAOS_OUT     where to write the JSON summary (default: not written)
+//
+// A failure prints the seed; SHARDD_CHAOS_SEED=<seed> replays the same faults.
+func TestChaos(t *testing.T) {
+	rounds, _ := strconv.Atoi(os.Getenv("SHARDD_CHAOS_ROUNDS"))
+	if rounds <= 0 {
+		t.Skip("set SHARDD_CHAOS_ROUNDS to run the chaos suite (make chaos)")
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("SHARDD_CHAOS_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("chaos: seed %d, %d rounds (replay with SHARDD_CHAOS_SEED=%d)", seed, rounds, seed)
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	const sessionTTL = 3 * time.Second
+
+	dir := t.TempDir()
+	hook := ledgerHook(t, filepath.Join(dir, "ledger"))
+	cfg := filepath.Join(dir, "jobs.yaml")
+	writeChaosConfig(t, cfg, dir, hook.URL, false)
+
+	members := startEtcdCluster(t, 3)
+	names := []string{"a", "b", "c"}
+	procs := map[string]*proc{}
+	start := func(name string) {
+		procs[name] = startSharddOn(t, members, sessionTTL, name, cfg, "--reload-interval", "1s")
+	}
+	for _, n := range names {
+		start(n)
+	}
+	cli := members[0].client()
+	waitFor(t, 30*time.Second, "the cluster to agree", func() bool {
+		m := storedMap(t, cli, "tick")
+		return m != nil && len(m.Instances) == 3
+	})
+	time.Sleep(3 * time.Second)
+	from := time.Now()
+
+	counts := map[string]int{}
+	extraJob := false
+	for round := 1; round <= rounds; round++ {
+		victim := names[rng.IntN(len(names))]
+		p := procs[victim]
+		fault := []string{"kill9", "sigstop", "partition", "etcd-member", "rolling-restart", "reload", "disable"}[rng.IntN(7)]
+		counts[fault]++
+		t.Logf("round %d/%d: %s %s", round, rounds, fault, victim)
+		switch fault {
+		case "kill9":
+			p.stop(syscall.SIGKILL)
+			start(victim) // at once: it waits for its old registration to expire
+		case "sigstop":
+			p.signal(syscall.SIGSTOP)
+			time.Sleep(sessionTTL + time.Duration(rng.IntN(2000))*time.Millisecond)
+			p.signal(syscall.SIGCONT)
+		case "partition":
+			p.cut()
+			time.Sleep(sessionTTL + time.Duration(rng.IntN(2000))*time.Millisecond)
+			p.heal()
+		case "etcd-member":
+			m := members[rng.IntN(len(members))]
+			m.signal(syscall.SIGKILL)
+			time.Sleep(time.Duration(500+rng.IntN(2000)) * time.Millisecond)
+			m.start()
+		case "rolling-restart":
+			for _, n := range names {
+				procs[n].stop(syscall.SIGTERM)
+				start(n)
+				waitFor(t, 30*time.Second, n+" to rejoin", func() bool { return len(procs[n].find(msg("session up"))) > 0 })
+			}
+		case "reload":
+			extraJob = !extraJob
+			writeChaosConfig(t, cfg, dir, hook.URL, extraJob)
+			for _, n := range names {
+				procs[n].signal(syscall.SIGHUP)
+			}
+		case "disable":
+			shardd(t, members[0], "disable", "tick", "--instance", victim)
+			time.Sleep(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)
+			shardd(t, members[0], "enable", "tick", "--instance", victim)
+		}
+		time.Sleep(time.Duration(1000+rng.IntN(1500)) * time.Millisecond) // settle
+	}
+	to := time.Now()
+	time.Sleep(4 * time.Second) // runs started before `to` end
+	for _, n := range names {
+		procs[n].stop(syscall.SIGTERM)
+	}
+
+	f, err := os.Open(filepath.Join(dir, "ledger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := ledger.Parse(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ledger.Check(events, ledger.Options{
+		Items:  map[string]int{"tick": 6, "tock": 4, "hook": 2},
+		Period: time.Second, Bound: sessionTTL + 2*time.Second, From: from, To: to,
+	})
+	summary := map[string]any{
+		"seed": seed, "rounds": rounds, "faults": counts, "seconds": to.Sub(from).Seconds(),
+		"starts": r.Starts, "ends": r.Ends, "dueFiresChecked": r.FiresChecked, "failovers": r.Failovers,
+		"failoversOfRunsThatHadEnded": r.RerunsAfterEnd, "misfireRuns": r.Misfires,
+		"g1Overlaps": r.Overlaps, "g2Duplicates": r.Duplicates, "g3Misses": r.Misses, "g4FenceInversions": r.FenceInversions,
+		"violations": r.Violations, "ok": r.OK(), "ttlSeconds": sessionTTL.Seconds(), "g3BoundSeconds": (sessionTTL + 2*time.Second).Seconds(),
+	}
+	out, _ := json.MarshalIndent(summary, "", "  ")
+	t.Logf("chaos summary:\n%s", out)
+	if path := os.Getenv("SHARDD_CHAOS_OUT"); path != "" {
+		if err := os.WriteFile(path, out, 0o644); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, v := range r.Violations {
+		t.Error(v)
+	}
+	if !r.OK() {
+		t.Errorf("violations found; replay with SHARDD_CHAOS_SEED=%d SHARDD_CHAOS_ROUNDS=%d", seed, rounds)
+	}
+}
+
+// writeChaosConfig writes the chaos jobs; extra adds a job that reloads toggle.
+func writeChaosConfig(t *testing.T, path, dir, hookURL string, extra bool) {
+	cfg := "jobs:\n" +
+		ledgerJob(dir, "tick", "    failover: true\n", 6, "0.3") +
+		ledgerJob(dir, "tock", "    failover: false\n", 4, "0.2") +
+		ledgerJob(dir, "slow", "    failover: true\n", 2, "4") +
+		`  - name: hook
+    cron: "@every 1s"
+    shardingTotalCount: 2
+    failover: true
+    http: {url: '` + hookURL + `', timeout: 5s}
+`
+	if extra {
+		cfg += ledgerJob(dir, "extra", "", 1, "0.1")
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil { // atomic: a reload never sees half a file
+		t.Fatal(err)
+	}
+}
+
+// ledgerHook is an HTTP hook that writes the ledger as the scripts do, and
+// records an overlap when a run of an item arrives while one is in progress.
+// Like a well-behaved hook it stops its work when shardd cancels the call
+// (its run was killed): shardd cannot stop remote work any other way.
+func ledgerHook(t *testing.T, path string) *httptest.Server {
+	var mu sync.Mutex
+	running := map[int]bool{}
+	write := func(kind string, c runner.Context) {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		fmt.Fprintf(f, "%s %s %d %s %d %d %s %s %d\n", kind, c.Job, c.Item, c.Fire.UTC().Format(time.RFC3339), c.Attempt, c.Fence, c.Instance, c.Source, time.Now().UnixNano())
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var c runner.Context
+		if err := json.NewDecoder(r.Body).Decode(&c); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		if running[c.Item] {
+			write("overlap", c)
+		}
+		running[c.Item] = true
+		write("start", c)
+		mu.Unlock()
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-r.Context().Done():
+		}
+		mu.Lock()
+		running[c.Item] = false
+		write("end", c)
+		mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
