@@ -202,9 +202,14 @@ func cmdRun(e *env, args []string) error {
 			<-engDone
 			return err
 		}, func(error) {
-			ecancel()
-			<-engDone
-			ncancel()
+			ecancel() // no new fires
+			lctx, lcancel := context.WithTimeout(context.Background(), 2*time.Second)
+			if err := node.Leave(lctx); err != nil { // idle items move now
+				log.Warn("leave", "err", err)
+			}
+			lcancel()
+			<-engDone // running items finish (a second signal kills them)
+			ncancel() // resign, revoke
 		})
 	}
 	if ln != nil {

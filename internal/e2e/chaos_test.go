@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -127,7 +128,33 @@ func TestChaos(t *testing.T) {
 		Items:  map[string]int{"tick": 6, "tock": 4, "hook": 2},
 		Period: time.Second, Bound: sessionTTL + 2*time.Second, From: from, To: to,
 	})
+	// The run history must agree with the ledger: every run recorded DONE
+	// left its start in the ledger, under the same fence.
+	started := map[string]bool{}
+	for _, ev := range events {
+		if ev.Kind == "start" {
+			started[fmt.Sprintf("%s/%d/%d", ev.Job, ev.Item, ev.Fence)] = true
+		}
+	}
+	historyChecked, historyMismatches := 0, 0
+	for _, job := range []string{"tick", "tock", "hook"} {
+		var recs []coord.ItemRecord
+		if err := json.Unmarshal([]byte(shardd(t, members[0], "history", job, "-o", "json")), &recs); err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range recs {
+			if rec.State != coord.StateDone {
+				continue
+			}
+			historyChecked++
+			if !started[fmt.Sprintf("%s/%d/%d", rec.Job, rec.Item, rec.Fence)] {
+				historyMismatches++
+				t.Errorf("history says %s item %d fence %d ran, the ledger has no such start", rec.Job, rec.Item, rec.Fence)
+			}
+		}
+	}
 	summary := map[string]any{
+		"historyRecordsChecked": historyChecked, "historyMismatches": historyMismatches,
 		"seed": seed, "rounds": rounds, "faults": counts, "seconds": to.Sub(from).Seconds(),
 		"starts": r.Starts, "ends": r.Ends, "dueFiresChecked": r.FiresChecked, "failovers": r.Failovers,
 		"failoversOfRunsThatHadEnded": r.RerunsAfterEnd, "misfireRuns": r.Misfires,

@@ -519,3 +519,22 @@ func TestShardMapJSON(t *testing.T) {
 		t.Fatalf("round trip: %v %+v", err, back)
 	}
 }
+
+// Leave moves an instance's items away at once while its session (and the
+// running markers under it) stays up.
+func TestLeaveWithdrawsMembership(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	js := jobs(t, "jobs:\n"+job("orders", 4))
+	a := startNode(t, srv, "a", js)
+	b := startNode(t, srv, "b", js)
+	waitFor(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
+	if err := a.Leave(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d := waitFor(t, 5*time.Second, "b alone", func() bool { return agreed(t, cli, "orders", map[string][]int{"b": {0, 1, 2, 3}}, a, b) })
+	t.Logf("items moved %s after Leave", d)
+	if !a.Up() {
+		t.Error("Leave ended the session")
+	}
+}

@@ -69,6 +69,12 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	if republish {
 		n.republish() // the instance key lists conflicts, for shardd status
 	}
+	n.mu.Lock()
+	leaving := n.leaving
+	n.mu.Unlock()
+	if leaving {
+		return nil // shutting down: no new membership
+	}
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	key := n.keys.Member(local.Name, n.opts.ID)

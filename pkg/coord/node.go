@@ -58,6 +58,7 @@ type Node struct {
 	up      bool
 	session *session         // current session, nil when down
 	members map[string]int64 // job -> CreateRevision of this session's member key
+	leaving bool             // Leave was called: no membership any more
 	started time.Time
 	changed chan struct{} // buffered(1): the job set changed
 }
@@ -312,6 +313,39 @@ func (n *Node) sessionFor(job string) (*session, int64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.session, n.members[job]
+}
+
+// Leave withdraws this instance from every job (deletes its member keys)
+// while keeping its session: the leaders reshard at once, and the items this
+// instance still runs keep their running markers, so their new owners wait
+// for them (no overlap) instead of for the lease. A graceful shutdown calls
+// it before waiting for running items; Run's return then resigns and
+// revokes.
+func (n *Node) Leave(ctx context.Context) error {
+	n.mu.Lock()
+	n.leaving = true
+	s := n.session
+	jobs := make([]string, 0, len(n.jobs))
+	for name := range n.jobs {
+		jobs = append(jobs, name)
+	}
+	n.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	ops := make([]clientv3.Op, 0, len(jobs))
+	for _, job := range jobs {
+		ops = append(ops, clientv3.OpDelete(n.keys.Member(job, n.opts.ID)))
+	}
+	for len(ops) > 0 { // within etcd's limit of operations per transaction
+		batch := ops[:min(len(ops), 100)]
+		ops = ops[len(batch):]
+		if _, err := n.opts.Client.Txn(ctx).Then(batch...).Commit(); err != nil {
+			return fmt.Errorf("leave: delete member keys: %w", err)
+		}
+	}
+	n.log.Info("withdrew from every job; running items finish under their markers", "jobs", len(jobs))
+	return nil
 }
 
 // FenceDeadline returns the time at which the current session fences itself
