@@ -70,11 +70,18 @@ type Options struct {
 	Bound time.Duration
 	// From and To delimit the window checked for misses.
 	From, To time.Time
+	// Exclude lists windows in which G3 does not apply (etcd without a
+	// leader, say); due fires inside them are not checked.
+	Exclude []Window
 }
+
+// Window is a span of time.
+type Window struct{ From, To time.Time }
 
 // Report counts what was checked and every violation found.
 type Report struct {
 	Starts, Ends, Items, FiresChecked int
+	FiresExcluded                     int
 	Failovers, Misfires               int
 	// RerunsAfterEnd counts failover attempts of runs whose work had ended
 	// although shardd had not recorded it (its instance was cut off or
@@ -188,7 +195,14 @@ func Check(events []Event, o Options) Report {
 		for item := 0; item < n; item++ {
 			r.Items++
 			rs := runs[key{job, item}]
+		fires:
 			for due := o.From.Truncate(o.Period).Add(o.Period); !due.After(o.To.Add(-o.Bound)); due = due.Add(o.Period) {
+				for _, w := range o.Exclude {
+					if !due.Before(w.From) && !due.After(w.To) {
+						r.FiresExcluded++
+						continue fires
+					}
+				}
 				r.FiresChecked++
 				ok := false
 				for _, rn := range rs {

@@ -94,3 +94,22 @@ func TestParseRejectsTornLines(t *testing.T) {
 		t.Errorf("err = %v", err)
 	}
 }
+
+func TestExcludedWindowsAreNotMisses(t *testing.T) {
+	var kept []string
+	for _, l := range strings.SplitAfter(healthy(), "\n") {
+		drop := false
+		for s := 5; s <= 8; s++ {
+			drop = drop || strings.Contains(l, t0.Add(time.Duration(s)*time.Second).Format(time.RFC3339))
+		}
+		if !drop {
+			kept = append(kept, l)
+		}
+	}
+	ev, _ := Parse(strings.NewReader(strings.Join(kept, "")))
+	o := opts
+	o.Exclude = []Window{{From: t0.Add(4 * time.Second), To: t0.Add(8 * time.Second)}}
+	if r := Check(ev, o); r.Misses != 0 || r.FiresExcluded == 0 {
+		t.Errorf("gap inside an excluded window: %s", r)
+	}
+}
