@@ -187,12 +187,8 @@ type Grant struct {
 	Fence int64
 	// Ctx is cancelled when the session that holds the claim fences itself:
 	// the work must stop at once.
-	Ctx context.Context
-	// Deadline returns the time at which the session fences itself unless
-	// etcd acknowledges another keepalive: work must be dead by then.
-	Deadline func() time.Time
-	record   ItemRecord
-	lease    clientv3.LeaseID
+	Ctx    context.Context
+	record ItemRecord
 }
 
 // Claim records that this instance starts (job, item, fire) and creates the
@@ -239,7 +235,7 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 		return nil, ErrClaimLost
 	}
 	rec.Fence = resp.Header.Revision
-	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, Deadline: s.Deadline, record: rec, lease: s.lease}, nil
+	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
 }
 
 // Complete records the outcome of a granted run, removes its running marker

@@ -108,15 +108,8 @@ func New(opts Options) *Engine {
 func (e *Engine) OnMap(job string, _ *coord.ShardMap) { e.wake(job) }
 
 func (e *Engine) wake(job string) {
-	e.mu.Lock()
-	c, ok := e.wakes[job]
-	if !ok {
-		c = make(chan struct{}, 1)
-		e.wakes[job] = c
-	}
-	e.mu.Unlock()
 	select {
-	case c <- struct{}{}:
+	case e.wakeChan(job) <- struct{}{}:
 	default:
 	}
 }
