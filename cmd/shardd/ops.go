@@ -10,8 +10,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 )
@@ -28,7 +26,7 @@ func (o *opsFlags) register(fs *flag.FlagSet) {
 }
 
 // connect returns a client and a context bounded by --timeout.
-func (o *opsFlags) connect() (*clientv3.Client, context.Context, func(), error) {
+func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 	endpoints := o.ef.list()
 	if len(endpoints) == 0 {
 		endpoints = []string{defaultEmbedURL}

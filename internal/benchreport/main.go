@@ -30,8 +30,7 @@ import (
 	"strings"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
+	"github.com/shardd/shardd/pkg/coord"
 )
 
 type benchResult struct {
@@ -227,7 +226,7 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 		}
 		procs = append(procs, p)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	cli, err := coord.NewClient(coord.ClientOptions{Endpoints: []string{client}})
 	if err != nil {
 		return r, err
 	}
@@ -264,20 +263,16 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 	return r, nil
 }
 
-func converged(cli *clientv3.Client, jobs, n int) bool {
+func converged(cli *coord.Client, jobs, n int) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, "/shardd/jobs/", clientv3.WithPrefix())
+	maps, err := coord.ReadMaps(ctx, cli, coord.NewKeys("/shardd"))
 	if err != nil {
 		return false
 	}
 	ok := 0
-	for _, kv := range resp.Kvs {
-		if !strings.HasSuffix(string(kv.Key), "/shards") {
-			continue
-		}
-		var m struct{ Instances []string }
-		if json.Unmarshal(kv.Value, &m) == nil && len(m.Instances) == n {
+	for _, m := range maps {
+		if len(m.Instances) == n {
 			ok++
 		}
 	}

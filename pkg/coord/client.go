@@ -15,6 +15,11 @@ import (
 	"google.golang.org/grpc"
 )
 
+// Client is the etcd client coord's functions take. Packages outside coord
+// hold it without importing the etcd client themselves: every etcd request
+// shardd makes is written in this package.
+type Client = clientv3.Client
+
 // ClientOptions configure the etcd client.
 type ClientOptions struct {
 	Endpoints []string

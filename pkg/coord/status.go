@@ -192,3 +192,24 @@ func jobState(m *ShardMap, eligible []string, alive map[string]bool, disabled bo
 	}
 	return StatusOK
 }
+
+// ReadMaps reads every job's published shard map in one request, keyed by job
+// name. A malformed map is left out: its leader replaces it.
+func ReadMaps(ctx context.Context, cli *Client, keys Keys) (map[string]*ShardMap, error) {
+	resp, err := cli.Get(ctx, keys.Jobs(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", keys.Jobs(), err)
+	}
+	maps := map[string]*ShardMap{}
+	for _, kv := range resp.Kvs {
+		job := keys.JobOf(string(kv.Key))
+		if job == "" || string(kv.Key) != keys.Shards(job) {
+			continue
+		}
+		var m ShardMap
+		if json.Unmarshal(kv.Value, &m) == nil {
+			maps[job] = &m
+		}
+	}
+	return maps, nil
+}
