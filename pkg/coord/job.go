@@ -159,19 +159,28 @@ func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error
 	return j, nil
 }
 
-// watchMap keeps the node's view of job's shard map current until ctx is done.
+// watchMap keeps the node's view of job's shard map current until ctx is
+// done: it reads the map, then takes every newer map the hub delivers, and
+// reads again when the hub may have lost events.
 func (n *Node) watchMap(ctx context.Context, job string) {
 	key := n.keys.Shards(job)
-	log := n.log.With("job", job)
+	reread := make(chan struct{}, 1)
+	unsubscribe := n.hub.subscribe(job, key, func(ev *clientv3.Event) {
+		if ev.Type == clientv3.EventTypePut {
+			n.observeMap(job, ev.Kv)
+		}
+	}, func() { poke(reread) })
+	defer unsubscribe()
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
-	for ctx.Err() == nil {
+	for {
 		gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 		resp, err := n.opts.Client.Get(gctx, key)
 		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Debug("read shard map", "err", err)
-			}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			n.log.Debug("read shard map", "job", job, "err", err)
 			sleep(ctx, b.next())
 			continue
 		}
@@ -179,17 +188,10 @@ func (n *Node) watchMap(ctx context.Context, job string) {
 		for _, kv := range resp.Kvs {
 			n.observeMap(job, kv)
 		}
-		wch := n.opts.Client.Watch(clientv3.WithRequireLeader(ctx), key, clientv3.WithRev(resp.Header.Revision+1))
-		for wr := range wch {
-			if wr.Err() != nil {
-				log.Debug("shard map watch ended; re-reading", "err", wr.Err())
-				break
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == clientv3.EventTypePut {
-					n.observeMap(job, ev.Kv)
-				}
-			}
+		select {
+		case <-ctx.Done():
+			return
+		case <-reread:
 		}
 	}
 }
@@ -213,30 +215,6 @@ func (n *Node) observeMap(job string, kv *mvccpb.KeyValue) {
 	n.log.Info("shard map", "job", job, "epoch", m.Epoch, "items", m.ItemsOf(n.opts.ID), "instances", m.Instances, "leader", m.Leader)
 	if n.opts.OnMap != nil {
 		n.opts.OnMap(job, m)
-	}
-}
-
-// pokeOnChange wakes the leader (non-blocking) whenever a key under watchKey
-// changes after revision rev, until ctx is done. A broken watch is
-// re-established from the current revision, with a wake, since events may
-// have been missed.
-func (n *Node) pokeOnChange(ctx context.Context, watchKey string, prefix bool, rev int64, wake chan<- struct{}) {
-	opts := []clientv3.OpOption{clientv3.WithRev(rev)}
-	if prefix {
-		opts = append(opts, clientv3.WithPrefix())
-	}
-	for ctx.Err() == nil {
-		for wr := range n.opts.Client.Watch(clientv3.WithRequireLeader(ctx), watchKey, opts...) {
-			if wr.Err() != nil {
-				break
-			}
-			if len(wr.Events) > 0 {
-				poke(wake)
-			}
-		}
-		poke(wake)
-		opts[0] = clientv3.WithRev(0)
-		sleep(ctx, 200*time.Millisecond)
 	}
 }
 

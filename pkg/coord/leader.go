@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -89,38 +88,14 @@ func (n *Node) lead(ctx context.Context, local *config.Job, leaderKey string, le
 	l := &leader{n: n, job: job, local: local, key: leaderKey, rev: leaderRev}
 	wake := make(chan struct{}, 1)
 
-	// Read once to learn the revision the watches start after.
+	// Subscribe first, then read: every change after the read wakes the
+	// reconcile. A new candidate may be the preferred leader, so the
+	// election prefix counts too.
+	for _, prefix := range []string{n.keys.Members(job), n.keys.Disabled(job), n.keys.Config(job), n.keys.Shards(job), n.keys.Leader(job)} {
+		unsubscribe := n.hub.subscribe(job, prefix, func(*clientv3.Event) { poke(wake) }, func() { poke(wake) })
+		defer unsubscribe()
+	}
 	st, err := l.read(ctx)
-	for err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		n.log.Debug("leader read", "job", job, "err", err)
-		sleep(ctx, 200*time.Millisecond)
-		st, err = l.read(ctx)
-	}
-	watchFrom := st.rev + 1
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wctx, stopWatches := context.WithCancel(ctx)
-	defer stopWatches()
-	for _, w := range []struct {
-		key    string
-		prefix bool
-	}{
-		{n.keys.Members(job), true},
-		{n.keys.Disabled(job), true},
-		{n.keys.Config(job), false},
-		{n.keys.Shards(job), false},
-		{n.keys.Leader(job), true}, // a new candidate may be the preferred leader
-	} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n.pokeOnChange(wctx, w.key, w.prefix, watchFrom, wake)
-		}()
-	}
-
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		if st == nil {

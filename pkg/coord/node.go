@@ -51,6 +51,7 @@ type Node struct {
 	opts Options
 	keys Keys
 	log  *slog.Logger
+	hub  *hub // the one watch of the jobs keyspace
 
 	mu      sync.Mutex
 	jobs    map[string]*config.Job // local definitions
@@ -107,6 +108,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		changed: make(chan struct{}, 1),
 		started: opts.Now(),
 	}
+	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, "err", err) })
 	n.SetJobs(jobs)
 	return n, nil
 }
@@ -208,6 +210,16 @@ func (n *Node) Run(ctx context.Context) error {
 	var prevLease clientv3.LeaseID
 	var dupSince time.Time
 	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
+	hctx, stopHub := context.WithCancel(ctx)
+	hubDone := make(chan struct{})
+	go func() {
+		defer close(hubDone)
+		n.hub.run(hctx)
+	}()
+	defer func() { stopHub(); <-hubDone }()
+	if !n.hub.waitReady(ctx) {
+		return nil
+	}
 	for {
 		wasUp, err := n.runSession(ctx, &prevLease)
 		if ctx.Err() != nil {

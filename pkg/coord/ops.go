@@ -46,30 +46,23 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job st
 }
 
 // WatchTriggers calls fn for every trigger of job requested from now on,
-// until ctx is done.
+// until ctx is done. fn must not block.
 func (n *Node) WatchTriggers(ctx context.Context, job string, fn func(Trigger)) {
-	rev := int64(0)
-	for ctx.Err() == nil {
-		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithFilterDelete()}
-		if rev > 0 {
-			opts = append(opts, clientv3.WithRev(rev))
+	unsubscribe := n.hub.subscribe(job, n.keys.Triggers(job), func(ev *clientv3.Event) {
+		if ev.Type != clientv3.EventTypePut {
+			return
 		}
-		for wr := range n.opts.Client.Watch(clientv3.WithRequireLeader(ctx), n.keys.Triggers(job), opts...) {
-			if wr.Err() != nil {
-				break
-			}
-			rev = wr.Header.Revision + 1
-			for _, ev := range wr.Events {
-				var tr Trigger
-				if err := json.Unmarshal(ev.Kv.Value, &tr); err != nil {
-					n.log.Error("ignoring malformed trigger", "job", job, "key", string(ev.Kv.Key), "err", err)
-					continue
-				}
-				fn(tr)
-			}
+		var tr Trigger
+		if err := json.Unmarshal(ev.Kv.Value, &tr); err != nil {
+			n.log.Error("ignoring malformed trigger", "job", job, "key", string(ev.Kv.Key), "err", err)
+			return
 		}
-		sleep(ctx, 200*time.Millisecond)
-	}
+		fn(tr)
+	}, func() {
+		n.log.Warn("triggers requested during a watch gap may have been lost", "job", job)
+	})
+	defer unsubscribe()
+	<-ctx.Done()
 }
 
 // SetDisabled disables (or enables, with on false) a job, one item of it

@@ -1,0 +1,189 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// hub multiplexes ONE etcd watch of the jobs keyspace to the node's
+// per-job subscribers: shard-map views, leaders' reconcile wake-ups and
+// manual triggers.
+//
+// One watch per job and purpose does not scale: with 10,000 jobs an
+// instance held ~40,000 watchers, every one started at a past revision, and
+// etcd syncs such "unsynced" watchers a few hundred at a time; the cluster
+// never converged. With the hub an instance holds one watcher whatever the
+// number of jobs, at the cost of receiving (and dropping) the events of
+// keys nobody here subscribes to, such as other jobs' claims.
+//
+// Contract, which makes "subscribe, then read" complete:
+//
+//   - ready is closed once the hub knows its start revision R0 (one read);
+//     from then on it delivers every event after R0 in revision order, one
+//     goroutine, to the subscribers whose prefix matches the key.
+//   - A subscriber subscribes first and reads its keys second. Its read is
+//     at a revision R >= R0; every event after R is still to be delivered,
+//     every event up to R is in what it read.
+//   - When the watch breaks it resumes after the last revision delivered.
+//     If that revision was compacted, events are lost: the hub reads a new
+//     start revision and calls every subscriber's resync, which re-reads.
+//   - Callbacks run on the hub's goroutine and must not block.
+type hub struct {
+	cli    *clientv3.Client
+	prefix string // keys.Jobs()
+	keys   Keys
+	onErr  func(msg string, err error)
+
+	ready chan struct{}
+
+	mu   sync.Mutex
+	subs map[string]map[*subscription]struct{} // by job
+}
+
+// subscription is one subscriber's interest in the keys of one job under
+// prefix.
+type subscription struct {
+	job    string
+	prefix string
+	event  func(*clientv3.Event)
+	resync func()
+}
+
+func newHub(cli *clientv3.Client, keys Keys, onErr func(string, error)) *hub {
+	return &hub{cli: cli, prefix: keys.Jobs(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
+}
+
+// subscribe calls event for every event on a key of job starting with
+// prefix, and resync when events may have been lost, until the returned
+// cancel is called.
+func (h *hub) subscribe(job, prefix string, event func(*clientv3.Event), resync func()) (cancel func()) {
+	s := &subscription{job: job, prefix: prefix, event: event, resync: resync}
+	h.mu.Lock()
+	if h.subs[job] == nil {
+		h.subs[job] = map[*subscription]struct{}{}
+	}
+	h.subs[job][s] = struct{}{}
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		delete(h.subs[job], s)
+		if len(h.subs[job]) == 0 {
+			delete(h.subs, job)
+		}
+	}
+}
+
+// run watches the jobs keyspace until ctx is done.
+func (h *hub) run(ctx context.Context) { h.runFrom(ctx, 0) }
+
+// runFrom is run delivering the events after revision rev; 0 reads the
+// start revision.
+func (h *hub) runFrom(ctx context.Context, rev int64) {
+	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	if rev != 0 {
+		close(h.ready)
+	}
+	for ctx.Err() == nil {
+		if rev == 0 {
+			r, err := h.startRevision(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					h.onErr("jobs watch: read start revision", err)
+				}
+				sleep(ctx, b.next())
+				continue
+			}
+			rev = r
+			select {
+			case <-h.ready:
+				h.resyncAll() // a restart after compaction: events were lost
+			default:
+				close(h.ready)
+			}
+		}
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := h.cli.Watch(wctx, h.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				if errors.Is(err, rpctypes.ErrCompacted) {
+					h.onErr("jobs watch: revision compacted; re-reading", err)
+					rev = 0
+				} else if ctx.Err() == nil {
+					h.onErr("jobs watch ended; resuming", err)
+				}
+				break
+			}
+			b.reset()
+			for _, ev := range wr.Events {
+				h.deliver(ev)
+				rev = ev.Kv.ModRevision
+			}
+			if wr.IsProgressNotify() && wr.Header.Revision > rev {
+				rev = wr.Header.Revision
+			}
+		}
+		cancel()
+		sleep(ctx, b.next())
+	}
+}
+
+// startRevision is the current revision of the store.
+func (h *hub) startRevision(ctx context.Context) (int64, error) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := h.cli.Get(rctx, h.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
+}
+
+func (h *hub) deliver(ev *clientv3.Event) {
+	key := string(ev.Kv.Key)
+	job := h.keys.JobOf(key)
+	if job == "" {
+		return
+	}
+	h.mu.Lock()
+	var match []*subscription
+	for s := range h.subs[job] {
+		if strings.HasPrefix(key, s.prefix) {
+			match = append(match, s)
+		}
+	}
+	h.mu.Unlock()
+	for _, s := range match {
+		s.event(ev)
+	}
+}
+
+func (h *hub) resyncAll() {
+	h.mu.Lock()
+	var all []*subscription
+	for _, subs := range h.subs {
+		for s := range subs {
+			all = append(all, s)
+		}
+	}
+	h.mu.Unlock()
+	for _, s := range all {
+		s.resync()
+	}
+}
+
+// waitReady waits until the hub delivers events, or ctx is done.
+func (h *hub) waitReady(ctx context.Context) bool {
+	select {
+	case <-h.ready:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
