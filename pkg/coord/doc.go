@@ -45,7 +45,7 @@
 // the registered config and the stored map at one revision; compute the
 // desired map with the job's strategy over the eligible instances (members
 // not disabled, sorted by id); write it with epoch+1 when it differs, guarded
-// by the election key and the map's ModRevision. Watches on those keys only
+// by the election key and the map's ModRevision. Changes of those keys only
 // wake the reconcile (a buffered(1) channel); a ticker every
 // reconcileIntervalMinutes bounds what a missed event could cost. A
 // malformed stored map is logged and replaced.
