@@ -34,7 +34,10 @@ type ClientOptions struct {
 }
 
 // NewClient connects to etcd. gRPC keepalives detect a dead or black-holed
-// connection within a few seconds.
+// connection within about 7 seconds. They ping no more often than etcd's
+// --grpc-keepalive-min-time (default 5s) allows, and only while streams are
+// open, as etcd's server policy requires: a client that pings faster is
+// sent GOAWAY "too_many_pings" and loses its connection.
 func NewClient(o ClientOptions) (*clientv3.Client, error) {
 	if len(o.Endpoints) == 0 {
 		return nil, errors.New("coord: no etcd endpoints")
@@ -45,12 +48,11 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 	cfg := clientv3.Config{
 		Endpoints:            o.Endpoints,
 		DialTimeout:          o.DialTimeout,
-		DialKeepAliveTime:    2 * time.Second,
+		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 2 * time.Second,
 		Username:             o.Username,
 		Password:             o.Password,
 		Logger:               zap.NewNop(),
-		PermitWithoutStream:  true,
 	}
 	if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
 		t, err := tlsConfig(o)
