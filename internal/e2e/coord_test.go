@@ -366,8 +366,8 @@ func TestEtcdUnreachableAtStart(t *testing.T) {
 	e := newEtcd(t)
 	cfg := writeConfig(t, "orders:2")
 	a := startShardd(t, e, "a", cfg)
-	waitFor(t, 15*time.Second, "two failed attempts logged", func() bool {
-		return len(a.find(msg("session ended; reconnecting"))) >= 2
+	waitFor(t, 20*time.Second, "two failed attempts logged", func() bool {
+		return len(a.find(msg("cannot reach etcd; retrying")))+len(a.find(msg("session ended; reconnecting"))) >= 2
 	})
 	select {
 	case <-a.exited:

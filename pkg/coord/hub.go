@@ -95,7 +95,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 			r, err := h.startRevision(ctx)
 			if err != nil {
 				if ctx.Err() == nil {
-					h.onErr("jobs watch: read start revision", err)
+					h.onErr("cannot reach etcd; retrying", err)
 				}
 				sleep(ctx, b.next())
 				continue
