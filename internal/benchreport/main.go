@@ -63,11 +63,54 @@ func main() {
 	benchtime := flag.String("benchtime", "20x", "trials per benchmark")
 	short := flag.Bool("short", false, "smaller resource scenarios (CI)")
 	out := flag.String("out", "bench", "output directory")
+	one := flag.String("resources", "", "measure only this resource scenario, `JOBSxINSTANCES` (e.g. 10000x3), print it and write nothing")
 	flag.Parse()
-	if err := run(*benchtime, *short, *out); err != nil {
+	var err error
+	if *one != "" {
+		err = runOne(*one)
+	} else {
+		err = run(*benchtime, *short, *out)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
 	}
+}
+
+// runOne measures one resource scenario and prints it.
+func runOne(spec string) error {
+	var jobs, n int
+	if _, err := fmt.Sscanf(spec, "%dx%d", &jobs, &n); err != nil || jobs < 1 || n < 1 {
+		return fmt.Errorf("-resources %q: want JOBSxINSTANCES, e.g. 10000x3", spec)
+	}
+	dir, err := buildBinaries()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	r, err := measure(dir, spec, jobs, n, 30*time.Second, 10*time.Minute)
+	if err != nil {
+		r.Error = err.Error()
+	}
+	b, _ := json.MarshalIndent(r, "", "  ")
+	fmt.Println(string(b))
+	return err
+}
+
+// buildBinaries builds shardd and testetcd from this tree into a new
+// temporary directory.
+func buildBinaries() (string, error) {
+	dir, err := os.MkdirTemp("", "shardd-benchreport")
+	if err != nil {
+		return "", err
+	}
+	for bin, pkg := range map[string]string{"shardd": "./cmd/shardd", "testetcd": "./internal/etcdtest/testetcd"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, bin), pkg).CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return dir, nil
 }
 
 func run(benchtime string, short bool, out string) error {
@@ -78,16 +121,11 @@ func run(benchtime string, short bool, out string) error {
 	}
 	rep.Benchmarks = benches
 
-	dir, err := os.MkdirTemp("", "shardd-benchreport")
+	dir, err := buildBinaries()
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	for bin, pkg := range map[string]string{"shardd": "./cmd/shardd", "testetcd": "./internal/etcdtest/testetcd"} {
-		if out, err := exec.Command("go", "build", "-o", filepath.Join(dir, bin), pkg).CombinedOutput(); err != nil {
-			return fmt.Errorf("build %s: %v\n%s", pkg, err, out)
-		}
-	}
 	scenarios := []struct {
 		name      string
 		jobs, n   int
