@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/coord"
@@ -31,6 +34,13 @@ import (
 //	SHARDD_CHAOS_OUT     where to write the JSON summary (default: not written)
 //
 // A failure prints the seed; SHARDD_CHAOS_SEED=<seed> replays the same faults.
+//
+// G1, G2 and G4 are checked over the whole run. G3 (every due fire starts
+// within TTL + 2s) is promised while etcd has a leader and for one failure
+// at a time, so it is not checked within that bound of an etcd leader
+// election (a member kill, or one the monitor saw on a loaded machine) nor
+// across overlapping faults (a quarter of the rounds let the next fault
+// start before the bound has passed); the summary counts those fires.
 func TestChaos(t *testing.T) {
 	rounds, _ := strconv.Atoi(os.Getenv("SHARDD_CHAOS_ROUNDS"))
 	if rounds <= 0 {
@@ -66,17 +76,27 @@ func TestChaos(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	from := time.Now()
 
+	bound := sessionTTL + 2*time.Second // G3's bound: TTL + reshard + slack
+	elections := watchElections(t, members, 200*time.Millisecond)
 	counts := map[string]int{}
 	extraJob := false
-	// G3 holds while etcd has quorum: an etcd member kill may take the
-	// leader, so its window (and the bound after it) is not checked for misses.
+	// G3 holds while etcd has quorum and for one failure at a time. It is
+	// not checked around etcd leader elections (member kills, and any other
+	// the monitor sees) nor across overlapping faults: a quarter of the
+	// rounds start the next fault before the bound has passed, and two
+	// failures in a row may take one bound each.
 	var exclude []ledger.Window
+	var memberKills []ledger.Window
+	var chainFrom time.Time // start of a chain of overlapping faults
+	overlapping := 0
 	for round := 1; round <= rounds; round++ {
 		victim := names[rng.IntN(len(names))]
 		p := procs[victim]
 		fault := []string{"kill9", "sigstop", "partition", "etcd-member", "rolling-restart", "reload", "disable"}[rng.IntN(7)]
+		overlap := rng.IntN(4) == 0
 		counts[fault]++
-		t.Logf("round %d/%d: %s %s", round, rounds, fault, victim)
+		faultStart := time.Now()
+		t.Logf("round %d/%d at %s: %s %s (overlap %v)", round, rounds, faultStart.UTC().Format("15:04:05.000"), fault, victim, overlap)
 		switch fault {
 		case "kill9":
 			p.stop(syscall.SIGKILL)
@@ -91,12 +111,13 @@ func TestChaos(t *testing.T) {
 			p.heal()
 		case "etcd-member":
 			m := members[rng.IntN(len(members))]
-			w := ledger.Window{From: time.Now().Add(-(sessionTTL + 2*time.Second))}
+			w := ledger.Window{From: time.Now().Add(-bound)}
 			m.signal(syscall.SIGKILL)
 			time.Sleep(time.Duration(500+rng.IntN(2000)) * time.Millisecond)
 			m.start()
-			w.To = time.Now().Add(sessionTTL + 2*time.Second)
+			w.To = time.Now().Add(bound)
 			exclude = append(exclude, w)
+			memberKills = append(memberKills, w)
 		case "rolling-restart":
 			for _, n := range names {
 				procs[n].stop(syscall.SIGTERM)
@@ -114,9 +135,37 @@ func TestChaos(t *testing.T) {
 			time.Sleep(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)
 			shardd(t, members[0], "enable", "tick", "--instance", victim)
 		}
-		time.Sleep(time.Duration(1000+rng.IntN(1500)) * time.Millisecond) // settle
+		faultEnd := time.Now()
+		switch {
+		case overlap && chainFrom.IsZero():
+			chainFrom = faultStart.Add(-bound)
+		case !overlap && !chainFrom.IsZero():
+			exclude = append(exclude, ledger.Window{From: chainFrom, To: faultEnd.Add(bound)})
+			chainFrom = time.Time{}
+		}
+		settle := bound + time.Duration(rng.IntN(1500))*time.Millisecond
+		if overlap {
+			overlapping++
+			settle = time.Duration(1000+rng.IntN(1500)) * time.Millisecond
+		}
+		time.Sleep(settle)
 	}
 	to := time.Now()
+	if !chainFrom.IsZero() {
+		exclude = append(exclude, ledger.Window{From: chainFrom, To: to.Add(bound)})
+	}
+	electionWindows := elections.stop(bound)
+	spontaneous := 0 // elections no member kill explains
+	for _, e := range electionWindows {
+		injected := false
+		for _, k := range memberKills {
+			injected = injected || e.From.Before(k.To) && k.From.Before(e.To)
+		}
+		if !injected {
+			spontaneous++
+		}
+	}
+	exclude = append(exclude, electionWindows...)
 	time.Sleep(4 * time.Second) // runs started before `to` end
 	for _, n := range names {
 		procs[n].stop(syscall.SIGTERM)
@@ -133,7 +182,7 @@ func TestChaos(t *testing.T) {
 	}
 	r := ledger.Check(events, ledger.Options{
 		Items:  map[string]int{"tick": 6, "tock": 4, "hook": 2},
-		Period: time.Second, Bound: sessionTTL + 2*time.Second, From: from, To: to, Exclude: exclude,
+		Period: time.Second, Bound: bound, From: from, To: to, Exclude: exclude,
 	})
 	// The run history must agree with the ledger: every run recorded DONE
 	// left its start in the ledger, under the same fence.
@@ -163,10 +212,11 @@ func TestChaos(t *testing.T) {
 	summary := map[string]any{
 		"historyRecordsChecked": historyChecked, "historyMismatches": historyMismatches,
 		"seed": seed, "rounds": rounds, "faults": counts, "seconds": to.Sub(from).Seconds(),
-		"starts": r.Starts, "ends": r.Ends, "dueFiresChecked": r.FiresChecked, "dueFiresInEtcdFaultWindows": r.FiresExcluded, "failovers": r.Failovers,
+		"starts": r.Starts, "ends": r.Ends, "dueFiresChecked": r.FiresChecked, "dueFiresNotCheckedForG3": r.FiresExcluded,
+		"overlappingFaults": overlapping, "etcdLeaderElectionsSeen": len(electionWindows), "etcdElectionsWithoutMemberKill": spontaneous, "failovers": r.Failovers,
 		"failoversOfRunsThatHadEnded": r.RerunsAfterEnd, "misfireRuns": r.Misfires,
 		"g1Overlaps": r.Overlaps, "g2Duplicates": r.Duplicates, "g3Misses": r.Misses, "g4FenceInversions": r.FenceInversions,
-		"violations": r.Violations, "ok": r.OK(), "ttlSeconds": sessionTTL.Seconds(), "g3BoundSeconds": (sessionTTL + 2*time.Second).Seconds(),
+		"violations": r.Violations, "ok": r.OK(), "ttlSeconds": sessionTTL.Seconds(), "g3BoundSeconds": bound.Seconds(),
 	}
 	out, _ := json.MarshalIndent(summary, "", "  ")
 	t.Logf("chaos summary:\n%s", out)
@@ -253,4 +303,77 @@ func ledgerHook(t *testing.T, path string) *httptest.Server {
 	}))
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// electionMonitor polls every etcd member's raft term. A term that grew is
+// an etcd leader election, during which etcd has no leader to serve: G3
+// does not hold across it. Member kills cause elections, and so can a
+// leader starved of CPU on a loaded machine; the monitor sees both.
+type electionMonitor struct {
+	stopc   chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	changes []ledger.Window // From: last poll at the old term; To: first at the new
+}
+
+func watchElections(t *testing.T, members []*etcdProc, every time.Duration) *electionMonitor {
+	m := &electionMonitor{stopc: make(chan struct{}), done: make(chan struct{})}
+	clients := make([]*clientv3.Client, len(members))
+	for i, e := range members {
+		clients[i] = e.client()
+	}
+	go func() {
+		defer close(m.done)
+		var term uint64
+		last := time.Now()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-m.stopc:
+				return
+			case <-tick.C:
+			}
+			var max uint64
+			for i, cli := range clients {
+				ctx, cancel := context.WithTimeout(context.Background(), every)
+				if st, err := cli.Status(ctx, members[i].clientURL); err == nil && st.RaftTerm > max {
+					max = st.RaftTerm
+				}
+				cancel()
+			}
+			now := time.Now()
+			if max == 0 {
+				continue // no member answered: the next answer tells
+			}
+			if term != 0 && max > term {
+				m.mu.Lock()
+				m.changes = append(m.changes, ledger.Window{From: last, To: now})
+				m.mu.Unlock()
+			}
+			if max >= term {
+				term, last = max, now
+			}
+		}
+	}()
+	t.Cleanup(func() { m.stop(0) })
+	return m
+}
+
+// stop ends the monitor and returns each election widened by bound on
+// both sides.
+func (m *electionMonitor) stop(bound time.Duration) []ledger.Window {
+	select {
+	case <-m.stopc:
+	default:
+		close(m.stopc)
+	}
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]ledger.Window, len(m.changes))
+	for i, w := range m.changes {
+		out[i] = ledger.Window{From: w.From.Add(-bound), To: w.To.Add(bound)}
+	}
+	return out
 }
