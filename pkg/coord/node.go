@@ -449,6 +449,7 @@ func newWorkerSet(s *session) *workerSet {
 // removed job's membership is withdrawn; a changed job keeps it, so that
 // its items do not move away and back.
 func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
+	var stopping []*worker
 	for name, w := range ws.running {
 		j, ok := jobs[name]
 		if ok && j.Hash() == w.job.Hash() {
@@ -456,8 +457,11 @@ func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
 		}
 		w.removed.Store(!ok)
 		w.cancel()
-		<-w.done
+		stopping = append(stopping, w)
 		delete(ws.running, name)
+	}
+	for _, w := range stopping { // cancelled together, so they stop in parallel
+		<-w.done
 	}
 	for name, j := range jobs {
 		if _, ok := ws.running[name]; ok {
@@ -473,10 +477,13 @@ func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
 	}
 }
 
-// stop stops every worker and waits for them.
+// stop stops every worker and waits for them: all are cancelled first, so
+// that thousands of leaderships resign in parallel, not one by one.
 func (ws *workerSet) stop() {
-	for name, w := range ws.running {
+	for _, w := range ws.running {
 		w.cancel()
+	}
+	for name, w := range ws.running {
 		<-w.done
 		delete(ws.running, name)
 	}
