@@ -70,9 +70,10 @@ type Options struct {
 	Bound time.Duration
 	// From and To delimit the window checked for misses.
 	From, To time.Time
-	// Exclude lists windows in which G3 does not apply (etcd without a
-	// leader, say); due fires inside them are not checked.
-	Exclude []Window
+	// Faults lists windows in which G3's bound does not apply as is (etcd
+	// without a leader, two failures in a row): a fire due inside one must
+	// still start, but by the window's end if that is later than due+Bound.
+	Faults []Window
 }
 
 // Window is a span of time.
@@ -81,8 +82,10 @@ type Window struct{ From, To time.Time }
 // Report counts what was checked and every violation found.
 type Report struct {
 	Starts, Ends, Items, FiresChecked int
-	FiresExcluded                     int
-	Failovers, Misfires               int
+	// FiresInFaults counts the checked fires due inside fault windows;
+	// FiresUnjudged the fires whose deadline is past the ledger's end.
+	FiresInFaults, FiresUnjudged int
+	Failovers, Misfires          int
 	// RerunsAfterEnd counts failover attempts of runs whose work had ended
 	// although shardd had not recorded it (its instance was cut off or
 	// paused before it could): allowed by G2, the at-least-once edge that
@@ -101,8 +104,8 @@ func (r Report) OK() bool {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("%d starts, %d ends, %d items, %d due fires checked, %d failovers (%d of runs that had ended), %d misfire runs; G1 overlaps %d, G2 duplicates %d, G3 misses %d, G4 fence inversions %d",
-		r.Starts, r.Ends, r.Items, r.FiresChecked, r.Failovers, r.RerunsAfterEnd, r.Misfires, r.Overlaps, r.Duplicates, r.Misses, r.FenceInversions)
+	return fmt.Sprintf("%d starts, %d ends, %d items, %d due fires checked (%d in fault windows), %d failovers (%d of runs that had ended), %d misfire runs; G1 overlaps %d, G2 duplicates %d, G3 misses %d, G4 fence inversions %d",
+		r.Starts, r.Ends, r.Items, r.FiresChecked, r.FiresInFaults, r.Failovers, r.RerunsAfterEnd, r.Misfires, r.Overlaps, r.Duplicates, r.Misses, r.FenceInversions)
 }
 
 type key struct {
@@ -125,8 +128,12 @@ func Check(events []Event, o Options) Report {
 	}
 	runs := map[key][]*run{}
 	byFence := map[string]*run{}
+	var last time.Time // the ledger's last record
 	for i := range events {
 		ev := &events[i]
+		if ev.At.After(last) {
+			last = ev.At
+		}
 		k := key{ev.Job, ev.Item}
 		id := fmt.Sprintf("%s/%d/%d", ev.Job, ev.Item, ev.Fence)
 		switch ev.Kind {
@@ -197,22 +204,33 @@ func Check(events []Event, o Options) Report {
 			rs := runs[key{job, item}]
 		fires:
 			for due := o.From.Truncate(o.Period).Add(o.Period); !due.After(o.To.Add(-o.Bound)); due = due.Add(o.Period) {
-				for _, w := range o.Exclude {
+				deadline := due.Add(o.Bound)
+				inFault := false
+				for _, w := range o.Faults {
 					if !due.Before(w.From) && !due.After(w.To) {
-						r.FiresExcluded++
-						continue fires
+						inFault = true
+						if w.To.After(deadline) {
+							deadline = w.To
+						}
 					}
 				}
+				if deadline.After(last) {
+					r.FiresUnjudged++ // the ledger ends before the deadline
+					continue fires
+				}
 				r.FiresChecked++
+				if inFault {
+					r.FiresInFaults++
+				}
 				ok := false
 				for _, rn := range rs {
-					if !rn.start.Fire.Before(due) && !rn.start.At.After(due.Add(o.Bound)) {
+					if !rn.start.Fire.Before(due) && !rn.start.At.After(deadline) {
 						ok = true
 						break
 					}
 				}
 				if !ok {
-					violate(&r.Misses, "G3: %s item %d: no run of fire %s or later started within %s", job, item, due.Format(time.RFC3339), o.Bound)
+					violate(&r.Misses, "G3: %s item %d: no run of fire %s or later started by %s (%s after it)", job, item, due.Format(time.RFC3339), deadline.Format("15:04:05.000"), deadline.Sub(due))
 				}
 			}
 		}

@@ -95,8 +95,10 @@ func TestParseRejectsTornLines(t *testing.T) {
 	}
 }
 
-func TestExcludedWindowsAreNotMisses(t *testing.T) {
-	var kept []string
+// A fault window stretches the deadline of the fires due inside it to the
+// window's end; it does not forgive a fire that has not started by then.
+func TestFaultWindowsStretchTheDeadline(t *testing.T) {
+	var kept []string // fires 5..8 never run; the run of fire 9 starts at 9.005s
 	for _, l := range strings.SplitAfter(healthy(), "\n") {
 		drop := false
 		for s := 5; s <= 8; s++ {
@@ -108,8 +110,15 @@ func TestExcludedWindowsAreNotMisses(t *testing.T) {
 	}
 	ev, _ := Parse(strings.NewReader(strings.Join(kept, "")))
 	o := opts
-	o.Exclude = []Window{{From: t0.Add(4 * time.Second), To: t0.Add(8 * time.Second)}}
-	if r := Check(ev, o); r.Misses != 0 || r.FiresExcluded == 0 {
-		t.Errorf("gap inside an excluded window: %s", r)
+	if r := Check(ev, o); r.Misses == 0 {
+		t.Fatalf("the gap is a miss without a fault window: %s", r)
+	}
+	o.Faults = []Window{{From: t0.Add(4 * time.Second), To: t0.Add(9500 * time.Millisecond)}}
+	if r := Check(ev, o); r.Misses != 0 || r.FiresInFaults == 0 {
+		t.Errorf("a run started before the window's end: %s", r)
+	}
+	o.Faults = []Window{{From: t0.Add(4 * time.Second), To: t0.Add(7 * time.Second)}}
+	if r := Check(ev, o); r.Misses == 0 {
+		t.Errorf("no run started by the window's end, yet no miss: %s", r)
 	}
 }
