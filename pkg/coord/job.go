@@ -22,7 +22,11 @@ func (n *Node) runJob(ctx context.Context, s *session, local *config.Job, remove
 	log := n.log.With("job", local.Name)
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
+		if !n.admit(ctx) {
+			return
+		}
 		err := n.registerJob(ctx, s, local)
+		n.release()
 		if err == nil {
 			break
 		}

@@ -62,7 +62,28 @@ type Node struct {
 	leaving bool             // Leave was called: no membership any more
 	started time.Time
 	changed chan struct{} // buffered(1): the job set changed
+	// admission bounds how many jobs register at once. Thousands of jobs
+	// registering together put etcd's apply queue thousands of entries
+	// behind ("too many requests"), the queue delays lease keepalives,
+	// and every instance fenced itself, re-registered and started over.
+	// Each job's campaign and first map follow its registration, so the
+	// bound paces them too.
+	admission chan struct{}
 }
+
+// maxRegistering is the bound of Node.admission.
+const maxRegistering = 32
+
+func (n *Node) admit(ctx context.Context) bool {
+	select {
+	case n.admission <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (n *Node) release() { <-n.admission }
 
 // JobView is what an instance knows about one of its jobs.
 type JobView struct {
@@ -101,12 +122,13 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		opts.Now = time.Now
 	}
 	n := &Node{
-		opts:    opts,
-		keys:    NewKeys(opts.Prefix),
-		log:     opts.Logger.With("instance", opts.ID),
-		views:   map[string]*JobView{},
-		changed: make(chan struct{}, 1),
-		started: opts.Now(),
+		opts:      opts,
+		keys:      NewKeys(opts.Prefix),
+		log:       opts.Logger.With("instance", opts.ID),
+		views:     map[string]*JobView{},
+		changed:   make(chan struct{}, 1),
+		admission: make(chan struct{}, maxRegistering),
+		started:   opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, "err", err) })
 	n.SetJobs(jobs)
