@@ -45,10 +45,11 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job st
 	return tr, nil
 }
 
-// WatchTriggers calls fn for every trigger of job requested from now on,
-// until ctx is done. fn must not block.
-func (n *Node) WatchTriggers(ctx context.Context, job string, fn func(Trigger)) {
-	unsubscribe := n.hub.subscribe(job, n.keys.Triggers(job), func(ev *clientv3.Event) {
+// OnTrigger calls fn for every trigger of job requested from now on, until
+// the returned cancel is called. fn runs on the node's watch goroutine and
+// must not block.
+func (n *Node) OnTrigger(job string, fn func(Trigger)) (cancel func()) {
+	return n.hub.subscribe(job, n.keys.Triggers(job), func(ev *clientv3.Event) {
 		if ev.Type != clientv3.EventTypePut {
 			return
 		}
@@ -63,8 +64,6 @@ func (n *Node) WatchTriggers(ctx context.Context, job string, fn func(Trigger)) 
 		// logs the gap once. Triggers are one-off operator requests, and
 		// `shardd trigger` can be repeated.
 	})
-	defer unsubscribe()
-	<-ctx.Done()
 }
 
 // SetDisabled disables (or enables, with on false) a job, one item of it

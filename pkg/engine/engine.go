@@ -28,7 +28,7 @@ type Coordinator interface {
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, state string, exitCode int, errText, output string, start, end time.Time) error
 	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error
-	WatchTriggers(ctx context.Context, job string, fn func(coord.Trigger))
+	OnTrigger(job string, fn func(coord.Trigger)) (cancel func())
 	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
 }
 
@@ -228,21 +228,14 @@ func (e *Engine) jobLoop(ctx context.Context, name string) {
 	js := &jobState{busy: map[int]*itemSlot{}, workers: map[string]*workerCache{}}
 	wake := e.wakeChan(name)
 	triggers := make(chan coord.Trigger, 16)
-	var watcher sync.WaitGroup
-	defer watcher.Wait()
-	tctx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	watcher.Add(1)
-	go func() {
-		defer watcher.Done()
-		e.opts.Node.WatchTriggers(tctx, name, func(tr coord.Trigger) {
-			select {
-			case triggers <- tr:
-			default:
-				log.Warn("too many triggers at once; dropping one", "trigger", tr.ID)
-			}
-		})
-	}()
+	stopTriggers := e.opts.Node.OnTrigger(name, func(tr coord.Trigger) {
+		select {
+		case triggers <- tr:
+		default:
+			log.Warn("too many triggers at once; dropping one", "trigger", tr.ID)
+		}
+	})
+	defer stopTriggers()
 	var owned []int
 	last := e.opts.Now()
 	for {
