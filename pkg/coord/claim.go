@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -227,15 +228,56 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 		clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
 	).Commit()
 	if err != nil {
-		// Unknown outcome: if it applied, the marker holds the item until the
-		// lease ends and the record shows RUNNING; the caller re-reads.
-		return nil, fmt.Errorf("claim item %d of job %q: %w", c.Item, c.Job, err)
+		// Unknown outcome. If the claim applied, its marker holds the item
+		// for as long as this session lives: nobody else may run the item,
+		// and no later fire here would either. Read it back.
+		n.log.Warn("claim outcome unknown; reading it back", "job", c.Job, "item", c.Item, "fire", c.Fire, "err", err)
+		fence, rerr := n.readBackClaim(ctx, s, c, val)
+		if rerr != nil {
+			return nil, rerr
+		}
+		rec.Fence = fence
+		return &Grant{Fence: fence, Ctx: s.ctx, record: rec}, nil
 	}
 	if !resp.Succeeded {
 		return nil, ErrClaimLost
 	}
 	rec.Fence = resp.Header.Revision
 	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
+}
+
+// readBackClaim settles a claim whose transaction ended with an unknown
+// outcome: it returns the claim's fence if the transaction applied (the
+// item record is the one written and the running marker was created with
+// it, under s's lease) and ErrClaimLost if it did not. It retries until it
+// can read or s ends (then ErrNotUp: the lease takes the marker with it).
+func (n *Node) readBackClaim(ctx context.Context, s *session, c Claim, written []byte) (int64, error) {
+	b := backoff{min: 100 * time.Millisecond, max: time.Second}
+	for {
+		if s.ctx.Err() != nil {
+			return 0, ErrNotUp
+		}
+		rctx, cancel := context.WithTimeout(s.ctx, n.opts.TTL)
+		resp, err := n.opts.Client.Txn(rctx).Then(
+			clientv3.OpGet(n.keys.Item(c.Job, c.Item)),
+			clientv3.OpGet(n.keys.RunningItem(c.Job, c.Item)),
+		).Commit()
+		cancel()
+		if err == nil {
+			items, running := resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs
+			if len(items) == 1 && len(running) == 1 && bytes.Equal(items[0].Value, written) &&
+				clientv3.LeaseID(running[0].Lease) == s.lease && running[0].CreateRevision == items[0].ModRevision {
+				n.log.Info("claim had applied", "job", c.Job, "item", c.Item, "fire", c.Fire, "fence", items[0].ModRevision)
+				return items[0].ModRevision, nil
+			}
+			return 0, ErrClaimLost
+		}
+		if ctx.Err() != nil {
+			// The caller gave up; the session still ends any claim that applied.
+			return 0, fmt.Errorf("claim item %d of job %q: outcome unknown: %w", c.Item, c.Job, ctx.Err())
+		}
+		sleep(s.ctx, b.next())
+	}
 }
 
 // Complete records the outcome of a granted run, removes its running marker
