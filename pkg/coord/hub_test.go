@@ -59,16 +59,6 @@ func startHub(t *testing.T, cli *clientv3.Client, keys Keys, from int64) *hub {
 	return h
 }
 
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
 
 // The hub routes each event to the subscribers of its job and prefix only,
 // in revision order, and stops after cancel.
@@ -100,7 +90,7 @@ func TestHubRoutesByJobAndPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	put("/hubtest/instances/i1") // outside the jobs keyspace
-	waitUntil(t, 5*time.Second, "a's events", func() bool { k, _, _ := membersA.snapshot(); return len(k) == 2 })
+	waitFor(t, 5*time.Second, "a's events", func() bool { k, _, _ := membersA.snapshot(); return len(k) == 2 })
 
 	keysA, revsA, _ := shardsA.snapshot()
 	if want := []string{keys.Shards("a"), keys.Shards("a")}; fmt.Sprint(keysA) != fmt.Sprint(want) {
@@ -116,7 +106,7 @@ func TestHubRoutesByJobAndPrefix(t *testing.T) {
 	cancelA()
 	put(keys.Shards("a"))
 	put(keys.Shards("b"))
-	waitUntil(t, 5*time.Second, "b's second event", func() bool { k, _, _ := shardsB.snapshot(); return len(k) == 2 })
+	waitFor(t, 5*time.Second, "b's second event", func() bool { k, _, _ := shardsB.snapshot(); return len(k) == 2 })
 	if k, _, _ := shardsA.snapshot(); len(k) != 2 {
 		t.Errorf("a cancelled subscription still got events: %v", k)
 	}
@@ -150,12 +140,12 @@ func TestHubResyncsAfterCompaction(t *testing.T) {
 	go func() { defer close(done); h.runFrom(hctx, first.Header.Revision-1) }()
 	defer func() { cancel(); <-done }()
 
-	waitUntil(t, 10*time.Second, "a resync", func() bool { _, _, n := r.snapshot(); return n == 1 })
+	waitFor(t, 10*time.Second, "a resync", func() bool { _, _, n := r.snapshot(); return n == 1 })
 	resp, err := cli.Put(ctx, keys.Shards("a"), "3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, "the event after the resync", func() bool { k, _, _ := r.snapshot(); return len(k) == 1 })
+	waitFor(t, 5*time.Second, "the event after the resync", func() bool { k, _, _ := r.snapshot(); return len(k) == 1 })
 	if _, revs, _ := r.snapshot(); revs[0] != resp.Header.Revision {
 		t.Errorf("delivered revision %d, want %d (the put after the resync)", revs[0], resp.Header.Revision)
 	}
@@ -197,7 +187,7 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	n := startNode(t, srv, "solo", jobs(t, yaml.String()))
 	cli := srv.Client()
 	defer cli.Close()
-	waitUntil(t, 30*time.Second, "every job's map", func() bool {
+	waitFor(t, 30*time.Second, "every job's map", func() bool {
 		maps, err := ReadMaps(context.Background(), cli, n.Keys())
 		return err == nil && len(maps) == count
 	})

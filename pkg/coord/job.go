@@ -47,14 +47,9 @@ func (n *Node) runJob(ctx context.Context, s *session, local *config.Job, remove
 		}
 	}()
 
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		n.watchMap(ctx, local.Name)
-	}()
+	stopFollowing := n.followMap(ctx, local.Name)
+	defer stopFollowing()
 	n.campaign(ctx, s, local)
-	wg.Wait()
 }
 
 // registerJob publishes the job's definition with ElasticJob's overwrite
@@ -163,40 +158,63 @@ func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error
 	return j, nil
 }
 
-// watchMap keeps the node's view of job's shard map current until ctx is
-// done: it reads the map, then takes every newer map the hub delivers, and
-// reads again when the hub may have lost events.
-func (n *Node) watchMap(ctx context.Context, job string) {
-	key := n.keys.Shards(job)
-	reread := make(chan struct{}, 1)
-	unsubscribe := n.hub.subscribe(job, key, func(ev *clientv3.Event) {
+// followMap keeps the node's view of job's shard map current until ctx is
+// done or stop is called: it reads the map, takes every newer map the hub
+// delivers, and reads again when the hub may have lost events. It holds no
+// goroutine between reads: with thousands of jobs, a goroutine per job
+// and purpose is most of an instance's memory.
+func (n *Node) followMap(ctx context.Context, job string) (stop func()) {
+	var (
+		mu      sync.Mutex
+		stopped bool
+		reads   sync.WaitGroup
+	)
+	read := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
+			return
+		}
+		reads.Add(1)
+		go func() {
+			defer reads.Done()
+			n.readMap(ctx, job)
+		}()
+	}
+	unsubscribe := n.hub.subscribe(job, n.keys.Shards(job), func(ev *clientv3.Event) {
 		if ev.Type == clientv3.EventTypePut {
 			n.observeMap(job, ev.Kv)
 		}
-	}, func() { poke(reread) })
-	defer unsubscribe()
+	}, read)
+	read()
+	return func() {
+		unsubscribe()
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+		reads.Wait()
+	}
+}
+
+// readMap reads job's shard map into the view, retrying until it succeeds
+// or ctx is done.
+func (n *Node) readMap(ctx context.Context, job string) {
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-		resp, err := n.opts.Client.Get(gctx, key)
+		resp, err := n.opts.Client.Get(gctx, n.keys.Shards(job))
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
-		case err != nil:
-			n.log.Debug("read shard map", "job", job, "err", err)
-			sleep(ctx, b.next())
-			continue
-		}
-		b.reset()
-		for _, kv := range resp.Kvs {
-			n.observeMap(job, kv)
-		}
-		select {
-		case <-ctx.Done():
+		case err == nil:
+			for _, kv := range resp.Kvs {
+				n.observeMap(job, kv)
+			}
 			return
-		case <-reread:
 		}
+		n.log.Debug("read shard map", "job", job, "err", err)
+		sleep(ctx, b.next())
 	}
 }
 
