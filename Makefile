@@ -12,7 +12,6 @@ PREFIX   ?= /usr/local
 
 CHAOS_ROUNDS ?= 200
 CHAOS_SEED   ?=
-CHAOS_G3     ?= strict
 
 .PHONY: help build test lint fuzz bench chaos run install verify-deploy clean
 
@@ -43,7 +42,7 @@ bench: ## benchmarks (BENCHTIME trials, default 20x) and resource use; writes be
 
 chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_SEED; summary in bench/chaos-summary.json
 	@mkdir -p bench
-	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_G3=$(CHAOS_G3) SHARDD_CHAOS_OUT=$(CURDIR)/bench/chaos-summary.json \
+	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CURDIR)/bench/chaos-summary.json \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
 run: build ## run bin/shardd on jobs.example.yaml with the embedded etcd
