@@ -59,7 +59,6 @@ func startHub(t *testing.T, cli *clientv3.Client, keys Keys, from int64) *hub {
 	return h
 }
 
-
 // The hub routes each event to the subscribers of its job and prefix only,
 // in revision order, and stops after cancel.
 func TestHubRoutesByJobAndPrefix(t *testing.T) {
