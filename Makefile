@@ -12,6 +12,7 @@ PREFIX   ?= /usr/local
 
 CHAOS_ROUNDS ?= 200
 CHAOS_SEED   ?=
+CHAOS_OUT    ?= $(CURDIR)/bench/chaos-summary.json
 
 .PHONY: help build test lint fuzz bench chaos run install verify-deploy clean
 
@@ -40,9 +41,9 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 bench: ## benchmarks (BENCHTIME trials, default 20x) and resource use; writes bench/results.json and .md
 	$(GO) run ./internal/benchreport -benchtime $(BENCHTIME) $(BENCHFLAGS)
 
-chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_SEED; summary in bench/chaos-summary.json
+chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_SEED; summary in CHAOS_OUT (bench/chaos-summary.json)
 	@mkdir -p bench
-	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CURDIR)/bench/chaos-summary.json \
+	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_OUT) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
 run: build ## run bin/shardd on jobs.example.yaml with the embedded etcd
