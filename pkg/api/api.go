@@ -302,12 +302,19 @@ func itemParam(w http.ResponseWriter, r *http.Request) (int, bool) {
 	return n, true
 }
 
-func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
+// jobAndItem reads the job of the path and the optional ?item= of a write
+// endpoint (item -1 when absent); on a bad value it has written the error.
+func jobAndItem(w http.ResponseWriter, r *http.Request) (string, int, bool) {
 	name, ok := jobName(w, r)
 	if !ok {
-		return
+		return "", 0, false
 	}
 	item, ok := itemParam(w, r)
+	return name, item, ok
+}
+
+func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
+	name, item, ok := jobAndItem(w, r)
 	if !ok {
 		return
 	}
@@ -331,11 +338,7 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) disable(on bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		name, ok := jobName(w, r)
-		if !ok {
-			return
-		}
-		item, ok := itemParam(w, r)
+		name, item, ok := jobAndItem(w, r)
 		if !ok {
 			return
 		}
