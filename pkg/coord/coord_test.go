@@ -386,13 +386,21 @@ func TestRegisteredConfigWins(t *testing.T) {
 	})
 }
 
-func TestDisabledInstanceAndJob(t *testing.T) {
+// startAgreedPair starts instances a and b of a 4-item job "orders" and
+// waits until they agree on its map.
+func startAgreedPair(t *testing.T) (*clientv3.Client, *testNode, *testNode) {
+	t.Helper()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 4))
 	a := startNode(t, srv, "a", js)
 	b := startNode(t, srv, "b", js)
 	waitFor(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
+	return cli, a, b
+}
+
+func TestDisabledInstanceAndJob(t *testing.T) {
+	cli, a, b := startAgreedPair(t)
 	keys := NewKeys("")
 	ctx := context.Background()
 
@@ -523,12 +531,7 @@ func TestShardMapJSON(t *testing.T) {
 // Leave moves an instance's items away at once while its session (and the
 // running markers under it) stays up.
 func TestLeaveWithdrawsMembership(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client()
-	js := jobs(t, "jobs:\n"+job("orders", 4))
-	a := startNode(t, srv, "a", js)
-	b := startNode(t, srv, "b", js)
-	waitFor(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
+	cli, a, b := startAgreedPair(t)
 	if err := a.Leave(context.Background()); err != nil {
 		t.Fatal(err)
 	}
