@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -19,7 +20,38 @@ const (
 	StateDone    = "DONE"    // completed successfully
 	StateFailed  = "FAILED"  // completed, failed (after its retries)
 	StateSkipped = "SKIPPED" // fires up to Fire were skipped by policy, not run
+	StateKilled  = "KILLED"  // stopped before it ended; Reason says why
 )
+
+// Reasons of a KILLED record.
+const (
+	// ReasonShutdown: shardd stopped and its shutdown grace ran out.
+	ReasonShutdown = "shutdown"
+	// ReasonFence: the instance's session fenced itself (etcd unreachable
+	// or the process paused); the run could no longer own its item.
+	ReasonFence = "fence"
+	// ReasonTimeout: the job's timeout ran out.
+	ReasonTimeout = "timeout"
+	// ReasonOperator: an operator stopped the run.
+	ReasonOperator = "operator"
+)
+
+// CutByFailure reports whether a record is a run that a failure cut short:
+// RUNNING with no running marker (its instance died or was cut off), or
+// KILLED at a shutdown or fence. With failover: true such a run is re-run.
+func (r *ItemRecord) CutByFailure() bool {
+	return r.State == StateRunning || (r.State == StateKilled && (r.Reason == ReasonShutdown || r.Reason == ReasonFence))
+}
+
+// Watermark is the latest scheduled fire the record accounts for: every
+// scheduled fire up to it was run or recorded as skipped. Manual runs do not
+// move it.
+func (r *ItemRecord) Watermark() time.Time {
+	if !r.Sched.IsZero() || r.Source == SourceManual {
+		return r.Sched
+	}
+	return r.Fire // written before Sched existed
+}
 
 // Execution sources.
 const (
@@ -54,6 +86,14 @@ type ItemRecord struct {
 	Output   string `json:"output,omitempty"`
 	// Skipped counts the fires before Fire that were not run (misfire policy).
 	Skipped int `json:"skipped,omitempty"`
+	// Reason is why a KILLED run was stopped (Reason* constants).
+	Reason string `json:"reason,omitempty"`
+	// Sched is the record's watermark (see Watermark): for scheduled runs
+	// and skips it is Fire; a manual run carries the previous one over.
+	Sched time.Time `json:"sched,omitzero"`
+	// Trigger is the etcd revision of the last manual trigger this item
+	// ran; a trigger at or below it has been served.
+	Trigger int64 `json:"trigger,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
@@ -64,6 +104,9 @@ type ItemState struct {
 	Rev int64
 	// RunningBy is the instance holding the running marker, "" when none.
 	RunningBy string
+	// RunningMine is set when the marker is under this node's current
+	// session lease: this session claimed the item.
+	RunningMine bool
 	// Disabled is set when an operator disabled the item.
 	Disabled bool
 }
@@ -88,39 +131,16 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 	if err != nil {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
+	lease := n.currentLease()
 	out := JobItems{Rev: resp.Header.Revision, Items: map[int]ItemState{}}
-	get := func(key string) (int, ItemState, bool) {
-		item, err := strconv.Atoi(lastSegment(key))
-		if err != nil {
-			return 0, ItemState{}, false
-		}
-		return item, out.Items[item], true
-	}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		item, st, ok := get(string(kv.Key))
-		if !ok {
-			continue
-		}
-		var rec ItemRecord
-		if err := json.Unmarshal(kv.Value, &rec); err != nil {
-			n.log.Error("ignoring malformed item record", "job", job, "key", string(kv.Key), "err", err)
-			rec = ItemRecord{Job: job, Item: item, State: StateFailed}
-		}
-		st.Record, st.Rev = &rec, kv.ModRevision
-		out.Items[item] = st
-	}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if item, st, ok := get(string(kv.Key)); ok {
-			st.RunningBy = string(kv.Value)
-			if st.RunningBy == "" {
-				st.RunningBy = "?"
+	for i, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			item, err := strconv.Atoi(lastSegment(string(kv.Key)))
+			if err != nil {
+				continue
 			}
-			out.Items[item] = st
-		}
-	}
-	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		if item, st, ok := get(string(kv.Key)); ok {
-			st.Disabled = true
+			st := out.Items[item]
+			n.decodeItemKey(job, item, i, kv, lease, &st)
 			out.Items[item] = st
 		}
 	}
@@ -140,23 +160,46 @@ func (n *Node) ReadItem(ctx context.Context, job string, item int) (ItemState, e
 	if err != nil {
 		return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, err)
 	}
+	lease := n.currentLease()
 	var st ItemState
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+	for i, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			n.decodeItemKey(job, item, i, kv, lease, &st)
+		}
+	}
+	return st, nil
+}
+
+// decodeItemKey folds one key read by ReadItems or ReadItem into st: kind
+// 0 is the item record, 1 the running marker, 2 the disable mark.
+func (n *Node) decodeItemKey(job string, item, kind int, kv *mvccpb.KeyValue, lease clientv3.LeaseID, st *ItemState) {
+	switch kind {
+	case 0:
 		var rec ItemRecord
-		if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
-			n.log.Error("ignoring malformed item record", "job", job, "key", string(kvs[0].Key), "err", err)
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			n.log.Error("ignoring malformed item record", "job", job, "key", string(kv.Key), "err", err)
 			rec = ItemRecord{Job: job, Item: item, State: StateFailed}
 		}
-		st.Record, st.Rev = &rec, kvs[0].ModRevision
-	}
-	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		st.RunningBy = string(kvs[0].Value)
+		st.Record, st.Rev = &rec, kv.ModRevision
+	case 1:
+		st.RunningBy = string(kv.Value)
 		if st.RunningBy == "" {
 			st.RunningBy = "?"
 		}
+		st.RunningMine = lease != clientv3.NoLease && clientv3.LeaseID(kv.Lease) == lease
+	case 2:
+		st.Disabled = true
 	}
-	st.Disabled = len(resp.Responses[2].GetResponseRange().Kvs) > 0
-	return st, nil
+}
+
+// currentLease is the lease of the current session, NoLease without one.
+func (n *Node) currentLease() clientv3.LeaseID {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.session == nil {
+		return clientv3.NoLease
+	}
+	return n.session.lease
 }
 
 // ErrClaimLost is returned by Claim when the claim's guard failed: another
@@ -180,6 +223,11 @@ type Claim struct {
 	// for manual runs).
 	Prev   ItemState
 	MapRev int64
+	// Sched is the record's watermark after the claim: Fire for scheduled
+	// runs, the previous watermark for manual ones. Trigger is the manual
+	// trigger's revision (0 for scheduled runs, which carry the previous one).
+	Sched   time.Time
+	Trigger int64
 }
 
 // Grant is a won claim.
@@ -205,9 +253,13 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	rec := ItemRecord{
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
+		Sched: c.Sched.UTC(), Trigger: c.Trigger,
 	}
 	if c.Prev.Record != nil {
 		rec.Seq = c.Prev.Record.Seq + 1
+		if rec.Trigger == 0 {
+			rec.Trigger = c.Prev.Record.Trigger
+		}
 	}
 	val, err := json.Marshal(rec)
 	if err != nil {
@@ -280,22 +332,74 @@ func (n *Node) readBackClaim(ctx context.Context, s *session, c Claim, written [
 	}
 }
 
+// Adopt returns the grant of a claim this session made but whose run this
+// process does not know: the claim's reply was lost and it applied after
+// its read-back said it had not. st must show the claim: the record RUNNING
+// by this instance and the running marker under this session's lease,
+// created by the record's write. The grant's fence is that write's revision.
+func (n *Node) Adopt(job string, item int, st ItemState) (*Grant, error) {
+	n.mu.Lock()
+	s := n.session
+	n.mu.Unlock()
+	rec := st.Record
+	if s == nil {
+		return nil, ErrNotUp
+	}
+	if rec == nil || !st.RunningMine || rec.State != StateRunning || rec.Instance != n.opts.ID || rec.Job != job || rec.Item != item {
+		return nil, fmt.Errorf("adopt item %d of job %q: %w", item, job, ErrClaimLost)
+	}
+	r := *rec
+	r.Fence = st.Rev
+	return &Grant{Fence: st.Rev, Ctx: s.ctx, record: r}, nil
+}
+
+// Outcome is how a granted run ended.
+type Outcome struct {
+	// State is StateDone, StateFailed or StateKilled; Reason says why a
+	// KILLED run was stopped.
+	State, Reason string
+	// ExitCode of the script or HTTP status of the hook; -1 when none.
+	ExitCode   int
+	Err        string
+	Output     string
+	Start, End time.Time
+}
+
 // Complete records the outcome of a granted run, removes its running marker
-// and appends it to the item's history, guarded by the claim's fence.
-func (n *Node) Complete(ctx context.Context, g *Grant, state string, exitCode int, errText, output string, start, end time.Time) error {
+// and appends it to the item's history, guarded by the claim's fence. The
+// outcome is known here and nowhere else, so a write whose result is
+// unknown or failed is retried with backoff, even after the session ended,
+// until it lands, the guard fails (another instance took the item over:
+// ErrClaimLost), or ctx is done.
+func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	rec := g.record
-	rec.State, rec.ExitCode, rec.Error, rec.Output, rec.Start, rec.End = state, exitCode, errText, output, start.UTC(), end.UTC()
-	return n.finish(ctx, rec, g.Fence, true)
+	rec.State, rec.Reason, rec.ExitCode, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.Err, o.Output
+	if !o.Start.IsZero() {
+		rec.Start = o.Start.UTC()
+	}
+	rec.End = o.End.UTC()
+	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for {
+		err := n.finish(ctx, rec, g.Fence, true)
+		if err == nil || errors.Is(err, ErrClaimLost) {
+			return err
+		}
+		n.log.Warn("record the outcome; retrying", "job", rec.Job, "item", rec.Item, "fence", g.Fence, "err", err)
+		if !sleep(ctx, b.next()) {
+			return err
+		}
+	}
 }
 
 // Skip records that fires up to fire were skipped (not run) for item: the
 // misfire policy's decision, visible in history.
 func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev ItemState) error {
-	rec := ItemRecord{Job: job, Item: item, Fire: fire.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1,
-		Skipped: skipped, Start: n.opts.Now().UTC(), End: n.opts.Now().UTC()}
+	now := n.opts.Now().UTC()
+	rec := ItemRecord{Job: job, Item: item, Fire: fire.UTC(), Sched: fire.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1,
+		Skipped: skipped, Start: now, End: now}
 	if prev.Record != nil {
 		rec.Seq = prev.Record.Seq + 1
-		rec.Attempt = 0
+		rec.Trigger = prev.Record.Trigger
 	}
 	return n.finish(ctx, rec, prev.Rev, false)
 }
@@ -315,24 +419,17 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 	if clearRunning {
 		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
 	}
-	var lastErr error
-	for attempt := 0; attempt < 3; attempt++ {
-		wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-		resp, err := n.opts.Client.Txn(wctx).If(clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev)).Then(ops...).Commit()
-		cancel()
-		if err == nil {
-			if !resp.Succeeded {
-				// Our claim was taken over (after a fence): its record is not ours to write.
-				return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
-			}
-			return nil
-		}
-		lastErr = err // unknown outcome: the guard makes the retry safe
-		if ctx.Err() != nil {
-			break
-		}
+	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(wctx).If(clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev)).Then(ops...).Commit()
+	if err != nil {
+		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
 	}
-	return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, lastErr)
+	if !resp.Succeeded {
+		// Our claim was taken over (after a fence): its record is not ours to write.
+		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
+	}
+	return nil
 }
 
 // History returns the recorded executions of job, oldest first.

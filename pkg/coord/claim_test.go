@@ -47,7 +47,7 @@ func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
 	}
 	// Once the run is complete the record says DONE and the marker is
 	// gone: nothing there is this claim's any more.
-	if err := n.Complete(ctx, g, StateDone, 0, "", "", fire, fire); err != nil {
+	if err := n.Complete(ctx, g, Outcome{State: StateDone, ExitCode: 0, Start: fire, End: fire}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := n.readBackClaim(ctx, s, c, written); !errors.Is(err, ErrClaimLost) {

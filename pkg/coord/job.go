@@ -238,6 +238,15 @@ func (n *Node) observeMap(job string, kv *mvccpb.KeyValue) {
 	if n.opts.OnMap != nil {
 		n.opts.OnMap(job, m)
 	}
+	n.mu.Lock()
+	subs := make([]func(), 0, len(n.mapSubs[job]))
+	for _, fn := range n.mapSubs[job] {
+		subs = append(subs, fn)
+	}
+	n.mu.Unlock()
+	for _, fn := range subs {
+		fn()
+	}
 }
 
 func poke(c chan<- struct{}) {

@@ -61,7 +61,8 @@ type Node struct {
 	members map[string]int64 // job -> CreateRevision of this session's member key
 	leaving bool             // Leave was called: no membership any more
 	started time.Time
-	changed chan struct{} // buffered(1): the job set changed
+	changed chan struct{}              // buffered(1): the job set changed
+	mapSubs map[string]map[*int]func() // OnChange callbacks by job, called on a newer map
 	// admission bounds how many jobs register at once. Thousands of jobs
 	// registering together put etcd's apply queue thousands of entries
 	// behind ("too many requests"), the queue delays lease keepalives,
@@ -126,6 +127,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		keys:      NewKeys(opts.Prefix),
 		log:       opts.Logger.With("instance", opts.ID),
 		views:     map[string]*JobView{},
+		mapSubs:   map[string]map[*int]func(){},
 		changed:   make(chan struct{}, 1),
 		admission: make(chan struct{}, maxRegistering),
 		started:   opts.Now(),

@@ -18,6 +18,10 @@ type Trigger struct {
 	// Fire is the run's fire time: when it was requested.
 	Fire time.Time `json:"fire"`
 	By   string    `json:"by,omitempty"`
+	// Rev is the etcd revision that created the request: the identity of
+	// the manual fire, ordered cluster-wide without trusting any host's
+	// clock (Fire is only the requester's note of when it asked).
+	Rev int64 `json:"-"`
 }
 
 // TriggerTTL is how long a trigger request stays in etcd.
@@ -58,12 +62,44 @@ func (n *Node) OnTrigger(job string, fn func(Trigger)) (cancel func()) {
 			n.log.Error("ignoring malformed trigger", "job", job, "key", string(ev.Kv.Key), "err", err)
 			return
 		}
+		tr.Rev = ev.Kv.CreateRevision
 		fn(tr)
 	}, func() {
 		// A trigger put during a compacted watch gap is lost; the hub
 		// logs the gap once. Triggers are one-off operator requests, and
 		// `shardd trigger` can be repeated.
 	})
+}
+
+// OnChange calls fn whenever something may have changed what this instance
+// should do with job's items: a newer shard map in its view, a running
+// marker deleted (a run ended, or a lease expired under one), an item
+// disabled or enabled, and whenever the watch may have lost events. fn runs
+// on the node's watch goroutine and must not block.
+func (n *Node) OnChange(job string, fn func()) (cancel func()) {
+	id := new(int)
+	n.mu.Lock()
+	if n.mapSubs[job] == nil {
+		n.mapSubs[job] = map[*int]func(){}
+	}
+	n.mapSubs[job][id] = fn
+	n.mu.Unlock()
+	stopRunning := n.hub.subscribe(job, n.keys.Running(job), func(ev *clientv3.Event) {
+		if ev.Type == clientv3.EventTypeDelete {
+			fn()
+		}
+	}, fn)
+	stopDisabled := n.hub.subscribe(job, n.keys.Disabled(job), func(*clientv3.Event) { fn() }, fn)
+	return func() {
+		stopRunning()
+		stopDisabled()
+		n.mu.Lock()
+		delete(n.mapSubs[job], id)
+		if len(n.mapSubs[job]) == 0 {
+			delete(n.mapSubs, job)
+		}
+		n.mu.Unlock()
+	}
 }
 
 // SetDisabled disables (or enables, with on false) a job, one item of it

@@ -101,6 +101,7 @@ func (s *session) Deadline() time.Time {
 func (s *session) keepAlive() {
 	defer s.wg.Done()
 	interval := s.ttl / 3
+	b := backoff{min: 100 * time.Millisecond, max: 500 * time.Millisecond}
 	t := time.NewTimer(interval)
 	defer t.Stop()
 	for {
@@ -110,20 +111,35 @@ func (s *session) keepAlive() {
 		case <-t.C:
 		}
 		sent := s.now()
-		ctx, cancel := context.WithTimeout(s.ctx, interval)
+		// An attempt may take no longer than the time left before the fence
+		// deadline: a keepalive acknowledged after it is of no use, and the
+		// next attempt must still fit.
+		ctx, cancel := context.WithTimeout(s.ctx, keepAliveTimeout(interval, s.Deadline().Sub(sent)))
 		resp, err := s.cli.KeepAliveOnce(ctx, s.lease)
 		cancel()
 		switch {
 		case err == nil && resp.TTL > 0:
 			s.extend(sent.Add(s.grantedTTL(resp.TTL) - s.margin))
+			b.reset()
+			t.Reset(interval)
+			continue
 		case errors.Is(err, rpctypes.ErrLeaseNotFound) || err == nil:
 			s.cancel(errLeaseGone)
 			return
 		case s.ctx.Err() == nil:
-			s.log.Debug("keepalive failed", "lease", fmt.Sprintf("%x", s.lease), "fence_in", s.Deadline().Sub(s.now()).Round(time.Millisecond), "err", err)
+			s.log.Debug("keepalive failed; retrying", "lease", fmt.Sprintf("%x", s.lease), "fence_in", s.Deadline().Sub(s.now()).Round(time.Millisecond), "err", err)
 		}
-		t.Reset(interval)
+		// Retry promptly: one slow or failed attempt (an etcd leader
+		// election) must not cost a whole interval when the deadline is near.
+		t.Reset(b.next())
 	}
+}
+
+// keepAliveTimeout bounds one keepalive attempt: at most interval, and no
+// later than the time left before the fence deadline (but at least 100ms,
+// so that a late attempt still has a chance).
+func keepAliveTimeout(interval, left time.Duration) time.Duration {
+	return max(min(interval, left), 100*time.Millisecond)
 }
 
 // extend moves the fence deadline to d, unless the session has fenced already.
