@@ -57,20 +57,34 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		tailBytes = 4096
 	}
 
-	var cmd *exec.Cmd
+	if ctx.Err() != nil { // never start work that is no longer wanted
+		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, context.Cause(ctx))
+		return res
+	}
+	var argv []string
 	switch {
 	case len(s.Argv) > 0:
-		args := append([]string(nil), s.Argv[1:]...)
-		if s.ContextArg {
-			args = append(args, c.elasticJobContext())
-		}
-		cmd = exec.Command(s.Argv[0], args...)
+		argv = append(argv, s.Argv...)
 	default:
-		args := []string{"-c", s.Shell, "shardd-" + c.Job}
-		if s.ContextArg {
-			args = append(args, c.elasticJobContext())
+		argv = []string{"/bin/sh", "-c", s.Shell, "shardd-" + c.Job}
+	}
+	if s.ContextArg {
+		argv = append(argv, c.elasticJobContext())
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	var gate *os.File // the write end of the gate; nil: no gate
+	if s.Watchdog != nil {
+		// Hold the script in a gate until its group is registered.
+		gr, gw, err := os.Pipe()
+		if err != nil {
+			res.Err = fmt.Errorf("gate pipe: %w", err)
+			return res
 		}
-		cmd = exec.Command("/bin/sh", args...)
+		defer gr.Close()
+		defer gw.Close()
+		cmd = exec.Command(s.Watchdog.bin, append([]string{GateCommand}, argv...)...)
+		cmd.ExtraFiles = []*os.File{gr}
+		gate = gw
 	}
 	cmd.Dir = s.Workdir
 	cmd.Env = os.Environ()
@@ -110,7 +124,6 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	}()
 
 	err = cmd.Start()
-	res.Started = time.Now()
 	pw.Close() // the child has its copy
 	if err != nil {
 		<-copied
@@ -120,13 +133,29 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	if s.Watchdog != nil {
+	if gate != nil {
+		var why error
 		if err := s.Watchdog.Add(pgid); err != nil {
-			syscall.Kill(-pgid, syscall.SIGKILL) // unguarded work must not run
-			res.Err = fmt.Errorf("%w: watchdog: %v", ErrKilled, err)
+			why = fmt.Errorf("watchdog: %w", err) // unguarded work must not run
+		} else if ctx.Err() != nil {
+			why = context.Cause(ctx)
+		} else if s.Watchdog.Expired() {
+			why = errors.New("the session's fence deadline passed")
 		}
 		defer s.Watchdog.Del(pgid)
+		if why == nil {
+			_, why = gate.Write([]byte{1})
+		}
+		gate.Close()
+		if why != nil {
+			syscall.Kill(-pgid, syscall.SIGKILL)
+			<-exited
+			<-copied
+			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, why)
+			return res
+		}
 	}
+	res.Started = time.Now()
 
 	var timeout <-chan time.Time
 	if s.Timeout > 0 {

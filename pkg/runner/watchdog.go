@@ -28,10 +28,18 @@ const WatchdogCommand = "__watchdog"
 //
 //   - when the pipe closes: shardd is gone (then it exits);
 //   - when the deadline passes without a newer one: shardd is stopped or
-//     cut off from etcd, and its lease may expire at any moment.
+//     cut off from etcd, and its lease may expire at any moment. A group
+//     added after that (shardd was stopped between a claim and its run)
+//     is killed at once, until a newer deadline comes.
 //
-// Protocol, one command a line: "deadline <unix-nanos>", "add <pgid>",
-// "del <pgid>".
+// Protocol, one command a line: "deadline <nanoseconds from now>",
+// "add <pgid>", "del <pgid>". Deadlines travel as durations, so the two
+// processes' readings of the wall clock never matter.
+//
+// A script is registered before it can run: it starts as `shardd __gate
+// argv...` (GateMain), in its own process group, and waits on a pipe; shardd
+// registers the group, checks that the run is still wanted, and only then
+// lets the gate exec the script.
 
 // WatchdogMain runs the watchdog on standard input; it returns when the
 // input closes, after killing every group still registered.
@@ -54,6 +62,7 @@ func WatchdogMain() int {
 	}()
 	var deadline *time.Timer
 	var fire <-chan time.Time
+	expired := false
 	for {
 		select {
 		case line, ok := <-lines:
@@ -72,14 +81,18 @@ func WatchdogMain() int {
 				if deadline != nil {
 					deadline.Stop()
 				}
-				deadline = time.NewTimer(time.Until(time.Unix(0, n)))
-				fire = deadline.C
+				deadline = time.NewTimer(time.Duration(n))
+				fire, expired = deadline.C, false
 			case "add":
 				groups[int(n)] = true
+				if expired {
+					killAll("added after the session's fence deadline passed")
+				}
 			case "del":
 				delete(groups, int(n))
 			}
 		case <-fire:
+			expired = true
 			killAll("the session's fence deadline passed")
 		}
 	}
@@ -99,7 +112,8 @@ type Watchdog struct {
 	closed   bool
 }
 
-// StartWatchdog starts `bin __watchdog`; bin is the shardd binary.
+// StartWatchdog starts `bin __watchdog`; bin is the shardd binary, which
+// must also serve GateCommand (see GateMain).
 func StartWatchdog(bin string, log *slog.Logger) (*Watchdog, error) {
 	w := &Watchdog{bin: bin, log: log, groups: map[int]bool{}}
 	w.mu.Lock()
@@ -128,7 +142,7 @@ func (w *Watchdog) start() error {
 		cmd.Wait()
 	}()
 	if !w.deadline.IsZero() {
-		fmt.Fprintf(in, "deadline %d\n", w.deadline.UnixNano())
+		fmt.Fprintf(in, "deadline %d\n", time.Until(w.deadline).Nanoseconds())
 	}
 	for pgid := range w.groups {
 		fmt.Fprintf(in, "add %d\n", pgid)
@@ -161,7 +175,15 @@ func (w *Watchdog) SetDeadline(t time.Time) error {
 		return nil
 	}
 	w.deadline = t
-	return w.send(fmt.Sprintf("deadline %d\n", t.UnixNano()))
+	return w.send(fmt.Sprintf("deadline %d\n", time.Until(t).Nanoseconds()))
+}
+
+// Expired reports whether the last deadline set has passed: a run must not
+// start then (its session may have lost the item).
+func (w *Watchdog) Expired() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.deadline.IsZero() && !time.Now().Before(w.deadline)
 }
 
 // Add registers a script's process group.
@@ -199,4 +221,34 @@ func (w *Watchdog) Close() error {
 		<-exited
 	}
 	return err
+}
+
+// GateCommand is the hidden subcommand of the shardd binary that holds a
+// script until shardd has registered its process group (see GateMain).
+const GateCommand = "__gate"
+
+// gateExitNotReleased is the gate's exit code when shardd closed the gate
+// without releasing it: the run was no longer wanted.
+const gateExitNotReleased = 125
+
+// GateMain runs `shardd __gate argv...`: it waits for one byte on file
+// descriptor 3, then replaces itself with argv (looked up in PATH). If the
+// pipe closes without that byte, it exits without running anything.
+func GateMain(argv []string) int {
+	gate := os.NewFile(3, "gate")
+	var b [1]byte
+	if n, _ := gate.Read(b[:]); n != 1 {
+		return gateExitNotReleased
+	}
+	gate.Close()
+	if len(argv) == 0 {
+		fmt.Fprintln(os.Stderr, "shardd gate: nothing to run")
+		return 127
+	}
+	path, err := exec.LookPath(argv[0])
+	if err == nil {
+		err = syscall.Exec(path, argv, os.Environ())
+	}
+	fmt.Fprintf(os.Stderr, "shardd: run %s: %v\n", argv[0], err)
+	return 127
 }

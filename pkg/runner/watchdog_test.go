@@ -2,10 +2,14 @@ package runner
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -14,6 +18,9 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == WatchdogCommand {
 		os.Exit(WatchdogMain())
+	}
+	if len(os.Args) > 1 && os.Args[1] == GateCommand {
+		os.Exit(GateMain(os.Args[2:]))
 	}
 	os.Exit(m.Run())
 }
@@ -104,5 +111,80 @@ func TestWatchdogKillsWhenShardDies(t *testing.T) {
 	}
 	if pid := readPID(t, dir); alive(pid) {
 		t.Errorf("grandchild %d survived shardd", pid)
+	}
+}
+
+// A group added after the deadline passed (shardd stopped between its
+// claim and the script's start) is killed at once: the watchdog's timer had
+// fired already, and no newer deadline may come.
+func TestWatchdogKillsAGroupAddedAfterTheDeadline(t *testing.T) {
+	w := startWatchdog(t)
+	w.SetDeadline(time.Now().Add(100 * time.Millisecond))
+	time.Sleep(300 * time.Millisecond) // the deadline passes with nothing registered
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	if err := w.Add(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("a group added after the deadline passed is alive 5s later")
+	}
+}
+
+// A run whose context is done before it starts never execs its work, with
+// or without a watchdog.
+func TestScriptWithCancelledContextNeverStarts(t *testing.T) {
+	w := startWatchdog(t)
+	w.SetDeadline(time.Now().Add(time.Hour))
+	marker := filepath.Join(t.TempDir(), "ran")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for _, wd := range []*Watchdog{nil, w} {
+		for i := 0; i < 20; i++ {
+			res := Script{Argv: []string{"/usr/bin/touch", marker}, Watchdog: wd}.Run(ctx, ctxFixture)
+			if res.OK || !errors.Is(res.Err, ErrKilled) || !res.Started.IsZero() {
+				t.Fatalf("watchdog %v: run with a cancelled context: %+v", wd != nil, res)
+			}
+		}
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the work ran although its context was cancelled before the start")
+	}
+}
+
+// A run whose fence deadline has passed never execs: the gate holds the
+// script until its group is registered and the run is checked.
+func TestScriptPastTheDeadlineNeverStarts(t *testing.T) {
+	w := startWatchdog(t)
+	w.SetDeadline(time.Now().Add(-time.Second))
+	marker := filepath.Join(t.TempDir(), "ran")
+	res := Script{Argv: []string{"/usr/bin/touch", marker}, Watchdog: w}.Run(context.Background(), ctxFixture)
+	if res.OK || !errors.Is(res.Err, ErrKilled) {
+		t.Fatalf("run past the fence deadline: %+v", res)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("the work ran past the session's fence deadline")
+	}
+	// A newer deadline lets work run again, through the gate, with its
+	// arguments, environment and exit code intact.
+	w.SetDeadline(time.Now().Add(time.Hour))
+	res = Script{Argv: []string{"sh", "-c", `touch "$1"; echo "$SHARDD_JOB"; exit 3`, "sh", marker}, Watchdog: w}.Run(context.Background(), ctxFixture)
+	if res.ExitCode != 3 || res.Output != ctxFixture.Job+"\n" {
+		t.Fatalf("run through the gate: %+v", res)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatal("the work did not run under a live deadline")
+	}
+	res = Script{Argv: []string{"no-such-program-here"}, Watchdog: w}.Run(context.Background(), ctxFixture)
+	if res.OK || res.ExitCode != 127 || !strings.Contains(res.Output, "no-such-program-here") {
+		t.Fatalf("missing program through the gate: %+v", res)
 	}
 }
