@@ -34,7 +34,6 @@ const (
 	defaultDataDir    = "shardd-data"
 	defaultEmbedURL   = "http://127.0.0.1:2379"
 	defaultEmbedPeer  = "http://127.0.0.1:2380"
-	shutdownGraceTime = 10 * time.Second
 )
 
 func cmdRun(e *env, args []string) error {
@@ -46,6 +45,7 @@ func cmdRun(e *env, args []string) error {
 		listen    = fs.String("listen", defaultListen, "`address` of the HTTP endpoints (/healthz, /readyz); empty disables")
 		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
 		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
+		grace     = fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long running items may finish before they are killed (recorded KILLED)")
 		tokenFile = fs.String("api-token-file", "", "`file` with the bearer token for the API's write endpoints (and reads)")
 		readFile  = fs.String("api-read-token-file", "", "`file` with a read-only bearer token; when set, API reads need a token")
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
@@ -166,7 +166,7 @@ func cmdRun(e *env, args []string) error {
 		return err
 	}
 	eng = engine.New(engine.Options{
-		Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Skew: skew.Skew,
+		Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Skew: skew.Skew, ShutdownGrace: *grace,
 		OnStart:   func(job string) { m.Running.WithLabelValues(job).Inc() },
 		OnSkipped: func(job string, n int) { m.SkippedFires.WithLabelValues(job).Add(float64(n)) },
 		Observe:   func(r engine.Run) { observeRun(m, r) },
@@ -242,7 +242,7 @@ func cmdRun(e *env, args []string) error {
 			case s := <-sig:
 				log.Info("shutting down; send the signal again to force", "signal", s.String())
 				sdNotify("STOPPING=1")
-				go forceOnSecondSignal(sig, log)
+				go forceOnSecondSignal(sig, *grace, log)
 				return nil
 			case <-stop:
 				return nil
@@ -258,15 +258,16 @@ func cmdRun(e *env, args []string) error {
 // killWork stops every running item at once; set once the engine exists.
 var killWork = func() {}
 
-// forceOnSecondSignal exits at once on another signal, or when a graceful
-// stop takes longer than shutdownGraceTime, killing running items first so
-// that none outlives this instance's claim.
-func forceOnSecondSignal(sig <-chan os.Signal, log *slog.Logger) {
+// forceOnSecondSignal exits on another signal, killing running items first
+// so that none outlives this instance's claim. The engine kills them itself
+// when the shutdown grace runs out and records them KILLED; if the stop
+// still hangs well past that (etcd unreachable), it exits anyway.
+func forceOnSecondSignal(sig <-chan os.Signal, grace time.Duration, log *slog.Logger) {
 	select {
 	case s := <-sig:
 		log.Warn("second signal: killing running items and exiting now", "signal", s.String())
-	case <-time.After(shutdownGraceTime):
-		log.Warn("graceful stop took too long: killing running items and exiting now", "grace", shutdownGraceTime)
+	case <-time.After(grace + 15*time.Second):
+		log.Warn("graceful stop took too long: killing running items and exiting now", "grace", grace)
 	}
 	killWork()
 	time.Sleep(100 * time.Millisecond) // let the kills land

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"slices"
 	"time"
 
@@ -44,40 +43,4 @@ func routeOrder(route string, instances []string, history []coord.ItemRecord) []
 		slices.SortStableFunc(order, func(a, b string) int { return last[a].Compare(last[b]) })
 	}
 	return order
-}
-
-// route runs a runtime route's fire: this instance waits for its turn, then
-// dispatches every item; the claims let only the first taker run them.
-func (e *Engine) route(ctx context.Context, js *jobState, v coord.JobView, fire time.Time) {
-	m := v.Map
-	me := e.opts.Node.ID()
-	if m == nil || m.Disabled || !slices.Contains(m.Instances, me) {
-		return
-	}
-	var history []coord.ItemRecord
-	if r := v.Job.Strategy; r == shard.LFU || r == shard.LRU {
-		h, err := e.opts.Node.History(ctx, v.Job.Name)
-		if err != nil {
-			e.log.Warn("read history for the route", "job", v.Job.Name, "err", err)
-		}
-		history = h
-	}
-	rank := slices.Index(routeOrder(v.Job.Strategy, m.Instances, history), me)
-	if rank > 0 && !sleepCtx(ctx, time.Duration(rank)*routeStep) {
-		return
-	}
-	if v.Job.Strategy == shard.Busyover {
-		js.mu.Lock()
-		busy := len(js.busy) > 0
-		js.mu.Unlock()
-		if busy {
-			e.log.Debug("busy: letting the next instance take the fire", "job", v.Job.Name, "fire", fire)
-			return
-		}
-	}
-	items := make([]int, v.Job.ShardingTotalCount)
-	for i := range items {
-		items[i] = i
-	}
-	e.dispatch(ctx, js, v, items, fire)
 }

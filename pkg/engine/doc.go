@@ -1,0 +1,75 @@
+// Package engine runs the items an instance owns, on schedule, once each.
+//
+// It ties the job's schedule, coord's shard maps and fenced claims, and the
+// runner together. Like the leader's map work, item work is
+// level-triggered: for each job one goroutine (job.go) reconciles what
+// should be true of every item with what etcd says, whenever something may
+// have changed, and never relies on having seen every event.
+//
+// # The reconcile
+//
+// A job's loop wakes on: its schedule's next fire, a newer shard map, a
+// running marker deleted (a run ended or a lease expired), an item disabled
+// or enabled, a manual trigger, the session coming up again, a run of its
+// own ending, a lost claim or a failed read or write (after a short
+// backoff), and a periodic sweep. Each wake reads the job's items from etcd
+// in one request and decides, per item, with decide (reconcile.go), a pure
+// function of the item's record and marker, whether this process runs the
+// item now, the job's policies and the time:
+//
+//	disabled, or a run of it in progress here        nothing
+//	marker under this session, no run here            adopt: a claim whose reply was lost
+//	                                                  applied late; run it under its fence
+//	marker held by another (or an old) session        wait: its deletion wakes the loop
+//	record cut by a failure, failover: true           re-run its fire at once, attempt+1 (FAILOVER)
+//	scheduled fires after the record's watermark      run the latest one (NORMAL on time, MISFIRE
+//	                                                  late), the older ones counted as skipped;
+//	                                                  or record them all SKIPPED (below)
+//	a manual trigger newer than the record's          run it (MANUAL)
+//
+// A record is cut by a failure when it says RUNNING and no marker exists
+// (its instance died, paused past its lease, or was cut off), or KILLED at
+// a shutdown or fence. The watermark is the latest scheduled fire the record
+// accounts for; manual runs do not move it, so a trigger never hides a
+// scheduled fire.
+//
+// Missed fires are all recorded, never silently dropped: the latest missed
+// fire runs once (coalesced) unless it is older than the misfire window
+// (max(1 min, 3 x TTL)), or it came while the item's previous run was still
+// going and the job says misfire: false; then every missed fire is recorded
+// SKIPPED. Fires at or before the watermark never run again (G2), except a
+// failover re-run.
+//
+// An item runs here only if this instance owns it for that fire in the
+// shard map it acts on (per-fire strategies compute the owner of each fire;
+// runtime routes rank the instances and give each a turn after the fire).
+//
+// # One run
+//
+//	decide --run--> limits (job's maxConcurrency, --max-concurrency) --> claim --won--> exec --> record
+//	                                                                       |lost: re-read, decide again
+//
+// A claim is one Txn (coord.Claim) guarded by the item record read, the
+// absence of a marker, the member key of the session and the map revision
+// acted on; its revision is the run's fence token (G4). The run stops at
+// once when the session fences itself (it may no longer own the item), and
+// the watchdog process kills the script if shardd cannot. The outcome is
+// written by coord.Complete, which retries until it lands or another
+// instance has taken the item over: a run that ended is never left
+// RUNNING while its instance lives. Every run leaves a record, killed ones
+// as KILLED with a reason (shutdown, fence, timeout, operator).
+//
+// # Failure cases
+//
+//   - owner killed: its lease expires after at most the TTL, the leader
+//     reshards, the new owner's loop wakes on the map and fails over the cut
+//     run or runs the fire that came meanwhile, at once.
+//   - owner paused (SIGSTOP) or cut off: its session fences before its lease
+//     can expire; its runs are killed (by it or by its watchdog) and recorded
+//     KILLED/fence when etcd can be reached; the new owner re-runs them.
+//   - claim reply lost: read back; if it applied late anyway, its marker
+//     under this session is adopted by the next reconcile.
+//   - completion write fails: retried with backoff; the item stays held by
+//     its marker, so nobody runs it meanwhile.
+//   - this host's clock beyond maxTimeDiffSeconds: nothing fires.
+package engine

@@ -1,0 +1,140 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/runner"
+)
+
+// execute claims the item for s.a (or adopts the claim this session holds),
+// runs it with its retries and records the outcome. It reports whether the
+// claim was won. ctx is the job loop's: once it ends no claim is made, but
+// a won run goes on until it ends, its session fences, or Kill.
+func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
+	e, job, a := j.e, v.Job, s.a
+	log := j.log.With("item", s.item, "fire", a.fire.UTC(), "attempt", a.attempt, "source", a.source)
+	sems := []semaphore{j.semaphore(job.MaxConcurrency), e.global}
+	if !acquire(ctx, sems...) {
+		return false
+	}
+	defer release(sems...)
+
+	var g *coord.Grant
+	var err error
+	if a.kind == adopt {
+		g, err = e.opts.Node.Adopt(j.name, s.item, s.st)
+		if err == nil {
+			log.Warn("a claim of this session applied after its reply was lost; running it", "fence", g.Fence)
+		}
+	} else {
+		g, err = e.opts.Node.Claim(ctx, coord.Claim{
+			Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
+			Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger,
+		})
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, coord.ErrClaimLost) || errors.Is(err, coord.ErrNotUp):
+		log.Debug("claim not won; deciding again", "err", err)
+		j.pokeAfter(100 * time.Millisecond)
+		return false
+	default:
+		log.Warn("claim; deciding again", "err", err)
+		j.pokeAfter(500 * time.Millisecond)
+		return false
+	}
+
+	rc := runner.Context{
+		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
+		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: e.opts.Node.ID(), Source: a.source,
+	}
+	if v.Map != nil {
+		rc.Total = v.Map.Total
+	}
+	log.Info("run", "fence", g.Fence, "skipped", a.skipped)
+	if a.skipped > 0 && e.opts.OnSkipped != nil {
+		e.opts.OnSkipped(job.Name, a.skipped)
+	}
+	start := time.Now()
+	if e.opts.OnStart != nil {
+		e.opts.OnStart(job.Name)
+	}
+	res, out := j.work(g, job, rc)
+	if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
+		if errors.Is(err, coord.ErrClaimLost) {
+			log.Warn("outcome not recorded: another instance took the item over", "state", out.State, "fence", g.Fence)
+		} else {
+			log.Error("outcome not recorded", "state", out.State, "fence", g.Fence, "err", err)
+		}
+	}
+	if e.opts.Observe != nil {
+		e.opts.Observe(Run{Job: job.Name, Item: s.item, Fire: a.fire, Source: a.source, Started: res.Started, Result: res,
+			Killed: out.State == coord.StateKilled && out.Reason != coord.ReasonTimeout, Duration: time.Since(start)})
+	}
+	switch out.State {
+	case coord.StateDone:
+		log.Info("done", "fence", g.Fence, "duration", res.End.Sub(start).Round(time.Millisecond))
+	case coord.StateKilled:
+		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "err", res.Err)
+		if out.Reason == coord.ReasonTimeout {
+			e.notifyFailure(job, rc, res)
+		}
+	default:
+		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "err", res.Err)
+		e.notifyFailure(job, rc, res)
+	}
+	return true
+}
+
+// work runs a granted item with its retries and says how it ended. The
+// work stops at once when the session ends (the instance may no longer own
+// the item) or the engine is killed.
+func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runner.Result, coord.Outcome) {
+	e := j.e
+	run, err := j.runners.get(job, e.opts.Watchdog, e.log)
+	if err != nil {
+		j.log.Error("job work is not runnable", "err", err)
+		now := time.Now()
+		return runner.Result{Err: err, ExitCode: -1, End: now},
+			coord.Outcome{State: coord.StateFailed, ExitCode: -1, Err: err.Error(), Start: now, End: now}
+	}
+	runCtx, cancel := context.WithCancelCause(g.Ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(e.killCtx, func() { cancel(context.Cause(e.killCtx)) })
+	defer stop()
+	res := run(runCtx, rc)
+	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
+		wait := min(100*time.Millisecond<<retry, 10*time.Second)
+		j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
+		select {
+		case <-time.After(wait):
+		case <-runCtx.Done():
+		}
+		if runCtx.Err() != nil {
+			break
+		}
+		res = run(runCtx, rc)
+	}
+	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, Output: res.Output, Start: res.Start, End: res.End}
+	if res.End.IsZero() {
+		out.End = time.Now()
+	}
+	switch {
+	case runCtx.Err() != nil:
+		out.State, out.Reason = coord.StateKilled, coord.ReasonFence
+		if errors.Is(context.Cause(runCtx), errShutdown) {
+			out.Reason = coord.ReasonShutdown
+		}
+		out.Err = fmt.Sprint(context.Cause(runCtx))
+	case errors.Is(res.Err, runner.ErrTimeout):
+		out.State, out.Reason, out.Err = coord.StateKilled, coord.ReasonTimeout, res.Err.Error()
+	case !res.OK:
+		out.State, out.Err = coord.StateFailed, fmt.Sprint(res.Err)
+	}
+	return res, out
+}

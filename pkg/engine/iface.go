@@ -1,0 +1,52 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// The engine's view of coord.Node, in three small interfaces: what it reads
+// of the instance, what it reads and writes of items, and what wakes it.
+// coord.Node implements all three; tests use an in-memory fake.
+
+// Cluster is this instance in the cluster.
+type Cluster interface {
+	ID() string
+	// Jobs are the local jobs; View what the instance knows of one.
+	Jobs() []string
+	View(job string) (coord.JobView, bool)
+	// Session is cancelled when the current session ends; false: none.
+	Session() (context.Context, bool)
+	// FenceDeadline is when the session fences itself unless etcd
+	// acknowledges another keepalive; false: no session.
+	FenceDeadline() (time.Time, bool)
+}
+
+// Items reads and writes the state of a job's items in etcd.
+type Items interface {
+	ReadItems(ctx context.Context, job string) (coord.JobItems, error)
+	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
+	Adopt(job string, item int, st coord.ItemState) (*coord.Grant, error)
+	Complete(ctx context.Context, g *coord.Grant, o coord.Outcome) error
+	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error
+	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
+}
+
+// Events delivers what wakes a job's loop. Callbacks must not block.
+type Events interface {
+	// OnChange: a newer map, a running marker deleted, an item disabled
+	// or enabled, or events possibly lost.
+	OnChange(job string, fn func()) (cancel func())
+	OnTrigger(job string, fn func(coord.Trigger)) (cancel func())
+}
+
+// Node is everything the engine needs of coord.Node.
+type Node interface {
+	Cluster
+	Items
+	Events
+}
+
+var _ Node = (*coord.Node)(nil)

@@ -1,0 +1,356 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/schedule"
+	"github.com/shardd/shardd/pkg/shard"
+)
+
+// jobLoop is one job's reconcile loop and the local state it keeps: which
+// items run in this process, the manual triggers not yet served, the job's
+// concurrency limit and runner.
+type jobLoop struct {
+	e    *Engine
+	name string
+	log  *slog.Logger
+	wake chan struct{} // buffered(1)
+	// baseline is when this loop started: the watermark of items never
+	// claimed (see policy.baseline).
+	baseline time.Time
+	runners  runnerCache
+
+	mu       sync.Mutex
+	local    map[int]bool // items with a run in progress here, through its record
+	triggers []pendingTrigger
+	sem      semaphore // the job's maxConcurrency; replaced when it changes
+	semCap   int
+	clockErr string // the last clock refusal logged
+}
+
+type pendingTrigger struct {
+	tr       coord.Trigger
+	received time.Time
+}
+
+func newJobLoop(e *Engine, name string) *jobLoop {
+	return &jobLoop{e: e, name: name, log: e.log.With("job", name), wake: make(chan struct{}, 1),
+		baseline: e.opts.Now(), local: map[int]bool{}}
+}
+
+// poke wakes the loop; it never blocks.
+func (j *jobLoop) poke() {
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+}
+
+// pokeAfter wakes the loop after d.
+func (j *jobLoop) pokeAfter(d time.Duration) { time.AfterFunc(d, j.poke) }
+
+// run reconciles until ctx is done.
+func (j *jobLoop) run(ctx context.Context) {
+	node := j.e.opts.Node
+	stopChanges := node.OnChange(j.name, j.poke)
+	defer stopChanges()
+	stopTriggers := node.OnTrigger(j.name, func(tr coord.Trigger) {
+		j.mu.Lock()
+		j.triggers = append(j.triggers, pendingTrigger{tr: tr, received: j.e.opts.Now()})
+		j.mu.Unlock()
+		j.log.Info("manual trigger", "trigger", tr.ID, "items", tr.Items, "by", tr.By)
+		j.poke()
+	})
+	defer stopTriggers()
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-j.wake:
+		case <-t.C:
+		}
+		next := j.reconcile(ctx)
+		t.Stop()
+		t.Reset(max(next.Sub(j.e.opts.Now()), time.Millisecond))
+	}
+}
+
+// start is one run the reconcile decided on.
+type start struct {
+	item int
+	st   coord.ItemState
+	a    action
+}
+
+// reconcile reads the job's items, decides for each, starts the runs and
+// records the skips it decided on, and returns when it wants to look again
+// if nothing wakes it before.
+func (j *jobLoop) reconcile(ctx context.Context) time.Time {
+	e := j.e
+	now := e.opts.Now()
+	next := now.Add(e.opts.Sweep)
+	v, ok := e.opts.Node.View(j.name)
+	if !ok {
+		return next
+	}
+	if _, up := e.opts.Node.Session(); !up {
+		return next // a new session wakes every job
+	}
+	job, m := v.Job, v.Map
+	j.expireTriggers(now)
+	if m == nil || m.Disabled || job.Disabled {
+		return next
+	}
+	if err := e.checkClock(job); err != nil {
+		if msg := err.Error(); msg != j.clockErr {
+			j.clockErr = msg
+			j.log.Error("refusing to fire", "err", err)
+		}
+		return next
+	}
+	j.clockErr = ""
+	if job.Schedule != nil {
+		if f := job.Schedule.Next(now); !f.IsZero() && f.Before(next) {
+			next = f
+		}
+	}
+	items, err := e.opts.Node.ReadItems(ctx, j.name)
+	if err != nil {
+		if ctx.Err() == nil {
+			j.log.Warn("read item states; trying again", "err", err)
+		}
+		return now.Add(500 * time.Millisecond)
+	}
+	now = e.opts.Now()
+	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: e.window(), baseline: j.baseline}
+	own := j.ownership(ctx, v)
+	var starts []start
+	for item := range job.ShardingTotalCount {
+		st := items.Items[item]
+		j.mu.Lock()
+		local := j.local[item]
+		j.mu.Unlock()
+		a := decide(st, local, p, now)
+		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" {
+			a = j.manual(item, st, now)
+		}
+		if a.kind == none {
+			continue
+		}
+		if a.kind != adopt { // a claim already held is run whoever owns the item now
+			mine, at := own(item, a.fire, a.source)
+			if !mine {
+				continue
+			}
+			if at.After(now) { // a runtime route: not this instance's turn yet
+				next = earliest(next, at)
+				continue
+			}
+		}
+		if a.kind == skip {
+			j.skip(ctx, item, st, a)
+			continue
+		}
+		starts = append(starts, start{item: item, st: st, a: a})
+	}
+	j.launch(ctx, v, starts)
+	return next
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// manual returns the run of the newest pending trigger that item has not
+// served, or none.
+func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
+	var served int64
+	sched := j.baseline
+	if st.Record != nil {
+		served, sched = st.Record.Trigger, st.Record.Watermark()
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var rev int64
+	for _, pt := range j.triggers {
+		if pt.tr.Rev > served && pt.tr.Rev > rev && (len(pt.tr.Items) == 0 || slices.Contains(pt.tr.Items, item)) {
+			rev = pt.tr.Rev
+		}
+	}
+	if rev == 0 {
+		return action{}
+	}
+	return action{kind: run, fire: now, attempt: 1, source: coord.SourceManual, sched: sched, trigger: rev}
+}
+
+// expireTriggers forgets triggers older than their time in etcd.
+func (j *jobLoop) expireTriggers(now time.Time) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool { return now.Sub(pt.received) > coord.TriggerTTL })
+}
+
+// skip records fires as skipped by the misfire policy.
+func (j *jobLoop) skip(ctx context.Context, item int, st coord.ItemState, a action) {
+	e := j.e
+	if err := e.opts.Node.Skip(ctx, j.name, item, a.fire, a.skipped, st); err != nil {
+		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
+		j.pokeAfter(200 * time.Millisecond)
+		return
+	}
+	j.log.Info("fires skipped by misfire policy", "item", item, "skipped", a.skipped, "through", a.fire.UTC())
+	if e.opts.OnSkipped != nil {
+		e.opts.OnSkipped(j.name, a.skipped)
+	}
+}
+
+// ownership returns whether this instance may claim item for fire in the
+// view v, and from when: the map's owner for sharding strategies, the
+// fire's owner for per-fire ones, and every eligible instance in its turn
+// for runtime routes.
+func (j *jobLoop) ownership(ctx context.Context, v coord.JobView) func(item int, fire time.Time, source string) (bool, time.Time) {
+	me := j.e.opts.Node.ID()
+	m, job := v.Map, v.Job
+	switch {
+	case job.Shard.Runtime():
+		if !slices.Contains(m.Instances, me) {
+			return func(int, time.Time, string) (bool, time.Time) { return false, time.Time{} }
+		}
+		var rank = -1
+		return func(_ int, fire time.Time, source string) (bool, time.Time) {
+			if job.Strategy == shard.Busyover && j.busy() {
+				return false, time.Time{} // busy: the next instance takes the fire
+			}
+			if source == coord.SourceManual {
+				return true, fire
+			}
+			if rank < 0 {
+				rank = j.rank(ctx, v)
+			}
+			return true, fire.Add(time.Duration(rank) * routeStep)
+		}
+	case m.PerFire:
+		return func(item int, fire time.Time, _ string) (bool, time.Time) {
+			seq := int64(0)
+			if job.Schedule != nil {
+				seq = schedule.Seq(job.Schedule, fire)
+			}
+			a, err := job.Shard.Assign(shard.Input{Instances: m.Instances, Job: job.Name, Total: job.ShardingTotalCount, Fire: shard.Fire{Time: fire, Seq: seq}})
+			if err != nil {
+				return false, time.Time{}
+			}
+			return slices.Contains(a.ByInstance()[me], item), fire
+		}
+	default:
+		mine := m.ItemsOf(me)
+		return func(item int, fire time.Time, _ string) (bool, time.Time) { return slices.Contains(mine, item), fire }
+	}
+}
+
+// rank is this instance's place in the runtime route's order.
+func (j *jobLoop) rank(ctx context.Context, v coord.JobView) int {
+	var history []coord.ItemRecord
+	if r := v.Job.Strategy; r == shard.LFU || r == shard.LRU {
+		h, err := j.e.opts.Node.History(ctx, v.Job.Name)
+		if err != nil {
+			j.log.Warn("read history for the route", "err", err)
+		}
+		history = h
+	}
+	return slices.Index(routeOrder(v.Job.Strategy, v.Map.Instances, history), j.e.opts.Node.ID())
+}
+
+// busy reports whether any item of the job runs here.
+func (j *jobLoop) busy() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.local) > 0
+}
+
+// semaphore returns the job's concurrency semaphore for max (nil: none),
+// replacing it when max changed. Runs holding the old one give back the old.
+func (j *jobLoop) semaphore(max int) semaphore {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if max != j.semCap {
+		j.sem, j.semCap = newSemaphore(max), max
+	}
+	return j.sem
+}
+
+// launch starts the runs decided on. Items run in their own goroutines; for
+// a job with listeners, the items of one scheduled fire form a group:
+// BEFORE runs before the first starts, AFTER when the last has ended.
+func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
+	if len(starts) == 0 {
+		return
+	}
+	j.mu.Lock()
+	for _, s := range starts {
+		j.local[s.item] = true
+	}
+	j.mu.Unlock()
+	e := j.e
+	one := func(s start) bool {
+		defer func() {
+			j.mu.Lock()
+			delete(j.local, s.item)
+			j.mu.Unlock()
+			j.poke() // decide again: fires may have come meanwhile
+		}()
+		return j.execute(ctx, v, s)
+	}
+	ls := v.Job.Listeners
+	groups := map[time.Time][]start{}
+	for _, s := range starts {
+		if ls == nil || s.a.source == coord.SourceFailover || s.a.source == coord.SourceManual || s.a.kind == adopt {
+			e.runs.Add(1)
+			go func() {
+				defer e.runs.Done()
+				one(s)
+			}()
+			continue
+		}
+		groups[s.a.fire] = append(groups[s.a.fire], s)
+	}
+	for fire, group := range groups {
+		e.runs.Add(1)
+		go func() {
+			defer e.runs.Done()
+			items := make([]int, len(group))
+			for i, s := range group {
+				items[i] = s.item
+			}
+			e.listener(v.Job, "BEFORE", ls.Before, fire, items)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			var ran []int
+			for _, s := range group {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if one(s) {
+						mu.Lock()
+						ran = append(ran, s.item)
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			if len(ran) > 0 {
+				slices.Sort(ran)
+				e.listener(v.Job, "AFTER", ls.After, fire, ran)
+			}
+		}()
+	}
+}

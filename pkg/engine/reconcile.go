@@ -1,0 +1,103 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+// policy is what decide needs of a job.
+type policy struct {
+	schedule schedule.Schedule // nil: manual job, nothing is ever due
+	failover bool
+	misfire  bool
+	// window is how old a missed fire may be and still run.
+	window time.Duration
+	// baseline is the watermark of an item never claimed: fires at or
+	// before it are not due (the job did not exist yet, as far as this
+	// instance knows).
+	baseline time.Time
+}
+
+// onTime is how late a run may start and still count as NORMAL rather
+// than as a MISFIRE catch-up (a label only: both run the fire).
+const onTime = time.Second
+
+// maxCount bounds how many missed fires decide counts one by one.
+const maxCount = 100000
+
+type actionKind int
+
+const (
+	none  actionKind = iota
+	run              // claim and run fire
+	adopt            // run the claim this session already holds
+	skip             // record the fires through fire as skipped
+)
+
+func (k actionKind) String() string {
+	return [...]string{"none", "run", "adopt", "skip"}[k]
+}
+
+// action is what to do for one item now.
+type action struct {
+	kind    actionKind
+	fire    time.Time // the fire to run, or the latest one skipped
+	attempt int
+	source  string
+	// skipped counts the fires before fire that will not run.
+	skipped int
+	// sched is the record's watermark after the claim.
+	sched time.Time
+	// trigger is the manual trigger a MANUAL run serves.
+	trigger int64
+}
+
+// decide reconciles one item: from its state in etcd, whether a run of it
+// is in progress in this process, the job's policy and the time, it says
+// what should happen now. It does not look at ownership or manual
+// triggers: the caller checks that this instance owns the item for
+// action.fire, and serves triggers when decide says none.
+func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
+	if st.Disabled || local {
+		return action{}
+	}
+	rec := st.Record
+	if st.RunningBy != "" {
+		if st.RunningMine && rec != nil && rec.State == coord.StateRunning {
+			// Our session holds the marker and no run of ours knows it: a
+			// claim whose reply was lost applied after all.
+			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark()}
+		}
+		return action{} // someone runs it; the marker's deletion wakes us
+	}
+	if rec != nil && rec.CutByFailure() && p.failover {
+		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: coord.SourceFailover, sched: rec.Watermark()}
+	}
+	if p.schedule == nil {
+		return action{}
+	}
+	base, busyUntil := p.baseline, time.Time{}
+	if rec != nil {
+		base = rec.Watermark()
+		if rec.State != coord.StateSkipped && !rec.CutByFailure() {
+			busyUntil = rec.End // fires up to here came while the item ran
+		}
+	}
+	count, latest := 0, time.Time{}
+	for f := p.schedule.Next(base); !f.IsZero() && !f.After(now) && count < maxCount; f = p.schedule.Next(f) {
+		count, latest = count+1, f
+	}
+	if count == 0 {
+		return action{}
+	}
+	if now.Sub(latest) > p.window || (!p.misfire && !latest.After(busyUntil)) {
+		return action{kind: skip, fire: latest, skipped: count}
+	}
+	source := coord.SourceNormal
+	if count > 1 || now.Sub(latest) > onTime {
+		source = coord.SourceMisfire
+	}
+	return action{kind: run, fire: latest, attempt: 1, source: source, skipped: count - 1, sched: latest}
+}

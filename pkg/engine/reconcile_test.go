@@ -1,0 +1,136 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+func mustSchedule(t *testing.T, spec string) schedule.Schedule {
+	t.Helper()
+	s, err := schedule.Parse(spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestDecide(t *testing.T) {
+	base := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	every10 := mustSchedule(t, "@every 10s")
+	hourly := mustSchedule(t, "@hourly")
+	on := policy{schedule: every10, failover: true, misfire: true, window: time.Minute, baseline: at(-100)}
+	off := policy{schedule: every10, window: time.Minute, baseline: at(-100)}
+	hourlyOn := policy{schedule: hourly, failover: true, misfire: true, window: time.Minute, baseline: at(-7200)}
+	done := func(fire, end float64) coord.ItemState {
+		return coord.ItemState{Record: &coord.ItemRecord{Fire: at(fire), Sched: at(fire), State: coord.StateDone, Attempt: 1, Source: coord.SourceNormal, End: at(end)}, Rev: 7}
+	}
+	with := func(st coord.ItemState, f func(*coord.ItemState)) coord.ItemState {
+		r := *st.Record
+		st.Record = &r
+		f(&st)
+		return st
+	}
+	running := func(fire float64) coord.ItemState {
+		return with(done(fire, 0), func(s *coord.ItemState) { s.Record.State, s.Record.End = coord.StateRunning, time.Time{} })
+	}
+	tests := []struct {
+		name  string
+		st    coord.ItemState
+		local bool
+		p     policy
+		now   time.Time
+		want  action
+	}{
+		{"never claimed, first fire on time", coord.ItemState{}, false, policy{schedule: every10, misfire: true, window: time.Minute, baseline: at(-5)}, at(0.2),
+			action{kind: run, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
+		{"never claimed, fires before the baseline are not due", coord.ItemState{}, false, policy{schedule: every10, misfire: true, window: time.Minute, baseline: at(5)}, at(9),
+			action{}},
+		{"the fire is claimed already", done(0, 1), false, on, at(5), action{}},
+		{"next fire on time", done(0, 1), false, on, at(10.1),
+			action{kind: run, fire: at(10), attempt: 1, source: "NORMAL", sched: at(10)}},
+		{"next fire late (the owner died): a MISFIRE catch-up of that fire", done(0, 1), false, on, at(13),
+			action{kind: run, fire: at(10), attempt: 1, source: "MISFIRE", sched: at(10)}},
+		{"several missed: the latest runs, the rest are counted", done(0, 1), false, on, at(31),
+			action{kind: run, fire: at(30), attempt: 1, source: "MISFIRE", skipped: 2, sched: at(30)}},
+		{"never claimed: fires since the baseline were missed", coord.ItemState{}, false, on, at(0.2),
+			action{kind: run, fire: at(0), attempt: 1, source: "MISFIRE", skipped: 9, sched: at(0)}},
+		{"missed fires older than the window are recorded skipped", done(-7200, -7190), false, hourlyOn, at(120),
+			action{kind: skip, fire: at(0), skipped: 2}},
+		{"misfire off: a fire missed while the item was idle still runs", done(0, 1), false, off, at(12),
+			action{kind: run, fire: at(10), attempt: 1, source: "MISFIRE", sched: at(10)}},
+		{"misfire on: a fire that came while the item ran runs after it", done(0, 15), false, on, at(15.1),
+			action{kind: run, fire: at(10), attempt: 1, source: "MISFIRE", sched: at(10)}},
+		{"misfire off: a fire that came while the item ran is skipped", done(0, 15), false, off, at(15.1),
+			action{kind: skip, fire: at(10), skipped: 1}},
+		{"a run of it in progress here", done(0, 1), true, on, at(10), action{}},
+		{"disabled", with(done(0, 1), func(s *coord.ItemState) { s.Disabled = true }), false, on, at(10), action{}},
+		{"running elsewhere: wait for the marker", with(running(0), func(s *coord.ItemState) { s.RunningBy = "b" }), false, on, at(10), action{}},
+		{"running under an old session of this instance: wait", with(running(0), func(s *coord.ItemState) { s.RunningBy = "a" }), false, on, at(10), action{}},
+		{"a claim of this session no run knows: adopt it", with(running(0), func(s *coord.ItemState) { s.RunningBy, s.RunningMine = "a", true }), false, on, at(10),
+			action{kind: adopt, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
+		{"cut run, failover on: re-run at once, attempt+1", running(0), false, on, at(3),
+			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0)}},
+		{"killed at a fence, failover on: re-run", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonFence }), false, on, at(3),
+			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0)}},
+		{"killed at shutdown, failover on: re-run", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonShutdown }), false, on, at(3),
+			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0)}},
+		{"killed at its timeout: a failure, not re-run", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonTimeout }), false, on, at(3),
+			action{}},
+		{"failed runs never fail over", with(done(0, 2), func(s *coord.ItemState) { s.Record.State = coord.StateFailed }), false, on, at(3), action{}},
+		{"cut run, failover off: not re-run; the fire after it runs", running(0), false, off, at(10.5),
+			action{kind: run, fire: at(10), attempt: 1, source: "NORMAL", sched: at(10)}},
+		{"hourly, owner killed 1s before the fire: the new owner runs it late", done(-3600, -3590), false, hourlyOn, at(4),
+			action{kind: run, fire: at(0), attempt: 1, source: "MISFIRE", sched: at(0)}},
+		{"a manual run does not move the watermark", with(done(-3600, -3590), func(s *coord.ItemState) {
+			s.Record.Source, s.Record.Fire, s.Record.Trigger = coord.SourceManual, at(60), 42 // its host's clock ran fast
+		}), false, hourlyOn, at(0.5),
+			action{kind: run, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
+		{"a skipped record's fires are accounted for", coord.ItemState{Record: &coord.ItemRecord{Fire: at(10), Sched: at(10), State: coord.StateSkipped}, Rev: 3}, false, off, at(15), action{}},
+		{"a host with a fast clock claimed a fire ahead of ours", done(10, 10.5), false, on, at(9.9), action{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := decide(tc.st, tc.local, tc.p, tc.now)
+			if got != tc.want {
+				t.Errorf("decide =\n  %+v\nwant\n  %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// Every fire is accounted for: walking the clock fire by fire while the
+// item runs longer than the period, each fire either runs or is counted
+// as skipped, exactly once.
+func TestDecideAccountsForEveryFire(t *testing.T) {
+	every := mustSchedule(t, "@every 10s")
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, misfire := range []bool{true, false} {
+		p := policy{schedule: every, failover: true, misfire: misfire, window: time.Minute, baseline: base.Add(-time.Second)}
+		var st coord.ItemState
+		accounted := 0
+		now := base
+		for step := 0; step < 200; step++ {
+			a := decide(st, false, p, now)
+			switch a.kind {
+			case run:
+				accounted += 1 + a.skipped
+				end := now.Add(25 * time.Second) // runs outlast two periods
+				st = coord.ItemState{Record: &coord.ItemRecord{Fire: a.fire, Sched: a.sched, State: coord.StateDone, End: end}, Rev: st.Rev + 1}
+				now = end
+				continue
+			case skip:
+				accounted += a.skipped
+				st = coord.ItemState{Record: &coord.ItemRecord{Fire: a.fire, Sched: a.fire, State: coord.StateSkipped}, Rev: st.Rev + 1}
+			}
+			now = now.Add(time.Second)
+		}
+		due := int(now.Sub(base)/(10*time.Second)) + 1
+		if accounted < due-3 || accounted > due {
+			t.Errorf("misfire %v: %d fires accounted for, %d due by %s", misfire, accounted, due, now)
+		}
+	}
+}

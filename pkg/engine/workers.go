@@ -1,0 +1,66 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/runner"
+)
+
+// runFunc runs one item's work.
+type runFunc func(ctx context.Context, c runner.Context) runner.Result
+
+// runnerCache holds a job's runner, built once per job definition.
+type runnerCache struct {
+	mu   sync.Mutex
+	hash string
+	run  runFunc
+}
+
+func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.run != nil && c.hash == job.Hash() {
+		return c.run, nil
+	}
+	run, err := newRunner(job, wd, log)
+	if err != nil {
+		return nil, err
+	}
+	c.hash, c.run = job.Hash(), run
+	return run, nil
+}
+
+func newRunner(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc, error) {
+	switch {
+	case job.Script != nil:
+		s := runner.Script{
+			Argv: job.Script.Command.Argv, Shell: job.Script.Command.Shell, Env: job.Script.Env,
+			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Watchdog: wd,
+			ContextArg: job.Script.ContextArg,
+		}
+		return s.Run, nil
+	case job.HTTP != nil:
+		timeout := time.Duration(job.HTTP.Timeout)
+		if job.Timeout > 0 {
+			timeout = min(timeout, time.Duration(job.Timeout))
+		}
+		var files runner.TLSFiles
+		if t := job.HTTP.TLS; t != nil {
+			files = runner.TLSFiles{CA: t.CA, Cert: t.Cert, Key: t.Key}
+		}
+		h, err := runner.NewHTTP(runner.HTTP{
+			URL: job.HTTP.URL, Method: job.HTTP.Method, Headers: job.HTTP.Headers, Body: job.HTTP.Body,
+			SuccessCodes: job.HTTP.SuccessCodes, Timeout: timeout,
+		}, files)
+		if err != nil {
+			return nil, err
+		}
+		return h.Run, nil
+	}
+	return nil, errors.New("job has neither script nor http")
+}
