@@ -30,10 +30,10 @@ import (
 
 // Defaults of `shardd run`.
 const (
-	defaultListen     = "127.0.0.1:9741"
-	defaultDataDir    = "shardd-data"
-	defaultEmbedURL   = "http://127.0.0.1:2379"
-	defaultEmbedPeer  = "http://127.0.0.1:2380"
+	defaultListen    = "127.0.0.1:9741"
+	defaultDataDir   = "shardd-data"
+	defaultEmbedURL  = "http://127.0.0.1:2379"
+	defaultEmbedPeer = "http://127.0.0.1:2380"
 )
 
 func cmdRun(e *env, args []string) error {
