@@ -3,12 +3,14 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/schedule"
 )
 
 // ledgerScript appends start/end lines to the ledger and holds the item's
@@ -16,30 +18,28 @@ import (
 const ledgerScript = `exec 9>>"$LEDGER_DIR/lock.$SHARDD_JOB.$SHARDD_ITEM"
 ctx="$SHARDD_JOB $SHARDD_ITEM $SHARDD_FIRE_TIME $SHARDD_ATTEMPT $SHARDD_FENCE $SHARDD_INSTANCE $SHARDD_SOURCE"
 flock -n 9 || echo "overlap $ctx $(date +%s%N)" >> "$LEDGER_DIR/ledger"
-echo "start $ctx $(date +%s%N)" >> "$LEDGER_DIR/ledger"
+echo "start $ctx $(date +%s%N) $SHARDD_SKIPPED" >> "$LEDGER_DIR/ledger"
 sleep "$LEDGER_SLEEP"
-echo "end $ctx $(date +%s%N)" >> "$LEDGER_DIR/ledger"
+echo "end $ctx $(date +%s%N) $SHARDD_SKIPPED" >> "$LEDGER_DIR/ledger"
 `
 
 func writeLedgerConfig(t *testing.T, dir string) string {
-	cfg := `jobs:
-  - name: tick
-    cron: "@every 1s"
-    shardingTotalCount: 6
+	job := func(name, cron string, items int, sleep string) string {
+		return `  - name: ` + name + `
+    cron: "` + cron + `"
+    shardingTotalCount: ` + strconv.Itoa(items) + `
     failover: true
     script:
       command: ` + yamlQuote(ledgerScript) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "0.3"}
-  # Runs longer than the TTL: a paused owner's run would still go on when
-  # the item fails over, unless the guard kills it at the fence deadline.
-  - name: slow
-    cron: "@every 1s"
-    shardingTotalCount: 2
-    failover: true
-    script:
-      command: ` + yamlQuote(ledgerScript) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "3"}
+      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "` + sleep + `"}
 `
+	}
+	cfg := "jobs:\n" +
+		job("tick", "@every 1s", 6, "0.3") +
+		// Periods longer than the failure bound: a lost fire or a failover
+		// that waits for the next fire shows as a miss.
+		job("ten", "@every 10s", 3, "4") +
+		job("calendar", "7,37 * * * * ?", 2, "1") // fixed times: :07 and :37 of every minute
 	path := filepath.Join(dir, "jobs.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -51,43 +51,92 @@ func yamlQuote(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
 }
 
-// The guarantees under faults: 3 instances run a 6-item job every second and
-// a 2-item job whose runs outlast the TTL, failover on; one instance is
-// killed -9, later another is paused for 2 x TTL. The ledger the jobs write
-// must show no overlap (G1), no duplicate (G2), no miss beyond TTL + 2s for
-// the every-second job (G3) and fences increasing per item (G4).
+// The guarantees under faults, per due fire: 3 instances run a 6-item job
+// every second, a 3-item job every 10s whose runs take 4s, and a 2-item job
+// at fixed times (:07 and :37 of every minute), failover on. Faults: the
+// owner of a 10s item is killed -9 mid-run, the owner of another is paused
+// (SIGSTOP) mid-run for 2 x TTL, and the owner of a calendar item is killed
+// 1s before its fire. The ledger the jobs write must show no overlap (G1),
+// no duplicate (G2), every due fire started within TTL + 2s (stretched to
+// the fault's bound for fires due meanwhile), every cut run re-run within
+// TTL + 2s of its fault (G3), and fences increasing per item (G4).
 func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	dir := t.TempDir()
 	e := startEtcd(t)
 	cli := e.client()
 	cfg := writeLedgerConfig(t, dir)
-	a := startShardd(t, e, "a", cfg)
-	b := startShardd(t, e, "b", cfg)
-	c := startShardd(t, e, "c", cfg)
+	procs := map[string]*proc{}
+	for _, n := range []string{"a", "b", "c"} {
+		procs[n] = startShardd(t, e, n, cfg)
+	}
 	waitFor(t, 15*time.Second, "agreement", func() bool {
-		return agreed(t, cli, "tick", map[string][]int{"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}, a, b, c) &&
-			agreed(t, cli, "slow", map[string][]int{"a": {0}, "b": {1}, "c": {}}, a, b, c)
+		return agreed(t, cli, "tick", map[string][]int{"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}, procs["a"], procs["b"], procs["c"]) &&
+			agreed(t, cli, "ten", map[string][]int{"a": {0}, "b": {1}, "c": {2}}, procs["a"], procs["b"], procs["c"])
 	})
 	from := time.Now()
-
-	// Faults land 150 ms after a fire, while the items run, so that the
-	// runs die mid-way and must fail over.
-	midRun := func(after time.Duration) {
-		time.Sleep(time.Until(time.Now().Add(after).Truncate(time.Second).Add(150 * time.Millisecond)))
+	var failures []time.Time
+	owner := func(job string, item int) *proc {
+		m := storedMap(t, cli, job)
+		if m == nil {
+			t.Fatalf("no map of %s", job)
+		}
+		return procs[m.Owner(item)]
 	}
-	midRun(15 * time.Second) // steady state first
-	c.stop(syscall.SIGKILL)
-	t.Logf("killed c at %s", time.Now().Format(time.RFC3339Nano))
-	midRun(15 * time.Second)
-	b.signal(syscall.SIGSTOP)
-	t.Logf("paused b at %s", time.Now().Format(time.RFC3339Nano))
+	// at waits until offset past the next multiple of period.
+	at := func(period, offset time.Duration) {
+		next := time.Now().Truncate(period).Add(period + offset)
+		if time.Until(next) < 500*time.Millisecond {
+			next = next.Add(period)
+		}
+		time.Sleep(time.Until(next))
+	}
+	bound := ttl + 2*time.Second
+
+	// 1. kill -9 the owner of ten/0 one second into its 4s run.
+	at(10*time.Second, time.Second)
+	victim := owner("ten", 0)
+	victim.stop(syscall.SIGKILL)
+	failures = append(failures, time.Now())
+	t.Logf("killed %s (owner of ten/0) mid-run at %s", victim.name, time.Now().Format(time.RFC3339Nano))
+	survivors := []*proc{}
+	for _, p := range procs {
+		if p != victim {
+			survivors = append(survivors, p)
+		}
+	}
+	time.Sleep(bound + time.Second)
+
+	// 2. pause the owner of a ten item mid-run for 2 x TTL.
+	at(10*time.Second, 1500*time.Millisecond)
+	paused := owner("ten", 1)
+	paused.signal(syscall.SIGSTOP)
+	failures = append(failures, time.Now())
+	t.Logf("paused %s (owner of ten/1) mid-run at %s", paused.name, time.Now().Format(time.RFC3339Nano))
 	time.Sleep(2 * ttl)
-	b.signal(syscall.SIGCONT)
-	t.Logf("resumed b at %s", time.Now().Format(time.RFC3339Nano))
-	time.Sleep(20 * time.Second) // about a minute in all
+	paused.signal(syscall.SIGCONT)
+	t.Logf("resumed %s at %s", paused.name, time.Now().Format(time.RFC3339Nano))
+	time.Sleep(bound + time.Second)
+
+	// 3. kill -9 the owner of calendar/0 one second before its fire.
+	next := time.Now().Truncate(time.Minute)
+	for _, sec := range []int{7, 37, 67, 97} {
+		if f := next.Add(time.Duration(sec) * time.Second); time.Until(f) > 2*time.Second {
+			next = f
+			break
+		}
+	}
+	time.Sleep(time.Until(next.Add(-time.Second)))
+	victim2 := owner("calendar", 0)
+	victim2.stop(syscall.SIGKILL)
+	failures = append(failures, time.Now())
+	t.Logf("killed %s (owner of calendar/0) 1s before the fire of %s", victim2.name, next.Format(time.RFC3339))
+	time.Sleep(time.Until(next.Add(bound + 8*time.Second)))
 	to := time.Now()
-	a.stop(syscall.SIGTERM)
-	b.stop(syscall.SIGTERM)
+	for _, p := range survivors {
+		if p != victim2 {
+			p.stop(syscall.SIGTERM)
+		}
+	}
 
 	if d := os.Getenv("SHARDD_E2E_KEEP"); d != "" { // keep the ledger for a look
 		b, _ := os.ReadFile(filepath.Join(dir, "ledger"))
@@ -102,26 +151,49 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := ledger.Check(events, ledger.Options{
-		Items: map[string]int{"tick": 6}, Period: time.Second, Bound: ttl + 2*time.Second, From: from, To: to,
-	})
-	slowRuns := 0
-	for _, ev := range events {
-		if ev.Job == "slow" && ev.Kind == "start" {
-			slowRuns++
+	sched := func(spec string) schedule.Schedule {
+		s, err := schedule.Parse(spec, nil)
+		if err != nil {
+			t.Fatal(err)
 		}
+		return s
 	}
-	if slowRuns < 10 {
-		t.Errorf("the slow job ran %d times", slowRuns)
-	}
-	t.Logf("ledger: %s", r)
+	r := ledger.Check(events, ledger.Options{
+		Jobs: map[string]ledger.Job{
+			"tick":     {Items: 6, Schedule: sched("@every 1s"), Failover: true},
+			"ten":      {Items: 3, Schedule: sched("@every 10s"), Failover: true},
+			"calendar": {Items: 2, Schedule: sched("7,37 * * * * ?"), Failover: true},
+		},
+		Bound: bound, From: from, To: to, Failures: failures,
+		// Fires due during a fault are judged against the fault's bound.
+		Faults: faultWindows(failures, bound),
+	})
+	t.Logf("ledger: %s; failover latencies %v", r, r.FailoverLatencies)
 	for _, v := range r.Violations {
 		t.Error(v)
 	}
-	if r.Starts < 250 {
+	if r.Starts < 100 {
 		t.Errorf("too few runs to judge: %s", r)
 	}
-	if r.Failovers == 0 {
-		t.Errorf("no failover happened although runs were cut mid-way: %s", r)
+	if r.CutRuns < 2 {
+		t.Errorf("%d cut runs judged; the kill and the pause cut ten's runs mid-way: %s", r.CutRuns, r)
 	}
+	calendarFire := false
+	for _, ev := range events {
+		calendarFire = calendarFire || ev.Job == "calendar" && ev.Item == 0 && ev.Kind == "start" && ev.Fire.Equal(next)
+	}
+	if !calendarFire {
+		t.Errorf("the calendar fire %s after its owner was killed never ran", next.Format(time.RFC3339))
+	}
+}
+
+// faultWindows are the spans during which a fault may delay a due fire:
+// from each failure to its bound. A fire due inside must start by the
+// window's end.
+func faultWindows(failures []time.Time, bound time.Duration) []ledger.Window {
+	var out []ledger.Window
+	for _, f := range failures {
+		out = append(out, ledger.Window{From: f, To: f.Add(bound)})
+	}
+	return out
 }

@@ -1,12 +1,22 @@
 // Package ledger checks shardd's guarantees against an execution ledger: a
 // file that the jobs under test append to themselves, one line per event.
 //
-//	start <job> <item> <fire> <attempt> <fence> <instance> <source> <unix-nanos>
-//	end   <job> <item> <fire> <attempt> <fence> <instance> <source> <unix-nanos>
-//	overlap <job> <item> <fire> <attempt> <fence> <instance> <source> <unix-nanos>
+//	start <job> <item> <fire> <attempt> <fence> <instance> <source> <unix-nanos> [<skipped>]
+//	end   <job> <item> <fire> <attempt> <fence> <instance> <source> <unix-nanos> [<skipped>]
+//	overlap <job> <item> <fire> <attempt> <fence> <instance> <source> <unix-nanos> [<skipped>]
 //
 // "overlap" is written by a job that found its item's lock file held by
 // another run (flock -n): a direct observation of two concurrent runs.
+// skipped is $SHARDD_SKIPPED: the fires before this one that the run
+// stands for (coalesced by the misfire policy).
+//
+// G3 is checked per (job, item, due fire): a fire is accounted for only by a
+// run of that very fire (NORMAL, MISFIRE or FAILOVER) or by a run of a later
+// fire that says it coalesced it (skipped), started within the bound of the
+// fire's due time. A run of a later fire that does not count it does not
+// stand in for it: for an hourly job the next fire is an hour away. A run
+// cut by a failure (a start with no end) of a job with failover on must be
+// re-run, attempt+1, within the bound of the failure.
 package ledger
 
 import (
@@ -30,6 +40,8 @@ type Event struct {
 	Instance string
 	Source   string
 	At       time.Time
+	// Skipped counts the fires before Fire the run stands for.
+	Skipped int
 }
 
 // Parse reads a ledger; a torn or malformed line is an error naming its number.
@@ -41,8 +53,15 @@ func Parse(r io.Reader) ([]Event, error) {
 		if len(f) == 0 {
 			continue
 		}
-		if len(f) != 9 {
-			return nil, fmt.Errorf("ledger line %d: %d fields, want 9: %q", n, len(f), s.Text())
+		if len(f) != 9 && len(f) != 10 {
+			return nil, fmt.Errorf("ledger line %d: %d fields, want 9 or 10: %q", n, len(f), s.Text())
+		}
+		skipped := 0
+		if len(f) == 10 {
+			var err error
+			if skipped, err = strconv.Atoi(f[9]); err != nil {
+				return nil, fmt.Errorf("ledger line %d: skipped: %v", n, err)
+			}
 		}
 		item, err1 := strconv.Atoi(f[2])
 		fire, err2 := time.Parse(time.RFC3339, f[3])
@@ -54,19 +73,17 @@ func Parse(r io.Reader) ([]Event, error) {
 				return nil, fmt.Errorf("ledger line %d: %v", n, err)
 			}
 		}
-		out = append(out, Event{Kind: f[0], Job: f[1], Item: item, Fire: fire, Attempt: attempt, Fence: fence, Instance: f[6], Source: f[7], At: time.Unix(0, at)})
+		out = append(out, Event{Kind: f[0], Job: f[1], Item: item, Fire: fire, Attempt: attempt, Fence: fence, Instance: f[6], Source: f[7], At: time.Unix(0, at), Skipped: skipped})
 	}
 	return out, s.Err()
 }
 
 // Options say what the checker expects.
 type Options struct {
-	// Items lists, per job, its item count; every item is checked for misses.
-	Items map[string]int
-	// Period is the job's fire interval (jobs firing @every Period).
-	Period time.Duration
-	// Bound is G3's bound: from any due fire, the item must start a run of
-	// that fire or a later one within Bound.
+	// Jobs are the jobs checked for misses, by name.
+	Jobs map[string]Job
+	// Bound is G3's bound: a due fire must start within Bound of its due
+	// time, and a cut run be re-run within Bound of its failure.
 	Bound time.Duration
 	// From and To delimit the window checked for misses.
 	From, To time.Time
@@ -74,6 +91,18 @@ type Options struct {
 	// without a leader, two failures in a row): a fire due inside one must
 	// still start, but by the window's end if that is later than due+Bound.
 	Faults []Window
+	// Failures are the moments faults were injected: a run cut short is
+	// judged against the first failure after it started.
+	Failures []time.Time
+}
+
+// Job is what the checker needs of a job.
+type Job struct {
+	Items int
+	// Schedule gives the job's due fires.
+	Schedule interface{ Next(time.Time) time.Time }
+	// Failover: runs cut by a failure must be re-run.
+	Failover bool
 }
 
 // Window is a span of time.
@@ -86,6 +115,13 @@ type Report struct {
 	// FiresUnjudged the fires whose deadline is past the ledger's end.
 	FiresInFaults, FiresUnjudged int
 	Failovers, Misfires          int
+	// FiresRun counts the checked fires that started a run of their own;
+	// FiresCoalesced those a later run stood for (misfire policy).
+	FiresRun, FiresCoalesced int
+	// CutRuns counts the runs cut by a failure that were judged (failover
+	// on); FailoverLatencies how long after the failure each was re-run.
+	CutRuns           int
+	FailoverLatencies []time.Duration `json:"-"`
 	// RerunsAfterEnd counts failover attempts of runs whose work had ended
 	// although shardd had not recorded it (its instance was cut off or
 	// paused before it could): allowed by G2, the at-least-once edge that
@@ -104,8 +140,8 @@ func (r Report) OK() bool {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("%d starts, %d ends, %d items, %d due fires checked (%d in fault windows), %d failovers (%d of runs that had ended), %d misfire runs; G1 overlaps %d, G2 duplicates %d, G3 misses %d, G4 fence inversions %d",
-		r.Starts, r.Ends, r.Items, r.FiresChecked, r.FiresInFaults, r.Failovers, r.RerunsAfterEnd, r.Misfires, r.Overlaps, r.Duplicates, r.Misses, r.FenceInversions)
+	return fmt.Sprintf("%d starts, %d ends, %d items, %d due fires checked (%d run, %d coalesced, %d in fault windows), %d cut runs judged, %d failovers (%d of runs that had ended), %d misfire runs; G1 overlaps %d, G2 duplicates %d, G3 misses %d, G4 fence inversions %d",
+		r.Starts, r.Ends, r.Items, r.FiresChecked, r.FiresRun, r.FiresCoalesced, r.FiresInFaults, r.CutRuns, r.Failovers, r.RerunsAfterEnd, r.Misfires, r.Overlaps, r.Duplicates, r.Misses, r.FenceInversions)
 }
 
 type key struct {
@@ -196,44 +232,134 @@ func Check(events []Event, o Options) Report {
 			}
 		}
 	}
-	// G3: from every due fire, a run of that fire or a later one starts
-	// within the bound.
-	for job, n := range o.Items {
-		for item := 0; item < n; item++ {
+	// deadline is t+Bound, stretched to the end of any fault window t is in.
+	deadline := func(t time.Time) (time.Time, bool) {
+		d, in := t.Add(o.Bound), false
+		for _, w := range o.Faults {
+			if !t.Before(w.From) && !t.After(w.To) {
+				in = true
+				if w.To.After(d) {
+					d = w.To
+				}
+			}
+		}
+		return d, in
+	}
+	jobs := make([]string, 0, len(o.Jobs))
+	for name := range o.Jobs {
+		jobs = append(jobs, name)
+	}
+	sort.Strings(jobs)
+	for _, name := range jobs {
+		job := o.Jobs[name]
+		for item := 0; item < job.Items; item++ {
 			r.Items++
-			rs := runs[key{job, item}]
-		fires:
-			for due := o.From.Truncate(o.Period).Add(o.Period); !due.After(o.To.Add(-o.Bound)); due = due.Add(o.Period) {
-				deadline := due.Add(o.Bound)
-				inFault := false
-				for _, w := range o.Faults {
-					if !due.Before(w.From) && !due.After(w.To) {
-						inFault = true
-						if w.To.After(deadline) {
-							deadline = w.To
-						}
-					}
-				}
-				if deadline.After(last) {
-					r.FiresUnjudged++ // the ledger ends before the deadline
-					continue fires
-				}
-				r.FiresChecked++
-				if inFault {
-					r.FiresInFaults++
-				}
-				ok := false
-				for _, rn := range rs {
-					if !rn.start.Fire.Before(due) && !rn.start.At.After(deadline) {
-						ok = true
-						break
-					}
-				}
-				if !ok {
-					violate(&r.Misses, "G3: %s item %d: no run of fire %s or later started by %s (%s after it)", job, item, due.Format(time.RFC3339), deadline.Format("15:04:05.000"), deadline.Sub(due))
-				}
+			rs := runs[key{name, item}]
+			if job.Schedule != nil {
+				r.checkFires(name, item, job.Schedule, rs, o, last, deadline, violate)
+			}
+			if job.Failover {
+				r.checkCutRuns(name, item, rs, o, last, deadline, violate)
 			}
 		}
 	}
 	return r
+}
+
+// checkFires accounts for every due fire of one item (G3 per fire).
+func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Time) time.Time }, rs []*run, o Options, last time.Time,
+	deadline func(time.Time) (time.Time, bool), violate func(*int, string, ...any)) {
+	// fires between a and b, a included, b not.
+	between := func(a, b time.Time) int {
+		n := 0
+		for f := a; f.Before(b) && n <= 1<<20; f = sched.Next(f) {
+			n++
+		}
+		return n
+	}
+	for due := sched.Next(o.From); !due.IsZero() && !due.After(o.To.Add(-o.Bound)); due = sched.Next(due) {
+		dl, inFault := deadline(due)
+		if dl.After(last) {
+			r.FiresUnjudged++ // the ledger ends before the deadline
+			continue
+		}
+		r.FiresChecked++
+		if inFault {
+			r.FiresInFaults++
+		}
+		ran, coalesced := false, false
+		for _, rn := range rs {
+			s := rn.start
+			if s.At.After(dl) {
+				continue
+			}
+			if s.Fire.Equal(due) {
+				ran = true
+				break
+			}
+			if s.Fire.After(due) && s.Skipped > 0 && between(due, s.Fire) <= s.Skipped {
+				coalesced = true
+			}
+		}
+		switch {
+		case ran:
+			r.FiresRun++
+		case coalesced:
+			r.FiresCoalesced++
+		default:
+			violate(&r.Misses, "G3: %s item %d: fire %s neither started nor was coalesced by %s (%s after it)", job, item, due.Format(time.RFC3339), dl.Format("15:04:05.000"), dl.Sub(due))
+		}
+	}
+}
+
+// checkCutRuns checks that every run cut by a failure (a start with no
+// end) was re-run, attempt+1, within the bound of the failure.
+func (r *Report) checkCutRuns(job string, item int, rs []*run, o Options, last time.Time,
+	deadline func(time.Time) (time.Time, bool), violate func(*int, string, ...any)) {
+	for _, rn := range rs {
+		s := rn.start
+		if rn.end != nil || s.At.Before(o.From) || s.At.After(o.To) {
+			continue
+		}
+		var failure time.Time
+		for _, f := range o.Failures {
+			if !f.Before(s.At) && (failure.IsZero() || f.Before(failure)) {
+				failure = f
+			}
+		}
+		if failure.IsZero() {
+			continue // no failure after it: cut at the end of the test
+		}
+		dl, _ := deadline(failure)
+		if dl.After(last) {
+			continue
+		}
+		r.CutRuns++
+		var rerun *Event
+		for _, other := range rs {
+			o := other.start
+			if o.Fire.Equal(s.Fire) && o.Attempt > s.Attempt && o.Source == "FAILOVER" && (rerun == nil || o.At.Before(rerun.At)) {
+				rerun = o
+			}
+		}
+		switch {
+		case rerun == nil:
+			violate(&r.Misses, "G3: %s item %d: run of fire %s (attempt %d, fence %d) cut by the failure at %s was never re-run", job, item, s.Fire.Format(time.RFC3339), s.Attempt, s.Fence, failure.Format("15:04:05.000"))
+		case rerun.At.After(dl):
+			violate(&r.Misses, "G3: %s item %d: run of fire %s cut by the failure at %s re-run %s after it, past %s", job, item, s.Fire.Format(time.RFC3339), failure.Format("15:04:05.000"), rerun.At.Sub(failure).Round(time.Millisecond), dl.Format("15:04:05.000"))
+		default:
+			r.FailoverLatencies = append(r.FailoverLatencies, rerun.At.Sub(failure))
+		}
+	}
+}
+
+// Percentile returns the p-th percentile (0-100) of ds, 0 when empty.
+func Percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardd/shardd/pkg/schedule"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -24,7 +26,9 @@ func healthy() string {
 	return b.String()
 }
 
-var opts = Options{Items: map[string]int{"orders": 1}, Period: time.Second, Bound: 3 * time.Second, From: t0, To: t0.Add(11 * time.Second)}
+var everySecond, _ = schedule.Parse("@every 1s", nil)
+
+var opts = Options{Jobs: map[string]Job{"orders": {Items: 1, Schedule: everySecond, Failover: true}}, Bound: 3 * time.Second, From: t0, To: t0.Add(11 * time.Second)}
 
 func check(t *testing.T, ledger string) Report {
 	t.Helper()
@@ -95,30 +99,113 @@ func TestParseRejectsTornLines(t *testing.T) {
 	}
 }
 
-// A fault window stretches the deadline of the fires due inside it to the
-// window's end; it does not forgive a fire that has not started by then.
-func TestFaultWindowsStretchTheDeadline(t *testing.T) {
-	var kept []string // fires 5..8 never run; the run of fire 9 starts at 9.005s
-	for _, l := range strings.SplitAfter(healthy(), "\n") {
+// dropFires removes the runs of fires from..to (seconds after t0).
+func dropFires(ledger string, from, to int) string {
+	var kept []string
+	for _, l := range strings.SplitAfter(ledger, "\n") {
 		drop := false
-		for s := 5; s <= 8; s++ {
+		for s := from; s <= to; s++ {
 			drop = drop || strings.Contains(l, t0.Add(time.Duration(s)*time.Second).Format(time.RFC3339))
 		}
 		if !drop {
 			kept = append(kept, l)
 		}
 	}
-	ev, _ := Parse(strings.NewReader(strings.Join(kept, "")))
+	return strings.Join(kept, "")
+}
+
+// A fault window stretches the deadline of the fires due inside it to the
+// window's end; it forgives no fire that has not started by then, and a run
+// of a later fire never stands in for a lost one.
+func TestFaultWindowsStretchTheDeadline(t *testing.T) {
+	// fire 5 never runs; fire 6 runs late, at 9.5s
+	l := dropFires(healthy(), 5, 6) + line("start", 0, 6, 1, 95, "b", "MISFIRE", 9500) + line("end", 0, 6, 1, 95, "b", "MISFIRE", 9600)
+	ev, _ := Parse(strings.NewReader(l))
 	o := opts
-	if r := Check(ev, o); r.Misses == 0 {
-		t.Fatalf("the gap is a miss without a fault window: %s", r)
+	if r := Check(ev, o); r.Misses != 2 {
+		t.Fatalf("fire 5 lost and fire 6 late, no fault window: %d misses, want 2: %s %v", r.Misses, r, r.Violations)
 	}
-	o.Faults = []Window{{From: t0.Add(4 * time.Second), To: t0.Add(9500 * time.Millisecond)}}
-	if r := Check(ev, o); r.Misses != 0 || r.FiresInFaults == 0 {
-		t.Errorf("a run started before the window's end: %s", r)
+	o.Faults = []Window{{From: t0.Add(4 * time.Second), To: t0.Add(10 * time.Second)}}
+	r := Check(ev, o)
+	if r.Misses != 1 || r.FiresInFaults == 0 || !strings.Contains(r.Violations[0], "fire 2026-01-01T00:00:05Z") {
+		t.Errorf("in a fault window fire 6's late run counts, fire 5 is still lost: %s %v", r, r.Violations)
 	}
-	o.Faults = []Window{{From: t0.Add(4 * time.Second), To: t0.Add(7 * time.Second)}}
-	if r := Check(ev, o); r.Misses == 0 {
-		t.Errorf("no run started by the window's end, yet no miss: %s", r)
+}
+
+// Per fire: a run of a later fire accounts for an earlier one only if it
+// says it coalesced it, and only within the earlier fire's bound.
+func TestCoalescedFires(t *testing.T) {
+	l := dropFires(healthy(), 5, 7)
+	coalescing := func(skipped, atMS int) string {
+		return strings.TrimSuffix(line("start", 0, 7, 1, 75, "a", "MISFIRE", atMS), "\n") + fmt.Sprintf(" %d\n", skipped) + line("end", 0, 7, 1, 75, "a", "MISFIRE", atMS+100)
+	}
+	tests := []struct {
+		name   string
+		ledger string
+		misses int
+	}{
+		{"a later run that skipped nothing", l + line("start", 0, 7, 1, 75, "a", "NORMAL", 7005) + line("end", 0, 7, 1, 75, "a", "NORMAL", 7100), 2},
+		{"coalesced both", l + coalescing(2, 7005), 0},
+		{"coalesced one of two", l + coalescing(1, 7005), 1},
+		{"coalesced too late for fire 5", l + coalescing(2, 8500), 1},
+	}
+	for _, tc := range tests {
+		ev, err := Parse(strings.NewReader(tc.ledger))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := Check(ev, opts); r.Misses != tc.misses {
+			t.Errorf("%s: %d misses, want %d: %s %v", tc.name, r.Misses, tc.misses, r, r.Violations)
+		}
+	}
+}
+
+// A run cut by a failure must be re-run within the bound of the failure,
+// not merely followed by the next fire.
+func TestCutRunsMustBeRerun(t *testing.T) {
+	var kept []string // fire 5's run never ends: its instance died at 5.1s
+	for _, l := range strings.SplitAfter(healthy(), "\n") {
+		if !(strings.HasPrefix(l, "end") && strings.Contains(l, t0.Add(5*time.Second).Format(time.RFC3339))) {
+			kept = append(kept, l)
+		}
+	}
+	cut := strings.Join(kept, "")
+	o := opts
+	o.Failures = []time.Time{t0.Add(5100 * time.Millisecond)}
+	for _, tc := range []struct {
+		name   string
+		extra  string
+		misses int
+	}{
+		{"not re-run", "", 1},
+		{"re-run in time", line("start", 0, 5, 2, 56, "b", "FAILOVER", 7000) + line("end", 0, 5, 2, 56, "b", "FAILOVER", 7100), 0},
+		{"re-run too late", line("start", 0, 5, 2, 56, "b", "FAILOVER", 9000) + line("end", 0, 5, 2, 56, "b", "FAILOVER", 9100), 1},
+	} {
+		ev, _ := Parse(strings.NewReader(cut + tc.extra))
+		r := Check(ev, o)
+		if r.Misses != tc.misses || r.CutRuns != 1 {
+			t.Errorf("%s: %d misses (want %d), %d cut runs judged: %s %v", tc.name, r.Misses, tc.misses, r.CutRuns, r, r.Violations)
+		}
+		if tc.misses == 0 && (len(r.FailoverLatencies) != 1 || r.FailoverLatencies[0] != 1900*time.Millisecond) {
+			t.Errorf("%s: failover latencies %v, want [1.9s]", tc.name, r.FailoverLatencies)
+		}
+	}
+}
+
+// Jobs whose period is longer than the bound: a lost fire is seen although
+// the next fire's run comes (an every-second checker could not see it).
+func TestLongPeriodFireLost(t *testing.T) {
+	every10, _ := schedule.Parse("@every 10s", nil)
+	o := Options{Jobs: map[string]Job{"orders": {Items: 1, Schedule: every10}}, Bound: 3 * time.Second, From: t0, To: t0.Add(41 * time.Second)}
+	var b strings.Builder
+	for _, s := range []int{10, 30, 40} { // fire 20 lost
+		b.WriteString(line("start", 0, s, 1, int64(s), "a", "NORMAL", s*1000+5))
+		b.WriteString(line("end", 0, s, 1, int64(s), "a", "NORMAL", s*1000+2000))
+	}
+	b.WriteString(line("start", 0, 41, 1, 99, "a", "MANUAL", 45000)) // the ledger goes on past the last deadline
+	ev, _ := Parse(strings.NewReader(b.String()))
+	r := Check(ev, o)
+	if r.Misses != 1 || r.FiresChecked != 3 || !strings.Contains(r.Violations[0], "00:00:20Z") {
+		t.Errorf("%s %v", r, r.Violations)
 	}
 }

@@ -334,23 +334,29 @@ func (n *Node) readBackClaim(ctx context.Context, s *session, c Claim, written [
 
 // Adopt returns the grant of a claim this session made but whose run this
 // process does not know: the claim's reply was lost and it applied after
-// its read-back said it had not. st must show the claim: the record RUNNING
-// by this instance and the running marker under this session's lease,
-// created by the record's write. The grant's fence is that write's revision.
-func (n *Node) Adopt(job string, item int, st ItemState) (*Grant, error) {
+// its read-back said it had not. It reads the item again and adopts only if
+// the record is still the claim's (RUNNING by this instance, unchanged since
+// st) and the running marker is under this session's lease: a state read
+// while a run of this process was ending must not start it a second time.
+// The grant's fence is the claim's revision.
+func (n *Node) Adopt(ctx context.Context, job string, item int, st ItemState) (*Grant, error) {
 	n.mu.Lock()
 	s := n.session
 	n.mu.Unlock()
-	rec := st.Record
 	if s == nil {
 		return nil, ErrNotUp
 	}
-	if rec == nil || !st.RunningMine || rec.State != StateRunning || rec.Instance != n.opts.ID || rec.Job != job || rec.Item != item {
+	cur, err := n.ReadItem(ctx, job, item)
+	if err != nil {
+		return nil, err
+	}
+	rec := cur.Record
+	if rec == nil || cur.Rev != st.Rev || !cur.RunningMine || rec.State != StateRunning || rec.Instance != n.opts.ID {
 		return nil, fmt.Errorf("adopt item %d of job %q: %w", item, job, ErrClaimLost)
 	}
 	r := *rec
-	r.Fence = st.Rev
-	return &Grant{Fence: st.Rev, Ctx: s.ctx, record: r}, nil
+	r.Fence = cur.Rev
+	return &Grant{Fence: cur.Rev, Ctx: s.ctx, record: r}, nil
 }
 
 // Outcome is how a granted run ended.

@@ -99,7 +99,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
-const ledgerLine = `echo "$1 $SHARDD_JOB $SHARDD_ITEM $SHARDD_FIRE_TIME $SHARDD_ATTEMPT $SHARDD_FENCE $SHARDD_INSTANCE $SHARDD_SOURCE $(date +%s%N)" >> "$LEDGER"`
+const ledgerLine = `echo "$1 $SHARDD_JOB $SHARDD_ITEM $SHARDD_FIRE_TIME $SHARDD_ATTEMPT $SHARDD_FENCE $SHARDD_INSTANCE $SHARDD_SOURCE $(date +%s%N) $SHARDD_SKIPPED" >> "$LEDGER"`
 
 func events(t *testing.T, path string) []ledger.Event {
 	f, err := os.Open(path)

@@ -27,7 +27,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	var g *coord.Grant
 	var err error
 	if a.kind == adopt {
-		g, err = e.opts.Node.Adopt(j.name, s.item, s.st)
+		g, err = e.opts.Node.Adopt(ctx, j.name, s.item, s.st)
 		if err == nil {
 			log.Warn("a claim of this session applied after its reply was lost; running it", "fence", g.Fence)
 		}
@@ -52,6 +52,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	rc := runner.Context{
 		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
 		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: e.opts.Node.ID(), Source: a.source,
+		Skipped: a.skipped,
 	}
 	if v.Map != nil {
 		rc.Total = v.Map.Total

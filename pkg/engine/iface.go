@@ -28,7 +28,7 @@ type Cluster interface {
 type Items interface {
 	ReadItems(ctx context.Context, job string) (coord.JobItems, error)
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
-	Adopt(job string, item int, st coord.ItemState) (*coord.Grant, error)
+	Adopt(ctx context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, o coord.Outcome) error
 	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error
 	History(ctx context.Context, job string) ([]coord.ItemRecord, error)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -27,6 +28,7 @@ type jobLoop struct {
 
 	mu       sync.Mutex
 	local    map[int]bool // items with a run in progress here, through its record
+	ended    uint64       // runs of this process that have ended, ever
 	triggers []pendingTrigger
 	sem      semaphore // the job's maxConcurrency; replaced when it changes
 	semCap   int
@@ -121,6 +123,13 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 			next = f
 		}
 	}
+	// A run that ends while the items are read leaves a stale RUNNING
+	// record and marker of this session in the read: such a state must not
+	// be adopted (coord.Adopt checks again; this saves it the read).
+	j.mu.Lock()
+	endedBefore := j.ended
+	wasLocal := maps.Clone(j.local)
+	j.mu.Unlock()
 	items, err := e.opts.Node.ReadItems(ctx, j.name)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -135,9 +144,13 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	for item := range job.ShardingTotalCount {
 		st := items.Items[item]
 		j.mu.Lock()
-		local := j.local[item]
+		local, stale := j.local[item], wasLocal[item] || j.ended != endedBefore
 		j.mu.Unlock()
 		a := decide(st, local, p, now)
+		if a.kind == adopt && stale {
+			j.pokeAfter(100 * time.Millisecond) // read again first
+			continue
+		}
 		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" {
 			a = j.manual(item, st, now)
 		}
@@ -305,6 +318,7 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 		defer func() {
 			j.mu.Lock()
 			delete(j.local, s.item)
+			j.ended++
 			j.mu.Unlock()
 			j.poke() // decide again: fires may have come meanwhile
 		}()

@@ -29,6 +29,9 @@ type Context struct {
 	Instance string `json:"instance"`
 	// Source is NORMAL, MISFIRE, FAILOVER or MANUAL.
 	Source string `json:"source"`
+	// Skipped counts the fires before Fire that this run stands for
+	// (coalesced by the misfire policy); they do not run on their own.
+	Skipped int `json:"skipped,omitempty"`
 }
 
 // JSON returns the context as JSON.
@@ -50,6 +53,7 @@ func (c Context) Env() []string {
 		"SHARDD_ATTEMPT=" + strconv.Itoa(c.Attempt),
 		"SHARDD_INSTANCE=" + c.Instance,
 		"SHARDD_SOURCE=" + c.Source,
+		"SHARDD_SKIPPED=" + strconv.Itoa(c.Skipped),
 		"SHARDD_CONTEXT=" + string(c.JSON()),
 	}
 }
