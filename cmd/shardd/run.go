@@ -141,11 +141,9 @@ func cmdRun(e *env, args []string) error {
 			log.Warn("the API listens beyond loopback without --api-token-file: its write endpoints are disabled", "addr", apiAddr)
 		}
 	}
-	var eng *engine.Engine
 	node, err := coord.New(coord.Options{
 		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
 		Info:          coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
-		OnMap:         func(job string, sm *coord.ShardMap) { eng.OnMap(job, sm) },
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },
 	}, cfg.Jobs)
@@ -165,7 +163,7 @@ func cmdRun(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	eng = engine.New(engine.Options{
+	eng := engine.New(engine.Options{
 		Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Skew: skew.Skew, ShutdownGrace: *grace,
 		OnStart:   func(job string) { m.Running.WithLabelValues(job).Inc() },
 		OnSkipped: func(job string, n int) { m.SkippedFires.WithLabelValues(job).Add(float64(n)) },

@@ -91,7 +91,7 @@ func TestChaos(t *testing.T) {
 	// and chains of overlapping faults (two failures in a row may take one
 	// bound each).
 	var faults []ledger.Window
-	var failures []time.Time // when each fault began
+	var failures []ledger.Failure // the faults that can cut a run, and when
 	var memberKills []ledger.Window
 	var chainFrom time.Time // start of a chain of overlapping faults
 	overlapping := 0
@@ -111,7 +111,12 @@ func TestChaos(t *testing.T) {
 			}
 		}
 		faultStart := time.Now()
-		failures = append(failures, faultStart)
+		switch fault {
+		case "kill9", "kill-before-fire", "sigstop", "partition":
+			failures = append(failures, ledger.Failure{At: faultStart, Instance: victim})
+		case "etcd-member":
+			failures = append(failures, ledger.Failure{At: faultStart})
+		}
 		t.Logf("round %d/%d at %s: %s %s (overlap %v)", round, rounds, faultStart.UTC().Format("15:04:05.000"), fault, victim, overlap)
 		switch fault {
 		case "kill9", "kill-before-fire":
@@ -136,6 +141,9 @@ func TestChaos(t *testing.T) {
 			memberKills = append(memberKills, w)
 		case "rolling-restart":
 			for _, n := range names {
+				// A graceful stop lets runs finish for the shutdown grace
+				// (10s), then kills them: that is when they are cut.
+				failures = append(failures, ledger.Failure{At: time.Now().Add(shutdownGrace), Instance: n})
 				procs[n].stop(syscall.SIGTERM)
 				start(n)
 				waitFor(t, 30*time.Second, n+" to rejoin", func() bool { return len(procs[n].find(msg("session up"))) > 0 })
@@ -261,8 +269,9 @@ func TestChaos(t *testing.T) {
 // next one: every 10s with 4s runs, every minute, and fixed calendar times
 // (:07 and :37 of each minute) whose owner a fault kills 1s before the fire.
 const (
-	calendarCron = "7,37 * * * * ?"
-	minuteCron   = "0 * * * * ?"
+	shutdownGrace = 10 * time.Second // shardd run's default --shutdown-grace
+	calendarCron  = "7,37 * * * * ?"
+	minuteCron    = "0 * * * * ?"
 )
 
 func nextCalendarFire(after time.Time) time.Time {

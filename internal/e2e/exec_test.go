@@ -74,7 +74,7 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 			agreed(t, cli, "ten", map[string][]int{"a": {0}, "b": {1}, "c": {2}}, procs["a"], procs["b"], procs["c"])
 	})
 	from := time.Now()
-	var failures []time.Time
+	var failures []ledger.Failure
 	owner := func(job string, item int) *proc {
 		m := storedMap(t, cli, job)
 		if m == nil {
@@ -96,7 +96,7 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	at(10*time.Second, time.Second)
 	victim := owner("ten", 0)
 	victim.stop(syscall.SIGKILL)
-	failures = append(failures, time.Now())
+	failures = append(failures, ledger.Failure{At: time.Now(), Instance: victim.name})
 	t.Logf("killed %s (owner of ten/0) mid-run at %s", victim.name, time.Now().Format(time.RFC3339Nano))
 	survivors := []*proc{}
 	for _, p := range procs {
@@ -110,7 +110,7 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	at(10*time.Second, 1500*time.Millisecond)
 	paused := owner("ten", 1)
 	paused.signal(syscall.SIGSTOP)
-	failures = append(failures, time.Now())
+	failures = append(failures, ledger.Failure{At: time.Now(), Instance: paused.name})
 	t.Logf("paused %s (owner of ten/1) mid-run at %s", paused.name, time.Now().Format(time.RFC3339Nano))
 	time.Sleep(2 * ttl)
 	paused.signal(syscall.SIGCONT)
@@ -128,7 +128,7 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	time.Sleep(time.Until(next.Add(-time.Second)))
 	victim2 := owner("calendar", 0)
 	victim2.stop(syscall.SIGKILL)
-	failures = append(failures, time.Now())
+	failures = append(failures, ledger.Failure{At: time.Now(), Instance: victim2.name})
 	t.Logf("killed %s (owner of calendar/0) 1s before the fire of %s", victim2.name, next.Format(time.RFC3339))
 	time.Sleep(time.Until(next.Add(bound + 8*time.Second)))
 	to := time.Now()
@@ -190,10 +190,10 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 // faultWindows are the spans during which a fault may delay a due fire:
 // from each failure to its bound. A fire due inside must start by the
 // window's end.
-func faultWindows(failures []time.Time, bound time.Duration) []ledger.Window {
+func faultWindows(failures []ledger.Failure, bound time.Duration) []ledger.Window {
 	var out []ledger.Window
 	for _, f := range failures {
-		out = append(out, ledger.Window{From: f, To: f.Add(bound)})
+		out = append(out, ledger.Window{From: f.At, To: f.At.Add(bound)})
 	}
 	return out
 }

@@ -91,9 +91,16 @@ type Options struct {
 	// without a leader, two failures in a row): a fire due inside one must
 	// still start, but by the window's end if that is later than due+Bound.
 	Faults []Window
-	// Failures are the moments faults were injected: a run cut short is
-	// judged against the first failure after it started.
-	Failures []time.Time
+	// Failures are the faults injected: a run cut short is judged against
+	// the first failure of its instance after it started.
+	Failures []Failure
+}
+
+// Failure is one injected fault: when it began and the instance it hit
+// ("" for all of them, such as an etcd member's crash).
+type Failure struct {
+	At       time.Time
+	Instance string
 }
 
 // Job is what the checker needs of a job.
@@ -175,6 +182,9 @@ func Check(events []Event, o Options) Report {
 		switch ev.Kind {
 		case "start":
 			r.Starts++
+			if prev := byFence[id]; prev != nil && prev.end == nil {
+				violate(&r.Overlaps, "G1: %s item %d: fence %d started again while its first start had not ended", ev.Job, ev.Item, ev.Fence)
+			}
 			rn := &run{start: ev}
 			runs[k] = append(runs[k], rn)
 			byFence[id] = rn
@@ -323,8 +333,8 @@ func (r *Report) checkCutRuns(job string, item int, rs []*run, o Options, last t
 		}
 		var failure time.Time
 		for _, f := range o.Failures {
-			if !f.Before(s.At) && (failure.IsZero() || f.Before(failure)) {
-				failure = f
+			if (f.Instance == "" || f.Instance == s.Instance) && !f.At.Before(s.At) && (failure.IsZero() || f.At.Before(failure)) {
+				failure = f.At
 			}
 		}
 		if failure.IsZero() {

@@ -54,6 +54,7 @@ func TestPlantedViolations(t *testing.T) {
 		field func(Report) int
 	}{
 		{"overlap by time", line("start", 0, 11, 1, 200, "b", "NORMAL", 10100) + line("end", 0, 11, 1, 200, "b", "NORMAL", 10300), 0, func(r Report) int { return r.Overlaps }},
+		{"one fence started twice at once", line("start", 0, 5, 1, 50, "a", "NORMAL", 5100) + line("end", 0, 5, 1, 50, "a", "NORMAL", 5300), 0, func(r Report) int { return r.Overlaps }},
 		{"overlap seen by the lock", line("overlap", 0, 5, 1, 51, "b", "NORMAL", 5100), 0, func(r Report) int { return r.Overlaps }},
 		{"duplicate", line("start", 0, 5, 1, 55, "b", "NORMAL", 5500) + line("end", 0, 5, 1, 55, "b", "NORMAL", 5600), 0, func(r Report) int { return r.Duplicates }},
 		{"same attempt twice", line("start", 0, 7, 1, 75, "b", "FAILOVER", 7500) + line("end", 0, 7, 1, 75, "b", "FAILOVER", 7600), 0, func(r Report) int { return r.Duplicates }},
@@ -171,7 +172,7 @@ func TestCutRunsMustBeRerun(t *testing.T) {
 	}
 	cut := strings.Join(kept, "")
 	o := opts
-	o.Failures = []time.Time{t0.Add(5100 * time.Millisecond)}
+	o.Failures = []Failure{{At: t0.Add(5050 * time.Millisecond), Instance: "b"}, {At: t0.Add(5100 * time.Millisecond), Instance: "a"}}
 	for _, tc := range []struct {
 		name   string
 		extra  string

@@ -34,6 +34,10 @@ const (
 	ReasonTimeout = "timeout"
 	// ReasonOperator: an operator stopped the run.
 	ReasonOperator = "operator"
+	// ReasonNotStarted: the claim was won but the work never started (the
+	// session fenced or shardd stopped first). Such a fire is run again
+	// whatever the failover policy: it never ran.
+	ReasonNotStarted = "not-started"
 )
 
 // CutByFailure reports whether a record is a run that a failure cut short:
@@ -43,11 +47,17 @@ func (r *ItemRecord) CutByFailure() bool {
 	return r.State == StateRunning || (r.State == StateKilled && (r.Reason == ReasonShutdown || r.Reason == ReasonFence))
 }
 
+// NeverStarted reports whether the record is a claim whose work never
+// started: its fire is still to run.
+func (r *ItemRecord) NeverStarted() bool {
+	return r.State == StateKilled && r.Reason == ReasonNotStarted
+}
+
 // Watermark is the latest scheduled fire the record accounts for: every
 // scheduled fire up to it was run or recorded as skipped. Manual runs do not
 // move it.
 func (r *ItemRecord) Watermark() time.Time {
-	if !r.Sched.IsZero() || r.Source == SourceManual {
+	if !r.Sched.IsZero() {
 		return r.Sched
 	}
 	return r.Fire // written before Sched existed
@@ -408,6 +418,38 @@ func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, s
 		rec.Trigger = prev.Record.Trigger
 	}
 	return n.finish(ctx, rec, prev.Rev, false)
+}
+
+// Begin starts the record of items never claimed: the scheduled fires up
+// to sched are accounted for (there were none to run: the items did not
+// exist, as far as anyone knows). Without it, every instance would guess
+// when an item began, and an owner restarting across an item's first fire
+// would never run it. An item claimed meanwhile is left alone. The records
+// are written in transactions of up to 64 items, each guarded by the
+// absence of all of its items' records.
+func (n *Node) Begin(ctx context.Context, job string, items []int, sched time.Time) error {
+	for len(items) > 0 {
+		batch := items[:min(len(items), 64)]
+		items = items[len(batch):]
+		cmps := make([]clientv3.Cmp, 0, len(batch))
+		ops := make([]clientv3.Op, 0, len(batch))
+		for _, item := range batch {
+			rec := ItemRecord{Job: job, Item: item, Fire: sched.UTC(), Sched: sched.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1}
+			val, err := json.Marshal(rec)
+			if err != nil {
+				return err
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(n.keys.Item(job, item)), "=", 0))
+			ops = append(ops, clientv3.OpPut(n.keys.Item(job, item), string(val)))
+		}
+		wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+		_, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("begin items of job %q: %w", job, err)
+		}
+	}
+	return nil
 }
 
 // finish writes rec to the item and its history if the item record is still

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
-	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -71,12 +70,51 @@ type Engine struct {
 	killCtx context.Context // cancelled by Kill: running items stop
 	kill    context.CancelCauseFunc
 	// recordCtx bounds the writes of outcomes; cancelled a little after Kill.
-	recordCtx    context.Context
-	stopRecoding context.CancelFunc
-	resync       chan struct{} // buffered(1): the node's job set changed
+	recordCtx     context.Context
+	stopRecording context.CancelFunc
+	resync        chan struct{} // buffered(1): the node's job set changed
 
-	mu   sync.Mutex
-	jobs map[string]*jobLoop
+	mu    sync.Mutex
+	jobs  map[string]*jobLoop
+	local map[string]*localRuns // by job; kept when a job's loop stops
+	// work, if set, runs every item instead of the job's script or hook
+	// (tests of the reconcile).
+	work runFunc
+	// waiting are the loops that found no free concurrency slot; the next
+	// slot given back wakes them.
+	waiting map[*jobLoop]struct{}
+}
+
+// releaseSlots gives back a run's concurrency slots and wakes the loops
+// that wanted one.
+func (e *Engine) releaseSlots(sems ...semaphore) {
+	release(sems...)
+	e.mu.Lock()
+	waiting := e.waiting
+	e.waiting = map[*jobLoop]struct{}{}
+	e.mu.Unlock()
+	for j := range waiting {
+		j.poke()
+	}
+}
+
+// waitSlot asks for j to be woken when a slot is given back.
+func (e *Engine) waitSlot(j *jobLoop) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.waiting[j] = struct{}{}
+}
+
+// localRuns returns the runs of job in this process.
+func (e *Engine) localRuns(job string) *localRuns {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r, ok := e.local[job]
+	if !ok {
+		r = &localRuns{running: map[int]bool{}, ended: map[int]uint64{}}
+		e.local[job] = r
+	}
+	return r
 }
 
 // New returns an engine; call Run.
@@ -94,9 +132,9 @@ func New(opts Options) *Engine {
 		opts.Sweep = 10 * time.Second
 	}
 	e := &Engine{opts: opts, log: opts.Logger, global: newSemaphore(opts.MaxConcurrency),
-		resync: make(chan struct{}, 1), jobs: map[string]*jobLoop{}}
+		resync: make(chan struct{}, 1), jobs: map[string]*jobLoop{}, local: map[string]*localRuns{}, waiting: map[*jobLoop]struct{}{}}
 	e.killCtx, e.kill = context.WithCancelCause(context.Background())
-	e.recordCtx, e.stopRecoding = context.WithCancel(context.Background())
+	e.recordCtx, e.stopRecording = context.WithCancel(context.Background())
 	return e
 }
 
@@ -212,10 +250,6 @@ func (e *Engine) wakeAll() {
 	}
 }
 
-// OnMap is coord.Options.OnMap; the engine learns of maps through
-// Node.OnChange, so it does nothing. Kept so that callers need not change.
-func (e *Engine) OnMap(string, *coord.ShardMap) {}
-
 // Resync makes a running engine start and stop job loops to match the
 // node's jobs (after a reload).
 func (e *Engine) Resync() {
@@ -229,7 +263,7 @@ func (e *Engine) Resync() {
 // outcomes are recorded as KILLED for a few more seconds.
 func (e *Engine) Kill() {
 	e.kill(errShutdown)
-	time.AfterFunc(3*time.Second, e.stopRecoding)
+	time.AfterFunc(3*time.Second, e.stopRecording)
 }
 
 // checkClock enforces the job's maxTimeDiffSeconds.

@@ -63,11 +63,7 @@ func instanceWith(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...f
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var eng *Engine
-	node, err := coord.New(coord.Options{
-		Client: cli, ID: id, TTL: 2 * time.Second, Logger: log,
-		OnMap: func(job string, m *coord.ShardMap) { eng.OnMap(job, m) },
-	}, c.Jobs)
+	node, err := coord.New(coord.Options{Client: cli, ID: id, TTL: 2 * time.Second, Logger: log}, c.Jobs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +75,7 @@ func instanceWith(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...f
 	for _, f := range opts {
 		f(&o)
 	}
-	eng = New(o)
+	eng := New(o)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)

@@ -12,17 +12,17 @@ import (
 )
 
 // execute claims the item for s.a (or adopts the claim this session holds),
-// runs it with its retries and records the outcome. It reports whether the
+// runs it with its retries, records the outcome and gives back the
+// concurrency slots the reconcile took for it. It reports whether the
 // claim was won. ctx is the job loop's: once it ends no claim is made, but
 // a won run goes on until it ends, its session fences, or Kill.
 func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	e, job, a := j.e, v.Job, s.a
 	log := j.log.With("item", s.item, "fire", a.fire.UTC(), "attempt", a.attempt, "source", a.source)
-	sems := []semaphore{j.semaphore(job.MaxConcurrency), e.global}
-	if !acquire(ctx, sems...) {
+	defer e.releaseSlots(s.slots...)
+	if ctx.Err() != nil {
 		return false
 	}
-	defer release(sems...)
 
 	var g *coord.Grant
 	var err error
@@ -97,12 +97,18 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 // the item) or the engine is killed.
 func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runner.Result, coord.Outcome) {
 	e := j.e
-	run, err := j.runners.get(job, e.opts.Watchdog, e.log)
+	run, err := e.work, error(nil)
+	if run == nil {
+		run, err = j.runners.get(job, e.opts.Watchdog, e.log)
+	}
 	if err != nil {
 		j.log.Error("job work is not runnable", "err", err)
 		now := time.Now()
 		return runner.Result{Err: err, ExitCode: -1, End: now},
 			coord.Outcome{State: coord.StateFailed, ExitCode: -1, Err: err.Error(), Start: now, End: now}
+	}
+	if d, ok := e.opts.Node.FenceDeadline(); ok && e.opts.Watchdog != nil {
+		e.opts.Watchdog.SetDeadline(d) // the newest, not the last one polled
 	}
 	runCtx, cancel := context.WithCancelCause(g.Ctx)
 	defer cancel(nil)
@@ -126,12 +132,19 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 		out.End = time.Now()
 	}
 	switch {
-	case runCtx.Err() != nil:
+	case res.OK: // the work ended by itself: whatever happened since, it is done
+	case runCtx.Err() != nil || errors.Is(res.Err, runner.ErrKilled):
 		out.State, out.Reason = coord.StateKilled, coord.ReasonFence
 		if errors.Is(context.Cause(runCtx), errShutdown) {
 			out.Reason = coord.ReasonShutdown
 		}
-		out.Err = fmt.Sprint(context.Cause(runCtx))
+		out.Err = fmt.Sprint(res.Err)
+		if runCtx.Err() != nil {
+			out.Err = fmt.Sprint(context.Cause(runCtx))
+		}
+		if res.Started.IsZero() {
+			out.Reason = coord.ReasonNotStarted
+		}
 	case errors.Is(res.Err, runner.ErrTimeout):
 		out.State, out.Reason, out.Err = coord.StateKilled, coord.ReasonTimeout, res.Err.Error()
 	case !res.OK:

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -26,9 +25,11 @@ type jobLoop struct {
 	baseline time.Time
 	runners  runnerCache
 
+	// runs is the job's runs in this process; it outlives the loop, so
+	// that a job removed and added back while an item runs knows the run.
+	runs *localRuns
+
 	mu       sync.Mutex
-	local    map[int]bool // items with a run in progress here, through its record
-	ended    uint64       // runs of this process that have ended, ever
 	triggers []pendingTrigger
 	sem      semaphore // the job's maxConcurrency; replaced when it changes
 	semCap   int
@@ -40,9 +41,29 @@ type pendingTrigger struct {
 	received time.Time
 }
 
+// localRuns are the runs of one job's items in this process, from the
+// decision to run through the recording of the outcome.
+type localRuns struct {
+	mu      sync.Mutex
+	running map[int]bool
+	ended   map[int]uint64 // per item, runs that have ended, ever
+}
+
+func (l *localRuns) snapshot(item int) (running bool, ended uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.running[item], l.ended[item]
+}
+
+func (l *localRuns) busy() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.running) > 0
+}
+
 func newJobLoop(e *Engine, name string) *jobLoop {
 	return &jobLoop{e: e, name: name, log: e.log.With("job", name), wake: make(chan struct{}, 1),
-		baseline: e.opts.Now(), local: map[int]bool{}}
+		baseline: e.opts.Now(), runs: e.localRuns(name)}
 }
 
 // poke wakes the loop; it never blocks.
@@ -86,9 +107,10 @@ func (j *jobLoop) run(ctx context.Context) {
 
 // start is one run the reconcile decided on.
 type start struct {
-	item int
-	st   coord.ItemState
-	a    action
+	item  int
+	st    coord.ItemState
+	a     action
+	slots []semaphore // taken for the run; execute gives them back
 }
 
 // reconcile reads the job's items, decides for each, starts the runs and
@@ -126,10 +148,18 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	// A run that ends while the items are read leaves a stale RUNNING
 	// record and marker of this session in the read: such a state must not
 	// be adopted (coord.Adopt checks again; this saves it the read).
-	j.mu.Lock()
-	endedBefore := j.ended
-	wasLocal := maps.Clone(j.local)
-	j.mu.Unlock()
+	total := job.ShardingTotalCount
+	if m.Total > 0 {
+		total = m.Total // BROADCAST: one item per instance
+	}
+	type before struct {
+		running bool
+		ended   uint64
+	}
+	snap := make([]before, total)
+	for item := range total {
+		snap[item].running, snap[item].ended = j.runs.snapshot(item)
+	}
 	items, err := e.opts.Node.ReadItems(ctx, j.name)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -141,11 +171,11 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: e.window(), baseline: j.baseline}
 	own := j.ownership(ctx, v)
 	var starts []start
-	for item := range job.ShardingTotalCount {
+	var fresh []int
+	for item := range total {
 		st := items.Items[item]
-		j.mu.Lock()
-		local, stale := j.local[item], wasLocal[item] || j.ended != endedBefore
-		j.mu.Unlock()
+		local, ended := j.runs.snapshot(item)
+		stale := snap[item].running || ended != snap[item].ended
 		a := decide(st, local, p, now)
 		if a.kind == adopt && stale {
 			j.pokeAfter(100 * time.Millisecond) // read again first
@@ -167,11 +197,37 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 				continue
 			}
 		}
-		if a.kind == skip {
+		switch a.kind {
+		case skip:
 			j.skip(ctx, item, st, a)
+			continue
+		case begin:
+			fresh = append(fresh, item)
 			continue
 		}
 		starts = append(starts, start{item: item, st: st, a: a})
+	}
+	// Concurrency slots go to the oldest fires first, so that no item
+	// starves behind lower-numbered ones.
+	slices.SortStableFunc(starts, func(x, y start) int { return x.a.waitingSince().Compare(y.a.waitingSince()) })
+	for i := range starts {
+		slots := []semaphore{j.semaphore(job.MaxConcurrency), e.global}
+		if !tryAcquire(slots...) {
+			// Ask to be woken by the next slot given back, then look once
+			// more: one may have been given back in between.
+			e.waitSlot(j)
+			if !tryAcquire(slots...) {
+				starts = starts[:i] // decided again when a slot is free
+				break
+			}
+		}
+		starts[i].slots = slots
+	}
+	if len(fresh) > 0 {
+		if err := e.opts.Node.Begin(ctx, j.name, fresh, now); err != nil {
+			j.log.Warn("begin item records; trying again", "items", len(fresh), "err", err)
+			next = earliest(next, now.Add(500*time.Millisecond))
+		}
 	}
 	j.launch(ctx, v, starts)
 	return next
@@ -253,7 +309,12 @@ func (j *jobLoop) ownership(ctx context.Context, v coord.JobView) func(item int,
 			return true, fire.Add(time.Duration(rank) * routeStep)
 		}
 	case m.PerFire:
-		return func(item int, fire time.Time, _ string) (bool, time.Time) {
+		return func(item int, fire time.Time, source string) (bool, time.Time) {
+			if source == coord.SourceManual {
+				// Each instance would draw a manual fire's owner at its
+				// own time; any member may claim it, the claim lets one run.
+				return slices.Contains(m.Instances, me), fire
+			}
 			seq := int64(0)
 			if job.Schedule != nil {
 				seq = schedule.Seq(job.Schedule, fire)
@@ -284,11 +345,7 @@ func (j *jobLoop) rank(ctx context.Context, v coord.JobView) int {
 }
 
 // busy reports whether any item of the job runs here.
-func (j *jobLoop) busy() bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return len(j.local) > 0
-}
+func (j *jobLoop) busy() bool { return j.runs.busy() }
 
 // semaphore returns the job's concurrency semaphore for max (nil: none),
 // replacing it when max changed. Runs holding the old one give back the old.
@@ -308,18 +365,18 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 	if len(starts) == 0 {
 		return
 	}
-	j.mu.Lock()
+	j.runs.mu.Lock()
 	for _, s := range starts {
-		j.local[s.item] = true
+		j.runs.running[s.item] = true
 	}
-	j.mu.Unlock()
+	j.runs.mu.Unlock()
 	e := j.e
 	one := func(s start) bool {
 		defer func() {
-			j.mu.Lock()
-			delete(j.local, s.item)
-			j.ended++
-			j.mu.Unlock()
+			j.runs.mu.Lock()
+			delete(j.runs.running, s.item)
+			j.runs.ended[s.item]++
+			j.runs.mu.Unlock()
 			j.poke() // decide again: fires may have come meanwhile
 		}()
 		return j.execute(ctx, v, s)

@@ -14,9 +14,9 @@ type policy struct {
 	misfire  bool
 	// window is how old a missed fire may be and still run.
 	window time.Duration
-	// baseline is the watermark of an item never claimed: fires at or
-	// before it are not due (the job did not exist yet, as far as this
-	// instance knows).
+	// baseline is the watermark of an item never claimed, until its
+	// record begins: fires at or before it are not due (the job did not
+	// exist yet, as far as this instance knows).
 	baseline time.Time
 }
 
@@ -34,10 +34,11 @@ const (
 	run              // claim and run fire
 	adopt            // run the claim this session already holds
 	skip             // record the fires through fire as skipped
+	begin            // start the record of an item never claimed, at fire
 )
 
 func (k actionKind) String() string {
-	return [...]string{"none", "run", "adopt", "skip"}[k]
+	return [...]string{"none", "run", "adopt", "skip", "begin"}[k]
 }
 
 // action is what to do for one item now.
@@ -52,6 +53,17 @@ type action struct {
 	sched time.Time
 	// trigger is the manual trigger a MANUAL run serves.
 	trigger int64
+	// oldest is the earliest fire the action accounts for (zero: fire):
+	// runs waiting longest get concurrency slots first.
+	oldest time.Time
+}
+
+// waitingSince is when the fires an action serves began to be due.
+func (a action) waitingSince() time.Time {
+	if !a.oldest.IsZero() {
+		return a.oldest
+	}
+	return a.fire
 }
 
 // decide reconciles one item: from its state in etcd, whether a run of it
@@ -72,6 +84,10 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 		}
 		return action{} // someone runs it; the marker's deletion wakes us
 	}
+	if rec != nil && rec.NeverStarted() {
+		// A won claim whose work never began: the fire has not run yet.
+		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: rec.Source, sched: rec.Watermark()}
+	}
 	if rec != nil && rec.CutByFailure() && p.failover {
 		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: coord.SourceFailover, sched: rec.Watermark()}
 	}
@@ -81,15 +97,23 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 	base, busyUntil := p.baseline, time.Time{}
 	if rec != nil {
 		base = rec.Watermark()
-		if rec.State != coord.StateSkipped && !rec.CutByFailure() {
+		if rec.State != coord.StateSkipped && !rec.CutByFailure() && !rec.NeverStarted() {
 			busyUntil = rec.End // fires up to here came while the item ran
 		}
 	}
-	count, latest := 0, time.Time{}
+	count, first, latest := 0, time.Time{}, time.Time{}
 	for f := p.schedule.Next(base); !f.IsZero() && !f.After(now) && count < maxCount; f = p.schedule.Next(f) {
+		if count == 0 {
+			first = f
+		}
 		count, latest = count+1, f
 	}
 	if count == 0 {
+		if rec == nil && !st.Disabled {
+			// Nothing was due: the item's record begins now, so that every
+			// instance agrees from when its fires are due.
+			return action{kind: begin, fire: now}
+		}
 		return action{}
 	}
 	if now.Sub(latest) > p.window || (!p.misfire && !latest.After(busyUntil)) {
@@ -99,5 +123,9 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 	if count > 1 || now.Sub(latest) > onTime {
 		source = coord.SourceMisfire
 	}
-	return action{kind: run, fire: latest, attempt: 1, source: source, skipped: count - 1, sched: latest}
+	a := action{kind: run, fire: latest, attempt: 1, source: source, skipped: count - 1, sched: latest}
+	if count > 1 {
+		a.oldest = first
+	}
+	return a
 }

@@ -29,9 +29,7 @@ func stoppable(t *testing.T, cli *clientv3.Client, id, yaml string) (*coord.Node
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var eng *Engine
-	node, err := coord.New(coord.Options{Client: cli, ID: id, TTL: 2 * time.Second, Logger: log,
-		OnMap: func(job string, m *coord.ShardMap) { eng.OnMap(job, m) }}, c.Jobs)
+	node, err := coord.New(coord.Options{Client: cli, ID: id, TTL: 2 * time.Second, Logger: log}, c.Jobs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,7 +37,7 @@ func stoppable(t *testing.T, cli *clientv3.Client, id, yaml string) (*coord.Node
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng = New(Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd})
+	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd})
 	nctx, ncancel := context.WithCancel(context.Background())
 	ectx, ecancel := context.WithCancel(context.Background())
 	engDone, nodeDone := make(chan struct{}), make(chan struct{})

@@ -79,6 +79,10 @@ func NewHTTP(h HTTP, tlsFiles TLSFiles) (*HTTP, error) {
 func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	res = Result{Start: time.Now(), ExitCode: -1}
 	defer func() { res.End = time.Now() }()
+	if ctx.Err() != nil { // never start work that is no longer wanted
+		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, context.Cause(ctx))
+		return res
+	}
 	body := []byte(h.Body)
 	if h.Body == "" {
 		body = c.JSON()

@@ -1,0 +1,373 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/runner"
+)
+
+// fakeNode is an in-memory Node: one job, its items, a session that can be
+// taken away, and a log of what the engine asked for. Its Claim and
+// Complete apply the same guards as coord's transactions.
+type fakeNode struct {
+	mu       sync.Mutex
+	id       string
+	view     coord.JobView
+	up       bool
+	session  context.Context
+	deadline time.Time
+	items    map[int]coord.ItemState
+	rev      int64
+	grants   map[int64]coord.ItemRecord // by fence
+	claims   []coord.Claim
+	outcomes []coord.Outcome
+	// claimErr, if set, fails a claim before it applies.
+	claimErr func(coord.Claim) error
+}
+
+func newFakeNode(t *testing.T, yaml string, owned map[string][]int) *fakeNode {
+	t.Helper()
+	c, err := config.Parse("jobs.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := c.Jobs[0]
+	var instances []string
+	for id := range owned {
+		instances = append(instances, id)
+	}
+	slices.Sort(instances)
+	m := &coord.ShardMap{Epoch: 1, Total: job.ShardingTotalCount, Instances: instances, Items: owned}
+	return &fakeNode{id: "a", view: coord.JobView{Local: job, Job: job, Map: m, MapRev: 5}, up: true, session: context.Background(),
+		items: map[int]coord.ItemState{}, rev: 100, grants: map[int64]coord.ItemRecord{}}
+}
+
+func (f *fakeNode) ID() string     { return f.id }
+func (f *fakeNode) Jobs() []string { return []string{f.view.Job.Name} }
+func (f *fakeNode) View(job string) (coord.JobView, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.view, job == f.view.Job.Name
+}
+func (f *fakeNode) Session() (context.Context, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.session, f.up
+}
+func (f *fakeNode) FenceDeadline() (time.Time, bool) { return f.deadline, f.up }
+func (f *fakeNode) ReadItems(context.Context, string) (coord.JobItems, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := coord.JobItems{Rev: f.rev, Items: map[int]coord.ItemState{}}
+	for i, st := range f.items {
+		if st.Record != nil {
+			r := *st.Record
+			st.Record = &r
+		}
+		out.Items[i] = st
+	}
+	return out, nil
+}
+
+func (f *fakeNode) Claim(_ context.Context, c coord.Claim) (*coord.Grant, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.claims = append(f.claims, c)
+	if f.claimErr != nil {
+		if err := f.claimErr(c); err != nil {
+			return nil, err
+		}
+	}
+	st := f.items[c.Item]
+	if !f.up {
+		return nil, coord.ErrNotUp
+	}
+	if st.Rev != c.Prev.Rev || st.RunningBy != "" || (c.MapRev != 0 && c.MapRev != f.view.MapRev) {
+		return nil, coord.ErrClaimLost
+	}
+	f.rev++
+	rec := coord.ItemRecord{Job: c.Job, Item: c.Item, Fire: c.Fire, State: coord.StateRunning, Instance: f.id, Attempt: c.Attempt,
+		Source: c.Source, Skipped: c.Skipped, Sched: c.Sched, Trigger: c.Trigger, Fence: f.rev}
+	if rec.Trigger == 0 && st.Record != nil {
+		rec.Trigger = st.Record.Trigger
+	}
+	f.items[c.Item] = coord.ItemState{Record: &rec, Rev: f.rev, RunningBy: f.id, RunningMine: true}
+	f.grants[f.rev] = rec
+	return &coord.Grant{Fence: f.rev, Ctx: f.session}, nil
+}
+
+func (f *fakeNode) Adopt(_ context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur := f.items[item]
+	if cur.Rev != st.Rev || !cur.RunningMine || cur.Record == nil || cur.Record.State != coord.StateRunning {
+		return nil, coord.ErrClaimLost
+	}
+	f.grants[cur.Rev] = *cur.Record
+	return &coord.Grant{Fence: cur.Rev, Ctx: f.session}, nil
+}
+
+func (f *fakeNode) Complete(_ context.Context, g *coord.Grant, o coord.Outcome) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.outcomes = append(f.outcomes, o)
+	rec := f.grants[g.Fence]
+	if f.items[rec.Item].Rev != g.Fence {
+		return coord.ErrClaimLost
+	}
+	rec.State, rec.Reason, rec.End = o.State, o.Reason, o.End
+	f.rev++
+	f.items[rec.Item] = coord.ItemState{Record: &rec, Rev: f.rev}
+	return nil
+}
+
+func (f *fakeNode) Skip(_ context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.items[item].Rev != prev.Rev {
+		return coord.ErrClaimLost
+	}
+	f.rev++
+	f.items[item] = coord.ItemState{Record: &coord.ItemRecord{Job: job, Item: item, Fire: fire, Sched: fire, State: coord.StateSkipped, Skipped: skipped}, Rev: f.rev}
+	return nil
+}
+
+func (f *fakeNode) Begin(_ context.Context, job string, items []int, sched time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, item := range items {
+		if f.items[item].Record == nil {
+			f.rev++
+			f.items[item] = coord.ItemState{Record: &coord.ItemRecord{Job: job, Item: item, Fire: sched, Sched: sched, State: coord.StateSkipped}, Rev: f.rev}
+		}
+	}
+	return nil
+}
+
+func (f *fakeNode) History(context.Context, string) ([]coord.ItemRecord, error) { return nil, nil }
+func (f *fakeNode) OnChange(string, func()) func()                              { return func() {} }
+func (f *fakeNode) OnTrigger(string, func(coord.Trigger)) func()                { return func() {} }
+
+// set replaces an item's state in the fake's etcd.
+func (f *fakeNode) set(item int, st coord.ItemState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rev++
+	if st.Rev == 0 && st.Record != nil {
+		st.Rev = f.rev
+	}
+	f.items[item] = st
+}
+
+// claimed lists the claims made as "item fire attempt source".
+func (f *fakeNode) claimed() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, c := range f.claims {
+		out = append(out, fmt.Sprintf("%d %s %d %s", c.Item, c.Fire.Format("15:04:05"), c.Attempt, c.Source))
+	}
+	slices.Sort(out) // runs claim in parallel
+	return out
+}
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+// loopOn returns a job loop over f whose runs finish at once (or, when
+// hold is not nil, say so on started and block until hold closes), and a
+// function that waits for the runs launched so far.
+func loopOn(f *fakeNode, clock *fakeClock, hold chan struct{}) (*jobLoop, func()) {
+	return loopWith(f, clock, hold, nil)
+}
+
+func loopWith(f *fakeNode, clock *fakeClock, hold, started chan struct{}) (*jobLoop, func()) {
+	e := New(Options{Node: f, Now: clock.Now, TTL: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e.work = func(ctx context.Context, c runner.Context) runner.Result {
+		if started != nil {
+			started <- struct{}{}
+		}
+		if hold != nil {
+			<-hold
+		}
+		now := clock.Now()
+		return runner.Result{OK: true, ExitCode: 0, Start: now, Started: now, End: now}
+	}
+	j := newJobLoop(e, f.view.Job.Name)
+	j.baseline = clock.Now().Add(-time.Hour)
+	return j, e.runs.Wait
+}
+
+var noon = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+// The reconcile's decisions over the fake, with an injected clock: no
+// etcd, no sleeps.
+func TestReconcileOnFake(t *testing.T) {
+	const every10 = "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    shardingTotalCount: 2\n    failover: true\n    script: \"true\"\n"
+	at := func(s float64) time.Time { return noon.Add(time.Duration(s * float64(time.Second))) }
+	done := func(fire float64) coord.ItemState {
+		return coord.ItemState{Record: &coord.ItemRecord{Fire: at(fire), Sched: at(fire), State: coord.StateDone, Attempt: 1, End: at(fire + 1)}}
+	}
+	tests := []struct {
+		name  string
+		owned map[string][]int
+		items map[int]coord.ItemState
+		now   float64
+		up    bool
+		want  []string
+	}{
+		{"due fires of owned items are claimed on time", map[string][]int{"a": {0, 1}},
+			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, true, []string{"0 12:00:10 1 NORMAL", "1 12:00:10 1 NORMAL"}},
+		{"only owned items", map[string][]int{"a": {1}, "b": {0}},
+			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, true, []string{"1 12:00:10 1 NORMAL"}},
+		{"a cut run fails over at once, between fires", map[string][]int{"a": {0, 1}},
+			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(10), Sched: at(10), State: coord.StateRunning, Attempt: 1}}, 1: done(10)}, 13, true,
+			[]string{"0 12:00:10 2 FAILOVER"}},
+		{"a fire missed while the owner was dead runs late", map[string][]int{"a": {0, 1}},
+			map[int]coord.ItemState{0: done(0), 1: done(10)}, 13, true, []string{"0 12:00:10 1 MISFIRE"}},
+		{"nothing without a session", map[string][]int{"a": {0, 1}},
+			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, false, nil},
+		{"an item running elsewhere waits", map[string][]int{"a": {0, 1}},
+			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(0), Sched: at(0), State: coord.StateRunning, Attempt: 1}, RunningBy: "b"}, 1: done(10)}, 10.05, true, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeNode(t, every10, tc.owned)
+			for i, st := range tc.items {
+				f.set(i, st)
+			}
+			f.up = tc.up
+			clock := &fakeClock{now: at(tc.now)}
+			j, wait := loopOn(f, clock, nil)
+			j.reconcile(context.Background())
+			wait()
+			if got := f.claimed(); !slices.Equal(got, tc.want) {
+				t.Errorf("claims %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// A fire that came while the instance had no session runs as soon as the
+// session is back, although nothing about the map changed.
+func TestReconcileCatchesUpAfterTheSessionReturns(t *testing.T) {
+	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
+	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	clock := &fakeClock{now: noon.Add(10 * time.Second)}
+	j, wait := loopOn(f, clock, nil)
+	f.up = false
+	j.reconcile(context.Background())
+	wait()
+	if got := f.claimed(); len(got) != 0 {
+		t.Fatalf("claims without a session: %q", got)
+	}
+	clock.set(noon.Add(13 * time.Second))
+	f.up = true
+	j.reconcile(context.Background())
+	wait()
+	if got := f.claimed(); !slices.Equal(got, []string{"0 12:00:10 1 MISFIRE"}) {
+		t.Fatalf("claims after the session returned: %q", got)
+	}
+}
+
+// A lost claim is decided again on the next reconcile with what etcd says
+// then; a claim of this session whose run this process knows is never
+// adopted, and one it does not know is.
+func TestReconcileLostClaimAndAdoption(t *testing.T) {
+	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
+	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	lost := 1
+	f.claimErr = func(coord.Claim) error {
+		if lost > 0 {
+			lost--
+			return coord.ErrClaimLost
+		}
+		return nil
+	}
+	clock := &fakeClock{now: noon.Add(10 * time.Second)}
+	hold := make(chan struct{})
+	j, wait := loopOn(f, clock, hold)
+	j.reconcile(context.Background())
+	wait() // the lost claim
+	j.reconcile(context.Background())
+	// The run is in progress (held): its RUNNING record and marker are
+	// this session's; a reconcile now must not adopt it.
+	j.reconcile(context.Background())
+	close(hold)
+	wait()
+	if got := f.claimed(); !slices.Equal(got, []string{"0 12:00:10 1 NORMAL", "0 12:00:10 1 NORMAL"}) {
+		t.Fatalf("claims: %q (want the lost one and its retry)", got)
+	}
+	f.mu.Lock()
+	outcomes := len(f.outcomes)
+	f.mu.Unlock()
+	if outcomes != 1 {
+		t.Fatalf("%d outcomes recorded, want 1: the run must not have been adopted a second time", outcomes)
+	}
+	// A claim of this session that applied after its reply was lost.
+	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Item: 0, Fire: noon.Add(20 * time.Second), Sched: noon.Add(20 * time.Second), State: coord.StateRunning, Attempt: 1, Instance: "a"},
+		RunningBy: "a", RunningMine: true})
+	clock.set(noon.Add(21 * time.Second))
+	j.reconcile(context.Background())
+	wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.outcomes) != 2 || f.items[0].Record.State != coord.StateDone || f.items[0].RunningBy != "" {
+		t.Fatalf("the late-applied claim was not adopted and run: %d outcomes, item %+v", len(f.outcomes), f.items[0])
+	}
+}
+
+// With maxConcurrency 1, one of two due items runs; the other is decided
+// again, with what is true then, when the slot is given back.
+func TestReconcileTakesSlotsWhenItDecides(t *testing.T) {
+	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    shardingTotalCount: 2\n    maxConcurrency: 1\n    script: \"true\"\n", map[string][]int{"a": {0, 1}})
+	for i := range 2 {
+		f.set(i, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	}
+	clock := &fakeClock{now: noon.Add(10 * time.Second)}
+	hold, started := make(chan struct{}), make(chan struct{}, 2)
+	j, wait := loopWith(f, clock, hold, started)
+	j.reconcile(context.Background())
+	<-started
+	if got := f.claimed(); len(got) != 1 {
+		t.Fatalf("claims with one slot: %q", got)
+	}
+	clock.set(noon.Add(20500 * time.Millisecond)) // the next fire came meanwhile
+	close(hold)
+	wait()
+	select {
+	case <-j.wake: // the slot given back woke the loop
+	default:
+		t.Fatal("the loop waiting for a slot was not woken")
+	}
+	j.reconcile(context.Background())
+	wait()
+	got := f.claimed()
+	if len(got) != 2 || !slices.Contains(got, fmt.Sprintf("%d 12:00:20 1 MISFIRE", 1-f.claims[0].Item)) {
+		t.Fatalf("claims: %q (the second item runs its latest fire, decided afresh)", got)
+	}
+}

@@ -1,0 +1,306 @@
+package engine
+
+// Regression tests for bugs an adversarial review found in the
+// level-triggered engine; each failed before its fix. The comments describe
+// the bug each one guards against.
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/runner"
+)
+
+// BROADCAST: one item per instance. The reconcile loops over
+// job.ShardingTotalCount (forced to 1 for BROADCAST) instead of the map's
+// Total, so the instance holding item 1 never runs anything.
+func TestRegressionBroadcastRunsEveryItem(t *testing.T) {
+	srv := etcdtest.Start(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	t.Setenv("LEDGER", path)
+	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: BROADCAST\n    script: " + yamlQuote(script) + "\n"
+	a := instance(t, srv, "a", yaml)
+	instance(t, srv, "b", yaml)
+	waitFor(t, 20*time.Second, "a map with two instances", func() bool {
+		v, ok := a.View("j")
+		return ok && v.Map != nil && len(v.Map.Instances) == 2
+	})
+	time.Sleep(6 * time.Second)
+	byItem := map[int]int{}
+	for _, ev := range events(t, path) {
+		byItem[ev.Item]++
+	}
+	v, _ := a.View("j")
+	t.Logf("map total=%d items=%v; runs by item: %v", v.Map.Total, v.Map.Items, byItem)
+	if byItem[0] == 0 || byItem[1] == 0 {
+		t.Errorf("BROADCAST with 2 instances: runs by item %v; every item must run", byItem)
+	}
+}
+
+// slowReads delays the reply of a ReadItems that shows a run of this
+// session in progress (a slow etcd reply), and counts adoptions.
+type slowReads struct {
+	*coord.Node
+	adopts atomic.Int32
+	delay  time.Duration
+}
+
+func (s *slowReads) ReadItems(ctx context.Context, job string) (coord.JobItems, error) {
+	it, err := s.Node.ReadItems(ctx, job)
+	if err == nil {
+		for _, st := range it.Items {
+			if st.RunningMine && s.delay > 0 {
+				time.Sleep(s.delay)
+				break
+			}
+		}
+	}
+	return it, err
+}
+
+func (s *slowReads) Adopt(ctx context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error) {
+	s.adopts.Add(1)
+	return s.Node.Adopt(ctx, job, item, st)
+}
+
+// A reconcile whose read shows item 0 RUNNING under this session, while the
+// run ends (Complete lands, local cleared) before the loop looks at
+// j.local: decide says adopt, Adopt trusts the stale snapshot, and the
+// completed fire runs again under the same fence.
+func TestRegressionStaleReadAdoptsCompletedRun(t *testing.T) {
+	srv := etcdtest.Start(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	t.Setenv("LEDGER", path)
+	// item 1 ends at once (its end wakes the loop); item 0 runs 0.4s.
+	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.4; fi; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	script := `sh -c '` + body + `'`
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 3s\"\n    shardingTotalCount: 2\n    script: " + yamlQuote(script) + "\n"
+	h := &slowReads{delay: 700 * time.Millisecond}
+	instanceWith(t, srv.Client(), "a", yaml, func(o *Options) { h.Node = o.Node.(*coord.Node); o.Node = h })
+	time.Sleep(10 * time.Second)
+	evs := events(t, path)
+	seen := map[string]int{}
+	for _, ev := range evs {
+		if ev.Kind != "start" {
+			continue
+		}
+		k := ev.Fire.UTC().Format("15:04:05") + " item " + string(rune('0'+ev.Item))
+		seen[k]++
+		t.Logf("start: fire %s item %d fence %d attempt %d source %s", ev.Fire.UTC().Format("15:04:05.000"), ev.Item, ev.Fence, ev.Attempt, ev.Source)
+	}
+	r := ledger.Check(evs, ledger.Options{})
+	t.Logf("adopts: %d; ledger: %s %v", h.adopts.Load(), r, r.Violations)
+	for k, n := range seen {
+		if n > 1 {
+			t.Errorf("fire %s started %d times (no failure, no lost claim)", k, n)
+		}
+	}
+}
+
+// A job removed from the config and added back while one of its items
+// runs: the old loop's run goes on; the new loop has an empty local map,
+// sees the item RUNNING under this session and adopts it: a second,
+// concurrent execution of the same (job, item) with the same fence.
+func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
+	srv := etcdtest.Start(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	t.Setenv("LEDGER", path)
+	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 4; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	script := `sh -c '` + body + `'`
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 30s\"\n    script: " + yamlQuote(script) + "\n"
+	c, err := config.Parse("jobs.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	node, err := coord.New(coord.Options{Client: srv.Client(), ID: "a", TTL: 2 * time.Second, Logger: log}, c.Jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, err := runner.StartWatchdog(os.Args[0], log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); eng.Run(ctx) }()
+	go func() { defer wg.Done(); node.Run(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait(); wd.Close() })
+
+	// Trigger a run now rather than waiting for the cron.
+	waitFor(t, 20*time.Second, "a map", func() bool { v, ok := node.View("j"); return ok && v.Map != nil && len(v.Map.Instances) == 1 })
+	if _, err := node.Trigger(context.Background(), "j", nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a first start", func() bool { return starts(path) >= 1 })
+	node.SetJobs(nil)
+	eng.Resync()
+	time.Sleep(300 * time.Millisecond)
+	node.SetJobs(c.Jobs)
+	eng.Resync()
+	time.Sleep(6 * time.Second)
+	evs := events(t, path)
+	for _, ev := range evs {
+		t.Logf("%s: fire %s item %d fence %d source %s at %s", ev.Kind, ev.Fire.UTC().Format("15:04:05.000"), ev.Item, ev.Fence, ev.Source, ev.At.UTC().Format("15:04:05.000"))
+	}
+	r := ledger.Check(evs, ledger.Options{})
+	t.Logf("ledger: %s %v", r, r.Violations)
+	if n := starts(path); n > 1 {
+		t.Errorf("the one manual run started %d times; overlaps=%d", n, r.Overlaps)
+	}
+}
+
+// The same race without any injected delay: 32 items ending a few ms apart,
+// every end waking the loop while the others are still RUNNING.
+func TestRegressionStaleReadAdoptsNaturally(t *testing.T) {
+	srv := etcdtest.Start(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	t.Setenv("LEDGER", path)
+	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 0.$(( SHARDD_ITEM * 3 % 10 ))$(( SHARDD_ITEM % 10 )); ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	script := `sh -c '` + body + `'`
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 2s\"\n    shardingTotalCount: 32\n    script: " + yamlQuote(script) + "\n"
+	h := &slowReads{}
+	instanceWith(t, srv.Client(), "a", yaml, func(o *Options) { h.Node = o.Node.(*coord.Node); o.Node = h })
+	time.Sleep(12 * time.Second)
+	evs := events(t, path)
+	r := ledger.Check(evs, ledger.Options{})
+	t.Logf("adopts: %d; ledger: %s", h.adopts.Load(), r)
+	if h.adopts.Load() > 0 || r.Duplicates > 0 {
+		t.Errorf("adopted %d runs with no lost claim reply; %v", h.adopts.Load(), r.Violations)
+	}
+}
+
+// The stale-read adoption across instances: with ROUND (owner alternates per
+// fire) the replayed run of fire F on one instance holds no marker (its
+// Complete deleted it), so the other instance claims fire F+1 of the same
+// item while the replay runs: two concurrent executions of (j, 0).
+func TestRegressionStaleAdoptOverlapsOtherInstance(t *testing.T) {
+	srv := etcdtest.Start(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	t.Setenv("LEDGER", path)
+	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.6; fi; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	script := `sh -c '` + body + `'`
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: ROUND\n    shardingTotalCount: 2\n    script: " + yamlQuote(script) + "\n"
+	for _, id := range []string{"a", "b"} {
+		h := &slowReads{delay: 700 * time.Millisecond}
+		instanceWith(t, srv.Client(), id, yaml, func(o *Options) { h.Node = o.Node.(*coord.Node); o.Node = h })
+	}
+	time.Sleep(10 * time.Second)
+	evs := events(t, path)
+	type span struct {
+		from, to time.Time
+		who      string
+		fence    int64
+	}
+	open := map[int64]span{}
+	var spans []span
+	for _, ev := range evs {
+		if ev.Item != 0 {
+			continue
+		}
+		k := ev.Fence*1000 + int64(len(ev.Instance))
+		switch ev.Kind {
+		case "start":
+			if _, dup := open[ev.Fence]; dup {
+				k = -ev.Fence
+			}
+			open[k] = span{from: ev.At, who: ev.Instance, fence: ev.Fence}
+		case "end":
+			for key, s := range open {
+				if s.fence == ev.Fence && s.to.IsZero() {
+					s.to = ev.At
+					spans = append(spans, s)
+					delete(open, key)
+					break
+				}
+			}
+		}
+	}
+	overlaps := 0
+	for i := range spans {
+		for j := i + 1; j < len(spans); j++ {
+			a, b := spans[i], spans[j]
+			if a.from.Before(b.to) && b.from.Before(a.to) {
+				overlaps++
+				t.Logf("overlap: %s fence %d [%s..%s] and %s fence %d [%s..%s]", a.who, a.fence, a.from.Format("05.000"), a.to.Format("05.000"), b.who, b.fence, b.from.Format("05.000"), b.to.Format("05.000"))
+			}
+		}
+	}
+	r := ledger.Check(evs, ledger.Options{})
+	t.Logf("ledger: %s", r)
+	if overlaps > 0 {
+		t.Errorf("%d overlapping executions of item 0", overlaps)
+	}
+}
+
+type idOnly struct {
+	Node
+	id string
+}
+
+func (n idOnly) ID() string { return n.id }
+
+// Per-fire RANDOM: a manual run's "fire" is each instance's own time.Now(),
+// so each instance draws the owner independently; often nobody owns it (the
+// trigger then waits for the next sweep), sometimes both do.
+func TestRegressionManualTriggerOwnerPerFire(t *testing.T) {
+	c, err := config.Parse("jobs.yaml", []byte("jobs:\n  - name: j\n    cron: \"@every 10s\"\n    strategy: RANDOM\n    script: \"true\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := coord.JobView{Job: c.Jobs[0], Map: &coord.ShardMap{Instances: []string{"a", "b"}, PerFire: true, Total: 1}}
+	own := func(id string, now time.Time) bool {
+		j := &jobLoop{e: &Engine{opts: Options{Node: idOnly{id: id}}}}
+		mine, _ := j.ownership(context.Background(), v)(0, now, coord.SourceManual)
+		return mine
+	}
+	nobody, both := 0, 0
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const n = 1000
+	for i := range n {
+		t0 := base.Add(time.Duration(i) * 7919 * time.Microsecond)
+		a, b := own("a", t0), own("b", t0.Add(3*time.Millisecond)) // the two reconciles, 3ms apart
+		if !a && !b {
+			nobody++
+		}
+		if a && b {
+			both++
+		}
+	}
+	t.Logf("of %d triggers: nobody owns %d, both own %d", n, nobody, both)
+	if nobody > 0 {
+		t.Errorf("%d of %d manual triggers owned by no instance at their first reconcile", nobody, n)
+	}
+}
+
+// A MANUAL record written before Sched existed (an upgrade): its watermark
+// is the zero time, so decide counts fires from year 1, 100000 at a time.
+func TestRegressionLegacyManualRecordWatermark(t *testing.T) {
+	now := time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC)
+	for _, spec := range []string{"@hourly", "0 * * * * ?", "@every 1m"} {
+		sched := mustSchedule(t, spec)
+		st := coord.ItemState{Rev: 5, Record: &coord.ItemRecord{Fire: now.Add(-20 * time.Minute), State: coord.StateDone, Source: coord.SourceManual, Attempt: 1, End: now.Add(-19 * time.Minute)}}
+		p := policy{schedule: sched, failover: true, misfire: true, window: time.Minute, baseline: now.Add(-time.Hour)}
+		start := time.Now()
+		a := decide(st, false, p, now)
+		t.Logf("%s: %s fire %s skipped %d (decide took %s)", spec, a.kind, a.fire, a.skipped, time.Since(start))
+		if a.kind == skip && a.fire.Year() < 2000 {
+			t.Errorf("%s: skips through %s: the item catches up from year 1, %d fires per reconcile", spec, a.fire, a.skipped)
+		}
+	}
+}
