@@ -21,11 +21,13 @@
 //	marker under this session, no run here            adopt: a claim whose reply was lost
 //	                                                  applied late; run it under its fence
 //	marker held by another (or an old) session        wait: its deletion wakes the loop
+//	a won claim whose work never started              run that fire again, attempt+1
 //	record cut by a failure, failover: true           re-run its fire at once, attempt+1 (FAILOVER)
 //	scheduled fires after the record's watermark      run the latest one (NORMAL on time, MISFIRE
 //	                                                  late), the older ones counted as skipped;
 //	                                                  or record them all SKIPPED (below)
 //	a manual trigger newer than the record's          run it (MANUAL)
+//	no record and nothing due                         begin the record: fires are due from now
 //
 // A record is cut by a failure when it says RUNNING and no marker exists
 // (its instance died, paused past its lease, or was cut off), or KILLED at
@@ -42,12 +44,24 @@
 //
 // An item runs here only if this instance owns it for that fire in the
 // shard map it acts on (per-fire strategies compute the owner of each fire;
-// runtime routes rank the instances and give each a turn after the fire).
+// runtime routes rank the instances and give each a turn after the fire;
+// a manual run of a per-fire strategy may be claimed by any member).
+//
+// Adoption is the one decision with no etcd guard of its own, so it is
+// made only from a read that no run of this process overlapped, and
+// coord.Adopt reads the item again. The runs of a job are the engine's, not
+// its loop's: a job removed and added back while an item runs still knows
+// the run.
+//
+// Concurrency slots (the job's maxConcurrency, --max-concurrency) are taken
+// when the reconcile decides, the items whose fires have waited longest
+// first, and never waited for: an item without a slot is decided again,
+// with what is true then, when a slot is given back.
 //
 // # One run
 //
-//	decide --run--> limits (job's maxConcurrency, --max-concurrency) --> claim --won--> exec --> record
-//	                                                                       |lost: re-read, decide again
+//	decide --run--> slots (job's maxConcurrency, --max-concurrency) --> claim --won--> gate --> exec --> record
+//	                 |none free: decided again when one is given back   |lost: re-read, decide again
 //
 // A claim is one Txn (coord.Claim) guarded by the item record read, the
 // absence of a marker, the member key of the session and the map revision
@@ -57,7 +71,9 @@
 // written by coord.Complete, which retries until it lands or another
 // instance has taken the item over: a run that ended is never left
 // RUNNING while its instance lives. Every run leaves a record, killed ones
-// as KILLED with a reason (shutdown, fence, timeout, operator).
+// as KILLED with a reason (shutdown, fence, timeout, operator, or
+// not-started when the work never began). A run whose work ended by itself
+// is DONE or FAILED, whatever happened to its session after.
 //
 // # Failure cases
 //
