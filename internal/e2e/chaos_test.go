@@ -68,8 +68,10 @@ func TestChaos(t *testing.T) {
 	members := startEtcdCluster(t, 3)
 	names := []string{"a", "b", "c"}
 	procs := map[string]*proc{}
+	var every []*proc // every process started, for their logs
 	start := func(name string) {
 		procs[name] = startSharddOn(t, members, sessionTTL, name, cfg, "--reload-interval", "1s")
+		every = append(every, procs[name])
 	}
 	for _, n := range names {
 		start(n)
@@ -204,7 +206,8 @@ func TestChaos(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := ledger.Check(events, ledger.Options{Jobs: chaosJobs(t), Bound: bound, From: from, To: to, Faults: faults, Failures: failures})
+	r := ledger.Check(events, ledger.Options{Jobs: chaosJobs(t), Bound: bound, From: from, To: to, Faults: faults, Failures: failures,
+		Records: policyRecords(t, every)})
 	fires := map[string]int{}
 	for _, ev := range events {
 		if ev.Kind == "start" && !ev.At.Before(from) && !ev.At.After(to) {
@@ -240,7 +243,8 @@ func TestChaos(t *testing.T) {
 		"historyRecordsChecked": historyChecked, "historyMismatches": historyMismatches,
 		"seed": seed, "rounds": rounds, "faults": counts, "seconds": to.Sub(from).Seconds(),
 		"starts": r.Starts, "ends": r.Ends, "startsByJob": fires,
-		"dueFiresChecked": r.FiresChecked, "dueFiresRun": r.FiresRun, "dueFiresCoalesced": r.FiresCoalesced,
+		"dueFiresChecked": r.FiresChecked, "dueFiresRun": r.FiresRun, "dueFiresCoalesced": r.FiresCoalesced, "dueFiresRecordedNotRun": r.FiresRecorded,
+		"cutRunsUnattributed":    r.CutRunsUnattributed,
 		"dueFiresInFaultWindows": r.FiresInFaults, "dueFiresUnjudged": r.FiresUnjudged,
 		"cutRunsJudged": r.CutRuns, "failoverLatencyP50Seconds": ledger.Percentile(r.FailoverLatencies, 50).Seconds(),
 		"failoverLatencyP99Seconds": ledger.Percentile(r.FailoverLatencies, 99).Seconds(), "failoverLatencyMaxSeconds": ledger.Percentile(r.FailoverLatencies, 100).Seconds(),

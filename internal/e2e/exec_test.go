@@ -164,7 +164,7 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 			"ten":      {Items: 3, Schedule: sched("@every 10s"), Failover: true},
 			"calendar": {Items: 2, Schedule: sched("7,37 * * * * ?"), Failover: true},
 		},
-		Bound: bound, From: from, To: to, Failures: failures,
+		Bound: bound, From: from, To: to, Failures: failures, Records: policyRecords(t, []*proc{procs["a"], procs["b"], procs["c"]}),
 		// Fires due during a fault are judged against the fault's bound.
 		Faults: faultWindows(failures, bound),
 	})

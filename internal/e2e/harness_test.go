@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/shardd/shardd/internal/ledger"
 	"io"
 	"net/http"
 	"os"
@@ -394,4 +395,36 @@ func httpGetQuiet(url string) ([]byte, error) {
 		return nil, fmt.Errorf("GET %s: %d", url, resp.StatusCode)
 	}
 	return b, err
+}
+
+// policyRecords are shardd's explicit records, in its JSON logs, of fires
+// it did not run by policy: misfire skips and cut runs of failover: false
+// jobs (see engine's msgSkipped and msgSettled).
+func policyRecords(t *testing.T, procs []*proc) []ledger.Record {
+	t.Helper()
+	var out []ledger.Record
+	parse := func(v any) time.Time {
+		s, _ := v.(string)
+		at, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatalf("log time %q: %v", s, err)
+		}
+		return at
+	}
+	for _, p := range procs {
+		for _, r := range p.find(func(r map[string]any) bool {
+			return r["msg"] == "fires skipped by misfire policy" || r["msg"] == "run cut by a failure; not run again (failover: false)"
+		}) {
+			job, _ := r["job"].(string)
+			item, _ := r["item"].(float64)
+			rec := ledger.Record{Job: job, Item: int(item), At: parse(r["time"]), Why: r["msg"].(string)}
+			if n, ok := r["skipped"].(float64); ok {
+				rec.Through, rec.Count = parse(r["through"]), int(n)
+			} else {
+				rec.Through, rec.Count = parse(r["fire"]), 1
+			}
+			out = append(out, rec)
+		}
+	}
+	return out
 }

@@ -92,8 +92,23 @@ type Options struct {
 	// still start, but by the window's end if that is later than due+Bound.
 	Faults []Window
 	// Failures are the faults injected: a run cut short is judged against
-	// the first failure of its instance after it started.
+	// the first failure of its instance after it started (or, with none,
+	// the first failure of every instance).
 	Failures []Failure
+	// Records are shardd's explicit records of fires not run by policy
+	// (misfire skips, cut runs of failover: false jobs), from its logs.
+	Records []Record
+}
+
+// Record says that Count fires of an item, the last at Through, were
+// recorded as not run by an explicit policy, at At.
+type Record struct {
+	Job     string
+	Item    int
+	Through time.Time
+	Count   int
+	At      time.Time
+	Why     string
 }
 
 // Failure is one injected fault: when it began and the instance it hit
@@ -125,6 +140,12 @@ type Report struct {
 	// FiresRun counts the checked fires that started a run of their own;
 	// FiresCoalesced those a later run stood for (misfire policy).
 	FiresRun, FiresCoalesced int
+	// FiresRecorded counts the checked fires shardd recorded as not run by
+	// an explicit policy (Options.Records) within the bound.
+	FiresRecorded int
+	// CutRunsUnattributed counts runs cut short with no injected failure
+	// to date the cut (a session that fenced on its own on a loaded host).
+	CutRunsUnattributed int
 	// CutRuns counts the runs cut by a failure that were judged (failover
 	// on); FailoverLatencies how long after the failure each was re-run.
 	CutRuns           int
@@ -147,8 +168,8 @@ func (r Report) OK() bool {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("%d starts, %d ends, %d items, %d due fires checked (%d run, %d coalesced, %d in fault windows), %d cut runs judged, %d failovers (%d of runs that had ended), %d misfire runs; G1 overlaps %d, G2 duplicates %d, G3 misses %d, G4 fence inversions %d",
-		r.Starts, r.Ends, r.Items, r.FiresChecked, r.FiresRun, r.FiresCoalesced, r.FiresInFaults, r.CutRuns, r.Failovers, r.RerunsAfterEnd, r.Misfires, r.Overlaps, r.Duplicates, r.Misses, r.FenceInversions)
+	return fmt.Sprintf("%d starts, %d ends, %d items, %d due fires checked (%d run, %d coalesced, %d recorded not run by policy, %d in fault windows), %d cut runs judged (%d unattributed), %d failovers (%d of runs that had ended), %d misfire runs; G1 overlaps %d, G2 duplicates %d, G3 misses %d, G4 fence inversions %d",
+		r.Starts, r.Ends, r.Items, r.FiresChecked, r.FiresRun, r.FiresCoalesced, r.FiresRecorded, r.FiresInFaults, r.CutRuns, r.CutRunsUnattributed, r.Failovers, r.RerunsAfterEnd, r.Misfires, r.Overlaps, r.Duplicates, r.Misses, r.FenceInversions)
 }
 
 type key struct {
@@ -266,7 +287,13 @@ func Check(events []Event, o Options) Report {
 			r.Items++
 			rs := runs[key{name, item}]
 			if job.Schedule != nil {
-				r.checkFires(name, item, job.Schedule, rs, o, last, deadline, violate)
+				var recs []Record
+				for _, rec := range o.Records {
+					if rec.Job == name && rec.Item == item {
+						recs = append(recs, rec)
+					}
+				}
+				r.checkFires(name, item, job.Schedule, rs, recs, o, last, deadline, violate)
 			}
 			if job.Failover {
 				r.checkCutRuns(name, item, rs, o, last, deadline, violate)
@@ -277,7 +304,7 @@ func Check(events []Event, o Options) Report {
 }
 
 // checkFires accounts for every due fire of one item (G3 per fire).
-func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Time) time.Time }, rs []*run, o Options, last time.Time,
+func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Time) time.Time }, rs []*run, recs []Record, o Options, last time.Time,
 	deadline func(time.Time) (time.Time, bool), violate func(*int, string, ...any)) {
 	// fires between a and b, a included, b not.
 	between := func(a, b time.Time) int {
@@ -311,11 +338,19 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 				coalesced = true
 			}
 		}
+		recorded := false
+		for _, rec := range recs {
+			if !rec.At.After(dl) && !due.After(rec.Through) && between(due, rec.Through) < rec.Count {
+				recorded = true
+			}
+		}
 		switch {
 		case ran:
 			r.FiresRun++
 		case coalesced:
 			r.FiresCoalesced++
+		case recorded:
+			r.FiresRecorded++
 		default:
 			violate(&r.Misses, "G3: %s item %d: fire %s neither started nor was coalesced by %s (%s after it)", job, item, due.Format(time.RFC3339), dl.Format("15:04:05.000"), dl.Sub(due))
 		}
@@ -331,14 +366,33 @@ func (r *Report) checkCutRuns(job string, item int, rs []*run, o Options, last t
 		if rn.end != nil || s.At.Before(o.From) || s.At.After(o.To) {
 			continue
 		}
-		var failure time.Time
+		// The fault that cut it: the first of its own instance from about
+		// its start on (a script writes its start line a little after it
+		// was let go), else the first one that hit every instance.
+		var own, all time.Time
+		from := s.At.Add(-500 * time.Millisecond)
 		for _, f := range o.Failures {
-			if (f.Instance == "" || f.Instance == s.Instance) && !f.At.Before(s.At) && (failure.IsZero() || f.At.Before(failure)) {
-				failure = f.At
+			if f.At.Before(from) {
+				continue
+			}
+			switch f.Instance {
+			case s.Instance:
+				if own.IsZero() || f.At.Before(own) {
+					own = f.At
+				}
+			case "":
+				if all.IsZero() || f.At.Before(all) {
+					all = f.At
+				}
 			}
 		}
+		failure := own
 		if failure.IsZero() {
-			continue // no failure after it: cut at the end of the test
+			failure = all
+		}
+		if failure.IsZero() {
+			r.CutRunsUnattributed++
+			continue
 		}
 		dl, _ := deadline(failure)
 		if dl.After(last) {

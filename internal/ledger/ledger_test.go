@@ -161,6 +161,26 @@ func TestCoalescedFires(t *testing.T) {
 	}
 }
 
+// A fire shardd recorded as not run by an explicit policy, within the
+// fire's bound, is accounted for; one recorded too late is not.
+func TestRecordedFires(t *testing.T) {
+	l := dropFires(healthy(), 5, 6)
+	ev, _ := Parse(strings.NewReader(l))
+	o := opts
+	o.Records = []Record{{Job: "orders", Item: 0, Through: t0.Add(6 * time.Second), Count: 2, At: t0.Add(6500 * time.Millisecond)}}
+	if r := Check(ev, o); r.Misses != 0 || r.FiresRecorded != 2 {
+		t.Errorf("recorded in time: %s %v", r, r.Violations)
+	}
+	o.Records = []Record{{Job: "orders", Item: 0, Through: t0.Add(6 * time.Second), Count: 1, At: t0.Add(6500 * time.Millisecond)}}
+	if r := Check(ev, o); r.Misses != 1 || r.FiresRecorded != 1 {
+		t.Errorf("one of two recorded: %s %v", r, r.Violations)
+	}
+	o.Records = []Record{{Job: "orders", Item: 0, Through: t0.Add(6 * time.Second), Count: 2, At: t0.Add(8500 * time.Millisecond)}}
+	if r := Check(ev, o); r.Misses != 1 {
+		t.Errorf("fire 5 recorded after its bound: %s %v", r, r.Violations)
+	}
+}
+
 // A run cut by a failure must be re-run within the bound of the failure,
 // not merely followed by the next fire.
 func TestCutRunsMustBeRerun(t *testing.T) {
@@ -172,7 +192,9 @@ func TestCutRunsMustBeRerun(t *testing.T) {
 	}
 	cut := strings.Join(kept, "")
 	o := opts
-	o.Failures = []Failure{{At: t0.Add(5050 * time.Millisecond), Instance: "b"}, {At: t0.Add(5100 * time.Millisecond), Instance: "a"}}
+	// An etcd member's crash (every instance) came first, and one of b; the
+	// run on a was cut by a's failure.
+	o.Failures = []Failure{{At: t0.Add(5030 * time.Millisecond)}, {At: t0.Add(5050 * time.Millisecond), Instance: "b"}, {At: t0.Add(5100 * time.Millisecond), Instance: "a"}}
 	for _, tc := range []struct {
 		name   string
 		extra  string

@@ -34,6 +34,10 @@ const (
 	ReasonTimeout = "timeout"
 	// ReasonOperator: an operator stopped the run.
 	ReasonOperator = "operator"
+	// ReasonLost: the run's instance died or was cut off mid-run and the
+	// job says failover: false; the item's next owner recorded it so and
+	// did not run it again (ElasticJob's at-most-once without failover).
+	ReasonLost = "lost"
 	// ReasonNotStarted: the claim was won but the work never started (the
 	// session fenced or shardd stopped first). Such a fire is run again
 	// whatever the failover policy: it never ran.
@@ -256,7 +260,7 @@ type Grant struct {
 // record read (nobody claimed since), and the absence of a running marker.
 func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	s, member := n.sessionFor(c.Job)
-	if s == nil || member == 0 {
+	if s == nil || member == 0 || s.ctx.Err() != nil { // no claim from a fenced session
 		return nil, ErrNotUp
 	}
 	k := n.keys
@@ -420,36 +424,72 @@ func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, s
 	return n.finish(ctx, rec, prev.Rev, false)
 }
 
+// Settle records a run cut by a failure that will not be re-run (the job
+// says failover: false): KILLED, reason lost, in the item's record and
+// history, guarded by the record read. The fires after it go on.
+func (n *Node) Settle(ctx context.Context, job string, item int, st ItemState) error {
+	if st.Record == nil {
+		return nil
+	}
+	rec := *st.Record
+	rec.State, rec.Reason, rec.End = StateKilled, ReasonLost, n.opts.Now().UTC()
+	rec.Error = "its instance died or was cut off mid-run; failover: false, not run again"
+	return n.finish(ctx, rec, st.Rev, false)
+}
+
 // Begin starts the record of items never claimed: the scheduled fires up
 // to sched are accounted for (there were none to run: the items did not
 // exist, as far as anyone knows). Without it, every instance would guess
 // when an item began, and an owner restarting across an item's first fire
-// would never run it. An item claimed meanwhile is left alone. The records
-// are written in transactions of up to 64 items, each guarded by the
-// absence of all of its items' records.
-func (n *Node) Begin(ctx context.Context, job string, items []int, sched time.Time) error {
+// would never run it. An item claimed meanwhile is left alone, and nothing
+// is written once the map acted on (mapRev, 0: not checked) has changed.
+// The records are written in transactions of up to 64 items; a transaction
+// that does not apply is retried item by item.
+func (n *Node) Begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) error {
 	for len(items) > 0 {
 		batch := items[:min(len(items), 64)]
 		items = items[len(batch):]
-		cmps := make([]clientv3.Cmp, 0, len(batch))
-		ops := make([]clientv3.Op, 0, len(batch))
-		for _, item := range batch {
-			rec := ItemRecord{Job: job, Item: item, Fire: sched.UTC(), Sched: sched.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1}
-			val, err := json.Marshal(rec)
-			if err != nil {
-				return err
-			}
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(n.keys.Item(job, item)), "=", 0))
-			ops = append(ops, clientv3.OpPut(n.keys.Item(job, item), string(val)))
-		}
-		wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-		_, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
-		cancel()
+		ok, err := n.begin(ctx, job, batch, sched, mapRev)
 		if err != nil {
-			return fmt.Errorf("begin items of job %q: %w", job, err)
+			return err
+		}
+		if !ok && len(batch) > 1 {
+			// One of them has a record now, or the map changed: one by one.
+			for _, item := range batch {
+				if _, err := n.begin(ctx, job, []int{item}, sched, mapRev); err != nil {
+					return err
+				}
+			}
 		}
 	}
 	return nil
+}
+
+// begin writes the first records of items in one transaction, guarded by
+// the absence of each and the map revision acted on; it reports whether it
+// applied.
+func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) (bool, error) {
+	cmps := make([]clientv3.Cmp, 0, len(items)+1)
+	ops := make([]clientv3.Op, 0, len(items))
+	if mapRev != 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Shards(job)), "=", mapRev))
+	}
+	for _, item := range items {
+		rec := ItemRecord{Job: job, Item: item, Fire: sched.UTC(), Sched: sched.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1}
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return false, err
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(n.keys.Item(job, item)), "=", 0))
+		ops = append(ops, clientv3.OpPut(n.keys.Item(job, item), string(val)))
+	}
+	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("begin items of job %q: %w", job, err)
+	}
+	return resp.Succeeded, nil
 }
 
 // finish writes rec to the item and its history if the item record is still

@@ -23,6 +23,7 @@
 //	marker held by another (or an old) session        wait: its deletion wakes the loop
 //	a won claim whose work never started              run that fire again, attempt+1
 //	record cut by a failure, failover: true           re-run its fire at once, attempt+1 (FAILOVER)
+//	RUNNING, no marker, failover: false               record it KILLED/lost: at most once
 //	scheduled fires after the record's watermark      run the latest one (NORMAL on time, MISFIRE
 //	                                                  late), the older ones counted as skipped;
 //	                                                  or record them all SKIPPED (below)

@@ -82,12 +82,17 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		log.Info("done", "fence", g.Fence, "duration", res.End.Sub(start).Round(time.Millisecond))
 	case coord.StateKilled:
 		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "err", res.Err)
-		if out.Reason == coord.ReasonTimeout {
-			e.notifyFailure(job, rc, res)
-		}
 	default:
 		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "err", res.Err)
-		e.notifyFailure(job, rc, res)
+	}
+	if out.State == coord.StateFailed || out.Reason == coord.ReasonTimeout {
+		// Told after the item and its slots are given back: a slow
+		// notification target must not hold the item's next fire.
+		e.runs.Add(1)
+		go func() {
+			defer e.runs.Done()
+			e.notifyFailure(job, rc, res)
+		}()
 	}
 	return true
 }
@@ -115,6 +120,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	stop := context.AfterFunc(e.killCtx, func() { cancel(context.Cause(e.killCtx)) })
 	defer stop()
 	res := run(runCtx, rc)
+	started := res.Started // the first try that started; zero: none did
 	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
 		wait := min(100*time.Millisecond<<retry, 10*time.Second)
 		j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
@@ -126,6 +132,12 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 			break
 		}
 		res = run(runCtx, rc)
+		if started.IsZero() {
+			started = res.Started
+		}
+	}
+	if res.Started.IsZero() {
+		res.Started = started
 	}
 	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, Output: res.Output, Start: res.Start, End: res.End}
 	if res.End.IsZero() {
@@ -142,7 +154,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 		if runCtx.Err() != nil {
 			out.Err = fmt.Sprint(context.Cause(runCtx))
 		}
-		if res.Started.IsZero() {
+		if started.IsZero() {
 			out.Reason = coord.ReasonNotStarted
 		}
 	case errors.Is(res.Err, runner.ErrTimeout):

@@ -141,15 +141,31 @@ func (f *fakeNode) Skip(_ context.Context, job string, item int, fire time.Time,
 	return nil
 }
 
-func (f *fakeNode) Begin(_ context.Context, job string, items []int, sched time.Time) error {
+func (f *fakeNode) Begin(_ context.Context, job string, items []int, sched time.Time, mapRev int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if mapRev != f.view.MapRev {
+		return nil // the guard fails: nothing written
+	}
 	for _, item := range items {
 		if f.items[item].Record == nil {
 			f.rev++
 			f.items[item] = coord.ItemState{Record: &coord.ItemRecord{Job: job, Item: item, Fire: sched, Sched: sched, State: coord.StateSkipped}, Rev: f.rev}
 		}
 	}
+	return nil
+}
+
+func (f *fakeNode) Settle(_ context.Context, job string, item int, st coord.ItemState) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.items[item].Rev != st.Rev || st.Record == nil {
+		return coord.ErrClaimLost
+	}
+	rec := *st.Record
+	rec.State, rec.Reason = coord.StateKilled, coord.ReasonLost
+	f.rev++
+	f.items[item] = coord.ItemState{Record: &rec, Rev: f.rev}
 	return nil
 }
 
@@ -269,6 +285,28 @@ func TestReconcileOnFake(t *testing.T) {
 				t.Errorf("claims %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// A run of a failover: false job cut by a failure is recorded as such
+// (KILLED, reason lost), not run again; the fire after it runs.
+func TestReconcileSettlesACutRunWithoutFailover(t *testing.T) {
+	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    failover: false\n    script: \"true\"\n", map[string][]int{"a": {0}})
+	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateRunning, Attempt: 1}})
+	clock := &fakeClock{now: noon.Add(10*time.Second + 50*time.Millisecond)}
+	j, wait := loopOn(f, clock, nil)
+	j.reconcile(context.Background())
+	wait()
+	if got := f.claimed(); len(got) != 0 {
+		t.Fatalf("claims: %q; the cut run must be recorded first", got)
+	}
+	if r := f.items[0].Record; r.State != coord.StateKilled || r.Reason != coord.ReasonLost || !r.Fire.Equal(noon) {
+		t.Fatalf("record after the reconcile: %+v", r)
+	}
+	j.reconcile(context.Background())
+	wait()
+	if got := f.claimed(); !slices.Equal(got, []string{"0 12:00:10 1 NORMAL"}) {
+		t.Fatalf("claims: %q", got)
 	}
 }
 

@@ -21,8 +21,11 @@ type jobLoop struct {
 	log  *slog.Logger
 	wake chan struct{} // buffered(1)
 	// baseline is when this loop started: the watermark of items never
-	// claimed (see policy.baseline).
+	// claimed (see policy.baseline); seen when each item was first in a
+	// map this loop read, for items added later (a larger
+	// shardingTotalCount, another instance under BROADCAST).
 	baseline time.Time
+	seen     map[int]time.Time
 	runners  runnerCache
 
 	// runs is the job's runs in this process; it outlives the loop, so
@@ -63,7 +66,7 @@ func (l *localRuns) busy() bool {
 
 func newJobLoop(e *Engine, name string) *jobLoop {
 	return &jobLoop{e: e, name: name, log: e.log.With("job", name), wake: make(chan struct{}, 1),
-		baseline: e.opts.Now(), runs: e.localRuns(name)}
+		baseline: e.opts.Now(), seen: map[int]time.Time{}, runs: e.localRuns(name)}
 }
 
 // poke wakes the loop; it never blocks.
@@ -170,10 +173,17 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	now = e.opts.Now()
 	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: e.window(), baseline: j.baseline}
 	own := j.ownership(ctx, v)
-	var starts []start
+	var starts, skips []start
 	var fresh []int
 	for item := range total {
 		st := items.Items[item]
+		if _, ok := j.seen[item]; !ok {
+			j.seen[item] = now
+		}
+		p.baseline = j.baseline
+		if s := j.seen[item]; s.After(p.baseline) {
+			p.baseline = s
+		}
 		local, ended := j.runs.snapshot(item)
 		stale := snap[item].running || ended != snap[item].ended
 		a := decide(st, local, p, now)
@@ -192,14 +202,16 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 			if !mine {
 				continue
 			}
-			if at.After(now) { // a runtime route: not this instance's turn yet
+			// A runtime route's turn applies to runs; records are written
+			// by whoever comes first.
+			if at.After(now) && a.kind == run {
 				next = earliest(next, at)
 				continue
 			}
 		}
 		switch a.kind {
-		case skip:
-			j.skip(ctx, item, st, a)
+		case skip, settle:
+			skips = append(skips, start{item: item, st: st, a: a})
 			continue
 		case begin:
 			fresh = append(fresh, item)
@@ -223,15 +235,37 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		starts[i].slots = slots
 	}
+	j.launch(ctx, v, starts) // runs first: the records below may take a while
+	for _, s := range skips {
+		if s.a.kind == settle {
+			j.settle(ctx, s.item, s.st)
+		} else {
+			j.skip(ctx, s.item, s.st, s.a)
+		}
+	}
 	if len(fresh) > 0 {
-		if err := e.opts.Node.Begin(ctx, j.name, fresh, now); err != nil {
+		if err := e.opts.Node.Begin(ctx, j.name, fresh, now, v.MapRev); err != nil {
 			j.log.Warn("begin item records; trying again", "items", len(fresh), "err", err)
 			next = earliest(next, now.Add(500*time.Millisecond))
 		}
 	}
-	j.launch(ctx, v, starts)
 	return next
 }
+
+// settle records a run cut by a failure that failover: false leaves alone.
+func (j *jobLoop) settle(ctx context.Context, item int, st coord.ItemState) {
+	if err := j.e.opts.Node.Settle(ctx, j.name, item, st); err != nil {
+		j.log.Warn("record a cut run; trying again", "item", item, "err", err)
+		j.pokeAfter(200 * time.Millisecond)
+		return
+	}
+	rec := st.Record
+	j.log.Info(msgSettled, "item", item, "fire", rec.Fire.UTC(), "attempt", rec.Attempt, "ran_on", rec.Instance)
+}
+
+// msgSettled is the log message of a cut run not run again: the explicit
+// record of the policy (the chaos suite reads it).
+const msgSettled = "run cut by a failure; not run again (failover: false)"
 
 func earliest(a, b time.Time) time.Time {
 	if b.Before(a) {
@@ -277,11 +311,15 @@ func (j *jobLoop) skip(ctx context.Context, item int, st coord.ItemState, a acti
 		j.pokeAfter(200 * time.Millisecond)
 		return
 	}
-	j.log.Info("fires skipped by misfire policy", "item", item, "skipped", a.skipped, "through", a.fire.UTC())
+	j.log.Info(msgSkipped, "item", item, "skipped", a.skipped, "through", a.fire.UTC())
 	if e.opts.OnSkipped != nil {
 		e.opts.OnSkipped(j.name, a.skipped)
 	}
 }
+
+// msgSkipped is the log message of fires recorded as skipped by the
+// misfire policy (the chaos suite reads it).
+const msgSkipped = "fires skipped by misfire policy"
 
 // ownership returns whether this instance may claim item for fire in the
 // view v, and from when: the map's owner for sharding strategies, the

@@ -30,15 +30,16 @@ const maxCount = 100000
 type actionKind int
 
 const (
-	none  actionKind = iota
-	run              // claim and run fire
-	adopt            // run the claim this session already holds
-	skip             // record the fires through fire as skipped
-	begin            // start the record of an item never claimed, at fire
+	none   actionKind = iota
+	run               // claim and run fire
+	adopt             // run the claim this session already holds
+	skip              // record the fires through fire as skipped
+	begin             // start the record of an item never claimed, at fire
+	settle            // record a cut run that will not be re-run (failover: false)
 )
 
 func (k actionKind) String() string {
-	return [...]string{"none", "run", "adopt", "skip", "begin"}[k]
+	return [...]string{"none", "run", "adopt", "skip", "begin", "settle"}[k]
 }
 
 // action is what to do for one item now.
@@ -80,16 +81,22 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 		if st.RunningMine && rec != nil && rec.State == coord.StateRunning {
 			// Our session holds the marker and no run of ours knows it: a
 			// claim whose reply was lost applied after all.
-			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark()}
+			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped}
 		}
 		return action{} // someone runs it; the marker's deletion wakes us
 	}
 	if rec != nil && rec.NeverStarted() {
 		// A won claim whose work never began: the fire has not run yet.
-		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: rec.Source, sched: rec.Watermark()}
+		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, trigger: rec.Trigger}
 	}
-	if rec != nil && rec.CutByFailure() && p.failover {
-		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: coord.SourceFailover, sched: rec.Watermark()}
+	if rec != nil && rec.CutByFailure() {
+		if p.failover {
+			return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: coord.SourceFailover, sched: rec.Watermark(), skipped: rec.Skipped}
+		}
+		if rec.State == coord.StateRunning {
+			// Not run again; say so on the record, then the fires after it.
+			return action{kind: settle, fire: rec.Fire}
+		}
 	}
 	if p.schedule == nil {
 		return action{}

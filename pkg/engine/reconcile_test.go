@@ -85,8 +85,12 @@ func TestDecide(t *testing.T) {
 		{"a won claim whose work never started runs, even with failover off", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonNotStarted }), false, off, at(3),
 			action{kind: run, fire: at(0), attempt: 2, source: "NORMAL", sched: at(0)}},
 		{"failed runs never fail over", with(done(0, 2), func(s *coord.ItemState) { s.Record.State = coord.StateFailed }), false, on, at(3), action{}},
-		{"cut run, failover off: not re-run; the fire after it runs", running(0), false, off, at(10.5),
+		{"cut run, failover off: recorded, not re-run", running(0), false, off, at(10.5),
+			action{kind: settle, fire: at(0)}},
+		{"cut run recorded (failover off): the fire after it runs", with(running(0), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonLost }), false, off, at(10.5),
 			action{kind: run, fire: at(10), attempt: 1, source: "NORMAL", sched: at(10)}},
+		{"a failover carries the fires its cut run coalesced", with(running(0), func(s *coord.ItemState) { s.Record.Skipped = 3 }), false, on, at(3),
+			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0), skipped: 3}},
 		{"hourly, owner killed 1s before the fire: the new owner runs it late", done(-3600, -3590), false, hourlyOn, at(4),
 			action{kind: run, fire: at(0), attempt: 1, source: "MISFIRE", sched: at(0)}},
 		{"a manual run does not move the watermark", with(done(-3600, -3590), func(s *coord.ItemState) {
