@@ -242,7 +242,7 @@ func TestChaos(t *testing.T) {
 	summary := map[string]any{
 		"historyRecordsChecked": historyChecked, "historyMismatches": historyMismatches,
 		"seed": seed, "rounds": rounds, "faults": counts, "seconds": to.Sub(from).Seconds(),
-		"starts": r.Starts, "ends": r.Ends, "startsByJob": fires,
+		"starts": r.Starts, "ends": r.Ends, "startsByJob": fires, "dueFiresCheckedByJob": r.FiresByJob,
 		"dueFiresChecked": r.FiresChecked, "dueFiresRun": r.FiresRun, "dueFiresCoalesced": r.FiresCoalesced, "dueFiresRecordedNotRun": r.FiresRecorded,
 		"cutRunsUnattributed":    r.CutRunsUnattributed,
 		"dueFiresInFaultWindows": r.FiresInFaults, "dueFiresUnjudged": r.FiresUnjudged,

@@ -413,7 +413,7 @@ func policyRecords(t *testing.T, procs []*proc) []ledger.Record {
 	}
 	for _, p := range procs {
 		for _, r := range p.find(func(r map[string]any) bool {
-			return r["msg"] == "fires skipped by misfire policy" || r["msg"] == "run cut by a failure; not run again (failover: false)"
+			return r["msg"] == "fires recorded skipped" || r["msg"] == "run cut by a failure; not run again (failover: false)"
 		}) {
 			job, _ := r["job"].(string)
 			item, _ := r["item"].(float64)

@@ -124,10 +124,17 @@ func TestOperations(t *testing.T) {
 	if len(recs) == 0 || len(recs) > 2*coord.HistoryPerItem {
 		t.Fatalf("%d history records, want 1..%d", len(recs), 2*coord.HistoryPerItem)
 	}
+	skippedWhileDisabled := 0
 	for _, r := range recs {
-		if r.Job != "tick" || r.State != coord.StateDone || r.Fence == 0 || r.ExitCode != 0 || r.End.Before(r.Start) {
+		switch {
+		case r.Job == "tick" && r.Item == 0 && r.State == coord.StateSkipped && r.Reason == coord.SkipDisabled && r.Skipped >= 1:
+			skippedWhileDisabled += r.Skipped // the fires that came while it was disabled
+		case r.Job != "tick" || r.State != coord.StateDone || r.Fence == 0 || r.ExitCode != 0 || r.End.Before(r.Start):
 			t.Errorf("history record %+v", r)
 		}
+	}
+	if skippedWhileDisabled < 2 {
+		t.Errorf("%d fires of the disabled item recorded skipped; about three passed", skippedWhileDisabled)
 	}
 	if out := shardd(t, e, "history", "manual"); !strings.Contains(out, "MANUAL") {
 		t.Errorf("history table:\n%s", out)

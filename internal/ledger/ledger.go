@@ -140,6 +140,8 @@ type Report struct {
 	// FiresRun counts the checked fires that started a run of their own;
 	// FiresCoalesced those a later run stood for (misfire policy).
 	FiresRun, FiresCoalesced int
+	// FiresByJob counts the checked fires of each job.
+	FiresByJob map[string]int
 	// FiresRecorded counts the checked fires shardd recorded as not run by
 	// an explicit policy (Options.Records) within the bound.
 	FiresRecorded int
@@ -321,6 +323,10 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 			continue
 		}
 		r.FiresChecked++
+		if r.FiresByJob == nil {
+			r.FiresByJob = map[string]int{}
+		}
+		r.FiresByJob[job]++
 		if inFault {
 			r.FiresInFaults++
 		}

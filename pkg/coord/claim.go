@@ -44,6 +44,16 @@ const (
 	ReasonNotStarted = "not-started"
 )
 
+// Reasons of a SKIPPED record.
+const (
+	// SkipDisabled: the item or its job was disabled.
+	SkipDisabled = "disabled"
+	// SkipTooOld: the latest missed fire was older than the misfire window.
+	SkipTooOld = "too-old"
+	// SkipBusy: the fires came while the item ran, and misfire is off.
+	SkipBusy = "busy"
+)
+
 // CutByFailure reports whether a record is a run that a failure cut short:
 // RUNNING with no running marker (its instance died or was cut off), or
 // KILLED at a shutdown or fence. With failover: true such a run is re-run.
@@ -100,7 +110,8 @@ type ItemRecord struct {
 	Output   string `json:"output,omitempty"`
 	// Skipped counts the fires before Fire that were not run (misfire policy).
 	Skipped int `json:"skipped,omitempty"`
-	// Reason is why a KILLED run was stopped (Reason* constants).
+	// Reason is why a KILLED run was stopped (Reason* constants) or why
+	// SKIPPED fires were not run (Skip* constants).
 	Reason string `json:"reason,omitempty"`
 	// Sched is the record's watermark (see Watermark): for scheduled runs
 	// and skips it is Fire; a manual run carries the previous one over.
@@ -411,12 +422,12 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	}
 }
 
-// Skip records that fires up to fire were skipped (not run) for item: the
-// misfire policy's decision, visible in history.
-func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev ItemState) error {
+// Skip records that skipped fires up to fire were not run for item, and
+// why (Skip* reasons), visible in history.
+func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev ItemState) error {
 	now := n.opts.Now().UTC()
 	rec := ItemRecord{Job: job, Item: item, Fire: fire.UTC(), Sched: fire.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1,
-		Skipped: skipped, Start: now, End: now}
+		Skipped: skipped, Reason: reason, Start: now, End: now}
 	if prev.Record != nil {
 		rec.Seq = prev.Record.Seq + 1
 		rec.Trigger = prev.Record.Trigger
@@ -432,7 +443,7 @@ func (n *Node) Settle(ctx context.Context, job string, item int, st ItemState) e
 		return nil
 	}
 	rec := *st.Record
-	rec.State, rec.Reason, rec.End = StateKilled, ReasonLost, n.opts.Now().UTC()
+	rec.State, rec.Reason, rec.End, rec.Fence = StateKilled, ReasonLost, n.opts.Now().UTC(), st.Rev
 	rec.Error = "its instance died or was cut off mid-run; failover: false, not run again"
 	return n.finish(ctx, rec, st.Rev, false)
 }

@@ -130,14 +130,14 @@ func (f *fakeNode) Complete(_ context.Context, g *coord.Grant, o coord.Outcome) 
 	return nil
 }
 
-func (f *fakeNode) Skip(_ context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error {
+func (f *fakeNode) Skip(_ context.Context, job string, item int, fire time.Time, skipped int, reason string, prev coord.ItemState) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.items[item].Rev != prev.Rev {
 		return coord.ErrClaimLost
 	}
 	f.rev++
-	f.items[item] = coord.ItemState{Record: &coord.ItemRecord{Job: job, Item: item, Fire: fire, Sched: fire, State: coord.StateSkipped, Skipped: skipped}, Rev: f.rev}
+	f.items[item] = coord.ItemState{Record: &coord.ItemRecord{Job: job, Item: item, Fire: fire, Sched: fire, State: coord.StateSkipped, Skipped: skipped, Reason: reason}, Rev: f.rev}
 	return nil
 }
 
@@ -264,7 +264,7 @@ func TestReconcileOnFake(t *testing.T) {
 			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(10), Sched: at(10), State: coord.StateRunning, Attempt: 1}}, 1: done(10)}, 13, true,
 			[]string{"0 12:00:10 2 FAILOVER"}},
 		{"a fire missed while the owner was dead runs late", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: done(0), 1: done(10)}, 13, true, []string{"0 12:00:10 1 MISFIRE"}},
+			map[int]coord.ItemState{0: done(0), 1: done(10)}, 13, true, []string{"0 12:00:10 1 NORMAL"}},
 		{"nothing without a session", map[string][]int{"a": {0, 1}},
 			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, false, nil},
 		{"an item running elsewhere waits", map[string][]int{"a": {0, 1}},
@@ -327,7 +327,7 @@ func TestReconcileCatchesUpAfterTheSessionReturns(t *testing.T) {
 	f.up = true
 	j.reconcile(context.Background())
 	wait()
-	if got := f.claimed(); !slices.Equal(got, []string{"0 12:00:10 1 MISFIRE"}) {
+	if got := f.claimed(); !slices.Equal(got, []string{"0 12:00:10 1 NORMAL"}) {
 		t.Fatalf("claims after the session returned: %q", got)
 	}
 }
@@ -407,5 +407,34 @@ func TestReconcileTakesSlotsWhenItDecides(t *testing.T) {
 	got := f.claimed()
 	if len(got) != 2 || !slices.Contains(got, fmt.Sprintf("%d 12:00:20 1 MISFIRE", 1-f.claims[0].Item)) {
 		t.Fatalf("claims: %q (the second item runs its latest fire, decided afresh)", got)
+	}
+}
+
+// A manual trigger for an item busy for longer than the trigger's minute
+// in etcd runs when the item is free; it is not forgotten.
+func TestReconcileKeepsATriggerWhileTheItemIsBusy(t *testing.T) {
+	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 1h\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
+	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	clock := &fakeClock{now: noon.Add(10 * time.Second)}
+	j, wait := loopOn(f, clock, nil)
+	j.runs.running[0] = true // a run of the item is in progress here
+	j.triggers = append(j.triggers, pendingTrigger{tr: coord.Trigger{ID: "t1", Rev: 500}, received: clock.Now()})
+	j.reconcile(context.Background())
+	clock.set(noon.Add(3 * time.Minute)) // still busy, well past the trigger's minute
+	j.reconcile(context.Background())
+	wait()
+	if got := f.claimed(); len(got) != 0 {
+		t.Fatalf("claims while the item is busy: %q", got)
+	}
+	delete(j.runs.running, 0)
+	j.reconcile(context.Background())
+	wait()
+	if got := f.claimed(); !slices.Equal(got, []string{"0 12:03:00 1 MANUAL"}) {
+		t.Fatalf("claims once the item is free: %q (the trigger must still be served)", got)
+	}
+	j.reconcile(context.Background())
+	wait()
+	if got := f.claimed(); len(got) != 1 || len(j.triggers) != 0 {
+		t.Fatalf("the trigger ran again or stayed pending: claims %q, pending %d", got, len(j.triggers))
 	}
 }

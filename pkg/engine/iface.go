@@ -30,7 +30,7 @@ type Items interface {
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
 	Adopt(ctx context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, o coord.Outcome) error
-	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, prev coord.ItemState) error
+	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev coord.ItemState) error
 	Begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) error
 	Settle(ctx context.Context, job string, item int, st coord.ItemState) error
 	History(ctx context.Context, job string) ([]coord.ItemRecord, error)

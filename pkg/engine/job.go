@@ -131,8 +131,8 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		return next // a new session wakes every job
 	}
 	job, m := v.Job, v.Map
-	j.expireTriggers(now)
 	if m == nil || m.Disabled || job.Disabled {
+		j.expireTriggers(now, nil)
 		return next
 	}
 	if err := e.checkClock(job); err != nil {
@@ -235,6 +235,18 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		starts[i].slots = slots
 	}
+	j.expireTriggers(now, func(tr coord.Trigger) bool {
+		for item := range total {
+			if len(tr.Items) > 0 && !slices.Contains(tr.Items, item) {
+				continue
+			}
+			st := items.Items[item]
+			if mine, _ := own(item, now, coord.SourceManual); mine && !st.Disabled && (st.Record == nil || st.Record.Trigger < tr.Rev) {
+				return true // an item of ours still to serve it, when free
+			}
+		}
+		return false
+	})
 	j.launch(ctx, v, starts) // runs first: the records below may take a while
 	for _, s := range skips {
 		if s.a.kind == settle {
@@ -261,6 +273,9 @@ func (j *jobLoop) settle(ctx context.Context, item int, st coord.ItemState) {
 	}
 	rec := st.Record
 	j.log.Info(msgSettled, "item", item, "fire", rec.Fire.UTC(), "attempt", rec.Attempt, "ran_on", rec.Instance)
+	if j.e.opts.OnSkipped != nil {
+		j.e.opts.OnSkipped(j.name, 1) // a fire that will not run
+	}
 }
 
 // msgSettled is the log message of a cut run not run again: the explicit
@@ -296,30 +311,34 @@ func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 	return action{kind: run, fire: now, attempt: 1, source: coord.SourceManual, sched: sched, trigger: rev}
 }
 
-// expireTriggers forgets triggers older than their time in etcd.
-func (j *jobLoop) expireTriggers(now time.Time) {
+// expireTriggers forgets the triggers older than their time in etcd (a
+// minute) unless pending says this instance still has an item to serve
+// them: an item busy for longer still runs the trigger when it is free.
+func (j *jobLoop) expireTriggers(now time.Time, pending func(coord.Trigger) bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool { return now.Sub(pt.received) > coord.TriggerTTL })
+	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool {
+		return now.Sub(pt.received) > coord.TriggerTTL && (pending == nil || !pending(pt.tr))
+	})
 }
 
 // skip records fires as skipped by the misfire policy.
 func (j *jobLoop) skip(ctx context.Context, item int, st coord.ItemState, a action) {
 	e := j.e
-	if err := e.opts.Node.Skip(ctx, j.name, item, a.fire, a.skipped, st); err != nil {
+	if err := e.opts.Node.Skip(ctx, j.name, item, a.fire, a.skipped, a.why, st); err != nil {
 		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
 		return
 	}
-	j.log.Info(msgSkipped, "item", item, "skipped", a.skipped, "through", a.fire.UTC())
+	j.log.Info(msgSkipped, "item", item, "skipped", a.skipped, "through", a.fire.UTC(), "why", a.why)
 	if e.opts.OnSkipped != nil {
 		e.opts.OnSkipped(j.name, a.skipped)
 	}
 }
 
-// msgSkipped is the log message of fires recorded as skipped by the
-// misfire policy (the chaos suite reads it).
-const msgSkipped = "fires skipped by misfire policy"
+// msgSkipped is the log message of fires recorded as skipped by a policy
+// (the chaos suite reads it).
+const msgSkipped = "fires recorded skipped"
 
 // ownership returns whether this instance may claim item for fire in the
 // view v, and from when: the map's owner for sharding strategies, the

@@ -20,10 +20,6 @@ type policy struct {
 	baseline time.Time
 }
 
-// onTime is how late a run may start and still count as NORMAL rather
-// than as a MISFIRE catch-up (a label only: both run the fire).
-const onTime = time.Second
-
 // maxCount bounds how many missed fires decide counts one by one.
 const maxCount = 100000
 
@@ -54,6 +50,8 @@ type action struct {
 	sched time.Time
 	// trigger is the manual trigger a MANUAL run serves.
 	trigger int64
+	// why says why fires are skipped.
+	why string
 	// oldest is the earliest fire the action accounts for (zero: fire):
 	// runs waiting longest get concurrency slots first.
 	oldest time.Time
@@ -73,10 +71,21 @@ func (a action) waitingSince() time.Time {
 // triggers: the caller checks that this instance owns the item for
 // action.fire, and serves triggers when decide says none.
 func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
-	if st.Disabled || local {
+	if local {
 		return action{}
 	}
 	rec := st.Record
+	if st.Disabled {
+		// Nothing runs; the fires that come meanwhile are recorded
+		// skipped, so that enabling the item does not catch them up.
+		if st.RunningBy != "" || rec == nil || p.schedule == nil {
+			return action{}
+		}
+		if count, _, latest := dueFires(p.schedule, rec.Watermark(), now); count > 0 {
+			return action{kind: skip, fire: latest, skipped: count, why: whyDisabled}
+		}
+		return action{}
+	}
 	if st.RunningBy != "" {
 		if st.RunningMine && rec != nil && rec.State == coord.StateRunning {
 			// Our session holds the marker and no run of ours knows it: a
@@ -108,26 +117,26 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 			busyUntil = rec.End // fires up to here came while the item ran
 		}
 	}
-	count, first, latest := 0, time.Time{}, time.Time{}
-	for f := p.schedule.Next(base); !f.IsZero() && !f.After(now) && count < maxCount; f = p.schedule.Next(f) {
-		if count == 0 {
-			first = f
-		}
-		count, latest = count+1, f
-	}
+	count, first, latest := dueFires(p.schedule, base, now)
 	if count == 0 {
-		if rec == nil && !st.Disabled {
+		if rec == nil {
 			// Nothing was due: the item's record begins now, so that every
 			// instance agrees from when its fires are due.
 			return action{kind: begin, fire: now}
 		}
 		return action{}
 	}
-	if now.Sub(latest) > p.window || (!p.misfire && !latest.After(busyUntil)) {
-		return action{kind: skip, fire: latest, skipped: count}
+	cameWhileBusy := !latest.After(busyUntil)
+	switch {
+	case now.Sub(latest) > p.window:
+		return action{kind: skip, fire: latest, skipped: count, why: whyTooOld}
+	case !p.misfire && cameWhileBusy:
+		return action{kind: skip, fire: latest, skipped: count, why: whyBusy}
 	}
+	// MISFIRE: a run that stands for fires that came while the item was
+	// busy, or for several; a fire run late by a new owner is still NORMAL.
 	source := coord.SourceNormal
-	if count > 1 || now.Sub(latest) > onTime {
+	if count > 1 || cameWhileBusy {
 		source = coord.SourceMisfire
 	}
 	a := action{kind: run, fire: latest, attempt: 1, source: source, skipped: count - 1, sched: latest}
@@ -136,3 +145,22 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 	}
 	return a
 }
+
+// dueFires counts the scheduled fires after base and at or before now, and
+// returns the first and the latest of them.
+func dueFires(s schedule.Schedule, base, now time.Time) (count int, first, latest time.Time) {
+	for f := s.Next(base); !f.IsZero() && !f.After(now) && count < maxCount; f = s.Next(f) {
+		if count == 0 {
+			first = f
+		}
+		count, latest = count+1, f
+	}
+	return count, first, latest
+}
+
+// Why fires are recorded skipped.
+const (
+	whyTooOld   = coord.SkipTooOld
+	whyBusy     = coord.SkipBusy
+	whyDisabled = coord.SkipDisabled
+)
