@@ -145,7 +145,7 @@ func TestChaos(t *testing.T) {
 			for _, n := range names {
 				// A graceful stop lets runs finish for the shutdown grace
 				// (10s), then kills them: that is when they are cut.
-				failures = append(failures, ledger.Failure{At: time.Now().Add(shutdownGrace), Instance: n})
+				failures = append(failures, ledger.Failure{At: time.Now().Add(shutdownGrace), Instance: n, StartedBefore: time.Now()})
 				procs[n].stop(syscall.SIGTERM)
 				start(n)
 				waitFor(t, 30*time.Second, n+" to rejoin", func() bool { return len(procs[n].find(msg("session up"))) > 0 })

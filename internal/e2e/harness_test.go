@@ -398,8 +398,9 @@ func httpGetQuiet(url string) ([]byte, error) {
 }
 
 // policyRecords are shardd's explicit records, in its JSON logs, of fires
-// it did not run by policy: misfire skips and cut runs of failover: false
-// jobs (see engine's msgSkipped and msgSettled).
+// it did not run by policy: skips, cut runs of failover: false jobs (see
+// engine's msgSkipped and msgSettled), and runs killed by a fence or at
+// the end of a shutdown grace (which count only for failover: false jobs).
 func policyRecords(t *testing.T, procs []*proc) []ledger.Record {
 	t.Helper()
 	var out []ledger.Record
@@ -413,14 +414,19 @@ func policyRecords(t *testing.T, procs []*proc) []ledger.Record {
 	}
 	for _, p := range procs {
 		for _, r := range p.find(func(r map[string]any) bool {
-			return r["msg"] == "fires recorded skipped" || r["msg"] == "run cut by a failure; not run again (failover: false)"
+			return r["msg"] == "fires recorded skipped" || r["msg"] == "run cut by a failure; not run again (failover: false)" ||
+				r["msg"] == "killed" && (r["reason"] == "fence" || r["reason"] == "shutdown")
 		}) {
 			job, _ := r["job"].(string)
 			item, _ := r["item"].(float64)
 			rec := ledger.Record{Job: job, Item: int(item), At: parse(r["time"]), Why: r["msg"].(string)}
-			if n, ok := r["skipped"].(float64); ok {
+			n, _ := r["skipped"].(float64)
+			switch r["msg"] {
+			case "killed": // the run's fire and those it coalesced
+				rec.Why, rec.Through, rec.Count = ledger.WhyKilled, parse(r["fire"]), 1+int(n)
+			case "fires recorded skipped":
 				rec.Through, rec.Count = parse(r["through"]), int(n)
-			} else {
+			default:
 				rec.Through, rec.Count = parse(r["fire"]), 1
 			}
 			out = append(out, rec)

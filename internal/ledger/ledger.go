@@ -100,6 +100,10 @@ type Options struct {
 	Records []Record
 }
 
+// WhyKilled marks a Record of a run killed by a failure (a fence, the end
+// of a shutdown grace): for a job with failover off, its explicit record.
+const WhyKilled = "killed"
+
 // Record says that Count fires of an item, the last at Through, were
 // recorded as not run by an explicit policy, at At.
 type Record struct {
@@ -112,10 +116,13 @@ type Record struct {
 }
 
 // Failure is one injected fault: when it began and the instance it hit
-// ("" for all of them, such as an etcd member's crash).
+// ("" for all of them, such as an etcd member's crash). A graceful stop
+// cuts, at the end of its grace (At), only the runs that had started
+// before the stop began (StartedBefore; zero: any run).
 type Failure struct {
-	At       time.Time
-	Instance string
+	At            time.Time
+	Instance      string
+	StartedBefore time.Time
 }
 
 // Job is what the checker needs of a job.
@@ -291,7 +298,9 @@ func Check(events []Event, o Options) Report {
 			if job.Schedule != nil {
 				var recs []Record
 				for _, rec := range o.Records {
-					if rec.Job == name && rec.Item == item {
+					// A run killed by a failure accounts for its fire only
+					// where failover is off; elsewhere it must be re-run.
+					if rec.Job == name && rec.Item == item && !(rec.Why == WhyKilled && job.Failover) {
 						recs = append(recs, rec)
 					}
 				}
@@ -318,6 +327,14 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 	}
 	for due := sched.Next(o.From); !due.IsZero() && !due.After(o.To.Add(-o.Bound)); due = sched.Next(due) {
 		dl, inFault := deadline(due)
+		// A fire that comes while a run of its item is still going cannot
+		// start before that run ends (G1): its bound counts from the end
+		// (for a run cut short, from the start of the run after it).
+		if busy := busyUntil(rs, due); !busy.IsZero() {
+			if d, in := deadline(busy); d.After(dl) {
+				dl, inFault = d, inFault || in
+			}
+		}
 		if dl.After(last) {
 			r.FiresUnjudged++ // the ledger ends before the deadline
 			continue
@@ -363,6 +380,29 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 	}
 }
 
+// busyUntil returns when the run of the item in progress at t ended (a run
+// with no end: when the next run started), or zero if none was.
+func busyUntil(rs []*run, t time.Time) time.Time {
+	for i, rn := range rs {
+		if rn.start.At.After(t) {
+			break
+		}
+		end := time.Time{}
+		switch {
+		case rn.end != nil:
+			end = rn.end.At
+		case i+1 < len(rs):
+			end = rs[i+1].start.At
+		default:
+			continue
+		}
+		if end.After(t) {
+			return end
+		}
+	}
+	return time.Time{}
+}
+
 // checkCutRuns checks that every run cut by a failure (a start with no
 // end) was re-run, attempt+1, within the bound of the failure.
 func (r *Report) checkCutRuns(job string, item int, rs []*run, o Options, last time.Time,
@@ -378,7 +418,7 @@ func (r *Report) checkCutRuns(job string, item int, rs []*run, o Options, last t
 		var own, all time.Time
 		from := s.At.Add(-500 * time.Millisecond)
 		for _, f := range o.Failures {
-			if f.At.Before(from) {
+			if f.At.Before(from) || (!f.StartedBefore.IsZero() && !s.At.Before(f.StartedBefore)) {
 				continue
 			}
 			switch f.Instance {

@@ -179,6 +179,17 @@ func TestRecordedFires(t *testing.T) {
 	if r := Check(ev, o); r.Misses != 1 {
 		t.Errorf("fire 5 recorded after its bound: %s %v", r, r.Violations)
 	}
+	// A run killed by a failure is the record of its fire only where
+	// failover is off; with failover on the fire must run again.
+	o.Records = []Record{{Job: "orders", Item: 0, Through: t0.Add(5 * time.Second), Count: 1, At: t0.Add(5200 * time.Millisecond), Why: WhyKilled},
+		{Job: "orders", Item: 0, Through: t0.Add(6 * time.Second), Count: 1, At: t0.Add(6200 * time.Millisecond), Why: WhyKilled}}
+	if r := Check(ev, o); r.Misses != 2 {
+		t.Errorf("killed runs of a failover job stood for their fires: %s %v", r, r.Violations)
+	}
+	o.Jobs = map[string]Job{"orders": {Items: 1, Schedule: everySecond}}
+	if r := Check(ev, o); r.Misses != 0 || r.FiresRecorded != 2 {
+		t.Errorf("killed runs of a job without failover: %s %v", r, r.Violations)
+	}
 }
 
 // A run cut by a failure must be re-run within the bound of the failure,
@@ -212,6 +223,33 @@ func TestCutRunsMustBeRerun(t *testing.T) {
 		if tc.misses == 0 && (len(r.FailoverLatencies) != 1 || r.FailoverLatencies[0] != 1900*time.Millisecond) {
 			t.Errorf("%s: failover latencies %v, want [1.9s]", tc.name, r.FailoverLatencies)
 		}
+	}
+	// A graceful stop that began after the run started cannot have cut it.
+	o.Failures = []Failure{{At: t0.Add(5100 * time.Millisecond), Instance: "a", StartedBefore: t0.Add(4 * time.Second)}}
+	ev, _ := Parse(strings.NewReader(cut))
+	if r := Check(ev, o); r.CutRuns != 0 || r.CutRunsUnattributed != 1 {
+		t.Errorf("a stop begun before the run started was blamed: %s %v", r, r.Violations)
+	}
+}
+
+// A fire that comes while its item still runs (a run longer than the
+// period, a failover re-run) starts when that run ends, within the bound.
+func TestFireDuringALongRun(t *testing.T) {
+	every10, _ := schedule.Parse("@every 10s", nil)
+	o := Options{Jobs: map[string]Job{"orders": {Items: 1, Schedule: every10}}, Bound: 3 * time.Second, From: t0, To: t0.Add(41 * time.Second)}
+	var b strings.Builder
+	b.WriteString(line("start", 0, 10, 1, 10, "a", "NORMAL", 10005))
+	b.WriteString(line("end", 0, 10, 1, 10, "a", "NORMAL", 25000)) // a 15s run: fire 20 comes meanwhile
+	b.WriteString(line("start", 0, 20, 1, 20, "a", "MISFIRE", 25100))
+	b.WriteString(line("end", 0, 20, 1, 20, "a", "MISFIRE", 26000))
+	b.WriteString(line("start", 0, 30, 1, 30, "a", "NORMAL", 34500)) // 4.5s late: a miss
+	b.WriteString(line("end", 0, 30, 1, 30, "a", "NORMAL", 35000))
+	b.WriteString(line("start", 0, 40, 1, 40, "a", "NORMAL", 40005))
+	b.WriteString(line("end", 0, 40, 1, 40, "a", "NORMAL", 45000))
+	ev, _ := Parse(strings.NewReader(b.String()))
+	r := Check(ev, o)
+	if r.Misses != 1 || !strings.Contains(r.Violations[0], "00:00:30Z") {
+		t.Errorf("%s %v", r, r.Violations)
 	}
 }
 

@@ -81,7 +81,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	case coord.StateDone:
 		log.Info("done", "fence", g.Fence, "duration", res.End.Sub(start).Round(time.Millisecond))
 	case coord.StateKilled:
-		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "err", res.Err)
+		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "skipped", a.skipped, "err", res.Err)
 	default:
 		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "err", res.Err)
 	}
@@ -95,6 +95,16 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		}()
 	}
 	return true
+}
+
+// pastFenceDeadline reports whether the session of g has passed (or
+// reached) its fence deadline: it has fenced or is about to.
+func (j *jobLoop) pastFenceDeadline(g *coord.Grant) bool {
+	if g.Ctx.Err() != nil {
+		return true
+	}
+	d, ok := j.e.opts.Node.FenceDeadline()
+	return !ok || !time.Now().Before(d)
 }
 
 // work runs a granted item with its retries and says how it ended. The
@@ -142,6 +152,15 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, Output: res.Output, Start: res.Start, End: res.End}
 	if res.End.IsZero() {
 		out.End = time.Now()
+	}
+	if !res.OK && runCtx.Err() == nil && j.pastFenceDeadline(g) {
+		// The watchdog kills the work at the fence deadline, and the
+		// session's own timer cancels runCtx at the same moment: when the
+		// work died first, it was the fence, not a failure of the work.
+		select {
+		case <-runCtx.Done():
+		case <-time.After(time.Second):
+		}
 	}
 	switch {
 	case res.OK: // the work ended by itself: whatever happened since, it is done
