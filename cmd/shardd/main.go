@@ -67,9 +67,6 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == runner.WatchdogCommand { // internal: see runner.WatchdogMain
 		os.Exit(runner.WatchdogMain())
 	}
-	if len(os.Args) > 1 && os.Args[1] == runner.GateCommand { // internal: see runner.GateMain
-		os.Exit(runner.GateMain(os.Args[2:]))
-	}
 	os.Exit(run(os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 }
 

@@ -28,9 +28,6 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == runner.WatchdogCommand {
 		os.Exit(runner.WatchdogMain())
 	}
-	if len(os.Args) > 1 && os.Args[1] == runner.GateCommand {
-		os.Exit(runner.GateMain(os.Args[2:]))
-	}
 	os.Exit(m.Run())
 }
 

@@ -41,6 +41,18 @@ func starts(path string) int {
 	return strings.Count(string(b), "start ")
 }
 
+// failCompletions makes the first n completion transactions (those that
+// delete a running marker) fail with etcd's "too many requests".
+func failCompletions(n int32) grpc.DialOption {
+	var failures atomic.Int32
+	return grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if txnTouches(req, true, true) && failures.Add(1) <= n {
+			return rpctypes.ErrGRPCRequestTooManyRequests
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+}
+
 const everySecondJob = "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    script: "
 
 // Three quick failures of the completion Txn ("too many requests", an etcd
@@ -51,14 +63,7 @@ func TestFailedCompletionIsRetried(t *testing.T) {
 	srv := etcdtest.Start(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
-	var failures atomic.Int32
-	icpt := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if txnTouches(req, true, true) && failures.Add(1) <= 3 {
-			return rpctypes.ErrGRPCRequestTooManyRequests
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
-	cli := srv.ClientWith([]grpc.DialOption{icpt})
+	cli := srv.ClientWith([]grpc.DialOption{failCompletions(3)})
 	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
 	node := instanceWith(t, cli, "a", everySecondJob+yamlQuote(script)+"\n")
 	waitFor(t, 15*time.Second, "first run", func() bool { return starts(path) >= 1 })

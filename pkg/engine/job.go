@@ -36,7 +36,8 @@ type jobLoop struct {
 	triggers []pendingTrigger
 	sem      semaphore // the job's maxConcurrency; replaced when it changes
 	semCap   int
-	clockErr string // the last clock refusal logged
+	clockErr string    // the last clock refusal logged
+	lastRead time.Time // when the items were last read
 }
 
 type pendingTrigger struct {
@@ -163,6 +164,17 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	for item := range total {
 		snap[item].running, snap[item].ended = j.runs.snapshot(item)
 	}
+	// An instance that owns none of the job's items, runs none and has no
+	// trigger to serve has nothing to decide at a fire: it reads only at
+	// the sweep (a claim of its own that applied late, after the item moved
+	// away, is adopted then). With thousands of jobs on every instance,
+	// reading every job at every fire on every instance is most of etcd's load.
+	if !m.PerFire && !job.Shard.Runtime() && len(m.ItemsOf(e.opts.Node.ID())) == 0 && !j.runs.busy() && !j.hasTriggers() {
+		if sweep := j.lastRead.Add(e.opts.Sweep); now.Before(sweep) {
+			return earliest(next, sweep)
+		}
+	}
+	j.lastRead = now
 	items, err := e.opts.Node.ReadItems(ctx, j.name)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -309,6 +321,13 @@ func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 		return action{}
 	}
 	return action{kind: run, fire: now, attempt: 1, source: coord.SourceManual, sched: sched, trigger: rev}
+}
+
+// hasTriggers reports whether manual triggers wait to be served.
+func (j *jobLoop) hasTriggers() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.triggers) > 0
 }
 
 // expireTriggers forgets the triggers older than their time in etcd (a

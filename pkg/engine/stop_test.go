@@ -8,11 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
@@ -67,16 +65,9 @@ func TestCompletedRunDoesNotFailOver(t *testing.T) {
 	srv := etcdtest.Start(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
-	var failures atomic.Int32
-	icpt := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if txnTouches(req, true, true) && failures.Add(1) <= 3 {
-			return rpctypes.ErrGRPCRequestTooManyRequests
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
 	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    failover: true\n    script: " + yamlQuote(script) + "\n"
-	_, stopA := stoppable(t, srv.ClientWith([]grpc.DialOption{icpt}), "a", yaml)
+	_, stopA := stoppable(t, srv.ClientWith([]grpc.DialOption{failCompletions(3)}), "a", yaml)
 	waitFor(t, 15*time.Second, "a's first run", func() bool { return starts(path) >= 1 })
 	instance(t, srv, "b", yaml)
 	time.Sleep(3 * time.Second)

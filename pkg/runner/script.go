@@ -82,7 +82,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		}
 		defer gr.Close()
 		defer gw.Close()
-		cmd = exec.Command(s.Watchdog.bin, append([]string{GateCommand}, argv...)...)
+		cmd = exec.Command("/bin/sh", append([]string{"-c", gateScript, "shardd-gate"}, argv...)...)
 		cmd.ExtraFiles = []*os.File{gr}
 		gate = gw
 	}
@@ -144,7 +144,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		}
 		defer s.Watchdog.Del(pgid)
 		if why == nil {
-			_, why = gate.Write([]byte{1})
+			_, why = gate.Write([]byte("go\n"))
 		}
 		gate.Close()
 		if why != nil {

@@ -36,10 +36,10 @@ const WatchdogCommand = "__watchdog"
 // "add <pgid>", "del <pgid>". Deadlines travel as durations, so the two
 // processes' readings of the wall clock never matter.
 //
-// A script is registered before it can run: it starts as `shardd __gate
-// argv...` (GateMain), in its own process group, and waits on a pipe; shardd
-// registers the group, checks that the run is still wanted, and only then
-// lets the gate exec the script.
+// A script is registered before it can run: it starts behind a gate (a
+// tiny /bin/sh, see gateScript), in its own process group, waiting on a
+// pipe; shardd registers the group, checks that the run is still wanted,
+// and only then lets the gate exec the script.
 
 // WatchdogMain runs the watchdog on standard input; it returns when the
 // input closes, after killing every group still registered.
@@ -112,8 +112,7 @@ type Watchdog struct {
 	closed   bool
 }
 
-// StartWatchdog starts `bin __watchdog`; bin is the shardd binary, which
-// must also serve GateCommand (see GateMain).
+// StartWatchdog starts `bin __watchdog`; bin is the shardd binary.
 func StartWatchdog(bin string, log *slog.Logger) (*Watchdog, error) {
 	w := &Watchdog{bin: bin, log: log, groups: map[int]bool{}}
 	w.mu.Lock()
@@ -223,32 +222,10 @@ func (w *Watchdog) Close() error {
 	return err
 }
 
-// GateCommand is the hidden subcommand of the shardd binary that holds a
-// script until shardd has registered its process group (see GateMain).
-const GateCommand = "__gate"
-
-// gateExitNotReleased is the gate's exit code when shardd closed the gate
-// without releasing it: the run was no longer wanted.
-const gateExitNotReleased = 125
-
-// GateMain runs `shardd __gate argv...`: it waits for one byte on file
-// descriptor 3, then replaces itself with argv (looked up in PATH). If the
-// pipe closes without that byte, it exits without running anything.
-func GateMain(argv []string) int {
-	gate := os.NewFile(3, "gate")
-	var b [1]byte
-	if n, _ := gate.Read(b[:]); n != 1 {
-		return gateExitNotReleased
-	}
-	gate.Close()
-	if len(argv) == 0 {
-		fmt.Fprintln(os.Stderr, "shardd gate: nothing to run")
-		return 127
-	}
-	path, err := exec.LookPath(argv[0])
-	if err == nil {
-		err = syscall.Exec(path, argv, os.Environ())
-	}
-	fmt.Fprintf(os.Stderr, "shardd: run %s: %v\n", argv[0], err)
-	return 127
-}
+// gateScript holds a script until shardd lets it go: /bin/sh reads a line
+// from file descriptor 3, closes it and replaces itself with the script's
+// argv (looked up in PATH; 127 if it cannot run). If the pipe closes
+// without that line, the run was no longer wanted: it exits 125 and
+// nothing runs. A shell, not the shardd binary: starting a Go binary that
+// links etcd costs far more per run than sh.
+const gateScript = `read -r _ <&3 || exit 125; exec 3<&-; exec "$@"`

@@ -19,9 +19,6 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == WatchdogCommand {
 		os.Exit(WatchdogMain())
 	}
-	if len(os.Args) > 1 && os.Args[1] == GateCommand {
-		os.Exit(GateMain(os.Args[2:]))
-	}
 	os.Exit(m.Run())
 }
 
