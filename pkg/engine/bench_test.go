@@ -79,17 +79,20 @@ func report(b *testing.B, ds []time.Duration) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// cluster starts three instances of yaml and waits until every job has a map.
-func cluster(b *testing.B, yaml string, jobs int, r *runs, cnt *rpcCounter) {
+// cluster starts three instances of yaml and waits until every job has a
+// map. It reports false when they did not within two minutes: the box is
+// overloaded past the point of converging, a result (see report), not a
+// benchmark failure.
+func cluster(b *testing.B, yaml string, jobs int, r *runs, cnt *rpcCounter) bool {
 	srv := etcdtest.Start(b)
 	for _, id := range []string{"a", "b", "c"} {
 		instanceWith(b, srv.ClientWith(cnt.dialOptions()), id, yaml, func(o *Options) { o.Observe = r.observe })
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
+		n := 0
 		resp, err := srv.Client().Get(context.Background(), "/shardd/jobs/", clientv3WithPrefixKeysOnly()...)
 		if err == nil {
-			n := 0
 			for _, kv := range resp.Kvs {
 				if strings.HasSuffix(string(kv.Key), "/shards") {
 					n++
@@ -100,11 +103,14 @@ func cluster(b *testing.B, yaml string, jobs int, r *runs, cnt *rpcCounter) {
 			}
 		}
 		if time.Now().After(deadline) {
-			b.Fatal("maps did not appear")
+			b.Logf("overloaded: %d of %d jobs have a map after 2 minutes", n, jobs)
+			b.ReportMetric(float64(n)/float64(jobs), "maps-fraction")
+			return false
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(3 * time.Second) // let the first fires and the leader handovers settle
+	return true
 }
 
 // measure runs b.N one-second windows and reports the fire-to-start delay
@@ -151,7 +157,10 @@ func BenchmarkFireDelay(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			r, cnt := &runs{}, &rpcCounter{}
-			cluster(b, jobsYAML(tc.jobs, tc.items, tc.work), tc.jobs, r, cnt)
+			if !cluster(b, jobsYAML(tc.jobs, tc.items, tc.work), tc.jobs, r, cnt) {
+				report(b, nil)
+				return
+			}
 			measure(b, r, cnt)
 		})
 	}
@@ -163,7 +172,10 @@ func BenchmarkThroughput(b *testing.B) {
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer hook.Close()
 	r, cnt := &runs{}, &rpcCounter{}
-	cluster(b, jobsYAML(1, 3000, "http: {url: '"+hook.URL+"'}"), 1, r, cnt)
+	if !cluster(b, jobsYAML(1, 3000, "http: {url: '"+hook.URL+"'}"), 1, r, cnt) {
+		report(b, nil)
+		return
+	}
 	measure(b, r, cnt)
 }
 
