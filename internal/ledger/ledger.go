@@ -380,25 +380,39 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 	}
 }
 
-// busyUntil returns when the run of the item in progress at t ended (a run
-// with no end: when the next run started), or zero if none was.
+// busyUntil returns when the item stopped being busy with the run in
+// progress at t, or zero if none was. A run ends at its end line; a run cut
+// short (no end) at the start of the run after it. A cut run whose next run
+// is its failover re-run (the same fire, a later attempt) goes on in that
+// re-run: the item is busy until the re-run ends, and so on down the chain
+// (checkCutRuns judges, separately, that each re-run came in time).
 func busyUntil(rs []*run, t time.Time) time.Time {
+	endOf := func(i int) (time.Time, bool) {
+		switch {
+		case rs[i].end != nil:
+			return rs[i].end.At, true
+		case i+1 < len(rs):
+			return rs[i+1].start.At, true
+		}
+		return time.Time{}, false
+	}
 	for i, rn := range rs {
 		if rn.start.At.After(t) {
 			break
 		}
-		end := time.Time{}
-		switch {
-		case rn.end != nil:
-			end = rn.end.At
-		case i+1 < len(rs):
-			end = rs[i+1].start.At
-		default:
+		end, ok := endOf(i)
+		if !ok || !end.After(t) {
 			continue
 		}
-		if end.After(t) {
-			return end
+		for j := i; rs[j].end == nil && j+1 < len(rs) &&
+			rs[j+1].start.Fire.Equal(rs[j].start.Fire) && rs[j+1].start.Attempt > rs[j].start.Attempt; j++ {
+			e, ok := endOf(j + 1)
+			if !ok {
+				break
+			}
+			end = e
 		}
+		return end
 	}
 	return time.Time{}
 }

@@ -253,6 +253,40 @@ func TestFireDuringALongRun(t *testing.T) {
 	}
 }
 
+// A fire that comes while a run is cut and re-run (its failover, the same
+// fire, attempt + 1, and again) waits for the re-runs: G1 forbids starting
+// it beside them. Its bound counts from the end of the chain; a later
+// fire's run does not extend the chain, and a fire lost after it is seen.
+func TestFireDuringAFailoverChain(t *testing.T) {
+	every10, _ := schedule.Parse("@every 10s", nil)
+	o := Options{Jobs: map[string]Job{"orders": {Items: 1, Schedule: every10, Failover: true}}, Bound: 3 * time.Second, From: t0, To: t0.Add(61 * time.Second),
+		Failures: []Failure{{At: t0.Add(21 * time.Second), Instance: "a"}, {At: t0.Add(25 * time.Second), Instance: "b"}}}
+	base := line("start", 0, 10, 1, 10, "a", "NORMAL", 10005) + // a long run: fire 20 comes meanwhile; cut at 21s
+		line("start", 0, 10, 2, 11, "b", "FAILOVER", 21500) + // cut at 25s by b's failure
+		line("start", 0, 10, 3, 12, "c", "FAILOVER", 25500) +
+		line("end", 0, 10, 3, 12, "c", "FAILOVER", 33000) // fire 30 comes during the chain too
+	tail := line("start", 0, 30, 1, 30, "c", "MISFIRE", 33600) + line("end", 0, 30, 1, 30, "c", "MISFIRE", 34000) +
+		line("start", 0, 40, 1, 40, "c", "NORMAL", 40005) + line("end", 0, 40, 1, 40, "c", "NORMAL", 41000) +
+		line("start", 0, 50, 1, 50, "c", "NORMAL", 50005) + line("end", 0, 50, 1, 50, "c", "NORMAL", 51000)
+	for _, tc := range []struct {
+		name, runs string
+		misses     int
+	}{
+		{"fire 20 after the chain", line("start", 0, 20, 1, 20, "c", "MISFIRE", 33100) + line("end", 0, 20, 1, 20, "c", "MISFIRE", 33500), 0},
+		{"fire 20 late after the chain", line("start", 0, 20, 1, 20, "c", "MISFIRE", 36500) + line("end", 0, 20, 1, 20, "c", "MISFIRE", 36800), 1},
+		{"fire 20 lost", "", 1},
+	} {
+		ev, err := Parse(strings.NewReader(base + tc.runs + tail))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := Check(ev, o)
+		if r.Misses != tc.misses || r.CutRuns != 2 {
+			t.Errorf("%s: %d misses (want %d), %d cut runs: %s %v", tc.name, r.Misses, tc.misses, r.CutRuns, r, r.Violations)
+		}
+	}
+}
+
 // Jobs whose period is longer than the bound: a lost fire is seen although
 // the next fire's run comes (an every-second checker could not see it).
 func TestLongPeriodFireLost(t *testing.T) {
