@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/shardd/shardd/pkg/schedule"
@@ -80,8 +81,12 @@ type Job struct {
 	ReconcileIntervalMinutes int `yaml:"reconcileIntervalMinutes" json:"reconcileIntervalMinutes"`
 	// Timeout bounds one execution of one item; 0 means no limit.
 	Timeout Duration `yaml:"timeout" json:"timeout"`
-	// Retries is how many times a failed execution is tried again.
-	Retries int `yaml:"retries" json:"retries"`
+	// Retries is how many times a failed execution is tried again: a
+	// script that failed, a hook that met a network error or a 5xx (not a
+	// 4xx, a timeout or a kill). RetryBackoff is the wait before the first
+	// retry; it doubles with each retry, up to MaxRetryBackoff.
+	Retries      int      `yaml:"retries" json:"retries"`
+	RetryBackoff Duration `yaml:"retryBackoff" json:"retryBackoff"`
 	// MaxConcurrency caps the items of this job running at once on one instance; 0 means no cap.
 	MaxConcurrency int `yaml:"maxConcurrency" json:"maxConcurrency"`
 
@@ -191,6 +196,8 @@ const (
 	DefaultReconcileIntervalMinutes = 10
 	DefaultHTTPMethod               = "POST"
 	DefaultHTTPTimeout              = Duration(30 * time.Second)
+	DefaultRetryBackoff             = Duration(time.Second)
+	MaxRetryBackoff                 = Duration(5 * time.Minute)
 	// MaxShardingTotalCount bounds the items of one job, so that its shard
 	// map stays well inside etcd's request size limit.
 	MaxShardingTotalCount = 10000
@@ -208,6 +215,7 @@ func DefaultJob() Job {
 		MonitorExecution:         true,
 		MaxTimeDiffSeconds:       DefaultMaxTimeDiffSeconds,
 		ReconcileIntervalMinutes: DefaultReconcileIntervalMinutes,
+		RetryBackoff:             DefaultRetryBackoff,
 	}
 }
 
@@ -245,19 +253,42 @@ func configFiles(path string) ([]string, error) {
 	if !st.IsDir() {
 		return []string{path}, nil
 	}
-	var files []string
-	for _, pattern := range []string{"*.yaml", "*.yml"} {
-		m, err := filepath.Glob(filepath.Join(path, pattern))
-		if err != nil {
-			return nil, fmt.Errorf("config: %w", err)
-		}
-		files = append(files, m...)
+	files, err := Files(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
 	}
-	sort.Strings(files)
 	if len(files) == 0 {
 		return nil, fmt.Errorf("config: directory %s has no *.yaml or *.yml files", path)
 	}
 	return files, nil
+}
+
+// Files lists the config files of directory dir, in the order Load reads
+// them: its *.yaml and *.yml files, except hidden files and editors' lock,
+// backup and swap files (.#jobs.yaml, #jobs.yaml#, jobs.yaml~, .jobs.yaml.swp),
+// which appear while someone edits a file and must not break a reload.
+func Files(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, e := range entries {
+		name := e.Name()
+		if IgnoredFile(name) || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		files = append(files, filepath.Join(dir, name))
+	}
+	sort.Strings(files)
+	return files, nil
+}
+
+// IgnoredFile reports whether a file name in a config directory is skipped:
+// a hidden file or an editor's lock, backup or swap file.
+func IgnoredFile(name string) bool {
+	return strings.HasPrefix(name, ".") || strings.HasPrefix(name, "#") || strings.HasSuffix(name, "~") ||
+		strings.HasSuffix(name, ".swp") || strings.HasSuffix(name, ".swx")
 }
 
 // Error is one problem in a config file.

@@ -10,6 +10,7 @@ import (
 )
 
 func TestLoadGood(t *testing.T) {
+	t.Setenv("HOOK_TOKEN", "s3cret") // good.yaml's hook header names it
 	c, err := Load("testdata/good.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +82,12 @@ func TestLoadBad(t *testing.T) {
 		file string
 		want string
 	}{
-		{"bad-cron", `bad-cron.bad.yaml:3: job "orders": cron "0 0 25 * * ?": end of range (25) above maximum (23)`},
+		{"bad-cron", `bad-cron.bad.yaml:3: job "orders": cron "0 0 25 * * ?": hour "25": 25 is above the maximum 23`},
+		{"bad-indent", `bad-indent.bad.yaml:4: did not find expected '-' indicator`},
+		{"unknown-field-typo", `unknown-field-typo.bad.yaml:4: job "orders": unknown field shardingItemParameter (did you mean shardingItemParameters?)`},
+		{"unknown-alias-typo", `unknown-alias-typo.bad.yaml:3: job "orders": unknown field jobShardingStrategy (did you mean jobShardingStrategyType?)`},
+		{"header-env", `header-env.bad.yaml:5: job "hook": http.headers Authorization: ${SHARDD_TEST_UNSET_TOKEN} is not set in shardd's environment`},
+		{"retry-backoff", `retry-backoff.bad.yaml:3: job "orders": retryBackoff must be between 0 and 5m0s, got 1h0m0s`},
 		{"quartz-last-day", `quartz-last-day.bad.yaml:3: job "month-end": cron "0 0 23 L * ?": day-of-month "L": L (last day) and W (nearest weekday) are Quartz features shardd does not support`},
 		{"quartz-year", `quartz-year.bad.yaml:3: job "once": cron "0 0 12 1 1 ? 2027": year "2027": a concrete year`},
 		{"unknown-field", `unknown-field.bad.yaml:4: job "orders": unknown field shardingTotalcount (did you mean shardingTotalCount?)`},
@@ -181,6 +187,15 @@ func TestLoadDirectory(t *testing.T) {
 	write("10-orders.yaml", "defaults: {failover: true}\njobs:\n  - name: orders\n    script: [/bin/true]\n")
 	write("20-hooks.yml", "jobs:\n  - name: hook\n    http: {url: 'http://127.0.0.1:1/'}\n")
 	write("README.md", "not yaml: [")
+	// Editors' files beside the real ones are skipped: a dangling lock
+	// symlink (Emacs), a backup, a swap file, a hidden file.
+	if err := os.Symlink("user@host.1234:1700000000", filepath.Join(dir, ".#10-orders.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	write("#10-orders.yaml#", "not yaml: [")
+	write("10-orders.yaml~", "not yaml: [")
+	write(".10-orders.yaml.swp", "not yaml: [")
+	write(".hidden.yaml", "jobs:\n  - name: hidden\n    script: [/bin/true]\n")
 	c, err := Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -296,6 +311,7 @@ func TestExampleConfigIsValid(t *testing.T) {
 }
 
 func TestJobJSONRoundTrip(t *testing.T) {
+	t.Setenv("HOOK_TOKEN", "s3cret") // good.yaml's hook header names it
 	c, err := Load("testdata/good.yaml")
 	if err != nil {
 		t.Fatal(err)

@@ -1,14 +1,18 @@
 package config
 
 import (
+	"bytes"
 	"fmt"
 	"reflect"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/shardd/shardd/pkg/runner"
 )
 
 // loader collects the jobs and the problems of every file it is given.
@@ -43,6 +47,26 @@ var notInDefaults = map[string]string{
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
 
+// problemLine finds the line of a YAML syntax error. For some errors
+// ("did not find expected key", "... '-' indicator") yaml.v3 reports where
+// the enclosing block starts (line 1 for a bad indent on line 4); the first
+// line whose addition makes the document fail with the same message is
+// where the problem is.
+func problemLine(data []byte, msg string, line int) int {
+	if !strings.HasPrefix(msg, "did not find expected") {
+		return line
+	}
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	for k := line; k <= len(lines); k++ {
+		var doc yaml.Node
+		err := yaml.Unmarshal(bytes.Join(lines[:k], nil), &doc)
+		if err != nil && strings.HasSuffix(err.Error(), msg) {
+			return k
+		}
+	}
+	return line
+}
+
 func (l *loader) file(name string, data []byte) {
 	fs := scope{l: l, file: name}
 	var doc yaml.Node
@@ -51,6 +75,7 @@ func (l *loader) file(name string, data []byte) {
 		if m := yamlLine.FindStringSubmatch(err.Error()); m != nil {
 			line, _ = strconv.Atoi(m[1])
 			msg = err.Error()[len(m[0]):]
+			line = problemLine(data, msg, line)
 		}
 		fs.errorf(line, "%s", msg)
 		return
@@ -122,9 +147,38 @@ func (l *loader) job(file string, index int, n, defaults *yaml.Node) {
 	before := len(l.errs)
 	decodeStruct(js, n, reflect.ValueOf(&j).Elem(), "", f)
 	j.Pos = Pos{File: file, Line: n.Line}
-	if validate(js, &j, f) && len(l.errs) == before {
+	if validate(js, &j, f) && checkEnv(js, &j, f) && len(l.errs) == before {
 		l.jobs = append(l.jobs, &j)
 	}
+}
+
+// checkEnv reports the environment variables that http.headers name
+// (${API_TOKEN}) and that are not set: a hook would otherwise send an empty
+// secret. It applies to a host's own files only (a definition registered by
+// another host is checked where it runs, by the runner), and not to a job
+// its definition disables: it sends nothing until an edit enables it, and
+// the reload of that edit checks again.
+func checkEnv(s scope, j *Job, f *fields) bool {
+	if j.HTTP == nil || j.Disabled {
+		return true
+	}
+	ok := true
+	names := make([]string, 0, len(j.HTTP.Headers))
+	for name := range j.HTTP.Headers {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if _, missing := runner.ExpandEnv(j.HTTP.Headers[name]); len(missing) > 0 {
+			line, found := f.line["http.headers"]
+			if !found {
+				line = f.line[""]
+			}
+			s.errorf(line, "http.headers %s: ${%s} is not set in shardd's environment", name, missing[0])
+			ok = false
+		}
+	}
+	return ok
 }
 
 // fields records, by field path ("timeout", "http.url"; "" is the job), the
@@ -272,20 +326,52 @@ func fieldByTag(v reflect.Value, name string) reflect.Value {
 	return v.Field(i)
 }
 
-// unknownField words the error for key, suggesting a field that differs only in case.
+// unknownField words the error for key, suggesting the field (or alias)
+// nearest to it by edit distance, case aside, when one is near enough.
 func unknownField(t reflect.Type, prefix, key string) string {
 	var names []string
+	best, bestDist := "", 0
 	for i := 0; i < t.NumField(); i++ {
-		tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]
+		f := t.Field(i)
+		tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
 		if tag == "" || tag == "-" {
 			continue
 		}
-		if strings.EqualFold(tag, key) {
-			return fmt.Sprintf("unknown field %s%s (did you mean %s?)", prefix, key, tag)
-		}
 		names = append(names, tag)
+		for _, cand := range []string{tag, f.Tag.Get("alias")} {
+			if cand == "" {
+				continue
+			}
+			if d := editDistance(strings.ToLower(key), strings.ToLower(cand)); best == "" || d < bestDist {
+				best, bestDist = cand, d
+			}
+		}
+	}
+	if best != "" && bestDist <= max(1, min(len(key), len(best))/4) {
+		return fmt.Sprintf("unknown field %s%s (did you mean %s?)", prefix, key, best)
 	}
 	return fmt.Sprintf("unknown field %s%s (known: %s)", prefix, key, strings.Join(names, ", "))
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 type pair struct{ key, value *yaml.Node }

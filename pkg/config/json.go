@@ -19,9 +19,13 @@ func (j *Job) JSON() []byte {
 	return b
 }
 
-// Hash identifies j's definition: two jobs with equal hashes behave the same.
+// Hash identifies j's definition: two jobs with equal hashes behave the
+// same. Overwrite is left out: it says how a host publishes its definition,
+// not how the job behaves.
 func (j *Job) Hash() string {
-	sum := sha256.Sum256(j.JSON())
+	c := *j
+	c.Overwrite = false
+	sum := sha256.Sum256(c.JSON())
 	return hex.EncodeToString(sum[:8])
 }
 

@@ -83,6 +83,9 @@ func validate(s scope, j *Job, f *fields) bool {
 	if j.Timeout < 0 {
 		bad("timeout", "timeout must be >= 0 (0 = no limit), got %s", j.Timeout)
 	}
+	if j.RetryBackoff < 0 || j.RetryBackoff > MaxRetryBackoff {
+		bad("retryBackoff", "retryBackoff must be between 0 and %s, got %s", MaxRetryBackoff, j.RetryBackoff)
+	}
 	if j.Retries < 0 {
 		bad("retries", "retries must be >= 0, got %d", j.Retries)
 	}

@@ -98,7 +98,12 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	req.Header.Set("User-Agent", "shardd")
 	req.Header.Set("shardingContext", c.elasticJobContext()) // for hooks migrated from ElasticJob
 	for k, v := range h.Headers {
-		req.Header.Set(k, os.ExpandEnv(v))
+		val, missing := ExpandEnv(v)
+		if len(missing) > 0 {
+			res.Err = fmt.Errorf("header %s: ${%s} is not set in shardd's environment on this host; not sending an empty value", k, missing[0])
+			return res
+		}
+		req.Header.Set(k, val)
 	}
 	res.Started = time.Now()
 	resp, err := h.client.Do(req)
@@ -114,7 +119,7 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	out := &tail{max: h.TailBytes}
 	io.Copy(out, io.LimitReader(resp.Body, 1<<20))
 	res.Output = out.String()
-	res.ExitCode = resp.StatusCode
+	res.HTTPStatus = resp.StatusCode
 	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 	if len(h.SuccessCodes) > 0 {
 		ok = slices.Contains(h.SuccessCodes, resp.StatusCode)
@@ -126,4 +131,18 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	}
 	res.OK = true
 	return res
+}
+
+// ExpandEnv expands ${VAR} and $VAR in s from the environment, as
+// os.ExpandEnv does, and also returns the variables that are not set.
+func ExpandEnv(s string) (string, []string) {
+	var missing []string
+	out := os.Expand(s, func(name string) string {
+		v, ok := os.LookupEnv(name)
+		if !ok {
+			missing = append(missing, name)
+		}
+		return v
+	})
+	return out, missing
 }

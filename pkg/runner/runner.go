@@ -24,8 +24,12 @@ type Context struct {
 	Fire          time.Time `json:"fire"`
 	// Fence is the etcd revision of the claim: strictly increasing per
 	// (job, item), so downstream systems can reject stale writers.
-	Fence    int64  `json:"fence"`
+	Fence int64 `json:"fence"`
+	// Attempt counts the claims of this fire: 1, and one more for each
+	// failover re-run. Retry counts the tries within one attempt: 0 for
+	// the first, n for the job's n-th retry.
 	Attempt  int    `json:"attempt"`
+	Retry    int    `json:"retry"`
 	Instance string `json:"instance"`
 	// Source is NORMAL, MISFIRE, FAILOVER or MANUAL.
 	Source string `json:"source"`
@@ -51,6 +55,7 @@ func (c Context) Env() []string {
 		"SHARDD_FIRE_TIME=" + c.Fire.Format(time.RFC3339),
 		"SHARDD_FENCE=" + strconv.FormatInt(c.Fence, 10),
 		"SHARDD_ATTEMPT=" + strconv.Itoa(c.Attempt),
+		"SHARDD_RETRY=" + strconv.Itoa(c.Retry),
 		"SHARDD_INSTANCE=" + c.Instance,
 		"SHARDD_SOURCE=" + c.Source,
 		"SHARDD_SKIPPED=" + strconv.Itoa(c.Skipped),
@@ -80,8 +85,10 @@ type Result struct {
 	Started time.Time
 	// OK is set when the work succeeded: exit 0, or an accepted HTTP status.
 	OK bool
-	// ExitCode of a script (-1 if it did not exit normally); HTTP status of a hook.
+	// ExitCode of a script; -1 if it did not exit normally, and for a hook.
 	ExitCode int
+	// HTTPStatus of a hook's response; 0 for a script, or with no response.
+	HTTPStatus int
 	// Err says why the work failed, nil when OK.
 	Err error
 	// Retryable is set when trying again may help: a network error or a 5xx.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -223,7 +224,7 @@ func TestHTTPHook(t *testing.T) {
 	}
 
 	res := hook("/ok").Run(context.Background(), ctxFixture)
-	if !res.OK || res.ExitCode != 200 || res.Output != "done" {
+	if !res.OK || res.HTTPStatus != 200 || res.Output != "done" {
 		t.Fatalf("ok: %+v", res)
 	}
 	if gotAuth != "Bearer s3cret" || gotBody != ctxFixture || !strings.Contains(gotSharding, `"shardingItem":2`) {
@@ -232,10 +233,10 @@ func TestHTTPHook(t *testing.T) {
 	if res := hook("/accepted", 200).Run(context.Background(), ctxFixture); res.OK || res.Retryable {
 		t.Errorf("202 outside successCodes [200]: %+v", res)
 	}
-	if res := hook("/missing").Run(context.Background(), ctxFixture); res.OK || res.Retryable || res.ExitCode != 404 {
+	if res := hook("/missing").Run(context.Background(), ctxFixture); res.OK || res.Retryable || res.HTTPStatus != 404 {
 		t.Errorf("404: %+v", res)
 	}
-	if res := hook("/broken").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.ExitCode != 502 {
+	if res := hook("/broken").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.HTTPStatus != 502 {
 		t.Errorf("502 must be retryable: %+v", res)
 	}
 	if res := hook("/slow").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.Duration() > 1500*time.Millisecond {
@@ -244,6 +245,14 @@ func TestHTTPHook(t *testing.T) {
 	h, _ := NewHTTP(HTTP{URL: "http://127.0.0.1:1/", Method: "POST", Timeout: time.Second}, TLSFiles{})
 	if res := h.Run(context.Background(), ctxFixture); res.OK || !res.Retryable {
 		t.Errorf("connection refused must be retryable: %+v", res)
+	}
+
+	// A header naming a variable this host does not have: no request with
+	// an empty secret, a failed run that says why.
+	gotAuth = "not called"
+	h, _ = NewHTTP(HTTP{URL: srv.URL + "/ok", Method: "POST", Headers: map[string]string{"Authorization": "Bearer ${SHARDD_TEST_NO_SUCH_VAR}"}, Timeout: time.Second}, TLSFiles{})
+	if res := h.Run(context.Background(), ctxFixture); res.OK || res.Retryable || !strings.Contains(fmt.Sprint(res.Err), "${SHARDD_TEST_NO_SUCH_VAR} is not set") || gotAuth != "not called" {
+		t.Errorf("unset header variable: %+v, server saw %q", res, gotAuth)
 	}
 }
 

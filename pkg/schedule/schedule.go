@@ -79,13 +79,15 @@ func parse(expr string, loc *time.Location) (Schedule, error) {
 		if err := checkUnix(fields); err != nil {
 			return nil, err
 		}
-		return withLocation(unixParser.Parse(strings.Join(fields, " ")))(loc)
+		s, err := unixParser.Parse(strings.Join(fields, " "))
+		return withLocation(s, namedField(unixParser, unixFieldNames, fields, fields, err))(loc)
 	case 6, 7:
 		converted, err := quartzToRobfig(fields)
 		if err != nil {
 			return nil, err
 		}
-		return withLocation(quartzParser.Parse(strings.Join(converted, " ")))(loc)
+		s, err := quartzParser.Parse(strings.Join(converted, " "))
+		return withLocation(s, namedField(quartzParser, quartzFieldNames, fields, converted, err))(loc)
 	default:
 		return nil, fmt.Errorf("%d fields; want 6 or 7 (Quartz: sec min hour day-of-month month day-of-week [year]), 5 (Unix: min hour day-of-month month day-of-week) or a descriptor like @every 30s", len(fields))
 	}
@@ -120,7 +122,8 @@ func parseDescriptor(expr string, loc *time.Location) (Schedule, error) {
 	}
 	switch expr {
 	case "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly":
-		return withLocation(unixParser.Parse(expr))(loc)
+		s, err := unixParser.Parse(expr)
+		return withLocation(s, err)(loc)
 	case "@reboot":
 		return nil, errors.New("@reboot is not supported: shardd fires by the clock")
 	}
@@ -167,10 +170,54 @@ func Seq(s Schedule, fire time.Time) int64 {
 
 var (
 	quartzFieldNames = []string{"second", "minute", "hour", "day-of-month", "month", "day-of-week", "year"}
+	unixFieldNames   = []string{"minute", "hour", "day-of-month", "month", "day-of-week"}
 	domSpecial       = regexp.MustCompile(`^(L|LW|L-\d+|\d+W)$`)
 	dowLast          = regexp.MustCompile(`^(?i)([0-9]+|[a-z]{3})?L$`)
 	dowNumber        = regexp.MustCompile(`^\d+$`)
 )
+
+var (
+	robfigAbove    = regexp.MustCompile(`^end of range \((-?\d+)\) above maximum \((\d+)\)`)
+	robfigBelow    = regexp.MustCompile(`^beginning of range \((-?\d+)\) below minimum \((\d+)\)`)
+	robfigNotInt   = regexp.MustCompile(`^failed to parse int from ([^:]*)`)
+	robfigStepZero = regexp.MustCompile(`^step of range should be a positive number`)
+)
+
+// namedField words a robfig parse error (err, of fields converted from
+// the fields as written) with the field at fault: "hour "25": 25 is above
+// the maximum 23", not "end of range (25) above maximum (23): 25". It
+// finds the field by parsing each one alone, the others set to "*".
+func namedField(p cron.Parser, names, written, converted []string, err error) error {
+	if err == nil {
+		return nil
+	}
+	for i := range converted {
+		probe := make([]string, len(converted))
+		for j := range probe {
+			probe[j] = "*"
+		}
+		probe[i] = converted[i]
+		_, ferr := p.Parse(strings.Join(probe, " "))
+		if ferr == nil {
+			continue
+		}
+		msg := ferr.Error()
+		switch {
+		case robfigAbove.MatchString(msg):
+			m := robfigAbove.FindStringSubmatch(msg)
+			msg = fmt.Sprintf("%s is above the maximum %s", m[1], m[2])
+		case robfigBelow.MatchString(msg):
+			m := robfigBelow.FindStringSubmatch(msg)
+			msg = fmt.Sprintf("%s is below the minimum %s", m[1], m[2])
+		case robfigNotInt.MatchString(msg):
+			msg = fmt.Sprintf("%q is not a number or a name", robfigNotInt.FindStringSubmatch(msg)[1])
+		case robfigStepZero.MatchString(msg):
+			msg = "a step (/n) must be a positive number"
+		}
+		return fmt.Errorf("%s %q: %s", names[i], written[i], msg)
+	}
+	return err
+}
 
 // checkUnix rejects Quartz-only syntax in a 5-field expression.
 func checkUnix(fields []string) error {
