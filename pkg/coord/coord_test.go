@@ -355,37 +355,6 @@ func leaderOf(t *testing.T, cli *clientv3.Client, job string) string {
 	return string(resp.Kvs[0].Value)
 }
 
-func TestRegisteredConfigWins(t *testing.T) {
-	srv := etcdtest.Start(t)
-	cli := srv.Client()
-	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)))
-	waitFor(t, 10*time.Second, "map of 3 items", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })
-
-	// b defines 5 items without overwrite: the registered 3 win, b reports it.
-	b := startNode(t, srv, "b", jobs(t, "jobs:\n"+job("orders", 5)))
-	waitFor(t, 10*time.Second, "b's conflict", func() bool { v, _ := b.View("orders"); return v.Conflict })
-	if v, _ := b.View("orders"); v.Job.ShardingTotalCount != 3 || v.Local.ShardingTotalCount != 5 {
-		t.Errorf("b effective %d local %d, want 3 and 5", v.Job.ShardingTotalCount, v.Local.ShardingTotalCount)
-	}
-	if !strings.Contains(b.log.String(), "differs from the registered one") {
-		t.Error("b did not log the conflict")
-	}
-	waitFor(t, 5*time.Second, "status to report b's conflict", func() bool {
-		st, err := ReadStatus(context.Background(), cli, NewKeys(""))
-		return err == nil && len(st.Jobs) == 1 && len(st.Jobs[0].Problems) == 1 &&
-			strings.Contains(st.Jobs[0].Problems[0], "instance b has a different local definition")
-	})
-	waitFor(t, 5*time.Second, "3 items over a and b", func() bool {
-		return agreed(t, cli, "orders", map[string][]int{"a": {0, 2}, "b": {1}}, a, b)
-	})
-
-	// c says overwrite: its 6 items replace the registered definition.
-	c := startNode(t, srv, "c", jobs(t, "jobs:\n"+job("orders", 6, "    overwrite: true\n")))
-	waitFor(t, 10*time.Second, "6 items over a, b, c", func() bool {
-		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}, a, b, c)
-	})
-}
-
 // startAgreedPair starts instances a and b of a 4-item job "orders" and
 // waits until they agree on its map.
 func startAgreedPair(t *testing.T) (*clientv3.Client, *testNode, *testNode) {

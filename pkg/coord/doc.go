@@ -3,7 +3,9 @@
 // per job that every instance watches.
 //
 // It is the only package that imports the etcd client; it converts etcd
-// types to shardd types at its edge. Key names are built in keys.go.
+// types to shardd types at its edge. Key names are built in keys.go, and
+// nowhere else outside tests. docs/design.md describes the keyspace, the
+// state machines and the guarantees for users and contributors.
 //
 // # Instance lifecycle
 //
@@ -18,8 +20,8 @@
 //	  - connecting: grant a lease; revoke the previous lease if there was one
 //	    (an old lease can come back after an outage, and its keys with it);
 //	    create instances/<id> with the lease in a Txn that fails if the key
-//	    exists (two live processes may not share an id); put
-//	    jobs/<job>/members/<id> for every local job; register job configs.
+//	    exists (two live processes may not share an id); for every local
+//	    job, register its definition (below), then put jobs/<job>/members/<id>.
 //	  - up: keepalives every TTL/3. The session knows the time it sent the last
 //	    keepalive that etcd acknowledged; the lease cannot expire on the server
 //	    before sent+TTL. At sent+TTL-margin with no newer acknowledgement the
@@ -35,7 +37,7 @@
 // # Per-job leader
 //
 // Under each session, every local job has a campaign loop on
-// concurrency.Election at jobs/<job>/leader/. Campaign may return after the
+// concurrency.Election at jobs/<job>/leader/<lease>. Campaign may return after the
 // lease has expired (etcd #11051), so a won campaign is checked against the
 // session and the election key before acting, and every leader write is a
 // Txn whose If compares the election key's CreateRevision: a deposed leader's
@@ -50,19 +52,37 @@
 // reconcileIntervalMinutes bounds what a missed event could cost. A
 // malformed stored map is logged and replaced.
 //
-// # Views and the one watch
+// # Job definitions
+//
+// The cluster runs one registered definition per job, the value of
+// jobs/<job>/config; every instance follows that key (followConfig) and
+// runs what it says, whatever its own files say. An instance publishes its
+// local definition when it registers the job and the definition is new to
+// the cluster (publishDecision): the key is missing or malformed; this
+// host's file changed since it last loaded the job (jobs/<job>/loaded/<id>
+// names another definition); a host with no such record brings a
+// definition the registered one did not supersede; or the job says
+// overwrite: true and this process has not registered it before. Otherwise
+// the host is behind: it runs the registered definition and reports a
+// conflict. The config key's ModRevision is the definition's generation.
+//
+// # Views and the watches
 //
 // Every instance, leader or not, follows every local job's shard map and
 // keeps the last good one: non-leaders never wait for a leader, they act on
 // the last published map.
 //
-// An instance holds ONE etcd watch, on the jobs keyspace (hub.go), and
-// routes its events to per-job subscribers: map views, leaders' reconcile
-// wake-ups, manual triggers. Subscribers subscribe first and read second,
-// which the hub's ordering makes complete; when the watch resumes at a
-// compacted revision every subscriber re-reads. The watch uses
-// WithRequireLeader. One watch per job and purpose, as an earlier version
-// had, put ~40,000 watchers per instance on etcd for 10,000 jobs.
+// An instance holds one etcd watch on the jobs keyspace (hub.go), whatever
+// the number of jobs, and routes its events to per-job subscribers: map
+// and definition views, leaders' reconcile wake-ups, item changes, manual
+// triggers. Subscribers subscribe first and read second, which the hub's
+// ordering makes complete; when the watch resumes at a compacted revision
+// every subscriber re-reads. The watch uses WithRequireLeader. One watch
+// per job and purpose, as an earlier version had, put ~40,000 watchers per
+// instance on etcd for 10,000 jobs. Besides it, an instance watches the
+// instances/ prefix to log joins and leaves, and each campaign that waits
+// behind another candidate holds the watch concurrency.Election uses to
+// wait for the key ahead of it to go.
 //
 // # Failure cases
 //
@@ -80,5 +100,5 @@
 //     and re-registers.
 //   - malformed values in the shard map or config keys: logged with the key;
 //     the leader rewrites the map, a malformed config is replaced by the
-//     local definition.
+//     local definition; followers keep the last good definition meanwhile.
 package coord

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,10 @@ import (
 // is done.
 func (n *Node) runJob(ctx context.Context, s *session, local *config.Job, removed *atomic.Bool) {
 	log := n.log.With("job", local.Name)
+	// Follow the registered definition first, then register: every
+	// change after the registration's read reaches the view.
+	stopConfig := n.followConfig(ctx, local.Name)
+	defer stopConfig()
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		if !n.admit(ctx) {
@@ -52,21 +57,11 @@ func (n *Node) runJob(ctx context.Context, s *session, local *config.Job, remove
 	n.campaign(ctx, s, local)
 }
 
-// registerJob publishes the job's definition with ElasticJob's overwrite
-// semantics (the registered copy wins unless the local job says overwrite:
-// true; a malformed copy is replaced) and then the membership key.
+// registerJob registers the job's definition (see registerConfig) and then
+// the membership key.
 func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) error {
-	effective, conflict, err := n.registerConfig(ctx, local)
-	if err != nil {
+	if err := n.registerConfig(ctx, local); err != nil {
 		return err
-	}
-	var republish bool
-	n.updateView(local.Name, func(v *JobView) {
-		republish = v.Conflict != conflict
-		v.Job, v.Conflict = effective, conflict
-	})
-	if republish {
-		n.republish() // the instance key lists conflicts, for shardd status
 	}
 	n.mu.Lock()
 	leaving := n.leaving
@@ -90,62 +85,219 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	return nil
 }
 
-// registerConfig returns the effective definition of local's job and whether
-// the local one conflicts with it.
-func (n *Node) registerConfig(ctx context.Context, local *config.Job) (*config.Job, bool, error) {
-	key := n.keys.Config(local.Name)
-	log := n.log.With("job", local.Name)
-	mine, err := json.Marshal(registeredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC()})
-	if err != nil {
-		return nil, false, err
+// publishDecision says whether an instance publishes its local definition
+// of a job over the registered one, and why (the rule of docs/design.md,
+// "Job definitions"). reg is nil when the config key is missing; regBad
+// when it is malformed; loaded is the hash of this instance's loaded
+// record ("" for none); first is set when this process has not registered
+// this local definition before. The definition is new to the cluster when
+// it was edited on this host (the loaded record names another), or when a
+// host with no record brings one the registered definition did not
+// supersede; overwrite: true publishes once per local definition and
+// process, never at every reconnect.
+func publishDecision(local *config.Job, reg *registeredConfig, regBad bool, loaded string, first bool) (publish bool, why string) {
+	hash := local.Hash()
+	switch {
+	case reg == nil:
+		return true, "registered job definition"
+	case regBad:
+		return true, "replaced malformed registered job definition"
+	case reg.Hash == hash:
+		return false, ""
+	case loaded != "" && loaded != hash:
+		return true, "published job definition edited on this host"
+	case loaded == "" && !slices.Contains(reg.Superseded, hash):
+		return true, "published job definition new to the cluster"
+	case local.Overwrite && first:
+		return true, "published job definition (overwrite: true)"
 	}
+	return false, ""
+}
+
+// registerConfig applies publishDecision to local and the registered
+// definition, publishes local if it says so, records local in this
+// instance's loaded key, and takes the resulting registered definition
+// into the job's view. One Txn, guarded by the ModRevisions it read, does
+// all the writes; a concurrent change makes it read and decide again.
+func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
+	key, lkey := n.keys.Config(local.Name), n.keys.Loaded(local.Name, n.opts.ID)
+	log := n.log.With("job", local.Name)
+	hash := local.Hash()
+	n.mu.Lock()
+	first := n.registered[local.Name] != hash
+	n.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(mine))).
-		Else(clientv3.OpGet(key)).Commit()
-	if err != nil {
-		return nil, false, fmt.Errorf("register config %s: %w", key, err)
-	}
-	if resp.Succeeded {
-		log.Info("registered job config", "hash", local.Hash())
-		return local, false, nil
-	}
-	kv := resp.Responses[0].GetResponseRange().Kvs[0]
-	registered, perr := n.parseRegistered(key, local.Name, kv.Value)
-	replace := func(why string) (*config.Job, bool, error) {
-		r, err := n.opts.Client.Txn(rctx).
-			If(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)).
-			Then(clientv3.OpPut(key, string(mine))).Commit()
+	for attempt := 0; ; attempt++ {
+		resp, err := n.opts.Client.Txn(rctx).Then(clientv3.OpGet(key), clientv3.OpGet(lkey)).Commit()
 		if err != nil {
-			return nil, false, fmt.Errorf("replace config %s: %w", key, err)
+			return fmt.Errorf("read job definition %s: %w", key, err)
 		}
-		if !r.Succeeded {
-			return nil, false, fmt.Errorf("replace config %s: changed concurrently; retrying", key)
+		var (
+			reg           *registeredConfig
+			regBad        error
+			configRev     int64
+			loaded        loadedRecord
+			loadedRev     int64
+			configCmp     = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+			loadedCmp     = clientv3.Compare(clientv3.CreateRevision(lkey), "=", 0)
+			registeredJob *config.Job
+		)
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			configRev = kvs[0].ModRevision
+			configCmp = clientv3.Compare(clientv3.ModRevision(key), "=", configRev)
+			reg = &registeredConfig{}
+			registeredJob, regBad = decodeRegistered(key, local.Name, kvs[0].Value, reg)
 		}
-		log.Info(why, "hash", local.Hash())
-		return local, false, nil
-	}
-	switch {
-	case perr != nil:
-		log.Error("registered job config is malformed; replacing it with the local definition", "key", key, "err", perr)
-		return replace("replaced malformed job config")
-	case registered.Hash() == local.Hash():
-		return local, false, nil
-	case local.Overwrite:
-		return replace("overwrote registered job config (overwrite: true)")
-	default:
-		log.Warn("local job definition differs from the registered one; using the registered one (set overwrite: true to replace it)",
-			"local_hash", local.Hash(), "registered_hash", registered.Hash())
-		return registered, true, nil
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+			loadedRev = kvs[0].ModRevision
+			loadedCmp = clientv3.Compare(clientv3.ModRevision(lkey), "=", loadedRev)
+			if json.Unmarshal(kvs[0].Value, &loaded) != nil {
+				loaded = loadedRecord{} // malformed: as if none
+			}
+		}
+		publish, why := publishDecision(local, reg, regBad != nil, loaded.Hash, first)
+		var ops []clientv3.Op
+		if publish {
+			val, err := json.Marshal(n.newRegistered(local, reg))
+			if err != nil {
+				return err
+			}
+			ops = append(ops, clientv3.OpPut(key, string(val)))
+		}
+		if loaded.Hash != hash {
+			val, _ := json.Marshal(loadedRecord{Hash: hash, At: n.opts.Now().UTC()})
+			ops = append(ops, clientv3.OpPut(lkey, string(val)))
+		}
+		ops = append(ops, clientv3.OpGet(key))
+		w, err := n.opts.Client.Txn(rctx).If(configCmp, loadedCmp).Then(ops...).Commit()
+		if err != nil {
+			return fmt.Errorf("register job definition %s: %w", key, err)
+		}
+		if !w.Succeeded {
+			if attempt < 5 {
+				continue // changed since read: decide again
+			}
+			return fmt.Errorf("register job definition %s: it keeps changing; retrying", key)
+		}
+		if regBad != nil && publish {
+			log.Error("registered job definition is malformed; replacing it with the local one", "key", key, "err", regBad)
+		}
+		kv := w.Responses[len(w.Responses)-1].GetResponseRange().Kvs[0]
+		effective := local
+		if !publish {
+			effective = registeredJob
+		} else {
+			log.Info(why, "hash", hash, "generation", kv.ModRevision)
+		}
+		n.mu.Lock()
+		n.registered[local.Name] = hash
+		n.mu.Unlock()
+		n.takeDefinition(local.Name, effective, kv.ModRevision)
+		return nil
 	}
 }
 
-// parseRegistered decodes a config key's value.
-func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error) {
-	var rc registeredConfig
-	if err := json.Unmarshal(data, &rc); err != nil {
+// newRegistered returns the config value that publishes local over reg
+// (nil when there is none).
+func (n *Node) newRegistered(local *config.Job, reg *registeredConfig) registeredConfig {
+	rc := registeredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC()}
+	if reg != nil {
+		rc.Superseded = slices.DeleteFunc(slices.Clone(reg.Superseded), func(h string) bool { return h == rc.Hash || h == reg.Hash })
+		if reg.Hash != "" {
+			rc.Superseded = append(rc.Superseded, reg.Hash)
+		}
+		if len(rc.Superseded) > maxSuperseded {
+			rc.Superseded = rc.Superseded[len(rc.Superseded)-maxSuperseded:]
+		}
+	}
+	return rc
+}
+
+// takeDefinition makes def, registered at generation gen, the job's
+// effective definition if gen is newer than the one the view has; the
+// engine and the API read it from the view.
+func (n *Node) takeDefinition(job string, def *config.Job, gen int64) {
+	var changed, conflictChanged, conflict bool
+	var was string
+	n.updateView(job, func(v *JobView) {
+		if gen < v.Generation {
+			return // an older event than the view's
+		}
+		was = ""
+		if v.Job != nil && v.Generation > 0 {
+			was = v.Job.Hash()
+		}
+		changed = was != def.Hash()
+		conflict = def.Hash() != v.Local.Hash()
+		conflictChanged = conflict != v.Conflict
+		v.Job, v.Generation, v.Conflict = def, gen, conflict
+	})
+	if conflictChanged {
+		n.republish() // the instance key lists conflicts, for shardd status
+		if conflict {
+			n.log.Warn("this host's definition of the job differs from the registered one; running the registered one",
+				"job", job, "registered_hash", def.Hash(), "generation", gen)
+		} else {
+			n.log.Info("this host's definition of the job is the registered one again", "job", job, "generation", gen)
+		}
+	}
+	if changed && was != "" {
+		n.log.Info("job definition changed", "job", job, "hash", def.Hash(), "was", was, "generation", gen)
+		n.notifyChange(job)
+	}
+}
+
+// followConfig keeps the job's view on the registered definition until
+// stop is called: every put of the config key with a newer, well-formed
+// definition is taken. A missing or malformed key keeps the last good
+// definition; the job's leader (or the next registration) repairs it.
+func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
+	key := n.keys.Config(job)
+	take := func(kv *mvccpb.KeyValue) {
+		var rc registeredConfig
+		def, err := decodeRegistered(key, job, kv.Value, &rc)
+		if err != nil {
+			n.log.Error("ignoring malformed registered job definition; keeping the last good one", "job", job, "key", key, "err", err)
+			return
+		}
+		n.takeDefinition(job, def, kv.ModRevision)
+	}
+	var reads sync.WaitGroup
+	read := func() {
+		reads.Add(1)
+		go func() {
+			defer reads.Done()
+			b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+			for ctx.Err() == nil {
+				gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+				resp, err := n.opts.Client.Get(gctx, key)
+				cancel()
+				if err == nil {
+					for _, kv := range resp.Kvs {
+						take(kv)
+					}
+					return
+				}
+				sleep(ctx, b.next())
+			}
+		}()
+	}
+	unsubscribe := n.hub.subscribe(job, key, func(ev *clientv3.Event) {
+		if ev.Type == clientv3.EventTypePut && string(ev.Kv.Key) == key {
+			take(ev.Kv)
+		}
+	}, read)
+	return func() {
+		unsubscribe()
+		reads.Wait()
+	}
+}
+
+// decodeRegistered decodes a config key's value into rc and returns its
+// job definition.
+func decodeRegistered(key, job string, data []byte, rc *registeredConfig) (*config.Job, error) {
+	if err := json.Unmarshal(data, rc); err != nil {
 		return nil, fmt.Errorf("not JSON: %w", err)
 	}
 	j, err := config.ParseJobJSON(key, rc.Job)
@@ -155,7 +307,15 @@ func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error
 	if j.Name != job {
 		return nil, fmt.Errorf("defines job %q, not %q", j.Name, job)
 	}
+	if rc.Hash != j.Hash() {
+		rc.Hash = j.Hash() // written by another version: the hash of what it says
+	}
 	return j, nil
+}
+
+// parseRegistered decodes a config key's value.
+func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error) {
+	return decodeRegistered(key, job, data, &registeredConfig{})
 }
 
 // followMap keeps the node's view of job's shard map current until ctx is
@@ -238,6 +398,11 @@ func (n *Node) observeMap(job string, kv *mvccpb.KeyValue) {
 	if n.opts.OnMap != nil {
 		n.opts.OnMap(job, m)
 	}
+	n.notifyChange(job)
+}
+
+// notifyChange calls the job's OnChange subscribers.
+func (n *Node) notifyChange(job string) {
 	n.mu.Lock()
 	subs := make([]func(), 0, len(n.mapSubs[job]))
 	for _, fn := range n.mapSubs[job] {

@@ -12,12 +12,13 @@ const DefaultPrefix = "/shardd"
 // Keys builds every etcd key shardd uses; no other file spells a key.
 //
 //	<prefix>/instances/<id>                    session   instance info (JSON)
-//	<prefix>/jobs/<job>/config                 none      registered job definition (JSON)
+//	<prefix>/jobs/<job>/config                 none      registered job definition (JSON); ModRevision = generation
+//	<prefix>/jobs/<job>/loaded/<id>            none      the definition instance <id> last loaded from its files
 //	<prefix>/jobs/<job>/members/<id>           session   instance may run the job
 //	<prefix>/jobs/<job>/disabled/job           none      the job is disabled
 //	<prefix>/jobs/<job>/disabled/instances/<id> none     the instance is disabled for the job
 //	<prefix>/jobs/<job>/disabled/items/<n>     none      the item is disabled
-//	<prefix>/jobs/<job>/leader/                session   concurrency.Election prefix
+//	<prefix>/jobs/<job>/leader/<lease>         session   a candidate's id; the oldest leads (concurrency.Election)
 //	<prefix>/jobs/<job>/shards                 none      shard map (JSON), leader only, fenced
 //	<prefix>/jobs/<job>/items/<n>              none      last claimed fire of the item (JSON), fenced claims
 //	<prefix>/jobs/<job>/running/<n>            session   the instance running the item
@@ -43,20 +44,29 @@ func (k Keys) Instance(id string) string    { return k.Instances() + id }
 func (k Keys) Jobs() string                 { return k.prefix + "/jobs/" }
 func (k Keys) job(job string) string        { return k.Jobs() + job + "/" }
 func (k Keys) Config(job string) string     { return k.job(job) + "config" }
+func (k Keys) Loaded(job, id string) string { return k.job(job) + "loaded/" + id }
 func (k Keys) Members(job string) string    { return k.job(job) + "members/" }
 func (k Keys) Member(job, id string) string { return k.Members(job) + id }
 func (k Keys) Disabled(job string) string   { return k.job(job) + "disabled/" }
 func (k Keys) DisabledJob(job string) string {
 	return k.Disabled(job) + "job"
 }
+func (k Keys) DisabledInstances(job string) string { return k.Disabled(job) + "instances/" }
 func (k Keys) DisabledInstance(job, id string) string {
-	return k.Disabled(job) + "instances/" + id
+	return k.DisabledInstances(job) + id
 }
+func (k Keys) DisabledItems(job string) string { return k.Disabled(job) + "items/" }
 func (k Keys) DisabledItem(job string, item int) string {
-	return k.Disabled(job) + "items/" + strconv.Itoa(item)
+	return k.DisabledItems(job) + strconv.Itoa(item)
 }
-func (k Keys) Leader(job string) string { return k.job(job) + "leader/" }
-func (k Keys) Items(job string) string  { return k.job(job) + "items/" }
+
+// Leader is the prefix of job's election candidates' keys.
+func (k Keys) Leader(job string) string { return k.Election(job) + "/" }
+
+// Election is the prefix to give concurrency.NewElection for job; it adds
+// the "/" itself.
+func (k Keys) Election(job string) string { return k.job(job) + "leader" }
+func (k Keys) Items(job string) string    { return k.job(job) + "items/" }
 func (k Keys) Item(job string, item int) string {
 	return k.Items(job) + strconv.Itoa(item)
 }

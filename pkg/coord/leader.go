@@ -23,7 +23,7 @@ func (n *Node) campaign(ctx context.Context, s *session, local *config.Job) {
 	log := n.log.With("job", job)
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for ctx.Err() == nil {
-		e := concurrency.NewElection(s.conc, n.keys.Leader(job))
+		e := concurrency.NewElection(s.conc, n.keys.Election(job))
 		if err := e.Campaign(ctx, n.opts.ID); err != nil {
 			if ctx.Err() == nil {
 				log.Debug("campaign", "err", err)
@@ -177,12 +177,12 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 	}
 	sort.Strings(st.members)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), k.Disabled(l.job))
+		key := string(kv.Key)
 		switch {
-		case rest == "job":
+		case key == k.DisabledJob(l.job):
 			st.jobOff = true
-		case strings.HasPrefix(rest, "instances/"):
-			st.disabled[strings.TrimPrefix(rest, "instances/")] = true
+		case strings.HasPrefix(key, k.DisabledInstances(l.job)):
+			st.disabled[strings.TrimPrefix(key, k.DisabledInstances(l.job))] = true
 		}
 	}
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
@@ -278,7 +278,7 @@ func (l *leader) yieldToPreferred(st *state) error {
 // (rev 0) or malformed (its ModRevision is rev).
 func (l *leader) putConfig(ctx context.Context, rev int64) error {
 	key := l.n.keys.Config(l.job)
-	val, err := json.Marshal(registeredConfig{Hash: l.local.Hash(), Job: l.local.JSON(), Writer: l.n.opts.ID, Written: l.n.opts.Now().UTC()})
+	val, err := json.Marshal(l.n.newRegistered(l.local, nil))
 	if err != nil {
 		return err
 	}

@@ -59,10 +59,13 @@ type Node struct {
 	up      bool
 	session *session         // current session, nil when down
 	members map[string]int64 // job -> CreateRevision of this session's member key
-	leaving bool             // Leave was called: no membership any more
-	started time.Time
-	changed chan struct{}              // buffered(1): the job set changed
-	mapSubs map[string]map[*int]func() // OnChange callbacks by job, called on a newer map
+	// registered maps each job to the hash of the local definition this
+	// process last registered (see publishDecision: overwrite acts once).
+	registered map[string]string
+	leaving    bool // Leave was called: no membership any more
+	started    time.Time
+	changed    chan struct{}              // buffered(1): the job set changed
+	mapSubs    map[string]map[*int]func() // OnChange callbacks by job, called on a newer map
 	// admission bounds how many jobs register at once. Thousands of jobs
 	// registering together put etcd's apply queue thousands of entries
 	// behind ("too many requests"), the queue delays lease keepalives,
@@ -88,11 +91,14 @@ func (n *Node) release() { <-n.admission }
 
 // JobView is what an instance knows about one of its jobs.
 type JobView struct {
-	// Local is this host's definition; Job the effective one (the registered
-	// copy, unless Local has overwrite: true).
+	// Local is this host's definition; Job the effective one: the
+	// registered definition, which every instance runs (before the first
+	// registration, Local).
 	Local, Job *config.Job
-	// Conflict is set when Local differs from the registered definition and
-	// does not overwrite it.
+	// Generation is the ModRevision of the config key Job was read from;
+	// 0 before the first registration.
+	Generation int64
+	// Conflict is set when Local differs from the registered definition.
 	Conflict bool
 	// Map is the last good shard map seen, nil before the first.
 	Map *ShardMap
@@ -123,14 +129,15 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		opts.Now = time.Now
 	}
 	n := &Node{
-		opts:      opts,
-		keys:      NewKeys(opts.Prefix),
-		log:       opts.Logger.With("instance", opts.ID),
-		views:     map[string]*JobView{},
-		mapSubs:   map[string]map[*int]func(){},
-		changed:   make(chan struct{}, 1),
-		admission: make(chan struct{}, maxRegistering),
-		started:   opts.Now(),
+		opts:       opts,
+		keys:       NewKeys(opts.Prefix),
+		log:        opts.Logger.With("instance", opts.ID),
+		views:      map[string]*JobView{},
+		mapSubs:    map[string]map[*int]func(){},
+		registered: map[string]string{},
+		changed:    make(chan struct{}, 1),
+		admission:  make(chan struct{}, maxRegistering),
+		started:    opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, "err", err) })
 	n.SetJobs(jobs)
@@ -152,6 +159,7 @@ func (n *Node) SetJobs(jobs []*config.Job) {
 		n.jobs[j.Name] = j
 		if v, ok := n.views[j.Name]; ok {
 			v.Local = j
+			v.Conflict = v.Generation > 0 && v.Job.Hash() != j.Hash()
 		} else {
 			n.views[j.Name] = &JobView{Local: j, Job: j}
 		}
@@ -241,6 +249,12 @@ func (n *Node) Run(ctx context.Context) error {
 		n.hub.run(hctx)
 	}()
 	defer func() { stopHub(); <-hubDone }()
+	membersDone := make(chan struct{})
+	go func() {
+		defer close(membersDone)
+		n.logMembership(hctx)
+	}()
+	defer func() { stopHub(); <-membersDone }()
 	if !n.hub.waitReady(ctx) {
 		return nil
 	}
@@ -538,5 +552,41 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+// logMembership logs, at info, every instance that joins or leaves the
+// cluster, as this instance sees it, until ctx is done. It is a log for
+// people, not a source of truth: after a watch gap it starts again from
+// the current revision, and changes inside the gap are not logged.
+func (n *Node) logMembership(ctx context.Context) {
+	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
+	for ctx.Err() == nil {
+		wch := n.opts.Client.Watch(clientv3.WithRequireLeader(ctx), n.keys.Instances(), clientv3.WithPrefix(), clientv3.WithPrevKV())
+		for resp := range wch {
+			if resp.Err() != nil {
+				break
+			}
+			b.reset()
+			for _, ev := range resp.Events {
+				id := lastSegment(string(ev.Kv.Key))
+				if id == n.opts.ID {
+					continue
+				}
+				switch {
+				case ev.Type == clientv3.EventTypePut && ev.IsCreate():
+					var info InstanceInfo
+					json.Unmarshal(ev.Kv.Value, &info)
+					n.log.Info("instance joined", "other", id, "host", info.Host, "version", info.Version)
+				case ev.Type == clientv3.EventTypeDelete:
+					var info InstanceInfo
+					if ev.PrevKv != nil {
+						json.Unmarshal(ev.PrevKv.Value, &info)
+					}
+					n.log.Info("instance left (stopped, or its lease expired)", "other", id, "host", info.Host)
+				}
+			}
+		}
+		sleep(ctx, b.next())
 	}
 }

@@ -114,10 +114,27 @@ func decodeShardMap(data []byte) (*ShardMap, error) {
 	return &m, nil
 }
 
-// registeredConfig is the value of a job's config key.
+// registeredConfig is the value of a job's config key: the one definition
+// of the job the cluster runs (see docs/design.md, "Job definitions").
 type registeredConfig struct {
 	Hash    string          `json:"hash"`
 	Job     json.RawMessage `json:"job"`
 	Writer  string          `json:"writer"`
 	Written time.Time       `json:"written"`
+	// Superseded are the hashes of the definitions this one replaced, the
+	// latest last, at most maxSuperseded: a host that comes back with one of
+	// them (and no loaded record) is behind, not editing.
+	Superseded []string `json:"superseded,omitempty"`
+}
+
+// maxSuperseded bounds registeredConfig.Superseded.
+const maxSuperseded = 20
+
+// loadedRecord is the value of a job's loaded/<id> key: the definition
+// instance <id> last loaded from its own files. It has no lease: it
+// outlives the process, so that a restarted host can tell an edit of its
+// file from a file that is behind the cluster.
+type loadedRecord struct {
+	Hash string    `json:"hash"`
+	At   time.Time `json:"at"`
 }

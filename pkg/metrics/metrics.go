@@ -107,6 +107,8 @@ type JobState struct {
 	ItemsOwned int
 	Leading    bool
 	Epoch      int64
+	// Conflict: this host's definition differs from the registered one.
+	Conflict bool
 }
 
 // StateCollector exports gauges read at scrape time from the instance's
@@ -114,7 +116,7 @@ type JobState struct {
 type StateCollector struct {
 	read func() (sessionUp bool, jobs []JobState)
 
-	up, owned, leader, epoch *prometheus.Desc
+	up, owned, leader, epoch, conflict *prometheus.Desc
 }
 
 // NewStateCollector returns a collector that calls read at every scrape.
@@ -125,6 +127,8 @@ func NewStateCollector(read func() (bool, []JobState)) *StateCollector {
 		owned:  prometheus.NewDesc("shardd_items_owned", "Items of the job this instance owns in its current shard map.", []string{"shardd_job"}, nil),
 		leader: prometheus.NewDesc("shardd_leader", "Whether this instance leads the job (1) or not (0).", []string{"shardd_job"}, nil),
 		epoch:  prometheus.NewDesc("shardd_shard_map_epoch", "Epoch of the job's shard map as this instance last saw it.", []string{"shardd_job"}, nil),
+		conflict: prometheus.NewDesc("shardd_job_definition_conflict",
+			"Whether this host's definition of the job differs from the registered one, which it runs instead (1) or not (0).", []string{"shardd_job"}, nil),
 	}
 }
 
@@ -134,6 +138,7 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.owned
 	ch <- c.leader
 	ch <- c.epoch
+	ch <- c.conflict
 }
 
 // Collect implements prometheus.Collector.
@@ -144,6 +149,7 @@ func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(j.ItemsOwned), j.Job)
 		ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, b2f(j.Leading), j.Job)
 		ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(j.Epoch), j.Job)
+		ch <- prometheus.MustNewConstMetric(c.conflict, prometheus.GaugeValue, b2f(j.Conflict), j.Job)
 	}
 }
 

@@ -1,0 +1,206 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/config"
+)
+
+func TestPublishDecision(t *testing.T) {
+	v1 := jobs(t, "jobs:\n"+job("orders", 3))[0]
+	v2 := jobs(t, "jobs:\n"+job("orders", 5))[0]
+	v2over := jobs(t, "jobs:\n"+job("orders", 5, "    overwrite: true\n"))[0]
+	reg := func(j *config.Job, superseded ...*config.Job) *registeredConfig {
+		rc := &registeredConfig{Hash: j.Hash()}
+		for _, s := range superseded {
+			rc.Superseded = append(rc.Superseded, s.Hash())
+		}
+		return rc
+	}
+	for _, tc := range []struct {
+		name    string
+		local   *config.Job
+		reg     *registeredConfig
+		bad     bool
+		loaded  string
+		first   bool
+		publish bool
+	}{
+		{"nothing registered", v1, nil, false, "", true, true},
+		{"malformed registered", v1, reg(v2), true, v1.Hash(), false, true},
+		{"same definition", v1, reg(v1), false, v1.Hash(), true, false},
+		{"edited on this host", v2, reg(v1), false, v1.Hash(), true, true},
+		{"edited on this host, back to a superseded one", v1, reg(v2, v1), false, v2.Hash(), false, true},
+		{"this host is behind", v1, reg(v2, v1), false, v1.Hash(), true, false},
+		{"new host with a superseded definition", v1, reg(v2, v1), false, "", true, false},
+		{"new host with a definition new to the cluster", v2, reg(v1), false, "", true, true},
+		{"overwrite, first registration in this process", v2over, reg(v1, v2), false, v2.Hash(), true, true},
+		{"overwrite, again (a reconnect)", v2over, reg(v1, v2), false, v2.Hash(), false, false},
+		{"overwrite equal to the registered one", v2over, reg(v2), false, v2.Hash(), true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := publishDecision(tc.local, tc.reg, tc.bad, tc.loaded, tc.first)
+			if got != tc.publish {
+				t.Errorf("publish = %v (%q), want %v", got, why, tc.publish)
+			}
+			if got && why == "" {
+				t.Error("a publication without a reason to log")
+			}
+		})
+	}
+	if v2.Hash() != v2over.Hash() {
+		t.Error("overwrite changes the definition's hash; it must not (it says how to publish, not how to run)")
+	}
+}
+
+// registered reads the job's config key: the definition's hash, writer and
+// generation.
+func registered(t *testing.T, cli *clientv3.Client, job string) (registeredConfig, int64) {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), NewKeys("").Config(job))
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("read config of %s: %v", job, err)
+	}
+	var rc registeredConfig
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rc); err != nil {
+		t.Fatal(err)
+	}
+	return rc, resp.Kvs[0].ModRevision
+}
+
+// runsTotal waits until every node's effective definition of orders has
+// want items and the stored map has want items.
+func runsTotal(t *testing.T, cli *clientv3.Client, want int, nodes ...*testNode) {
+	t.Helper()
+	waitFor(t, 10*time.Second, "every instance on the registered definition", func() bool {
+		for _, n := range nodes {
+			if v, ok := n.View("orders"); !ok || v.Job.ShardingTotalCount != want {
+				return false
+			}
+		}
+		m := storedMap(t, cli, "orders")
+		return m != nil && m.Total == want
+	})
+}
+
+func conflicts(nodes ...*testNode) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range nodes {
+		v, _ := n.View("orders")
+		out[n.ID()] = v.Conflict
+	}
+	return out
+}
+
+func wantConflicts(t *testing.T, want map[string]bool, nodes ...*testNode) {
+	t.Helper()
+	waitFor(t, 5*time.Second, "conflicts", func() bool {
+		got := conflicts(nodes...)
+		for id, w := range want {
+			if got[id] != w {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// One registered definition runs everywhere; an edit on any host takes
+// effect everywhere, without overwrite; a host whose file is behind runs
+// the registered definition and shows a conflict, and never puts its old
+// definition back, neither at a restart nor as a new instance.
+func TestOneDefinitionRunsEverywhere(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	v := func(n int) []*config.Job { return jobs(t, "jobs:\n"+job("orders", n)) }
+	a := startNode(t, srv, "a", v(3))
+	b := startNode(t, srv, "b", v(3))
+	runsTotal(t, cli, 3, a, b)
+	wantConflicts(t, map[string]bool{"a": false, "b": false}, a, b)
+
+	// An edit on a (a reload) reaches b.
+	a.SetJobs(v(5))
+	runsTotal(t, cli, 5, a, b)
+	wantConflicts(t, map[string]bool{"a": false, "b": true}, a, b)
+	if rc, _ := registered(t, cli, "orders"); rc.Writer != "a" {
+		t.Errorf("registered by %s, want a", rc.Writer)
+	}
+	if !strings.Contains(b.log.String(), "job definition changed") {
+		t.Error("b did not log the definition change")
+	}
+	waitFor(t, 5*time.Second, "status to report b's conflict", func() bool {
+		st, err := ReadStatus(context.Background(), cli, NewKeys(""))
+		return err == nil && len(st.Jobs) == 1 && len(st.Jobs[0].Problems) == 1 &&
+			strings.Contains(st.Jobs[0].Problems[0], "instance b has a different local definition")
+	})
+
+	// b restarts on its unchanged file: it is behind, not editing.
+	_, gen := registered(t, cli, "orders")
+	b.stop(t)
+	b = startNode(t, srv, "b", v(3))
+	// c is new, with the definition the cluster left behind.
+	c := startNode(t, srv, "c", v(3))
+	runsTotal(t, cli, 5, a, b, c)
+	wantConflicts(t, map[string]bool{"a": false, "b": true, "c": true}, a, b, c)
+	if _, now := registered(t, cli, "orders"); now != gen {
+		t.Fatalf("generation %d -> %d: a host that is behind published its definition", gen, now)
+	}
+
+	// An edit on b, then a rollback on b, both take effect everywhere.
+	b.SetJobs(v(4))
+	runsTotal(t, cli, 4, a, b, c)
+	wantConflicts(t, map[string]bool{"a": true, "b": false, "c": true}, a, b, c)
+	b.SetJobs(v(3))
+	runsTotal(t, cli, 3, a, b, c)
+	wantConflicts(t, map[string]bool{"a": true, "b": false, "c": false}, a, b, c)
+	_, g1 := registered(t, cli, "orders")
+
+	// a's file is behind now: its reconnect (a new session) changes nothing.
+	a.proxy.Blackhole()
+	waitFor(t, 3*testTTL, "a to fence", func() bool { return !a.Up() })
+	a.proxy.Restore()
+	waitFor(t, 10*time.Second, "a back", a.Up)
+	runsTotal(t, cli, 3, a, b, c)
+	if _, g2 := registered(t, cli, "orders"); g2 != g1 {
+		t.Errorf("generation %d -> %d after a's reconnect", g1, g2)
+	}
+}
+
+// Two hosts with overwrite: true and different definitions: one
+// definition runs on both, the other host shows the conflict, and a
+// reconnect does not flip it back (each overwrites once, when it starts or
+// reloads).
+func TestOverwriteSplitBrain(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	over := func(n int) []*config.Job { return jobs(t, "jobs:\n"+job("orders", n, "    overwrite: true\n")) }
+	a := startNode(t, srv, "a", over(3))
+	runsTotal(t, cli, 3, a)
+	b := startNode(t, srv, "b", over(4))
+	runsTotal(t, cli, 4, a, b)
+	wantConflicts(t, map[string]bool{"a": true, "b": false}, a, b)
+	_, gen := registered(t, cli, "orders")
+
+	for _, n := range []*testNode{a, b} {
+		n.proxy.Blackhole()
+		waitFor(t, 3*testTTL, n.ID()+" to fence", func() bool { return !n.Up() })
+		n.proxy.Restore()
+		waitFor(t, 10*time.Second, n.ID()+" back", n.Up)
+	}
+	time.Sleep(500 * time.Millisecond) // the re-registrations are done once Up; let any stray write land
+	runsTotal(t, cli, 4, a, b)
+	wantConflicts(t, map[string]bool{"a": true, "b": false}, a, b)
+	if _, now := registered(t, cli, "orders"); now != gen {
+		t.Errorf("generation %d -> %d: a reconnect overwrote the definition", gen, now)
+	}
+	if rc, _ := registered(t, cli, "orders"); rc.Writer != "b" {
+		t.Errorf("registered by %s, want b", rc.Writer)
+	}
+}
