@@ -25,10 +25,11 @@ build: ## build bin/shardd
 test: ## run the default test suite
 	$(GO) test ./...
 
-lint: ## go vet and a gofmt check
+lint: ## go vet, a gofmt check, and go.mod/go.sum tidy
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
 
 # A fuzz run that fails with only "context deadline exceeded" (no failing
 # input written) is the Go fuzzer stopping mid-input at -fuzztime, not a

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,12 +16,20 @@ func envName(name string) string {
 	return "SHARDD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
-// applyEnv sets every flag of fs that has an environment variable from it, so
-// that the command line still overrides the environment. Flag help mentions
-// the variable.
-func applyEnv(e *env, fs *flag.FlagSet) error {
+// applyEnv sets the flags of fs named in names (every flag when names is
+// empty) from their environment variables, so that the command line still
+// overrides the environment. Flag help mentions the variable.
+//
+// The operator commands take only connection flags from the environment:
+// a script run by shardd has SHARDD_JOB, SHARDD_ITEM, SHARDD_INSTANCE...
+// in its environment, and `shardd disable $SHARDD_JOB` in its onFailure
+// must disable the job, not one item of it.
+func applyEnv(e *env, fs *flag.FlagSet, names ...string) error {
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
+		if len(names) > 0 && !slices.Contains(names, f.Name) {
+			return
+		}
 		f.Usage += " (env " + envName(f.Name) + ")"
 		if v := e.getenv(envName(f.Name)); v != "" && err == nil {
 			if serr := fs.Set(f.Name, v); serr != nil {
@@ -53,6 +62,9 @@ func (f *etcdFlags) register(fs *flag.FlagSet, endpointsHelp string) {
 	fs.DurationVar(&f.dialTimeout, "etcd-dial-timeout", 5*time.Second, "how long to wait for an etcd connection")
 	fs.StringVar(&f.prefix, "prefix", coord.DefaultPrefix, "etcd key `prefix` of this shardd cluster")
 }
+
+// etcdFlagNames are the names etcdFlags registers: the connection flags.
+var etcdFlagNames = []string{"etcd", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-password", "etcd-dial-timeout", "prefix"}
 
 func (f *etcdFlags) list() []string {
 	var out []string
@@ -92,6 +104,13 @@ func (f *logFlags) logger(e *env) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(e.stderr, opts)), nil
 	case "json":
+		// Durations as "1.5s", not as integer nanoseconds.
+		opts.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(e.stderr, opts)), nil
 	}
 	return nil, usageError("--log-format: want text or json, got %q", f.format)

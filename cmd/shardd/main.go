@@ -54,10 +54,11 @@ func commands() []command {
 		{"run", "run the daemon: join the cluster and run the jobs", "--config PATH [--etcd URL,...] [--name ID] [--data-dir DIR] [--listen ADDR] [--ttl 10s] [--prefix /shardd]", cmdRun},
 		{"status", "show jobs, leaders, shard maps and instances from etcd", "[--etcd URL,...] [-o json]", cmdStatus},
 		{"trigger", "run a job's items once now, on their owners", "JOB [--item N] [--etcd URL,...]", cmdTrigger},
-		{"disable", "disable a job, one item, or one instance for a job", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdDisable},
+		{"disable", "disable a job, one item, or one instance for a job", "JOB [--item N | --instance ID [--force]] [--etcd URL,...]", cmdDisable},
 		{"enable", "undo disable", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdEnable},
 		{"history", "show a job's recent executions", "JOB [--item N] [-o json] [--etcd URL,...]", cmdHistory},
-		{"validate", "check job definitions and report every problem", "--config PATH", cmdValidate},
+		{"remove", "delete what etcd keeps of a job no instance defines any more", "JOB [--etcd URL,...]", cmdRemove},
+		{"validate", "check job definitions and report every problem", "[--config] PATH", cmdValidate},
 		{"plan", "preview how a strategy spreads a job's items over instances", "--strategy S --job NAME --total N --instances a,b,c [-o json] | --config PATH --instances a,b,c", cmdPlan},
 		{"version", "print the version", "", cmdVersion},
 	}
@@ -136,19 +137,38 @@ func newFlagSet(e *env, name string) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses args into fs; a parse error becomes a usage exit, and
-// positional arguments are refused.
+// parseFlags parses args into fs, refusing positional arguments.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
+	pos, err := parseArgs(fs, args)
+	if err == nil && len(pos) > 0 {
+		return usageError("unexpected argument %q", pos[0])
+	}
+	return err
+}
+
+// parseArgs parses args into fs with flags anywhere on the line (`shardd
+// history --etcd URL JOB` and `shardd history JOB --etcd URL` alike) and
+// returns the positional arguments in order; "--" ends the flags. A parse
+// error becomes a usage exit.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, &exitError{exitUsage, errors.New("")} // flag already printed the problem and usage
 		}
-		return &exitError{exitUsage, errors.New("")} // flag already printed the problem and usage
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
 	}
-	if fs.NArg() > 0 {
-		return usageError("unexpected argument %q", fs.Arg(0))
-	}
-	return nil
 }
 
 func usageError(format string, args ...any) error {

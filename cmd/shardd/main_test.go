@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
 )
 
 // shardd runs the command line args and returns exit code, stdout and stderr.
@@ -50,6 +54,7 @@ func TestPlanTable(t *testing.T) {
 }
 
 func TestPlanConfig(t *testing.T) {
+	t.Setenv("HOOK_TOKEN", "s3cret") // good.yaml's hook header names it
 	code, out, errOut := shardd(t, "plan", "--config", "../../pkg/config/testdata/good.yaml", "--instances", "a,b,c", "-o", "json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
@@ -95,6 +100,7 @@ func TestPlanUsageErrors(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
+	t.Setenv("HOOK_TOKEN", "s3cret") // good.yaml's hook header names it
 	code, out, _ := shardd(t, "validate", "--config", "../../pkg/config/testdata/good.yaml")
 	if code != 0 || !strings.Contains(out, "4 job(s) in 1 file(s), valid") {
 		t.Errorf("good config: %d %q", code, out)
@@ -116,8 +122,58 @@ func TestValidate(t *testing.T) {
 		}
 	}
 
-	if code, _, errOut := shardd(t, "validate"); code != exitUsage || !strings.Contains(errOut, "--config is required") {
-		t.Errorf("validate without --config: %d %q", code, errOut)
+	if code, _, errOut := shardd(t, "validate"); code != exitUsage || !strings.Contains(errOut, "a config PATH is required") {
+		t.Errorf("validate without a path: %d %q", code, errOut)
+	}
+
+	// The path as an argument, flags after it; the next fires in the job's zone.
+	good := filepath.Join(t.TempDir(), "jobs.yaml")
+	os.WriteFile(good, []byte("jobs:\n  - name: noon\n    cron: \"0 0 12 ? * 2\"\n    timeZone: Asia/Shanghai\n    script: [/bin/true]\n"), 0o644)
+	code, out, errOut = shardd(t, "validate", good)
+	if code != 0 || !strings.Contains(out, "noon (0 0 12 ? * 2, Asia/Shanghai): next Mon ") || !strings.Contains(out, "12:00:00 CST") {
+		t.Errorf("validate PATH: %d %q %q", code, out, errOut)
+	}
+
+	// A config without jobs is not valid for run.
+	empty := filepath.Join(t.TempDir(), "empty.yaml")
+	os.WriteFile(empty, []byte("jobs: []\n"), 0o644)
+	if code, _, errOut := shardd(t, "validate", empty); code != exitFailure || !strings.Contains(errOut, "0 jobs") {
+		t.Errorf("validate of an empty config: %d %q", code, errOut)
+	}
+}
+
+// Flags may come before or after positional arguments; "--" ends them.
+func TestParseArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		pos  []string
+		item string
+	}{
+		{[]string{"job", "--item", "2"}, []string{"job"}, "2"},
+		{[]string{"--item", "2", "job"}, []string{"job"}, "2"},
+		{[]string{"--item=2", "a", "b"}, []string{"a", "b"}, "2"},
+		{[]string{"a", "--", "--item", "b"}, []string{"a", "--item", "b"}, ""},
+		{[]string{}, nil, ""},
+	} {
+		fs := newFlagSet(&env{stderr: io.Discard}, "history")
+		item := fs.String("item", "", "")
+		pos, err := parseArgs(fs, tc.args)
+		if err != nil || !reflect.DeepEqual(pos, tc.pos) || *item != tc.item {
+			t.Errorf("parseArgs(%q) = %q, item %q, %v; want %q, item %q", tc.args, pos, *item, err, tc.pos, tc.item)
+		}
+	}
+}
+
+// The operator commands take only connection flags from the environment:
+// the variables shardd sets for a job's scripts are not theirs.
+func TestOperatorCommandsIgnoreJobEnvironment(t *testing.T) {
+	var out, errOut bytes.Buffer
+	vars := map[string]string{"SHARDD_ITEM": "2", "SHARDD_INSTANCE": "a", "SHARDD_ETCD": "http://127.0.0.1:1"}
+	code := run([]string{"disable", "j", "--timeout", "300ms"}, &env{stdout: &out, stderr: &errOut, getenv: func(k string) string { return vars[k] }})
+	// It reached for SHARDD_ETCD (nothing listens there) and did not
+	// complain that --item and --instance exclude each other.
+	if code != exitFailure || strings.Contains(errOut.String(), "exclude") || !strings.Contains(errOut.String(), "http://127.0.0.1:1") {
+		t.Errorf("exit %d, stderr %q", code, errOut.String())
 	}
 }
 
@@ -143,6 +199,8 @@ func TestRunRejectsBadInput(t *testing.T) {
 	good := "../../jobs.example.yaml"
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	os.WriteFile(bad, []byte("jobs:\n  - name: x\n    shardingTotalCount: 0\n    script: [/bin/true]\n"), 0o644)
+	empty := filepath.Join(t.TempDir(), "empty.yaml")
+	os.WriteFile(empty, []byte("# nothing yet\n"), 0o644)
 	tests := []struct {
 		args []string
 		env  map[string]string
@@ -157,6 +215,7 @@ func TestRunRejectsBadInput(t *testing.T) {
 		{[]string{"--config", good}, map[string]string{"SHARDD_TTL": "soon"}, exitUsage, `SHARDD_TTL="soon"`},
 		{[]string{"--config", good, "--log-format", "xml"}, nil, exitUsage, "--log-format: want text or json"},
 		{[]string{"--config", bad}, nil, exitFailure, "shardingTotalCount must be >= 1, got 0"},
+		{[]string{"--config", empty}, nil, exitFailure, "defines no jobs; shardd run needs at least one"},
 	}
 	for _, tt := range tests {
 		var out, errOut bytes.Buffer
@@ -173,5 +232,41 @@ func TestEnvName(t *testing.T) {
 		if got := envName(flag); got != want {
 			t.Errorf("envName(%q) = %q, want %q", flag, got, want)
 		}
+	}
+}
+
+// History says why a run failed or was not run, and labels a hook's HTTP
+// status as such.
+func TestHistoryTable(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var b bytes.Buffer
+	writeHistory(&b, []coord.ItemRecord{
+		{Item: 0, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(time.Second), State: "FAILED", ExitCode: 3, Error: "exit 3: exit status 3", Output: "boom\n"},
+		{Item: 1, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(5 * time.Second), State: "KILLED", Reason: "timeout", ExitCode: -1, Error: "killed: timeout after 5s"},
+		{Item: 2, Fire: t0, Instance: "b", Attempt: 1, Source: "MANUAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503, Error: "HTTP 503"},
+		{Item: 3, Fire: t0, Instance: "b", State: "SKIPPED", Reason: "disabled", ExitCode: -1, Skipped: 2},
+	})
+	out := b.String()
+	for _, want := range []string{"RESULT", "CODE", "FAILED  ", "exit 3", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("history lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "exit 503") || strings.Contains(out, "exit -1") {
+		t.Errorf("an HTTP status or a missing exit code shown as an exit code:\n%s", out)
+	}
+}
+
+// JSON logs give durations as strings with a unit, not nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	var b bytes.Buffer
+	lf := logFlags{format: "json", level: "info"}
+	log, err := lf.logger(&env{stderr: &b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("x", "in", 1500*time.Millisecond)
+	if !strings.Contains(b.String(), `"in":"1.5s"`) {
+		t.Errorf("log line %s", b.String())
 	}
 }

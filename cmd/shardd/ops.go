@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,7 +15,7 @@ import (
 	"github.com/shardd/shardd/pkg/coord"
 )
 
-// opsFlags are the flags of the commands that act on one job through etcd.
+// opsFlags are the flags of the commands that talk to a cluster through etcd.
 type opsFlags struct {
 	ef      etcdFlags
 	timeout time.Duration
@@ -23,6 +24,36 @@ type opsFlags struct {
 func (o *opsFlags) register(fs *flag.FlagSet) {
 	o.ef.register(fs, "etcd endpoint `URLs`, comma-separated (default "+defaultEmbedURL+", the embedded default)")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on etcd after this long")
+}
+
+// parse applies the connection flags' environment variables, then parses
+// args, which must hold exactly one positional argument, JOB.
+func (o *opsFlags) parseJob(e *env, fs *flag.FlagSet, args []string) (string, error) {
+	if err := applyEnv(e, fs, etcdFlagNames...); err != nil {
+		return "", err
+	}
+	pos, err := parseArgs(fs, args)
+	switch {
+	case err != nil:
+		return "", err
+	case len(pos) == 0:
+		return "", usageError("a JOB argument is required")
+	case len(pos) > 1:
+		return "", usageError("one JOB argument, got %d: %s", len(pos), strings.Join(pos, " "))
+	}
+	if err := config.CheckName(pos[0]); err != nil {
+		return "", usageError("job name %v", err)
+	}
+	return pos[0], nil
+}
+
+// cluster names the cluster the command talks to, for its messages.
+func (o *opsFlags) cluster() string {
+	eps := o.ef.list()
+	if len(eps) == 0 {
+		eps = []string{defaultEmbedURL}
+	}
+	return fmt.Sprintf("etcd %s, prefix %s", strings.Join(eps, ","), coord.NewKeys(o.ef.prefix).Prefix())
 }
 
 // connect returns a client and a context bounded by --timeout.
@@ -39,37 +70,64 @@ func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 	return cli, ctx, func() { cancel(); cli.Close() }, nil
 }
 
-// jobArg parses the one positional JOB argument that leads these commands,
-// so that flags may follow it (shardd trigger orders --item 2).
-func jobArg(fs *flag.FlagSet, args []string) (string, error) {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		if err := parseFlags(fs, args); err != nil {
-			return "", err
-		}
-		return "", usageError("a JOB argument is required")
+// opError turns an error of an etcd operation into the command's error,
+// naming the cluster when etcd could not be reached.
+func (o *opsFlags) opError(err error) error {
+	if errors.Is(err, coord.ErrUnknownJob) || errors.Is(err, coord.ErrBadTarget) || errors.Is(err, coord.ErrRefused) {
+		return err
 	}
-	job := args[0]
-	if err := config.CheckName(job); err != nil {
-		return "", usageError("job name %v", err)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w\nno answer from %s within --timeout %s; is shardd or etcd running there? (--etcd or SHARDD_ETCD chooses the cluster)", err, o.cluster(), o.timeout)
 	}
-	return job, parseFlags(fs, args[1:])
+	return fmt.Errorf("%w (%s)", err, o.cluster())
+}
+
+// itemFlag is an --item flag: unset, or a number checked by the command.
+type itemFlag struct {
+	set bool
+	n   int
+}
+
+func (f *itemFlag) String() string {
+	if !f.set {
+		return ""
+	}
+	return strconv.Itoa(f.n)
+}
+
+func (f *itemFlag) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return fmt.Errorf("want an item number, got %q", s)
+	}
+	if n < 0 {
+		return fmt.Errorf("items are numbered from 0, got %d", n)
+	}
+	f.set, f.n = true, n
+	return nil
+}
+
+// value is the item, or -1 when unset.
+func (f *itemFlag) value() int {
+	if !f.set {
+		return -1
+	}
+	return f.n
 }
 
 func cmdTrigger(e *env, args []string) error {
 	fs := newFlagSet(e, "trigger")
 	var o opsFlags
 	o.register(fs)
-	item := fs.Int("item", -1, "run only this `item` (default every item)")
-	if err := applyEnv(e, fs); err != nil {
-		return err
-	}
-	job, err := jobArg(fs, args)
+	var item itemFlag
+	fs.Var(&item, "item", "run only this `item` (default every item)")
+	job, err := o.parseJob(e, fs, args)
 	if err != nil {
 		return err
 	}
 	var items []int
-	if *item >= 0 {
-		items = []int{*item}
+	if item.set {
+		items = []int{item.n}
 	}
 	cli, ctx, done, err := o.connect()
 	if err != nil {
@@ -78,13 +136,16 @@ func cmdTrigger(e *env, args []string) error {
 	defer done()
 	tr, err := coord.RequestTrigger(ctx, cli, coord.NewKeys(o.ef.prefix), job, items, hostname())
 	if err != nil {
-		return err
+		return o.opError(err)
 	}
-	what := "every item"
-	if len(items) > 0 {
-		what = "item " + strconv.Itoa(items[0])
+	what := "every item (" + joinInts(tr.Runs) + ")"
+	if item.set {
+		what = "item " + strconv.Itoa(item.n)
 	}
-	fmt.Fprintf(e.stdout, "triggered %s of job %s (fire %s); see shardd history %s\n", what, job, tr.Fire.Format(time.RFC3339Nano), job)
+	fmt.Fprintf(e.stdout, "triggered %s of job %s (trigger %s, revision %d); its owners run it now, see `shardd history %s`\n", what, job, tr.ID, tr.Rev, job)
+	if len(tr.Disabled) > 0 {
+		fmt.Fprintf(e.stdout, "not triggered: disabled item(s) %s\n", joinInts(tr.Disabled))
+	}
 	return nil
 }
 
@@ -95,34 +156,61 @@ func setDisabled(e *env, name string, args []string, on bool) error {
 	fs := newFlagSet(e, name)
 	var o opsFlags
 	o.register(fs)
-	item := fs.Int("item", -1, "only this `item`")
+	var item itemFlag
+	fs.Var(&item, "item", "only this `item`")
 	instance := fs.String("instance", "", "only this instance `id` (its items move to the others)")
-	if err := applyEnv(e, fs); err != nil {
-		return err
+	var force *bool
+	if on {
+		force = fs.Bool("force", false, "with --instance: disable an instance that does not run the job yet")
+	} else {
+		force = new(bool)
 	}
-	job, err := jobArg(fs, args)
+	job, err := o.parseJob(e, fs, args)
 	if err != nil {
 		return err
 	}
-	if *item >= 0 && *instance != "" {
+	if item.set && *instance != "" {
 		return usageError("--item and --instance exclude each other")
+	}
+	if *instance != "" {
+		if err := config.CheckName(*instance); err != nil {
+			return usageError("--instance %v", err)
+		}
 	}
 	cli, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	if err := coord.SetDisabled(ctx, cli, coord.NewKeys(o.ef.prefix), job, *item, *instance, on); err != nil {
+	res, err := coord.SetDisabled(ctx, cli, coord.NewKeys(o.ef.prefix), coord.Target{Job: job, Item: item.value(), Instance: *instance}, on, *force)
+	if err != nil {
+		if res.Changed {
+			fmt.Fprintln(e.stdout, res.Message)
+		}
+		return o.opError(err)
+	}
+	fmt.Fprintln(e.stdout, res.Message)
+	return nil
+}
+
+func cmdRemove(e *env, args []string) error {
+	fs := newFlagSet(e, "remove")
+	var o opsFlags
+	o.register(fs)
+	job, err := o.parseJob(e, fs, args)
+	if err != nil {
 		return err
 	}
-	what := "job " + job
-	switch {
-	case *item >= 0:
-		what = fmt.Sprintf("item %d of job %s", *item, job)
-	case *instance != "":
-		what = fmt.Sprintf("instance %s for job %s", *instance, job)
+	cli, ctx, done, err := o.connect()
+	if err != nil {
+		return err
 	}
-	fmt.Fprintf(e.stdout, "%sd %s\n", name, what)
+	defer done()
+	n, err := coord.RemoveJob(ctx, cli, coord.NewKeys(o.ef.prefix), job)
+	if err != nil {
+		return o.opError(err)
+	}
+	fmt.Fprintf(e.stdout, "removed job %s: deleted its %d keys from %s\n", job, n, o.cluster())
 	return nil
 }
 
@@ -130,12 +218,10 @@ func cmdHistory(e *env, args []string) error {
 	fs := newFlagSet(e, "history")
 	var o opsFlags
 	o.register(fs)
-	item := fs.Int("item", -1, "only this `item`")
+	var item itemFlag
+	fs.Var(&item, "item", "only this `item`")
 	output := fs.String("o", "table", "output `format`: table or json")
-	if err := applyEnv(e, fs); err != nil {
-		return err
-	}
-	job, err := jobArg(fs, args)
+	job, err := o.parseJob(e, fs, args)
 	if err != nil {
 		return err
 	}
@@ -147,18 +233,9 @@ func cmdHistory(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	recs, err := coord.ReadHistory(ctx, cli, coord.NewKeys(o.ef.prefix), job)
+	recs, err := coord.JobHistory(ctx, cli, coord.NewKeys(o.ef.prefix), job, item.value())
 	if err != nil {
-		return err
-	}
-	if *item >= 0 {
-		kept := recs[:0]
-		for _, r := range recs {
-			if r.Item == *item {
-				kept = append(kept, r)
-			}
-		}
-		recs = kept
+		return o.opError(err)
 	}
 	if *output == "json" {
 		if recs == nil {
@@ -166,29 +243,59 @@ func cmdHistory(e *env, args []string) error {
 		}
 		return writeJSON(e.stdout, recs)
 	}
+	if len(recs) == 0 {
+		fmt.Fprintf(e.stdout, "job %s has no executions recorded yet\n", job)
+		return nil
+	}
 	return writeHistory(e.stdout, recs)
 }
 
+// writeHistory prints records as a table. RESULT is the state with its
+// reason (KILLED/timeout, SKIPPED/disabled); CODE is a script's exit code
+// ("exit 1") or a hook's HTTP status ("http 503").
 func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ITEM\tFIRE\tINSTANCE\tATTEMPT\tSOURCE\tSTART\tDURATION\tRESULT\tEXIT\tSKIPPED\tOUTPUT")
+	fmt.Fprintln(tw, "ITEM\tFIRE\tINSTANCE\tATTEMPT\tSOURCE\tSTART\tDURATION\tRESULT\tCODE\tSKIPPED\tERROR/OUTPUT")
 	for _, r := range recs {
 		dur := "-"
 		if !r.End.IsZero() && !r.Start.IsZero() {
 			dur = r.End.Sub(r.Start).Round(time.Millisecond).String()
 		}
+		start := "-"
+		if !r.Start.IsZero() {
+			start = r.Start.Format(time.RFC3339)
+		}
+		result := r.State
+		if r.Reason != "" {
+			result += "/" + r.Reason
+		}
+		code := "-"
+		switch {
+		case r.HTTPStatus > 0:
+			code = "http " + strconv.Itoa(r.HTTPStatus)
+		case r.ExitCode >= 0:
+			code = "exit " + strconv.Itoa(r.ExitCode)
+		}
 		out := strings.TrimSpace(r.Output)
 		if i := strings.LastIndexByte(out, '\n'); i >= 0 {
 			out = out[i+1:]
 		}
-		if r.Error != "" && out == "" {
+		if r.Error != "" {
 			out = r.Error
 		}
 		if len(out) > 60 {
 			out = out[:57] + "..."
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, r.Attempt, dash(r.Source),
-			r.Start.Format(time.RFC3339), dur, r.State, r.ExitCode, r.Skipped, dash(out))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, r.Attempt, dash(r.Source),
+			start, dur, result, code, r.Skipped, dash(out))
 	}
 	return tw.Flush()
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
 }

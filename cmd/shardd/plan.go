@@ -102,6 +102,8 @@ func planConfig(w io.Writer, c *config.Config, ids []string, fire shard.Fire, as
 	if asJSON {
 		return writeJSON(w, all)
 	}
+	fmt.Fprintln(w, "\nnext fires:")
+	writeNextFires(w, c, 3)
 	return nil
 }
 

@@ -3,11 +3,10 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
-	"sort"
 	"sync"
 	"syscall"
 	"time"
@@ -45,12 +44,7 @@ func digestOf(path string) [32]byte {
 	h := sha256.New()
 	files := []string{path}
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
-		files = nil
-		for _, p := range []string{"*.yaml", "*.yml"} {
-			m, _ := filepath.Glob(filepath.Join(path, p))
-			files = append(files, m...)
-		}
-		sort.Strings(files)
+		files, _ = config.Files(path)
 	}
 	for _, f := range files {
 		b, _ := os.ReadFile(f)
@@ -74,6 +68,9 @@ func (r *reloader) loaded() {
 func (r *reloader) reload(why string) {
 	d := digestOf(r.path)
 	cfg, err := config.Load(r.path)
+	if err == nil && len(cfg.Jobs) == 0 {
+		err = fmt.Errorf("%s defines no jobs; to stop every job, stop shardd", r.path)
+	}
 	r.mu.Lock()
 	r.digest = d
 	r.lastErr = err

@@ -40,9 +40,9 @@ func cmdRun(e *env, args []string) error {
 	fs := newFlagSet(e, "run")
 	var (
 		cfgPath   = fs.String("config", "", "job definitions: a YAML `file` or a directory of *.yaml")
-		name      = fs.String("name", hostname(), "instance `id`, unique in the cluster (default the hostname)")
+		name      = fs.String("name", hostname(), "instance `id`, unique in the cluster; keep it stable across restarts (default: this host's name)")
 		dataDir   = fs.String("data-dir", defaultDataDir, "`directory` for the embedded etcd's data")
-		listen    = fs.String("listen", defaultListen, "`address` of the HTTP endpoints (/healthz, /readyz); empty disables")
+		listen    = fs.String("listen", defaultListen, "`address` of the HTTP server: /healthz, /readyz, /metrics and the /api; empty disables it")
 		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
 		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
 		grace     = fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long running items may finish before they are killed (recorded KILLED)")
@@ -82,6 +82,9 @@ func cmdRun(e *env, args []string) error {
 		}
 		return &exitError{exitFailure, fmt.Errorf("invalid config %s", *cfgPath)}
 	}
+	if len(cfg.Jobs) == 0 {
+		return &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml)", *cfgPath)}
+	}
 	log.Info("starting shardd", "version", version.String(), "instance", *name, "jobs", len(cfg.Jobs), "config", *cfgPath)
 	writeToken, err := readToken(*tokenFile)
 	if err != nil {
@@ -109,7 +112,15 @@ func cmdRun(e *env, args []string) error {
 		defer srv.Close()
 		log.Warn("no --etcd given: running an embedded single-node etcd; this is a single-host default for development, use a 3 or 5 member etcd cluster in production",
 			"data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
-		log.Info("other local shardd processes can join with --etcd "+srv.ClientURL(), "url", srv.ClientURL())
+		reach := "--etcd " + srv.ClientURL()
+		if p := coord.NewKeys(ef.prefix).Prefix(); p != coord.DefaultPrefix {
+			reach += " --prefix " + p
+		}
+		if srv.ClientURL() == defaultEmbedURL && ef.prefix == coord.DefaultPrefix {
+			log.Info("embedded etcd at the default URL: shardd status, trigger, ... on this host reach it without flags; other local shardd processes join with "+reach, "url", srv.ClientURL())
+		} else {
+			log.Info("embedded etcd at a non-default URL: run `shardd status "+reach+"` (or set SHARDD_ETCD) to reach this cluster; other local shardd processes join with "+reach, "url", srv.ClientURL())
+		}
 		endpoints = []string{srv.ClientURL()}
 		stop := make(chan struct{})
 		g.Add(func() error {
@@ -297,7 +308,7 @@ func nodeState(node *coord.Node) (bool, []metrics.JobState) {
 		if !ok {
 			continue
 		}
-		js := metrics.JobState{Job: name, Leading: v.Leading}
+		js := metrics.JobState{Job: name, Leading: v.Leading, Conflict: v.Conflict}
 		if v.Map != nil {
 			js.Epoch = v.Map.Epoch
 			js.ItemsOwned = len(v.Map.ItemsOf(node.ID()))

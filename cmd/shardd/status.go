@@ -16,7 +16,7 @@ func cmdStatus(e *env, args []string) error {
 	var o opsFlags
 	o.register(fs)
 	output := fs.String("o", "table", "output `format`: table or json")
-	if err := applyEnv(e, fs); err != nil {
+	if err := applyEnv(e, fs, etcdFlagNames...); err != nil {
 		return err
 	}
 	if err := parseFlags(fs, args); err != nil {
@@ -32,10 +32,15 @@ func cmdStatus(e *env, args []string) error {
 	defer done()
 	st, err := coord.ReadStatus(ctx, cli, coord.NewKeys(o.ef.prefix))
 	if err != nil {
-		return fmt.Errorf("%w (etcd %s)", err, strings.Join(cli.Endpoints(), ","))
+		return o.opError(err)
 	}
 	if *output == "json" {
 		return writeJSON(e.stdout, st)
+	}
+	fmt.Fprintf(e.stdout, "cluster: %s, revision %d: %d job(s), %d instance(s)\n\n", o.cluster(), st.Revision, len(st.Jobs), len(st.Instances))
+	if len(st.Jobs) == 0 && len(st.Instances) == 0 {
+		fmt.Fprintln(e.stdout, "nothing here: no shardd instance has joined this cluster (or it uses another --prefix)")
+		return nil
 	}
 	return writeStatus(e.stdout, st)
 }
@@ -49,8 +54,14 @@ func writeStatus(w io.Writer, st *coord.ClusterStatus) error {
 	tw.Flush()
 	for _, j := range st.Jobs {
 		fmt.Fprintf(w, "\njob %s\n", j.Name)
+		if d := j.Definition; d != nil {
+			fmt.Fprintf(w, "  definition: generation %d, hash %s, published by %s at %s\n", d.Generation, d.Hash, d.Writer, d.Written.Format(time.RFC3339))
+		}
 		for _, p := range j.Problems {
 			fmt.Fprintf(w, "  problem: %s\n", p)
+		}
+		if len(j.DisabledInstances) > 0 {
+			fmt.Fprintf(w, "  disabled instances: %s\n", strings.Join(j.DisabledInstances, ","))
 		}
 		if j.PerFire {
 			fmt.Fprintf(w, "  %s picks the owner at each fire among the eligible instances\n", j.Strategy)

@@ -2,18 +2,29 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"strings"
+	"time"
 
 	"github.com/shardd/shardd/pkg/config"
 )
 
 func cmdValidate(e *env, args []string) error {
 	fs := newFlagSet(e, "validate")
-	path := fs.String("config", e.getenv("SHARDD_CONFIG"), "job definitions: a YAML `file` or a directory of *.yaml (env SHARDD_CONFIG)")
-	if err := parseFlags(fs, args); err != nil {
+	path := fs.String("config", e.getenv("SHARDD_CONFIG"), "job definitions: a YAML `file` or a directory of *.yaml (or the PATH argument; env SHARDD_CONFIG)")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
-	if *path == "" {
-		return usageError("--config is required")
+	switch {
+	case len(pos) > 1:
+		return usageError("one PATH argument, got %d", len(pos))
+	case len(pos) == 1 && *path != "" && *path != e.getenv("SHARDD_CONFIG"):
+		return usageError("both --config %s and the argument %s", *path, pos[0])
+	case len(pos) == 1:
+		*path = pos[0]
+	case *path == "":
+		return usageError("a config PATH is required (shardd validate jobs.yaml)")
 	}
 	c, err := config.Load(*path)
 	if err != nil {
@@ -23,6 +34,34 @@ func cmdValidate(e *env, args []string) error {
 		}
 		return &exitError{exitFailure, fmt.Errorf("%d problem(s) in %s", len(problems), *path)}
 	}
+	if len(c.Jobs) == 0 {
+		return &exitError{exitFailure, fmt.Errorf("%s: 0 jobs in %d file(s); shardd run refuses a config without jobs", *path, len(c.Files))}
+	}
 	fmt.Fprintf(e.stdout, "%s: %d job(s) in %d file(s), valid\n", *path, len(c.Jobs), len(c.Files))
+	writeNextFires(e.stdout, c, 3)
 	return nil
+}
+
+// writeNextFires prints each job's next n fire times in its time zone (a
+// Quartz day of week 1 is SUNDAY: seeing the dates catches such slips).
+func writeNextFires(w io.Writer, c *config.Config, n int) {
+	now := time.Now()
+	for _, j := range c.Jobs {
+		if j.Schedule == nil {
+			fmt.Fprintf(w, "  %s: no cron; runs only when triggered\n", j.Name)
+			continue
+		}
+		var fires []string
+		t := now
+		for range n {
+			if t = j.Schedule.Next(t); t.IsZero() {
+				break
+			}
+			fires = append(fires, t.In(j.Location).Format("Mon 2006-01-02 15:04:05 MST"))
+		}
+		if len(fires) == 0 {
+			fires = []string{"never (the expression matches no future time)"}
+		}
+		fmt.Fprintf(w, "  %s (%s, %s): next %s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "))
+	}
 }

@@ -86,7 +86,7 @@ func TestOperations(t *testing.T) {
 	manual := func(item int) func(ledger.Event) bool {
 		return func(ev ledger.Event) bool { return ev.Job == "manual" && ev.Item == item && ev.Source == "MANUAL" }
 	}
-	if out := shardd(t, e, "trigger", "manual"); !strings.Contains(out, "triggered every item of job manual") {
+	if out := shardd(t, e, "trigger", "manual"); !strings.Contains(out, "triggered every item (0,1) of job manual") {
 		t.Errorf("trigger said %q", out)
 	}
 	waitFor(t, 10*time.Second, "both items to run once", func() bool {

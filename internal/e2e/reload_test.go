@@ -77,14 +77,14 @@ func TestHotReload(t *testing.T) {
 		t.Errorf("a reload disturbed a running item: %d failovers of long", killed)
 	}
 
-	// Change: one goes to 4 items (overwrite, so the registered copy is replaced).
-	write(ledgerJob(dir, "one", "    overwrite: true\n", 4, "0.1"), long, ledgerJob(dir, "two", "", 2, "0.1"))
+	// Change: one goes to 4 items; the edit is published (no overwrite needed).
+	write(ledgerJob(dir, "one", "", 4, "0.1"), long, ledgerJob(dir, "two", "", 2, "0.1"))
 	waitFor(t, 10*time.Second, "the changed job's map", func() bool {
 		return agreed(t, cli, "one", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b)
 	})
 
 	// Remove: two stops running and loses its members.
-	write(ledgerJob(dir, "one", "    overwrite: true\n", 4, "0.1"), long)
+	write(ledgerJob(dir, "one", "", 4, "0.1"), long)
 	waitFor(t, 10*time.Second, "two to lose its members", func() bool {
 		resp, err := cli.Get(context.Background(), coord.NewKeys("").Members("two"), clientv3WithPrefix()...)
 		return err == nil && len(resp.Kvs) == 0

@@ -6,11 +6,17 @@
 //	GET  /metrics                          Prometheus metrics
 //	GET  /api/v1/jobs                      every job: status, leader, epoch, items
 //	GET  /api/v1/jobs/{job}                one job, with this instance's view of it
-//	GET  /api/v1/jobs/{job}/history        recent executions
+//	GET  /api/v1/jobs/{job}/history        recent executions (?item=N for one item)
 //	GET  /api/v1/instances                 live instances
 //	POST /api/v1/jobs/{job}/trigger        run now (?item=N for one item)
-//	POST /api/v1/jobs/{job}/disable        disable the job (?item=N or ?instance=ID for one)
+//	POST /api/v1/jobs/{job}/disable        disable the job (?item=N or ?instance=ID for one; &force=true for an instance not yet running it)
 //	POST /api/v1/jobs/{job}/enable         undo disable
+//	DELETE /api/v1/jobs/{job}              delete the keys of a job no live instance defines
+//
+// Errors are JSON {"error": "..."}: 404 for an unknown job or endpoint, 400
+// for a bad item or instance, 409 when the command is refused (a disabled
+// job, no instance to run it, a job still defined), 405 for a known path
+// with another method, 503 when etcd cannot be reached.
 //
 // Write endpoints need the write token (Authorization: Bearer ...). Without
 // a write token they are served only on a loopback address: there is no
@@ -22,6 +28,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -38,9 +45,10 @@ type Cluster interface {
 	Up() bool
 	View(job string) (coord.JobView, bool)
 	Status(ctx context.Context) (*coord.ClusterStatus, error)
-	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
-	Trigger(ctx context.Context, job string, items []int) (coord.Trigger, error)
-	SetDisabled(ctx context.Context, job string, item int, instance string, on bool) error
+	JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error)
+	Trigger(ctx context.Context, job string, items []int) (coord.Triggered, error)
+	SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error)
+	Remove(ctx context.Context, job string) (int64, error)
 }
 
 // Options configure the handler.
@@ -70,17 +78,51 @@ func Handler(o Options) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics)
 	}
-	mux.HandleFunc("GET /api/v1/jobs", a.read(a.jobs))
-	mux.HandleFunc("GET /api/v1/jobs/{job}", a.read(a.job))
-	mux.HandleFunc("GET /api/v1/jobs/{job}/history", a.read(a.history))
-	mux.HandleFunc("GET /api/v1/instances", a.read(a.instances))
-	mux.HandleFunc("POST /api/v1/jobs/{job}/trigger", a.write(a.trigger))
-	mux.HandleFunc("POST /api/v1/jobs/{job}/disable", a.write(a.disable(true)))
-	mux.HandleFunc("POST /api/v1/jobs/{job}/enable", a.write(a.disable(false)))
+	// paths knows every /api path without its method, to tell a wrong
+	// method (405) from an unknown path (404).
+	paths := http.NewServeMux()
+	allowed := map[string][]string{}
+	for _, rt := range []struct {
+		method, path string
+		h            http.HandlerFunc
+	}{
+		{"GET", "/api/v1/jobs", a.read(a.jobs)},
+		{"GET", "/api/v1/jobs/{job}", a.read(a.job)},
+		{"DELETE", "/api/v1/jobs/{job}", a.write(a.remove)},
+		{"GET", "/api/v1/jobs/{job}/history", a.read(a.history)},
+		{"GET", "/api/v1/instances", a.read(a.instances)},
+		{"POST", "/api/v1/jobs/{job}/trigger", a.write(a.trigger)},
+		{"POST", "/api/v1/jobs/{job}/disable", a.write(a.disable(true))},
+		{"POST", "/api/v1/jobs/{job}/enable", a.write(a.disable(false))},
+	} {
+		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
+		if allowed[rt.path] == nil {
+			paths.HandleFunc(rt.path, func(http.ResponseWriter, *http.Request) {})
+		}
+		allowed[rt.path] = append(allowed[rt.path], rt.method)
+	}
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		if _, p := paths.Handler(r); p != "" {
+			w.Header().Set("Allow", strings.Join(allowed[p], ", "))
+			writeError(w, http.StatusMethodNotAllowed, "%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, strings.Join(allowed[p], ", "))
+			return
+		}
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
 	})
 	return mux
+}
+
+// opStatus is the HTTP status of an error of the coord operator commands.
+func opStatus(err error) int {
+	switch {
+	case errors.Is(err, coord.ErrUnknownJob):
+		return http.StatusNotFound
+	case errors.Is(err, coord.ErrBadTarget):
+		return http.StatusBadRequest
+	case errors.Is(err, coord.ErrRefused):
+		return http.StatusConflict
+	}
+	return http.StatusServiceUnavailable
 }
 
 type api struct{ o Options }
@@ -265,15 +307,15 @@ func (a *api) job(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) history(w http.ResponseWriter, r *http.Request) {
-	name, ok := jobName(w, r)
+	name, item, ok := jobAndItem(w, r)
 	if !ok {
 		return
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	recs, err := a.o.Cluster.History(ctx, name)
+	recs, err := a.o.Cluster.JobHistory(ctx, name, item)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "%v", err)
+		writeError(w, opStatus(err), "%v", err)
 		return
 	}
 	if recs == nil {
@@ -326,14 +368,25 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	tr, err := a.o.Cluster.Trigger(ctx, name, items)
 	if err != nil {
-		status := http.StatusServiceUnavailable
-		if strings.Contains(err.Error(), "no such job") {
-			status = http.StatusNotFound
-		}
-		writeError(w, status, "%v", err)
+		writeError(w, opStatus(err), "%v", err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, tr)
+}
+
+func (a *api) remove(w http.ResponseWriter, r *http.Request) {
+	name, ok := jobName(w, r)
+	if !ok {
+		return
+	}
+	ctx, cancel := a.ctx(r)
+	defer cancel()
+	n, err := a.o.Cluster.Remove(ctx, name)
+	if err != nil {
+		writeError(w, opStatus(err), "%v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"job": name, "removed": true, "keysDeleted": n})
 }
 
 func (a *api) disable(on bool) http.HandlerFunc {
@@ -343,22 +396,21 @@ func (a *api) disable(on bool) http.HandlerFunc {
 			return
 		}
 		instance := r.URL.Query().Get("instance")
-		if item >= 0 && instance != "" {
-			writeError(w, http.StatusBadRequest, "item and instance exclude each other")
-			return
-		}
-		if instance != "" {
-			if err := config.CheckName(instance); err != nil {
-				writeError(w, http.StatusBadRequest, "instance %v", err)
+		var force bool
+		if f := r.URL.Query().Get("force"); f != "" {
+			var err error
+			if force, err = strconv.ParseBool(f); err != nil {
+				writeError(w, http.StatusBadRequest, "force must be true or false, got %q", f)
 				return
 			}
 		}
 		ctx, cancel := a.ctx(r)
 		defer cancel()
-		if err := a.o.Cluster.SetDisabled(ctx, name, item, instance, on); err != nil {
-			writeError(w, http.StatusServiceUnavailable, "%v", err)
+		res, err := a.o.Cluster.SetDisabled(ctx, coord.Target{Job: name, Item: item, Instance: instance}, on, force)
+		if err != nil {
+			writeError(w, opStatus(err), "%v", err)
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"job": name, "item": item, "instance": instance, "disabled": on})
+		writeJSON(w, http.StatusOK, map[string]any{"job": name, "item": item, "instance": instance, "disabled": res.Disabled, "changed": res.Changed, "message": res.Message})
 	}
 }

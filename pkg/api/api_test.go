@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -15,9 +16,11 @@ import (
 
 // fakeCluster records what the API asked of it.
 type fakeCluster struct {
-	up       bool
-	trigger  []string
-	disabled []string
+	up          bool
+	refuse      bool
+	trigger     []string
+	disabled    []string
+	historyItem []int
 }
 
 func (f *fakeCluster) ID() string { return "a" }
@@ -34,19 +37,52 @@ func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) 
 		Instances: []coord.InstanceStatus{{InstanceInfo: coord.InstanceInfo{ID: "a"}}},
 	}, nil
 }
-func (f *fakeCluster) History(ctx context.Context, job string) ([]coord.ItemRecord, error) {
+
+// The fake knows job orders with items 0 and 1; the real checks are
+// coord's, tested against etcd; here, how their errors are answered.
+func (f *fakeCluster) check(job string, item int) error {
+	switch {
+	case job != "orders":
+		return fmt.Errorf("%w: no job %q", coord.ErrUnknownJob, job)
+	case item > 1:
+		return fmt.Errorf("%w: no item %d", coord.ErrBadTarget, item)
+	}
+	return nil
+}
+func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error) {
+	if err := f.check(job, item); err != nil {
+		return nil, err
+	}
+	f.historyItem = append(f.historyItem, item)
 	return []coord.ItemRecord{{Job: job, Item: 0, State: coord.StateDone}}, nil
 }
-func (f *fakeCluster) Trigger(ctx context.Context, job string, items []int) (coord.Trigger, error) {
-	if job != "orders" {
-		return coord.Trigger{}, errors.New(`trigger job "` + job + `": no such job registered in etcd`)
+func (f *fakeCluster) Trigger(ctx context.Context, job string, items []int) (coord.Triggered, error) {
+	for _, i := range append(items, 0) {
+		if err := f.check(job, i); err != nil {
+			return coord.Triggered{}, err
+		}
+	}
+	if f.refuse {
+		return coord.Triggered{}, fmt.Errorf("%w: job %q is disabled", coord.ErrRefused, job)
 	}
 	f.trigger = append(f.trigger, job)
-	return coord.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0)}, nil
+	return coord.Triggered{Trigger: coord.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0)}, Runs: items}, nil
 }
-func (f *fakeCluster) SetDisabled(ctx context.Context, job string, item int, instance string, on bool) error {
-	f.disabled = append(f.disabled, job)
-	return nil
+func (f *fakeCluster) SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error) {
+	if err := f.check(t.Job, t.Item); err != nil {
+		return coord.Disabling{}, err
+	}
+	if t.Item >= 0 && t.Instance != "" {
+		return coord.Disabling{}, fmt.Errorf("%w: an item and an instance exclude each other", coord.ErrBadTarget)
+	}
+	f.disabled = append(f.disabled, t.Job)
+	return coord.Disabling{Changed: true, Disabled: on, Message: "ok"}, nil
+}
+func (f *fakeCluster) Remove(ctx context.Context, job string) (int64, error) {
+	if err := f.check(job, 0); err != nil {
+		return 0, err
+	}
+	return 0, fmt.Errorf("%w: job %q is still defined by live instances (a)", coord.ErrRefused, job)
 }
 
 func do(t *testing.T, h http.Handler, method, path, token string) (int, string) {
@@ -111,7 +147,7 @@ func TestEndpoints(t *testing.T) {
 	if code, body := do(t, h, "GET", "/api/v1/jobs/missing", ""); code != 404 || !strings.Contains(body, `no job \"missing\"`) {
 		t.Errorf("missing job: %d %s", code, body)
 	}
-	if code, body := do(t, h, "GET", "/api/v1/jobs/bad..name/history", ""); code != 200 && code != 400 {
+	if code, body := do(t, h, "GET", "/api/v1/jobs/bad..name/history", ""); code != 404 && code != 400 {
 		t.Errorf("odd name: %d %s", code, body)
 	}
 	if code, body := do(t, h, "POST", "/api/v1/jobs/orders/trigger?item=x", ""); code != 400 || !strings.Contains(body, "item must be a non-negative integer") {
@@ -132,8 +168,49 @@ func TestEndpoints(t *testing.T) {
 	if code, body := do(t, h, "GET", "/api/v1/nothing", ""); code != 404 || !strings.Contains(body, "no such endpoint") {
 		t.Errorf("unknown endpoint: %d %s", code, body)
 	}
-	if code, body := do(t, h, "DELETE", "/api/v1/jobs/orders", ""); code != 404 || !strings.Contains(body, "no such endpoint: DELETE /api/v1/jobs/orders") {
-		t.Errorf("wrong method: %d %s", code, body)
+	if code, body := do(t, h, "DELETE", "/api/v1/jobs/orders", ""); code != 409 || !strings.Contains(body, "still defined") {
+		t.Errorf("remove of a defined job: %d %s", code, body)
+	}
+	if code, body := do(t, h, "DELETE", "/api/v1/jobs/nope", ""); code != 404 {
+		t.Errorf("remove of an unknown job: %d %s", code, body)
+	}
+
+	// Every sub-resource of an unknown job is a 404; a bad item a 400.
+	for _, tc := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/api/v1/jobs/nope/history", 404},
+		{"POST", "/api/v1/jobs/nope/disable", 404},
+		{"POST", "/api/v1/jobs/nope/enable", 404},
+		{"POST", "/api/v1/jobs/orders/trigger?item=7", 400},
+		{"POST", "/api/v1/jobs/orders/trigger?item=-3", 400},
+		{"GET", "/api/v1/jobs/orders/history?item=7", 400},
+		{"POST", "/api/v1/jobs/orders/disable?item=5", 400},
+	} {
+		if code, body := do(t, h, tc.method, tc.path, ""); code != tc.want {
+			t.Errorf("%s %s = %d %s, want %d", tc.method, tc.path, code, body, tc.want)
+		}
+	}
+	// history?item= reaches the cluster.
+	if code, _ := do(t, h, "GET", "/api/v1/jobs/orders/history?item=1", ""); code != 200 || len(fc.historyItem) == 0 || fc.historyItem[len(fc.historyItem)-1] != 1 {
+		t.Errorf("history?item=1: %d, items asked %v", code, fc.historyItem)
+	}
+	// A refused command is a 409 that says why.
+	fc.refuse = true
+	if code, body := do(t, h, "POST", "/api/v1/jobs/orders/trigger", ""); code != 409 || !strings.Contains(body, "disabled") {
+		t.Errorf("refused trigger: %d %s", code, body)
+	}
+
+	// A known path with another method is a 405 naming the allowed ones.
+	req := httptest.NewRequest("PUT", "/api/v1/jobs/orders/trigger", nil)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 405 || rec.Header().Get("Allow") != "POST" || !strings.Contains(rec.Body.String(), "method not allowed") {
+		t.Errorf("wrong method: %d %q %s", rec.Code, rec.Header().Get("Allow"), rec.Body.String())
+	}
+	if code, _ := do(t, h, "POST", "/api/v1/jobs/orders", ""); code != 405 {
+		t.Errorf("POST on a job: %d, want 405", code)
 	}
 }
 

@@ -104,10 +104,12 @@ type ItemRecord struct {
 	Fence int64     `json:"fence"`
 	Start time.Time `json:"start,omitzero"`
 	End   time.Time `json:"end,omitzero"`
-	// ExitCode of a script or HTTP status of a hook; -1 when there is none.
-	ExitCode int    `json:"exitCode"`
-	Error    string `json:"error,omitempty"`
-	Output   string `json:"output,omitempty"`
+	// ExitCode of a script; -1 when there is none (a hook, a kill, a skip).
+	ExitCode int `json:"exitCode"`
+	// HTTPStatus of a hook's response; absent for scripts.
+	HTTPStatus int    `json:"httpStatus,omitempty"`
+	Error      string `json:"error,omitempty"`
+	Output     string `json:"output,omitempty"`
 	// Skipped counts the fires before Fire that were not run (misfire policy).
 	Skipped int `json:"skipped,omitempty"`
 	// Reason is why a KILLED run was stopped (Reason* constants) or why
@@ -151,7 +153,7 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 	resp, err := n.opts.Client.Txn(rctx).Then(
 		clientv3.OpGet(k.Items(job), clientv3.WithPrefix()),
 		clientv3.OpGet(k.Running(job), clientv3.WithPrefix()),
-		clientv3.OpGet(k.Disabled(job)+"items/", clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(k.DisabledItems(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
@@ -389,8 +391,10 @@ type Outcome struct {
 	// State is StateDone, StateFailed or StateKilled; Reason says why a
 	// KILLED run was stopped.
 	State, Reason string
-	// ExitCode of the script or HTTP status of the hook; -1 when none.
+	// ExitCode of the script, -1 when none; HTTPStatus of the hook's
+	// response, 0 when none.
 	ExitCode   int
+	HTTPStatus int
 	Err        string
 	Output     string
 	Start, End time.Time
@@ -404,7 +408,7 @@ type Outcome struct {
 // ErrClaimLost), or ctx is done.
 func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	rec := g.record
-	rec.State, rec.Reason, rec.ExitCode, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.Err, o.Output
+	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
 	if !o.Start.IsZero() {
 		rec.Start = o.Start.UTC()
 	}

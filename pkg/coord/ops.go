@@ -3,8 +3,6 @@ package coord
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"strconv"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,31 +20,6 @@ type Trigger struct {
 	// the manual fire, ordered cluster-wide without trusting any host's
 	// clock (Fire is only the requester's note of when it asked).
 	Rev int64 `json:"-"`
-}
-
-// TriggerTTL is how long a trigger request stays in etcd.
-const TriggerTTL = time.Minute
-
-// RequestTrigger asks the cluster to run job's items now, as source MANUAL.
-// The owners of the items run them; the request expires after TriggerTTL.
-func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job string, items []int, by string) (Trigger, error) {
-	lease, err := cli.Grant(ctx, int64(TriggerTTL/time.Second))
-	if err != nil {
-		return Trigger{}, fmt.Errorf("trigger job %q: %w", job, err)
-	}
-	now := time.Now().UTC().Truncate(time.Millisecond)
-	tr := Trigger{ID: strconv.FormatInt(now.UnixNano(), 36), Items: items, Fire: now, By: by}
-	val, _ := json.Marshal(tr)
-	resp, err := cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(keys.Config(job)), ">", 0)).
-		Then(clientv3.OpPut(keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID))).Commit()
-	if err != nil {
-		return Trigger{}, fmt.Errorf("trigger job %q: %w", job, err)
-	}
-	if !resp.Succeeded {
-		return Trigger{}, fmt.Errorf("trigger job %q: no such job registered in etcd", job)
-	}
-	return tr, nil
 }
 
 // OnTrigger calls fn for every trigger of job requested from now on, until
@@ -102,39 +75,7 @@ func (n *Node) OnChange(job string, fn func()) (cancel func()) {
 	}
 }
 
-// SetDisabled disables (or enables, with on false) a job, one item of it
-// (item >= 0) or one instance for it (instance != "").
-func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int, instance string, on bool) error {
-	key := keys.DisabledJob(job)
-	switch {
-	case item >= 0:
-		key = keys.DisabledItem(job, item)
-	case instance != "":
-		key = keys.DisabledInstance(job, instance)
-	}
-	var err error
-	if on {
-		_, err = cli.Put(ctx, key, time.Now().UTC().Format(time.RFC3339))
-	} else {
-		_, err = cli.Delete(ctx, key)
-	}
-	if err != nil {
-		return fmt.Errorf("update %s: %w", key, err)
-	}
-	return nil
-}
-
 // Status reads the cluster's state (see ReadStatus).
 func (n *Node) Status(ctx context.Context) (*ClusterStatus, error) {
 	return ReadStatus(ctx, n.opts.Client, n.keys)
-}
-
-// Trigger requests a one-off run of job (see RequestTrigger).
-func (n *Node) Trigger(ctx context.Context, job string, items []int) (Trigger, error) {
-	return RequestTrigger(ctx, n.opts.Client, n.keys, job, items, n.opts.ID)
-}
-
-// SetDisabled disables or enables a job, item or instance (see SetDisabled).
-func (n *Node) SetDisabled(ctx context.Context, job string, item int, instance string, on bool) error {
-	return SetDisabled(ctx, n.opts.Client, n.keys, job, item, instance, on)
 }

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -18,6 +19,9 @@ const (
 	StatusCrashed    = "CRASHED"    // items are owned by an instance that is gone
 	StatusDisabled   = "DISABLED"   // the job is disabled
 	StatusResharding = "RESHARDING" // the map does not yet match the eligible instances
+	// StatusNoInstances: no live instance can run the job (none defines
+	// it, or every one that does is disabled for it).
+	StatusNoInstances = "NO INSTANCES"
 )
 
 // ClusterStatus is everything `shardd status` shows.
@@ -35,8 +39,12 @@ type JobStatus struct {
 	Epoch    int64  `json:"epoch"`
 	Strategy string `json:"strategy"`
 	Total    int    `json:"total"`
-	// Eligible are the live members not disabled for the job.
-	Eligible []string `json:"eligible"`
+	// Eligible are the live members not disabled for the job;
+	// DisabledInstances the instances disabled for it, live or not.
+	Eligible          []string `json:"eligible"`
+	DisabledInstances []string `json:"disabledInstances,omitempty"`
+	// Definition is the registered definition, nil when missing or malformed.
+	Definition *DefinitionStatus `json:"definition,omitempty"`
 	// Items maps each item to its owner ("" for none).
 	Items          []ItemStatus `json:"items"`
 	PerFire        bool         `json:"perFire,omitempty"`
@@ -44,6 +52,16 @@ type JobStatus struct {
 	DisabledItems  []int        `json:"disabledItems,omitempty"`
 	Problems       []string     `json:"problems,omitempty"`
 	itemParameters map[int]string
+}
+
+// DefinitionStatus identifies a job's registered definition.
+type DefinitionStatus struct {
+	Hash string `json:"hash"`
+	// Generation is the config key's ModRevision: it grows with every
+	// publication.
+	Generation int64     `json:"generation"`
+	Writer     string    `json:"writer"`
+	Written    time.Time `json:"written"`
 }
 
 // ItemStatus is one item of a job.
@@ -83,6 +101,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 	type jobKeys struct {
 		members       []string
 		disabledInst  map[string]bool
+		disabledList  []string
 		disabledItems []int
 		jobOff        bool
 	}
@@ -103,9 +122,10 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 			jk.members = append(jk.members, lastSegment(key))
 		case key == keys.DisabledJob(name):
 			jk.jobOff = true
-		case strings.HasPrefix(key, keys.Disabled(name)+"instances/"):
+		case strings.HasPrefix(key, keys.DisabledInstances(name)):
 			jk.disabledInst[lastSegment(key)] = true
-		case strings.HasPrefix(key, keys.Disabled(name)+"items/"):
+			jk.disabledList = append(jk.disabledList, lastSegment(key))
+		case strings.HasPrefix(key, keys.DisabledItems(name)):
 			if n, err := strconv.Atoi(lastSegment(key)); err == nil {
 				jk.disabledItems = append(jk.disabledItems, n)
 			}
@@ -118,7 +138,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 	sort.Strings(names)
 	for _, name := range names {
 		jk := byJob[name]
-		js := JobStatus{Name: name, Eligible: []string{}, Items: []ItemStatus{}}
+		js := JobStatus{Name: name, Eligible: []string{}, Items: []ItemStatus{}, DisabledInstances: jk.disabledList}
 		r, err := cli.Txn(ctx).Then(
 			clientv3.OpGet(keys.Shards(name), clientv3.WithRev(rev)),
 			clientv3.OpGet(keys.Config(name), clientv3.WithRev(rev)),
@@ -141,16 +161,15 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		configDisabled := false
 		if kvs := r.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			var rc registeredConfig
-			var def struct {
-				Disabled               bool           `json:"disabled"`
-				ShardingItemParameters map[int]string `json:"shardingItemParameters"`
-			}
-			if json.Unmarshal(kvs[0].Value, &rc) != nil || json.Unmarshal(rc.Job, &def) != nil {
-				js.Problems = append(js.Problems, "registered config is malformed")
+			if def, err := decodeRegistered(keys.Config(name), name, kvs[0].Value, &rc); err != nil {
+				js.Problems = append(js.Problems, "registered definition is malformed: "+err.Error())
 			} else {
 				configDisabled = def.Disabled
 				js.itemParameters = def.ShardingItemParameters
+				js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written}
 			}
+		} else {
+			js.Problems = append(js.Problems, "no registered definition: no instance defines the job any more (shardd remove deletes what is left)")
 		}
 		var m *ShardMap
 		if kvs := r.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
@@ -164,6 +183,12 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 			}
 		}
 		js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
+		switch {
+		case js.Status == StatusNoInstances && len(jk.members) == 0:
+			js.Problems = append(js.Problems, "no live instance defines the job")
+		case js.Status == StatusNoInstances:
+			js.Problems = append(js.Problems, "every instance that defines the job is disabled for it")
+		}
 		if m != nil {
 			js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
 			for item := 0; item < m.Total; item++ {
@@ -179,6 +204,8 @@ func jobState(m *ShardMap, eligible []string, alive map[string]bool, disabled bo
 	switch {
 	case disabled || m != nil && m.Disabled:
 		return StatusDisabled
+	case len(eligible) == 0:
+		return StatusNoInstances
 	case m == nil:
 		return StatusResharding
 	}

@@ -5,6 +5,7 @@ package embedetcd
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -87,7 +88,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	select {
 	case <-e.Server.ReadyNotify():
-		return &Server{e: e, clientURL: cu.String()}, nil
+		return &Server{e: e, clientURL: reachable(cu)}, nil
 	case err := <-e.Err():
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd: %w", err)
@@ -100,7 +101,17 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 }
 
-// ClientURL is where clients reach the embedded server.
+// reachable returns the URL clients dial to reach a server listening on u:
+// a server on every address (0.0.0.0, [::]) is reached on loopback.
+func reachable(u *url.URL) string {
+	c := *u
+	if ip := net.ParseIP(c.Hostname()); ip != nil && ip.IsUnspecified() {
+		c.Host = net.JoinHostPort("127.0.0.1", c.Port())
+	}
+	return c.String()
+}
+
+// ClientURL is where clients on this host reach the embedded server.
 func (e *Server) ClientURL() string { return e.clientURL }
 
 // Err reports a fatal server error.

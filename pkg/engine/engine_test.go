@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -309,16 +310,20 @@ func TestHTTPRetries(t *testing.T) {
 	srv := etcdtest.Start(t)
 	var mu sync.Mutex
 	calls := 0
+	var retries []int // the retry number each call's context says
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++
+		var rc runner.Context
+		json.NewDecoder(r.Body).Decode(&rc)
+		retries = append(retries, rc.Retry)
 		if calls%3 != 0 { // two failures, then success
 			http.Error(w, "try later", http.StatusBadGateway)
 		}
 	}))
 	defer hook.Close()
-	node := instance(t, srv, "a", "jobs:\n  - name: hooked\n    retries: 2\n    http: {url: '"+hook.URL+"'}\n")
+	node := instance(t, srv, "a", "jobs:\n  - name: hooked\n    retries: 2\n    retryBackoff: 100ms\n    http: {url: '"+hook.URL+"'}\n")
 	cli := srv.Client()
 	waitFor(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("hooked")
@@ -334,7 +339,10 @@ func TestHTTPRetries(t *testing.T) {
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if calls != 3 || recs[0].State != coord.StateDone || recs[0].ExitCode != 200 || recs[0].Source != coord.SourceManual {
+	if calls != 3 || recs[0].State != coord.StateDone || recs[0].HTTPStatus != 200 || recs[0].Source != coord.SourceManual {
 		t.Errorf("%d calls, record %+v; want 3 calls and one DONE run", calls, recs[0])
+	}
+	if !slices.Equal(retries, []int{0, 1, 2}) {
+		t.Errorf("the calls said retry %v, want [0 1 2]", retries)
 	}
 }

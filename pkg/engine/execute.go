@@ -83,7 +83,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	case coord.StateKilled:
 		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "skipped", a.skipped, "err", res.Err)
 	default:
-		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "err", res.Err)
+		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "http_status", res.HTTPStatus, "err", res.Err)
 	}
 	if out.State == coord.StateFailed || out.Reason == coord.ReasonTimeout {
 		// Told after the item and its slots are given back: a slow
@@ -132,8 +132,9 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	res := run(runCtx, rc)
 	started := res.Started // the first try that started; zero: none did
 	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
-		wait := min(100*time.Millisecond<<retry, 10*time.Second)
+		wait := min(time.Duration(job.RetryBackoff)<<retry, time.Duration(config.MaxRetryBackoff))
 		j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
+		rc.Retry = retry + 1
 		select {
 		case <-time.After(wait):
 		case <-runCtx.Done():
@@ -149,7 +150,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	if res.Started.IsZero() {
 		res.Started = started
 	}
-	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, Output: res.Output, Start: res.Start, End: res.End}
+	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End}
 	if res.End.IsZero() {
 		out.End = time.Now()
 	}

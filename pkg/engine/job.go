@@ -37,6 +37,7 @@ type jobLoop struct {
 	sem      semaphore // the job's maxConcurrency; replaced when it changes
 	semCap   int
 	clockErr string    // the last clock refusal logged
+	disabled bool      // the job was disabled at the last reconcile
 	lastRead time.Time // when the items were last read
 }
 
@@ -132,7 +133,19 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		return next // a new session wakes every job
 	}
 	job, m := v.Job, v.Map
-	if m == nil || m.Disabled || job.Disabled {
+	disabled := m != nil && m.Disabled || job.Disabled
+	if disabled != j.disabled {
+		j.disabled = disabled
+		switch {
+		case disabled && job.Disabled:
+			j.log.Info("job is disabled by its definition (disabled: true): its fires are not run")
+		case disabled:
+			j.log.Info("job is disabled by an operator: its fires are not run until it is enabled")
+		default:
+			j.log.Info("job is enabled: its fires run again, from now on")
+		}
+	}
+	if m == nil || disabled {
 		j.expireTriggers(now, nil)
 		return next
 	}

@@ -34,10 +34,11 @@ func (e *Engine) notifyFailure(job *config.Job, rc runner.Context, res runner.Re
 	}
 	if of.Command != nil {
 		s := runner.Script{Argv: of.Command.Argv, Shell: of.Command.Shell, Timeout: hookTimeout, Env: map[string]string{
-			"SHARDD_RESULT":    "FAILED",
-			"SHARDD_EXIT_CODE": strconv.Itoa(res.ExitCode),
-			"SHARDD_ERROR":     fmt.Sprint(res.Err),
-			"SHARDD_OUTPUT":    res.Output,
+			"SHARDD_RESULT":      "FAILED",
+			"SHARDD_EXIT_CODE":   strconv.Itoa(res.ExitCode),
+			"SHARDD_HTTP_STATUS": strconv.Itoa(res.HTTPStatus),
+			"SHARDD_ERROR":       fmt.Sprint(res.Err),
+			"SHARDD_OUTPUT":      res.Output,
 		}}
 		if r := s.Run(ctx, rc); !r.OK {
 			log.Warn("onFailure command", "err", r.Err, "output", r.Output)
@@ -54,7 +55,7 @@ func webhookBody(format, summary string, rc runner.Context, res runner.Result) a
 		return map[string]any{"msgtype": "text", "text": map[string]string{"content": summary}}
 	}
 	return map[string]any{
-		"text": summary, "context": rc, "exitCode": res.ExitCode, "error": fmt.Sprint(res.Err),
+		"text": summary, "context": rc, "exitCode": res.ExitCode, "httpStatus": res.HTTPStatus, "error": fmt.Sprint(res.Err),
 		"output": res.Output, "start": res.Start, "end": res.End,
 	}
 }

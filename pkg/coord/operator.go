@@ -1,0 +1,471 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/shard"
+)
+
+// The operator commands (trigger, disable, enable, remove, history) check
+// their target against what etcd holds before they change anything, and
+// refuse with one of these errors (errors.Is), whose message says exactly
+// what is wrong. The API answers 404, 400 and 409 for them.
+var (
+	// ErrUnknownJob: no job of that name is registered in the cluster.
+	ErrUnknownJob = errors.New("unknown job")
+	// ErrBadTarget: the item or instance named does not exist for the job.
+	ErrBadTarget = errors.New("no such target")
+	// ErrRefused: the target exists but the command cannot act on it now
+	// (a disabled job, a job no instance runs, a job still defined).
+	ErrRefused = errors.New("refused")
+)
+
+// opError is an operator error of one of the kinds above.
+type opError struct {
+	kind error
+	msg  string
+}
+
+func (e *opError) Error() string { return e.msg }
+func (e *opError) Unwrap() error { return e.kind }
+
+func opErr(kind error, format string, args ...any) error {
+	return &opError{kind: kind, msg: fmt.Sprintf(format, args...)}
+}
+
+// jobFacts is what etcd holds of one job, read at one revision: what the
+// operator commands validate their targets against.
+type jobFacts struct {
+	name      string
+	exists    bool        // any key of the job exists
+	def       *config.Job // the registered definition; nil when missing or malformed
+	reg       registeredConfig
+	configRev int64 // ModRevision of the config key, 0 when missing
+	shards    *ShardMap
+	members   []string // instances that define the job now (sorted)
+	running   []int    // items with a running marker
+	jobOff    bool     // disabled/job exists
+	offItems  map[int]bool
+	offInst   map[string]bool
+	live      map[string]bool // live instance ids
+}
+
+// readJobFacts reads what the operator commands check, in one request.
+func readJobFacts(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (*jobFacts, error) {
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpGet(keys.Config(job)),
+		clientv3.OpGet(keys.Shards(job)),
+		clientv3.OpGet(keys.Members(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.Running(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.Disabled(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.job(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read job %q from etcd: %w", job, err)
+	}
+	f := &jobFacts{name: job, offItems: map[int]bool{}, offInst: map[string]bool{}, live: map[string]bool{}}
+	f.exists = resp.Responses[6].GetResponseRange().Count > 0
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		f.configRev = kvs[0].ModRevision
+		if j, err := decodeRegistered(keys.Config(job), job, kvs[0].Value, &f.reg); err == nil {
+			f.def = j
+		}
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		f.shards, _ = decodeShardMap(kvs[0].Value)
+	}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		f.members = append(f.members, lastSegment(string(kv.Key)))
+	}
+	sort.Strings(f.members)
+	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
+		if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+			f.running = append(f.running, n)
+		}
+	}
+	for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
+		key := string(kv.Key)
+		switch {
+		case key == keys.DisabledJob(job):
+			f.jobOff = true
+		case strings.HasPrefix(key, keys.DisabledItems(job)):
+			if n, err := strconv.Atoi(lastSegment(key)); err == nil {
+				f.offItems[n] = true
+			}
+		case strings.HasPrefix(key, keys.DisabledInstances(job)):
+			f.offInst[lastSegment(key)] = true
+		}
+	}
+	for _, kv := range resp.Responses[5].GetResponseRange().Kvs {
+		f.live[lastSegment(string(kv.Key))] = true
+	}
+	return f, nil
+}
+
+// knownJobs lists the jobs registered in the cluster, for "unknown job"
+// messages: a read of every key name, so only on that error path.
+func knownJobs(ctx context.Context, cli *clientv3.Client, keys Keys) []string {
+	resp, err := cli.Get(ctx, keys.Jobs(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return nil
+	}
+	var names []string
+	for _, kv := range resp.Kvs {
+		if name := keys.JobOf(string(kv.Key)); string(kv.Key) == keys.Config(name) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// unknownJob returns the error for a job etcd does not know, naming the
+// jobs it does.
+func unknownJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string) error {
+	known := knownJobs(ctx, cli, keys)
+	switch {
+	case len(known) == 0:
+		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s: it has no jobs", job, keys.Prefix())
+	case len(known) > 20:
+		known = append(known[:20], fmt.Sprintf("and %d more", len(known)-20))
+	}
+	return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s (jobs: %s)", job, keys.Prefix(), strings.Join(known, ", "))
+}
+
+// requireJob returns the job's facts, or ErrUnknownJob when no key of it
+// exists.
+func requireJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (*jobFacts, error) {
+	f, err := readJobFacts(ctx, cli, keys, job)
+	if err != nil {
+		return nil, err
+	}
+	if !f.exists {
+		return nil, unknownJob(ctx, cli, keys, job)
+	}
+	return f, nil
+}
+
+// total is the number of items the job has now: the registered
+// definition's shardingTotalCount, or, for BROADCAST (one item per
+// instance), the current map's. ok is false when neither is known.
+func (f *jobFacts) total() (n int, ok bool) {
+	if f.def != nil && f.def.Strategy != shard.Broadcast {
+		return f.def.ShardingTotalCount, true
+	}
+	if f.shards != nil {
+		return f.shards.Total, true
+	}
+	return 0, false
+}
+
+// checkItem validates item (>= 0) against the job's items.
+func (f *jobFacts) checkItem(item int) error {
+	n, ok := f.total()
+	switch {
+	case !ok:
+		return opErr(ErrRefused, "job %q has no readable definition or shard map in etcd; cannot check item %d", f.name, item)
+	case item >= n && n == 0:
+		return opErr(ErrBadTarget, "job %q has no items now (no instance runs it)", f.name)
+	case item >= n:
+		return opErr(ErrBadTarget, "job %q has items 0-%d; there is no item %d", f.name, n-1, item)
+	}
+	return nil
+}
+
+// disabledWhy says why the whole job is disabled ("" when it is not).
+func (f *jobFacts) disabledWhy() string {
+	switch {
+	case f.def != nil && f.def.Disabled:
+		return fmt.Sprintf("job %q is disabled in its definition (disabled: true, registered by %s at %s); remove it from the job's YAML and reload",
+			f.name, f.reg.Writer, f.reg.Written.Format(time.RFC3339))
+	case f.jobOff:
+		return fmt.Sprintf("job %q is disabled by an operator; `shardd enable %s` enables it", f.name, f.name)
+	}
+	return ""
+}
+
+// eligible returns the members not disabled for the job.
+func (f *jobFacts) eligible() []string {
+	var out []string
+	for _, id := range f.members {
+		if !f.offInst[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// TriggerTTL is how long a trigger request stays in etcd.
+const TriggerTTL = time.Minute
+
+// Triggered says what a trigger request will run.
+type Triggered struct {
+	Trigger
+	// Runs are the items that will run; Disabled those left out because
+	// they are disabled.
+	Runs     []int `json:"runs"`
+	Disabled []int `json:"disabled,omitempty"`
+}
+
+// RequestTrigger asks the cluster to run job's items (every item when items
+// is empty) once now, as source MANUAL. It refuses an unknown job or item,
+// a disabled job or item, and a job no instance can run. The owners of the
+// items run them; the request expires after TriggerTTL.
+func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job string, items []int, by string) (Triggered, error) {
+	f, err := requireJob(ctx, cli, keys, job)
+	if err != nil {
+		return Triggered{}, err
+	}
+	if f.configRev == 0 {
+		return Triggered{}, opErr(ErrRefused, "job %q has no registered definition: no instance defines it any more (`shardd remove %s` deletes what is left)", job, job)
+	}
+	if why := f.disabledWhy(); why != "" {
+		return Triggered{}, opErr(ErrRefused, "%s", why)
+	}
+	if len(f.eligible()) == 0 {
+		return Triggered{}, opErr(ErrRefused, "no live instance can run job %q (%s); the trigger would expire unserved", job, f.noInstancesWhy())
+	}
+	var res Triggered
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(keys.Config(job)), "=", f.configRev),
+		clientv3.Compare(clientv3.CreateRevision(keys.DisabledJob(job)), "=", 0),
+	}
+	if len(items) == 0 {
+		n, _ := f.total()
+		for i := range n {
+			if f.offItems[i] {
+				res.Disabled = append(res.Disabled, i)
+			} else {
+				res.Runs = append(res.Runs, i)
+			}
+		}
+		if len(res.Runs) == 0 {
+			return Triggered{}, opErr(ErrRefused, "every item of job %q is disabled", job)
+		}
+	}
+	for _, item := range items {
+		if item < 0 {
+			return Triggered{}, opErr(ErrBadTarget, "item %d: items are numbered from 0", item)
+		}
+		if err := f.checkItem(item); err != nil {
+			return Triggered{}, err
+		}
+		if f.offItems[item] {
+			return Triggered{}, opErr(ErrRefused, "item %d of job %q is disabled; `shardd enable %s --item %d` enables it", item, job, job, item)
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.DisabledItem(job, item)), "=", 0))
+		res.Runs = append(res.Runs, item)
+	}
+	lease, err := cli.Grant(ctx, int64(TriggerTTL/time.Second))
+	if err != nil {
+		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
+	}
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	tr := Trigger{ID: strconv.FormatInt(now.UnixNano(), 36), Items: items, Fire: now, By: by}
+	val, _ := json.Marshal(tr)
+	resp, err := cli.Txn(ctx).If(cmps...).
+		Then(clientv3.OpPut(keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID))).Commit()
+	if err != nil {
+		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
+	}
+	if !resp.Succeeded {
+		return Triggered{}, opErr(ErrRefused, "job %q changed while the trigger was checked (its definition, or an item or the job was disabled); nothing triggered, try again", job)
+	}
+	tr.Rev = resp.Header.Revision
+	res.Trigger = tr
+	return res, nil
+}
+
+// noInstancesWhy explains an empty eligible set.
+func (f *jobFacts) noInstancesWhy() string {
+	if len(f.members) == 0 {
+		return "no live instance defines it"
+	}
+	return "every instance that defines it is disabled for it: " + strings.Join(f.members, ", ")
+}
+
+// Target names what disable and enable act on: a whole job, one item of it
+// (Item >= 0) or one instance for it (Instance != "").
+type Target struct {
+	Job      string
+	Item     int
+	Instance string
+}
+
+// String names the target as the commands print it.
+func (t Target) String() string {
+	switch {
+	case t.Item >= 0:
+		return fmt.Sprintf("item %d of job %s", t.Item, t.Job)
+	case t.Instance != "":
+		return fmt.Sprintf("instance %s for job %s", t.Instance, t.Job)
+	}
+	return "job " + t.Job
+}
+
+// Disabling is what SetDisabled did.
+type Disabling struct {
+	Target Target `json:"-"`
+	// Changed is false when the target already was as asked.
+	Changed bool `json:"changed"`
+	// Disabled is the target's state afterwards.
+	Disabled bool `json:"disabled"`
+	// Message says what happened, for a person.
+	Message string `json:"message"`
+}
+
+// SetDisabled disables (on) or enables a job, one item of it or one
+// instance for it, after checking that the target exists: an unknown job,
+// an item out of range or an instance that does not run the job is
+// refused; force lets an operator disable an instance before it first
+// starts. Enabling a job whose definition says disabled: true removes an
+// operator's mark but is refused, since the job stays disabled.
+func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target, on, force bool) (Disabling, error) {
+	if t.Item >= 0 && t.Instance != "" {
+		return Disabling{}, opErr(ErrBadTarget, "an item and an instance exclude each other")
+	}
+	f, err := requireJob(ctx, cli, keys, t.Job)
+	if err != nil {
+		return Disabling{}, err
+	}
+	var key string
+	var was bool
+	switch {
+	case t.Item >= 0:
+		if err := f.checkItem(t.Item); err != nil && !(errors.Is(err, ErrBadTarget) && !on && f.offItems[t.Item]) {
+			return Disabling{}, err // enabling an item that no longer exists is allowed: it cleans up
+		}
+		key, was = keys.DisabledItem(t.Job, t.Item), f.offItems[t.Item]
+	case t.Instance != "":
+		if err := config.CheckName(t.Instance); err != nil {
+			return Disabling{}, opErr(ErrBadTarget, "instance %v", err)
+		}
+		known := slices.Contains(f.members, t.Instance) || f.offInst[t.Instance]
+		if !known && !force {
+			members := "no live instance defines it"
+			if len(f.members) > 0 {
+				members = "its instances: " + strings.Join(f.members, ", ")
+			}
+			hint := ""
+			if on {
+				hint = "; --force disables it ahead of its start"
+			}
+			return Disabling{}, opErr(ErrBadTarget, "instance %s does not run job %s (%s)%s", t.Instance, t.Job, members, hint)
+		}
+		key, was = keys.DisabledInstance(t.Job, t.Instance), f.offInst[t.Instance]
+	default:
+		key, was = keys.DisabledJob(t.Job), f.jobOff
+	}
+	res := Disabling{Target: t, Changed: was != on, Disabled: on}
+	if res.Changed {
+		guard := clientv3.Compare(clientv3.CreateRevision(keys.Config(t.Job)), ">", 0)
+		if f.configRev == 0 {
+			guard = clientv3.Compare(clientv3.CreateRevision(keys.Config(t.Job)), "=", 0)
+		}
+		op := clientv3.OpDelete(key)
+		if on {
+			op = clientv3.OpPut(key, time.Now().UTC().Format(time.RFC3339))
+		}
+		resp, err := cli.Txn(ctx).If(guard).Then(op).Commit()
+		if err != nil {
+			return Disabling{}, fmt.Errorf("update %s: %w", key, err)
+		}
+		if !resp.Succeeded {
+			return Disabling{}, opErr(ErrRefused, "job %q was registered or removed meanwhile; nothing changed, try again", t.Job)
+		}
+	}
+	verb := map[bool]string{true: "disabled", false: "enabled"}[on]
+	if res.Changed {
+		res.Message = fmt.Sprintf("%s %s", verb, t)
+	} else {
+		res.Message = fmt.Sprintf("%s was already %s; nothing changed", t, verb)
+	}
+	if !on && t.Item < 0 && t.Instance == "" && f.def != nil && f.def.Disabled {
+		res.Disabled = true
+		msg := "job %q stays disabled: its definition says disabled: true (registered by %s at %s); remove it from the job's YAML and reload"
+		if res.Changed {
+			msg = "removed the operator's disable mark, but " + msg
+		}
+		return res, opErr(ErrRefused, msg, t.Job, f.reg.Writer, f.reg.Written.Format(time.RFC3339))
+	}
+	return res, nil
+}
+
+// RemoveJob deletes every key of a job that no instance defines any more
+// (its definition, map, records, history, disable marks). It refuses while
+// any live instance is a member of the job or runs one of its items: such
+// an instance would register the job again at once. It returns the number
+// of keys deleted.
+func RemoveJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (int64, error) {
+	f, err := requireJob(ctx, cli, keys, job)
+	if err != nil {
+		return 0, err
+	}
+	if len(f.members) > 0 {
+		return 0, opErr(ErrRefused, "job %q is still defined by live instances (%s); remove it from their config first", job, strings.Join(f.members, ", "))
+	}
+	if len(f.running) > 0 {
+		return 0, opErr(ErrRefused, "items of job %q are still running (%v); wait for them to end", job, f.running)
+	}
+	resp, err := cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(keys.Members(job)), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(keys.Running(job)), "=", 0).WithPrefix(),
+	).Then(clientv3.OpDelete(keys.job(job), clientv3.WithPrefix())).Commit()
+	if err != nil {
+		return 0, fmt.Errorf("remove job %q: %w", job, err)
+	}
+	if !resp.Succeeded {
+		return 0, opErr(ErrRefused, "an instance joined job %q or ran one of its items meanwhile; nothing removed", job)
+	}
+	return resp.Responses[0].GetResponseDeleteRange().Deleted, nil
+}
+
+// JobHistory reads a job's history (ReadHistory), only item's when item
+// >= 0, after checking that the job and the item exist.
+func JobHistory(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int) ([]ItemRecord, error) {
+	f, err := requireJob(ctx, cli, keys, job)
+	if err != nil {
+		return nil, err
+	}
+	if item >= 0 {
+		if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
+			return nil, err
+		}
+	}
+	recs, err := ReadHistory(ctx, cli, keys, job)
+	if err != nil || item < 0 {
+		return recs, err
+	}
+	return slices.DeleteFunc(recs, func(r ItemRecord) bool { return r.Item != item }), nil
+}
+
+// Trigger requests a one-off run of job (see RequestTrigger).
+func (n *Node) Trigger(ctx context.Context, job string, items []int) (Triggered, error) {
+	return RequestTrigger(ctx, n.opts.Client, n.keys, job, items, n.opts.ID)
+}
+
+// SetDisabled disables or enables a job, item or instance (see SetDisabled).
+func (n *Node) SetDisabled(ctx context.Context, t Target, on, force bool) (Disabling, error) {
+	return SetDisabled(ctx, n.opts.Client, n.keys, t, on, force)
+}
+
+// JobHistory reads a job's history (see JobHistory).
+func (n *Node) JobHistory(ctx context.Context, job string, item int) ([]ItemRecord, error) {
+	return JobHistory(ctx, n.opts.Client, n.keys, job, item)
+}
+
+// Remove deletes a job no instance defines (see RemoveJob).
+func (n *Node) Remove(ctx context.Context, job string) (int64, error) {
+	return RemoveJob(ctx, n.opts.Client, n.keys, job)
+}

@@ -1,0 +1,130 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+)
+
+// The operator commands check their target against etcd and refuse with
+// an error of the right kind, changing nothing.
+func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	keys := NewKeys("")
+	ctx := context.Background()
+	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)+job("off", 1, "    disabled: true\n")))
+	waitFor(t, 10*time.Second, "orders' map", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })
+	waitFor(t, 10*time.Second, "off's map", func() bool { m := storedMap(t, cli, "off"); return m != nil && m.Disabled })
+	revBefore := func() int64 {
+		resp, err := cli.Get(ctx, "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Header.Revision
+	}
+
+	rev := revBefore()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+		do   func() error
+	}{
+		{"trigger an unknown job", ErrUnknownJob, `no job "nope" in the cluster at prefix /shardd (jobs: off, orders)`, func() error {
+			_, err := RequestTrigger(ctx, cli, keys, "nope", nil, "t")
+			return err
+		}},
+		{"trigger item 7 of 3", ErrBadTarget, `job "orders" has items 0-2; there is no item 7`, func() error {
+			_, err := RequestTrigger(ctx, cli, keys, "orders", []int{7}, "t")
+			return err
+		}},
+		{"trigger item -3", ErrBadTarget, "items are numbered from 0", func() error {
+			_, err := RequestTrigger(ctx, cli, keys, "orders", []int{-3}, "t")
+			return err
+		}},
+		{"trigger a job disabled in its definition", ErrRefused, `job "off" is disabled in its definition (disabled: true, registered by a`, func() error {
+			_, err := RequestTrigger(ctx, cli, keys, "off", nil, "t")
+			return err
+		}},
+		{"disable an unknown job", ErrUnknownJob, `no job "nope"`, func() error {
+			_, err := SetDisabled(ctx, cli, keys, Target{Job: "nope", Item: -1}, true, false)
+			return err
+		}},
+		{"disable item 5 of 3", ErrBadTarget, "there is no item 5", func() error {
+			_, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: 5}, true, false)
+			return err
+		}},
+		{"disable an instance that does not run the job", ErrBadTarget, "instance ghost does not run job orders (its instances: a)", func() error {
+			_, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "ghost"}, true, false)
+			return err
+		}},
+		{"remove a job still defined", ErrRefused, `job "orders" is still defined by live instances (a)`, func() error {
+			_, err := RemoveJob(ctx, cli, keys, "orders")
+			return err
+		}},
+		{"history of an unknown job", ErrUnknownJob, `no job "nope"`, func() error {
+			_, err := JobHistory(ctx, cli, keys, "nope", -1)
+			return err
+		}},
+	} {
+		err := tc.do()
+		if !errors.Is(err, tc.err) || !strings.Contains(fmt.Sprint(err), tc.want) {
+			t.Errorf("%s: %v, want %v with %q", tc.name, err, tc.err, tc.want)
+		}
+	}
+	if now := revBefore(); now != rev {
+		t.Errorf("refused commands wrote to etcd: revision %d -> %d", rev, now)
+	}
+
+	// Enabling a job its definition disables is refused, and says where.
+	if _, err := SetDisabled(ctx, cli, keys, Target{Job: "off", Item: -1}, false, false); !errors.Is(err, ErrRefused) ||
+		!strings.Contains(err.Error(), "stays disabled: its definition says disabled: true") {
+		t.Errorf("enable off: %v", err)
+	}
+	// Disabling twice says so; an item that is disabled cannot be triggered.
+	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: 1}, true, false); err != nil || !res.Changed || res.Message != "disabled item 1 of job orders" {
+		t.Errorf("disable item 1: %+v %v", res, err)
+	}
+	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: 1}, true, false); err != nil || res.Changed || !strings.Contains(res.Message, "already disabled") {
+		t.Errorf("disable item 1 again: %+v %v", res, err)
+	}
+	if _, err := RequestTrigger(ctx, cli, keys, "orders", []int{1}, "t"); !errors.Is(err, ErrRefused) {
+		t.Errorf("trigger of a disabled item: %v", err)
+	}
+	tr, err := RequestTrigger(ctx, cli, keys, "orders", nil, "t")
+	if err != nil || !slices.Equal(tr.Runs, []int{0, 2}) || !slices.Equal(tr.Disabled, []int{1}) || tr.Rev == 0 {
+		t.Errorf("trigger every item with item 1 disabled: %+v %v", tr, err)
+	}
+	// --force disables an instance before it first starts.
+	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "ghost"}, true, true); err != nil || !res.Changed {
+		t.Errorf("forced disable of ghost: %+v %v", res, err)
+	}
+
+	// Once no instance defines the job, it can be removed, and is gone.
+	a.stop(t)
+	st, err := ReadStatus(ctx, cli, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range st.Jobs {
+		if j.Name == "orders" && (j.Status != StatusNoInstances || !slices.Equal(j.DisabledInstances, []string{"ghost"})) {
+			t.Errorf("orders with no instance: %+v", j)
+		}
+	}
+	if _, err := RequestTrigger(ctx, cli, keys, "orders", nil, "t"); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no live instance") {
+		t.Errorf("trigger with no instance: %v", err)
+	}
+	if n, err := RemoveJob(ctx, cli, keys, "orders"); err != nil || n == 0 {
+		t.Fatalf("remove: %d keys, %v", n, err)
+	}
+	if _, err := JobHistory(ctx, cli, keys, "orders", -1); !errors.Is(err, ErrUnknownJob) {
+		t.Errorf("history after remove: %v", err)
+	}
+}
