@@ -30,11 +30,29 @@ func (j *Job) Hash() string {
 }
 
 // ParseJobJSON reads a job definition written by JSON, strictly, and
-// validates it as Load would. source names where the data came from in errors.
+// validates it as Load would. source names where the data came from in
+// errors. The error wraps ErrUnknownFields when the data is a valid
+// definition apart from fields this version does not know (a newer
+// version wrote it).
 func ParseJobJSON(source string, data []byte) (*Job, error) {
+	j, err := parseJobJSON(source, data, true)
+	if err != nil {
+		if _, lerr := parseJobJSON(source, data, false); lerr == nil {
+			return nil, fmt.Errorf("%w: %v", ErrUnknownFields, err)
+		}
+	}
+	return j, err
+}
+
+// ErrUnknownFields: a job definition with fields this version does not know.
+var ErrUnknownFields = errors.New("config: fields this version does not know")
+
+func parseJobJSON(source string, data []byte, strict bool) (*Job, error) {
 	j := DefaultJob()
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
+	if strict {
+		dec.DisallowUnknownFields()
+	}
 	if err := dec.Decode(&j); err != nil {
 		return nil, &Error{File: source, Msg: "not a job definition: " + err.Error()}
 	}

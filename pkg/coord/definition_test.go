@@ -24,29 +24,33 @@ func TestPublishDecision(t *testing.T) {
 		}
 		return rc
 	}
+	const gen = 40 // the registered definition's generation
 	for _, tc := range []struct {
 		name    string
 		local   *config.Job
 		reg     *registeredConfig
-		bad     bool
-		loaded  string
+		state   regState
+		loaded  loadedState
 		first   bool
 		publish bool
 	}{
-		{"nothing registered", v1, nil, false, "", true, true},
-		{"malformed registered", v1, reg(v2), true, v1.Hash(), false, true},
-		{"same definition", v1, reg(v1), false, v1.Hash(), true, false},
-		{"edited on this host", v2, reg(v1), false, v1.Hash(), true, true},
-		{"edited on this host, back to a superseded one", v1, reg(v2, v1), false, v2.Hash(), false, true},
-		{"this host is behind", v1, reg(v2, v1), false, v1.Hash(), true, false},
-		{"new host with a superseded definition", v1, reg(v2, v1), false, "", true, false},
-		{"new host with a definition new to the cluster", v2, reg(v1), false, "", true, true},
-		{"overwrite, first registration in this process", v2over, reg(v1, v2), false, v2.Hash(), true, true},
-		{"overwrite, again (a reconnect)", v2over, reg(v1, v2), false, v2.Hash(), false, false},
-		{"overwrite equal to the registered one", v2over, reg(v2), false, v2.Hash(), true, false},
+		{"nothing registered", v1, nil, regMissing, loadedState{}, true, true},
+		{"garbage registered", v1, reg(v2), regGarbage, loadedState{v1.Hash(), 10}, false, true},
+		{"a definition this version cannot read", v1, reg(v2), regUnreadable, loadedState{v2.Hash(), 10}, true, false},
+		{"one it cannot read, overwrite", v2over, reg(v1), regUnreadable, loadedState{v2.Hash(), 10}, true, true},
+		{"same definition", v1, reg(v1), regGood, loadedState{v1.Hash(), 10}, true, false},
+		{"edited on this host", v2, reg(v1), regGood, loadedState{v1.Hash(), 10}, true, true},
+		{"rolled back on this host, the cluster unmoved", v1, reg(v2, v1), regGood, loadedState{v2.Hash(), gen}, false, true},
+		{"a superseded one on a host that was away (the cluster moved on)", v2, reg(v1, v2), regGood, loadedState{v1.Hash(), 10}, true, false},
+		{"this host is behind", v1, reg(v2, v1), regGood, loadedState{v1.Hash(), 10}, true, false},
+		{"new host with a superseded definition", v1, reg(v2, v1), regGood, loadedState{}, true, false},
+		{"new host with a definition new to the cluster", v2, reg(v1), regGood, loadedState{}, true, true},
+		{"overwrite, first registration in this process", v2over, reg(v1, v2), regGood, loadedState{v2.Hash(), 10}, true, true},
+		{"overwrite, again (a reconnect)", v2over, reg(v1, v2), regGood, loadedState{v2.Hash(), 10}, false, false},
+		{"overwrite equal to the registered one", v2over, reg(v2), regGood, loadedState{v2.Hash(), 10}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, why := publishDecision(tc.local, tc.reg, tc.bad, tc.loaded, tc.first)
+			got, why := publishDecision(tc.local, tc.reg, tc.state, gen, tc.loaded, tc.first)
 			if got != tc.publish {
 				t.Errorf("publish = %v (%q), want %v", got, why, tc.publish)
 			}

@@ -60,11 +60,15 @@
 // local definition when it registers the job and the definition is new to
 // the cluster (publishDecision): the key is missing or malformed; this
 // host's file changed since it last loaded the job (jobs/<job>/loaded/<id>
-// names another definition); a host with no such record brings a
-// definition the registered one did not supersede; or the job says
-// overwrite: true and this process has not registered it before. Otherwise
-// the host is behind: it runs the registered definition and reports a
-// conflict. The config key's ModRevision is the definition's generation.
+// names another definition) into one the cluster never superseded, or back
+// to a superseded one while the cluster has not moved on since (a
+// rollback); a host with no such record brings a definition the registered
+// one did not supersede; or the job says overwrite: true and this process
+// has not registered it before. Otherwise the host is behind: it runs the
+// registered definition and reports a conflict. A registered definition
+// this version cannot read (a newer shardd wrote it) is kept, never
+// replaced; the host runs its last good one and reports a conflict. The
+// config key's ModRevision is the definition's generation.
 //
 // # Views and the watches
 //

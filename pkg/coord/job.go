@@ -85,28 +85,58 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	return nil
 }
 
+// regState is what an instance found at a job's config key.
+type regState int
+
+const (
+	regMissing    regState = iota // no key
+	regGood                       // a definition this version reads
+	regGarbage                    // not a definition of this job at all: replaced
+	regUnreadable                 // a definition of this job this version cannot read (a newer shardd wrote it?): kept
+)
+
+// loadedState is this instance's loaded record as registration reads it.
+type loadedState struct {
+	hash string // "" when there is none
+	// seen is the generation (config ModRevision) the registered
+	// definition had when the record was written.
+	seen int64
+}
+
 // publishDecision says whether an instance publishes its local definition
-// of a job over the registered one, and why (the rule of docs/design.md,
-// "Job definitions"). reg is nil when the config key is missing; regBad
-// when it is malformed; loaded is the hash of this instance's loaded
-// record ("" for none); first is set when this process has not registered
-// this local definition before. The definition is new to the cluster when
-// it was edited on this host (the loaded record names another), or when a
-// host with no record brings one the registered definition did not
-// supersede; overwrite: true publishes once per local definition and
-// process, never at every reconnect.
-func publishDecision(local *config.Job, reg *registeredConfig, regBad bool, loaded string, first bool) (publish bool, why string) {
+// of a job over the registered one (reg, at generation gen), and why (the
+// rule of docs/design.md, "Job definitions"). first is set when this
+// process has not registered this local definition before.
+//
+// A definition is published when it is new to the cluster: edited on this
+// host (its loaded record names another definition) into one the cluster
+// never superseded, or rolled back on this host to a superseded one while
+// the cluster has not moved on since this host last loaded (a host that
+// was away while others deployed and rolled back is behind, not editing);
+// brought by a host with no record and not superseded; or overwrite: true,
+// once per process and local definition.
+func publishDecision(local *config.Job, reg *registeredConfig, state regState, gen int64, loaded loadedState, first bool) (publish bool, why string) {
 	hash := local.Hash()
-	switch {
-	case reg == nil:
+	switch state {
+	case regMissing:
 		return true, "registered job definition"
-	case regBad:
+	case regGarbage:
 		return true, "replaced malformed registered job definition"
+	case regUnreadable:
+		if local.Overwrite && first {
+			return true, "published job definition over one this version cannot read (overwrite: true)"
+		}
+		return false, ""
+	}
+	superseded := slices.Contains(reg.Superseded, hash)
+	switch {
 	case reg.Hash == hash:
 		return false, ""
-	case loaded != "" && loaded != hash:
+	case loaded.hash != "" && loaded.hash != hash && !superseded:
 		return true, "published job definition edited on this host"
-	case loaded == "" && !slices.Contains(reg.Superseded, hash):
+	case loaded.hash != "" && loaded.hash != hash && loaded.seen == gen:
+		return true, "published job definition rolled back on this host"
+	case loaded.hash == "" && !superseded:
 		return true, "published job definition new to the cluster"
 	case local.Overwrite && first:
 		return true, "published job definition (overwrite: true)"
@@ -134,29 +164,33 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 			return fmt.Errorf("read job definition %s: %w", key, err)
 		}
 		var (
-			reg           *registeredConfig
-			regBad        error
-			configRev     int64
-			loaded        loadedRecord
-			loadedRev     int64
-			configCmp     = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
-			loadedCmp     = clientv3.Compare(clientv3.CreateRevision(lkey), "=", 0)
-			registeredJob *config.Job
+			reg        *registeredConfig
+			state      = regMissing
+			regErr     error
+			configRev  int64
+			loaded     loadedState
+			configCmp  = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+			loadedCmp  = clientv3.Compare(clientv3.CreateRevision(lkey), "=", 0)
+			registered *config.Job
 		)
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			configRev = kvs[0].ModRevision
 			configCmp = clientv3.Compare(clientv3.ModRevision(key), "=", configRev)
 			reg = &registeredConfig{}
-			registeredJob, regBad = decodeRegistered(key, local.Name, kvs[0].Value, reg)
+			registered, regErr = decodeRegistered(key, local.Name, kvs[0].Value, reg)
+			state = stateOf(regErr)
 		}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-			loadedRev = kvs[0].ModRevision
-			loadedCmp = clientv3.Compare(clientv3.ModRevision(lkey), "=", loadedRev)
-			if json.Unmarshal(kvs[0].Value, &loaded) != nil {
-				loaded = loadedRecord{} // malformed: as if none
+			loadedCmp = clientv3.Compare(clientv3.ModRevision(lkey), "=", kvs[0].ModRevision)
+			var rec loadedRecord
+			if json.Unmarshal(kvs[0].Value, &rec) == nil {
+				loaded = loadedState{hash: rec.Hash, seen: rec.Seen}
+				if rec.Seen == 0 {
+					loaded.seen = kvs[0].ModRevision // written with the publication itself
+				}
 			}
 		}
-		publish, why := publishDecision(local, reg, regBad != nil, loaded.Hash, first)
+		publish, why := publishDecision(local, reg, state, configRev, loaded, first)
 		var ops []clientv3.Op
 		if publish {
 			val, err := json.Marshal(n.newRegistered(local, reg))
@@ -165,8 +199,12 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 			}
 			ops = append(ops, clientv3.OpPut(key, string(val)))
 		}
-		if loaded.Hash != hash {
-			val, _ := json.Marshal(loadedRecord{Hash: hash, At: n.opts.Now().UTC()})
+		if loaded.hash != hash {
+			rec := loadedRecord{Hash: hash, At: n.opts.Now().UTC(), Seen: configRev}
+			if publish {
+				rec.Seen = 0 // the generation this Txn writes: the record's own ModRevision
+			}
+			val, _ := json.Marshal(rec)
 			ops = append(ops, clientv3.OpPut(lkey, string(val)))
 		}
 		ops = append(ops, clientv3.OpGet(key))
@@ -180,20 +218,22 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 			}
 			return fmt.Errorf("register job definition %s: it keeps changing; retrying", key)
 		}
-		if regBad != nil && publish {
-			log.Error("registered job definition is malformed; replacing it with the local one", "key", key, "err", regBad)
+		if state == regGarbage && publish {
+			log.Error("registered job definition is malformed; replacing it with the local one", "key", key, "err", regErr)
 		}
 		kv := w.Responses[len(w.Responses)-1].GetResponseRange().Kvs[0]
-		effective := local
-		if !publish {
-			effective = registeredJob
-		} else {
-			log.Info(why, "hash", hash, "generation", kv.ModRevision)
-		}
 		n.mu.Lock()
 		n.registered[local.Name] = hash
 		n.mu.Unlock()
-		n.takeDefinition(local.Name, effective, kv.ModRevision)
+		switch {
+		case publish:
+			log.Info(why, "hash", hash, "generation", kv.ModRevision)
+			n.takeDefinition(local.Name, local, kv.ModRevision)
+		case state == regUnreadable:
+			n.unreadableDefinition(local.Name, kv.ModRevision, regErr)
+		default:
+			n.takeDefinition(local.Name, registered, kv.ModRevision)
+		}
 		return nil
 	}
 }
@@ -257,11 +297,14 @@ func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 	take := func(kv *mvccpb.KeyValue) {
 		var rc registeredConfig
 		def, err := decodeRegistered(key, job, kv.Value, &rc)
-		if err != nil {
+		switch stateOf(err) {
+		case regUnreadable:
+			n.unreadableDefinition(job, kv.ModRevision, err)
+		case regGarbage:
 			n.log.Error("ignoring malformed registered job definition; keeping the last good one", "job", job, "key", key, "err", err)
-			return
+		default:
+			n.takeDefinition(job, def, kv.ModRevision)
 		}
-		n.takeDefinition(job, def, kv.ModRevision)
 	}
 	var reads sync.WaitGroup
 	read := func() {
@@ -294,23 +337,68 @@ func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 	}
 }
 
+// errUnreadable marks a registered definition of the right job that this
+// version cannot read: most likely a newer shardd wrote it, with a field
+// this one does not know. Unlike garbage, it is not replaced.
+var errUnreadable = errors.New("a definition this shardd version cannot read (written by a newer version?)")
+
+// stateOf classifies the error of decodeRegistered.
+func stateOf(err error) regState {
+	switch {
+	case err == nil:
+		return regGood
+	case errors.Is(err, errUnreadable):
+		return regUnreadable
+	}
+	return regGarbage
+}
+
 // decodeRegistered decodes a config key's value into rc and returns its
-// job definition.
+// job definition. The error wraps errUnreadable when the value is a
+// definition of job that this version's strict parser refuses.
 func decodeRegistered(key, job string, data []byte, rc *registeredConfig) (*config.Job, error) {
 	if err := json.Unmarshal(data, rc); err != nil {
 		return nil, fmt.Errorf("not JSON: %w", err)
 	}
-	j, err := config.ParseJobJSON(key, rc.Job)
-	if err != nil {
-		return nil, err
+	var named struct {
+		Name string `json:"name"`
 	}
-	if j.Name != job {
-		return nil, fmt.Errorf("defines job %q, not %q", j.Name, job)
+	if err := json.Unmarshal(rc.Job, &named); err != nil || named.Name == "" {
+		return nil, fmt.Errorf("no job definition in the value")
+	}
+	if named.Name != job {
+		return nil, fmt.Errorf("defines job %q, not %q", named.Name, job)
+	}
+	j, err := config.ParseJobJSON(key, rc.Job)
+	switch {
+	case errors.Is(err, config.ErrUnknownFields):
+		return nil, fmt.Errorf("%w: %v", errUnreadable, err)
+	case err != nil:
+		return nil, err
 	}
 	if rc.Hash != j.Hash() {
 		rc.Hash = j.Hash() // written by another version: the hash of what it says
 	}
 	return j, nil
+}
+
+// unreadableDefinition records that the registered definition of job, at
+// generation gen, cannot be read here: the view keeps its last good
+// definition and shows a conflict, and nothing replaces the registered one.
+func (n *Node) unreadableDefinition(job string, gen int64, err error) {
+	var changed bool
+	n.updateView(job, func(v *JobView) {
+		if gen < v.Generation {
+			return
+		}
+		changed = !v.Conflict || v.Generation != gen
+		v.Generation, v.Conflict = gen, true
+	})
+	if changed {
+		n.republish()
+		n.log.Error("the registered definition of the job cannot be read by this shardd version; running the last good one, showing a conflict (upgrade this host)",
+			"job", job, "generation", gen, "err", err)
+	}
 }
 
 // parseRegistered decodes a config key's value.

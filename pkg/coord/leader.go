@@ -23,6 +23,12 @@ func (n *Node) campaign(ctx context.Context, s *session, local *config.Job) {
 	log := n.log.With("job", job)
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for ctx.Err() == nil {
+		if n.isLeaving() {
+			// Withdrawn from every job: no new leadership; the worker
+			// keeps following the job until it stops.
+			<-ctx.Done()
+			return
+		}
 		e := concurrency.NewElection(s.conc, n.keys.Election(job))
 		if err := e.Campaign(ctx, n.opts.ID); err != nil {
 			if ctx.Err() == nil {
@@ -135,6 +141,9 @@ type leader struct {
 	key      string // election key
 	rev      int64  // its CreateRevision: the fence
 	interval int    // reconcileIntervalMinutes of the effective config
+	// unreadable is the generation of a registered definition this
+	// version cannot read, once logged.
+	unreadable int64
 }
 
 // state is what one reconcile reads, at one revision.
@@ -200,6 +209,16 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 func (l *leader) reconcile(ctx context.Context, st *state) error {
 	log := l.n.log.With("job", l.job)
 	job := st.config
+	if job == nil && stateOf(st.configBad) == regUnreadable {
+		// A definition this version cannot read (a newer shardd wrote it):
+		// neither replace it nor compute a map from a guess; the job
+		// keeps its map until a host that reads it leads.
+		if l.unreadable != st.configRev {
+			l.unreadable = st.configRev
+			log.Error("the registered definition of the job cannot be read by this shardd version; not writing its shard map while leading (upgrade this host)", "err", st.configBad)
+		}
+		return l.yieldToPreferred(st)
+	}
 	if job == nil {
 		// Missing or malformed: the local definition takes its place.
 		if st.configBad != nil {
@@ -290,12 +309,16 @@ func (l *leader) putConfig(ctx context.Context, rev int64) error {
 	defer cancel()
 	resp, err := l.n.opts.Client.Txn(wctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev), cmp).
-		Then(clientv3.OpPut(key, string(val))).Commit()
+		Then(clientv3.OpPut(key, string(val))).
+		Else(clientv3.OpGet(l.key)).Commit()
 	if err != nil {
 		return fmt.Errorf("register config %s: %w", key, err)
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("register config %s: changed concurrently or leadership lost; retrying", key)
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 0 || kvs[0].CreateRevision != l.rev {
+			return fmt.Errorf("%w: config write rejected: election key %s is gone", errNotLeader, l.key)
+		}
+		return fmt.Errorf("register config %s: changed concurrently; retrying", key)
 	}
 	l.n.log.Info("registered job config", "job", l.job, "hash", l.local.Hash())
 	return nil

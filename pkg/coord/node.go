@@ -154,9 +154,15 @@ func (n *Node) Keys() Keys { return n.keys }
 // new set in its next step.
 func (n *Node) SetJobs(jobs []*config.Job) {
 	n.mu.Lock()
+	old := n.jobs
 	n.jobs = make(map[string]*config.Job, len(jobs))
 	for _, j := range jobs {
 		n.jobs[j.Name] = j
+		if o, ok := old[j.Name]; !ok || o.Hash() != j.Hash() || o.Overwrite != j.Overwrite {
+			// A changed or added definition is loaded anew: overwrite: true
+			// acts once more (publishDecision's first).
+			delete(n.registered, j.Name)
+		}
 		if v, ok := n.views[j.Name]; ok {
 			v.Local = j
 			v.Conflict = v.Generation > 0 && v.Job.Hash() != j.Hash()
@@ -365,6 +371,13 @@ func (n *Node) sessionFor(job string) (*session, int64) {
 	return n.session, n.members[job]
 }
 
+// isLeaving reports whether Leave was called.
+func (n *Node) isLeaving() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.leaving
+}
+
 // Leave withdraws this instance from every job (deletes its member keys)
 // while keeping its session: the leaders reshard at once, and the items this
 // instance still runs keep their running markers, so their new owners wait
@@ -490,7 +503,7 @@ func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
 	var stopping []*worker
 	for name, w := range ws.running {
 		j, ok := jobs[name]
-		if ok && j.Hash() == w.job.Hash() {
+		if ok && j.Hash() == w.job.Hash() && j.Overwrite == w.job.Overwrite {
 			continue
 		}
 		w.removed.Store(!ok)

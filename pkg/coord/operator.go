@@ -2,6 +2,8 @@ package coord
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -55,6 +57,7 @@ type jobFacts struct {
 	shards    *ShardMap
 	members   []string // instances that define the job now (sorted)
 	running   []int    // items with a running marker
+	leaders   int      // election candidates (campaigns)
 	jobOff    bool     // disabled/job exists
 	offItems  map[int]bool
 	offInst   map[string]bool
@@ -71,12 +74,14 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys Keys, job stri
 		clientv3.OpGet(keys.Disabled(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(keys.job(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(keys.Leader(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read job %q from etcd: %w", job, err)
 	}
 	f := &jobFacts{name: job, offItems: map[int]bool{}, offInst: map[string]bool{}, live: map[string]bool{}}
 	f.exists = resp.Responses[6].GetResponseRange().Count > 0
+	f.leaders = int(resp.Responses[7].GetResponseRange().Count)
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		f.configRev = kvs[0].ModRevision
 		if j, err := decodeRegistered(keys.Config(job), job, kvs[0].Value, &f.reg); err == nil {
@@ -272,8 +277,12 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job st
 		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	tr := Trigger{ID: strconv.FormatInt(now.UnixNano(), 36), Items: items, Fire: now, By: by}
+	var nonce [4]byte
+	rand.Read(nonce[:])
+	// A key of its own: two triggers in one millisecond must not share one.
+	tr := Trigger{ID: strconv.FormatInt(now.UnixNano(), 36) + "-" + hex.EncodeToString(nonce[:]), Items: items, Fire: now, By: by}
 	val, _ := json.Marshal(tr)
+	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.Trigger(job, tr.ID)), "=", 0))
 	resp, err := cli.Txn(ctx).If(cmps...).
 		Then(clientv3.OpPut(keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID))).Commit()
 	if err != nil {
@@ -369,20 +378,24 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target,
 	}
 	res := Disabling{Target: t, Changed: was != on, Disabled: on}
 	if res.Changed {
-		guard := clientv3.Compare(clientv3.CreateRevision(keys.Config(t.Job)), ">", 0)
-		if f.configRev == 0 {
-			guard = clientv3.Compare(clientv3.CreateRevision(keys.Config(t.Job)), "=", 0)
+		// Guarded by what was checked: the definition the item was checked
+		// against, and the mark as it was read.
+		guards := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(keys.Config(t.Job)), "=", f.configRev)}
+		if was {
+			guards = append(guards, clientv3.Compare(clientv3.CreateRevision(key), ">", 0))
+		} else {
+			guards = append(guards, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
 		}
 		op := clientv3.OpDelete(key)
 		if on {
 			op = clientv3.OpPut(key, time.Now().UTC().Format(time.RFC3339))
 		}
-		resp, err := cli.Txn(ctx).If(guard).Then(op).Commit()
+		resp, err := cli.Txn(ctx).If(guards...).Then(op).Commit()
 		if err != nil {
 			return Disabling{}, fmt.Errorf("update %s: %w", key, err)
 		}
 		if !resp.Succeeded {
-			return Disabling{}, opErr(ErrRefused, "job %q was registered or removed meanwhile; nothing changed, try again", t.Job)
+			return Disabling{}, opErr(ErrRefused, "job %q changed meanwhile (its definition, or the mark); nothing changed, try again", t.Job)
 		}
 	}
 	verb := map[bool]string{true: "disabled", false: "enabled"}[on]
@@ -418,9 +431,13 @@ func RemoveJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string)
 	if len(f.running) > 0 {
 		return 0, opErr(ErrRefused, "items of job %q are still running (%v); wait for them to end", job, f.running)
 	}
+	if f.leaders > 0 {
+		return 0, opErr(ErrRefused, "an instance still leads or campaigns for job %q (it is stopping); try again in a moment", job)
+	}
 	resp, err := cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.CreateRevision(keys.Members(job)), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(keys.Running(job)), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(keys.Leader(job)), "=", 0).WithPrefix(),
 	).Then(clientv3.OpDelete(keys.job(job), clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("remove job %q: %w", job, err)

@@ -162,7 +162,11 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		if kvs := r.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			var rc registeredConfig
 			if def, err := decodeRegistered(keys.Config(name), name, kvs[0].Value, &rc); err != nil {
-				js.Problems = append(js.Problems, "registered definition is malformed: "+err.Error())
+				what := "registered definition is malformed: "
+				if stateOf(err) == regUnreadable {
+					what = "registered definition cannot be read by this shardd version (written by a newer one?): "
+				}
+				js.Problems = append(js.Problems, what+err.Error())
 			} else {
 				configDisabled = def.Disabled
 				js.itemParameters = def.ShardingItemParameters

@@ -137,4 +137,8 @@ const maxSuperseded = 20
 type loadedRecord struct {
 	Hash string    `json:"hash"`
 	At   time.Time `json:"at"`
+	// Seen is the generation of the registered definition when the record
+	// was written; 0 when the record was written with a publication of
+	// Hash, whose generation is then the record's own ModRevision.
+	Seen int64 `json:"seen,omitempty"`
 }

@@ -142,7 +142,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		case disabled:
 			j.log.Info("job is disabled by an operator: its fires are not run until it is enabled")
 		default:
-			j.log.Info("job is enabled: its fires run again, from now on")
+			j.log.Info("job is enabled: its fires run again; fires missed while it was disabled count as missed (the latest runs if younger than the misfire window)")
 		}
 	}
 	if m == nil || disabled {
