@@ -145,6 +145,9 @@ func cmdRun(e *env, args []string) error {
 	var ln net.Listener
 	if *listen != "" {
 		if ln, err = net.Listen("tcp", *listen); err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return fmt.Errorf("--listen: %w (another shardd on this host? give each its own --listen, or --listen \"\" for none)", err)
+			}
 			return fmt.Errorf("--listen: %w", err)
 		}
 		apiAddr = ln.Addr().String()

@@ -47,9 +47,17 @@ func cmdStatus(e *env, args []string) error {
 
 func writeStatus(w io.Writer, st *coord.ClusterStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tSTATUS\tLEADER\tEPOCH\tSTRATEGY\tITEMS\tELIGIBLE")
+	fmt.Fprintln(tw, "JOB\tSTATUS\tLEADER\tEPOCH\tSTRATEGY\tITEMS\tELIGIBLE\tDEFINITION\tCONFLICTS")
 	for _, j := range st.Jobs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\n", j.Name, j.Status, dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total, dash(strings.Join(j.Eligible, ",")))
+		def, conflicts := "-", "-"
+		if d := j.Definition; d != nil {
+			def = fmt.Sprintf("gen %d by %s", d.Generation, d.Writer)
+			if len(d.Conflicts) > 0 {
+				conflicts = strings.Join(d.Conflicts, ",")
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", j.Name, j.Status, dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total,
+			dash(strings.Join(j.Eligible, ",")), def, conflicts)
 	}
 	tw.Flush()
 	for _, j := range st.Jobs {

@@ -62,6 +62,10 @@ func writeNextFires(w io.Writer, c *config.Config, n int) {
 		if len(fires) == 0 {
 			fires = []string{"never (the expression matches no future time)"}
 		}
-		fmt.Fprintf(w, "  %s (%s, %s): next %s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "))
+		off := ""
+		if j.Disabled {
+			off = " [disabled: true, so none of these runs]"
+		}
+		fmt.Fprintf(w, "  %s (%s, %s): next %s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), off)
 	}
 }

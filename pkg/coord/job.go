@@ -226,6 +226,12 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 		n.registered[local.Name] = hash
 		n.mu.Unlock()
 		switch {
+		case publish && state == regGood && loaded.hash != "" && loaded.seen != configRev && reg.Writer != n.opts.ID:
+			// An edit of a file that was behind: the whole definition wins,
+			// including what it lacks of the one it replaces.
+			log.Warn(why+"; it replaces a newer definition this host's file did not have: check that nothing of it was lost",
+				"hash", hash, "generation", kv.ModRevision, "replaced_hash", reg.Hash, "replaced_writer", reg.Writer, "replaced_written", reg.Written)
+			n.takeDefinition(local.Name, local, kv.ModRevision)
 		case publish:
 			log.Info(why, "hash", hash, "generation", kv.ModRevision)
 			n.takeDefinition(local.Name, local, kv.ModRevision)

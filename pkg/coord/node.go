@@ -164,8 +164,7 @@ func (n *Node) SetJobs(jobs []*config.Job) {
 			delete(n.registered, j.Name)
 		}
 		if v, ok := n.views[j.Name]; ok {
-			v.Local = j
-			v.Conflict = v.Generation > 0 && v.Job.Hash() != j.Hash()
+			v.Local = j // the registration that follows says whether it conflicts
 		} else {
 			n.views[j.Name] = &JobView{Local: j, Job: j}
 		}

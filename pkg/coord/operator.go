@@ -368,7 +368,7 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target,
 			}
 			hint := ""
 			if on {
-				hint = "; --force disables it ahead of its start"
+				hint = "; force disables it ahead of its start (--force; force=true in the API)"
 			}
 			return Disabling{}, opErr(ErrBadTarget, "instance %s does not run job %s (%s)%s", t.Instance, t.Job, members, hint)
 		}
@@ -401,6 +401,9 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target,
 	verb := map[bool]string{true: "disabled", false: "enabled"}[on]
 	if res.Changed {
 		res.Message = fmt.Sprintf("%s %s", verb, t)
+		if on && t.Item < 0 && t.Instance == "" && f.def != nil && f.def.Disabled {
+			res.Message += " (its definition disables it too: disabled: true)"
+		}
 	} else {
 		res.Message = fmt.Sprintf("%s was already %s; nothing changed", t, verb)
 	}

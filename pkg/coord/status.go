@@ -62,6 +62,11 @@ type DefinitionStatus struct {
 	Generation int64     `json:"generation"`
 	Writer     string    `json:"writer"`
 	Written    time.Time `json:"written"`
+	// Job is the definition itself, as JSON.
+	Job json.RawMessage `json:"job"`
+	// Conflicts are the live instances whose own definition differs (they
+	// run this one).
+	Conflicts []string `json:"conflicts,omitempty"`
 }
 
 // ItemStatus is one item of a job.
@@ -170,7 +175,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 			} else {
 				configDisabled = def.Disabled
 				js.itemParameters = def.ShardingItemParameters
-				js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written}
+				js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written, Job: rc.Job}
 			}
 		} else {
 			js.Problems = append(js.Problems, "no registered definition: no instance defines the job any more (shardd remove deletes what is left)")
@@ -184,6 +189,9 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		for _, in := range cs.Instances {
 			if slices.Contains(in.Conflicts, name) {
 				js.Problems = append(js.Problems, fmt.Sprintf("instance %s has a different local definition and uses the registered one", in.ID))
+				if js.Definition != nil {
+					js.Definition.Conflicts = append(js.Definition.Conflicts, in.ID)
+				}
 			}
 		}
 		js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
@@ -196,7 +204,11 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		if m != nil {
 			js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
 			for item := 0; item < m.Total; item++ {
-				js.Items = append(js.Items, ItemStatus{Item: item, Parameter: js.itemParameters[item], Instance: m.Owner(item)})
+				owner := m.Owner(item)
+				if owner != "" && !alive[owner] {
+					owner += " (gone)" // a map no leader has rewritten since
+				}
+				js.Items = append(js.Items, ItemStatus{Item: item, Parameter: js.itemParameters[item], Instance: owner})
 			}
 		}
 		cs.Jobs = append(cs.Jobs, js)
