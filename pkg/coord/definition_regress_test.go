@@ -133,3 +133,24 @@ func TestRemoveWaitsForALeavingLeader(t *testing.T) {
 		t.Errorf("remove said it deleted the job, but the leaving leader wrote its config back")
 	}
 }
+
+// A session lost while etcd stays unreachable: the instance goes on
+// retrying (and says so) although a waiting campaign's cleanup, which
+// concurrency.Election does without a deadline, blocks until etcd is back.
+func TestReconnectDoesNotWaitForAStuckCampaign(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	a := startNode(t, srv, "a", reviewV(t, 2))
+	b := startNode(t, srv, "b", reviewV(t, 2))
+	runsTotal(t, cli, 2, a, b)
+	waiting := a // the candidate that does not lead waits in Campaign
+	if v, _ := a.View("orders"); v.Leading {
+		waiting = b
+	}
+	waiting.proxy.Blackhole()
+	defer waiting.proxy.Restore()
+	waitFor(t, 3*testTTL, "the fence", func() bool { return !waiting.Up() })
+	waitFor(t, 3*testTTL, "a reconnect attempt while etcd is still unreachable", func() bool {
+		return strings.Contains(waiting.log.String(), "session ended; reconnecting")
+	})
+}

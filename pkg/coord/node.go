@@ -338,7 +338,13 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 			if n.opts.OnSessionLost != nil {
 				n.opts.OnSessionLost(err)
 			}
-			workers.stop()
+			if left := workers.stopWithin(n.opts.TTL); left > 0 {
+				// concurrency.Election cleans up a cancelled campaign with
+				// a call that has no deadline: with etcd unreachable it
+				// waits for etcd. Those workers can do no harm (their
+				// session is gone); reconnecting must not wait for them.
+				n.log.Warn("job workers still finishing an etcd call; reconnecting without them", "workers", left)
+			}
 			s.close(false)
 			return true, err
 		case <-n.changed:
@@ -537,6 +543,40 @@ func (ws *workerSet) stop() {
 		<-w.done
 		delete(ws.running, name)
 	}
+}
+
+// stopWithin is stop, waiting at most d for the workers to return; it
+// returns how many had not. They go on finishing in the background.
+func (ws *workerSet) stopWithin(d time.Duration) int {
+	for _, w := range ws.running {
+		w.cancel()
+	}
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	left, expired := 0, false
+	for name, w := range ws.running {
+		if expired {
+			select {
+			case <-w.done:
+			default:
+				left++
+				continue
+			}
+		} else {
+			select {
+			case <-w.done:
+			case <-deadline.C:
+				expired = true
+				left++
+				continue
+			}
+		}
+		delete(ws.running, name)
+	}
+	if left > 0 {
+		ws.running = map[string]*worker{}
+	}
+	return left
 }
 
 // backoff is exponential with jitter.
