@@ -330,7 +330,7 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 		// A fire that comes while a run of its item is still going cannot
 		// start before that run ends (G1): its bound counts from the end
 		// (for a run cut short, from the start of the run after it).
-		if busy := busyUntil(rs, due); !busy.IsZero() {
+		if busy := busyUntil(rs, due, o.Bound); !busy.IsZero() {
 			if d, in := deadline(busy); d.After(dl) {
 				dl, inFault = d, inFault || in
 			}
@@ -382,11 +382,15 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 
 // busyUntil returns when the item stopped being busy with the run in
 // progress at t, or zero if none was. A run ends at its end line; a run cut
-// short (no end) at the start of the run after it. A cut run whose next run
-// is its failover re-run (the same fire, a later attempt) goes on in that
-// re-run: the item is busy until the re-run ends, and so on down the chain
-// (checkCutRuns judges, separately, that each re-run came in time).
-func busyUntil(rs []*run, t time.Time) time.Time {
+// short (no end) at the start of the run after it. A run whose next run is
+// its failover re-run (the same fire, a later attempt, started within bound
+// of the run's end) goes on in that re-run: the item is busy until the
+// re-run ends, and so on down the chain. That covers a run cut by a failure
+// and a run that ended but whose instance was cut off before it could
+// record the end (G2's one exception: nobody can tell the two apart);
+// checkCutRuns judges, separately, that each re-run of a cut run came in
+// time.
+func busyUntil(rs []*run, t time.Time, bound time.Duration) time.Time {
 	endOf := func(i int) (time.Time, bool) {
 		switch {
 		case rs[i].end != nil:
@@ -404,8 +408,11 @@ func busyUntil(rs []*run, t time.Time) time.Time {
 		if !ok || !end.After(t) {
 			continue
 		}
-		for j := i; rs[j].end == nil && j+1 < len(rs) &&
-			rs[j+1].start.Fire.Equal(rs[j].start.Fire) && rs[j+1].start.Attempt > rs[j].start.Attempt; j++ {
+		for j := i; j+1 < len(rs); j++ {
+			next := rs[j+1].start
+			if !next.Fire.Equal(rs[j].start.Fire) || next.Attempt <= rs[j].start.Attempt || next.At.After(end.Add(bound)) {
+				break
+			}
 			e, ok := endOf(j + 1)
 			if !ok {
 				break

@@ -287,6 +287,37 @@ func TestFireDuringAFailoverChain(t *testing.T) {
 	}
 }
 
+// A run that ended but whose instance was cut off before recording it is
+// re-run (failover, attempt + 1: G2's exception); a fire due during the
+// first run waits for the re-run too. A re-run that came long after the end
+// is not part of the run, and does not excuse the later fire.
+func TestFireDuringTheRerunOfAnEndedRun(t *testing.T) {
+	every10, _ := schedule.Parse("@every 10s", nil)
+	o := Options{Jobs: map[string]Job{"orders": {Items: 1, Schedule: every10, Failover: true}}, Bound: 3 * time.Second, From: t0, To: t0.Add(41 * time.Second),
+		Failures: []Failure{{At: t0.Add(19 * time.Second), Instance: "a"}}}
+	tail := line("start", 0, 30, 1, 30, "b", "NORMAL", 30005) + line("end", 0, 30, 1, 30, "b", "NORMAL", 31000) +
+		line("start", 0, 40, 1, 40, "b", "NORMAL", 40005) + line("end", 0, 40, 1, 40, "b", "NORMAL", 41000)
+	for _, tc := range []struct {
+		name    string
+		rerunAt int // ms
+		misses  int
+	}{
+		{"re-run at once after the unrecorded end", 22000, 0}, // the end at 20.03s went unrecorded
+		{"re-run long after", 24500, 1},
+	} {
+		runs := line("start", 0, 10, 1, 10, "a", "NORMAL", 10005) + line("end", 0, 10, 1, 10, "a", "NORMAL", 20030) +
+			line("start", 0, 10, 2, 11, "b", "FAILOVER", tc.rerunAt) + line("end", 0, 10, 2, 11, "b", "FAILOVER", tc.rerunAt+4000) +
+			line("start", 0, 20, 1, 20, "b", "MISFIRE", tc.rerunAt+4050) + line("end", 0, 20, 1, 20, "b", "MISFIRE", tc.rerunAt+4500)
+		ev, err := Parse(strings.NewReader(runs + tail))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := Check(ev, o); r.Misses != tc.misses {
+			t.Errorf("%s: %d misses, want %d: %s %v", tc.name, r.Misses, tc.misses, r, r.Violations)
+		}
+	}
+}
+
 // Jobs whose period is longer than the bound: a lost fire is seen although
 // the next fire's run comes (an every-second checker could not see it).
 func TestLongPeriodFireLost(t *testing.T) {
