@@ -152,12 +152,19 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 // error becomes a usage exit.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
+	out := fs.Output()
+	fs.SetOutput(io.Discard) // the problem is said once, below, as every other command error is
+	defer fs.SetOutput(out)
 	for {
 		if err := fs.Parse(args); err != nil {
+			fs.SetOutput(out)
 			if errors.Is(err, flag.ErrHelp) {
+				fs.Usage()
 				return nil, err
 			}
-			return nil, &exitError{exitUsage, errors.New("")} // flag already printed the problem and usage
+			// flag names flags with one dash; shardd's docs use two.
+			msg := strings.NewReplacer("flag -", "flag --", "defined: -", "defined: --").Replace(err.Error())
+			return nil, usageError("%s (shardd %s --help lists the flags)", msg, fs.Name())
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {

@@ -88,7 +88,7 @@ func TestPlanUsageErrors(t *testing.T) {
 		{[]string{"--job", "x", "--instances", "a", "--total", "0"}, "total must be >= 1, got 0"},
 		{[]string{"--job", "x", "--instances", "a", "-o", "yaml"}, "-o must be table or json"},
 		{[]string{"--job", "x", "--instances", "a", "--fire-time", "tomorrow"}, "--fire-time: want RFC 3339"},
-		{[]string{"--nope"}, "flag provided but not defined: -nope"},
+		{[]string{"--nope"}, "shardd plan: flag provided but not defined: --nope (shardd plan --help lists the flags)"},
 		{[]string{"--job", "x", "--instances", "a", "extra"}, `unexpected argument "extra"`},
 	}
 	for _, tt := range tests {
