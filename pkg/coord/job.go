@@ -312,35 +312,7 @@ func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 			n.takeDefinition(job, def, kv.ModRevision)
 		}
 	}
-	var reads sync.WaitGroup
-	read := func() {
-		reads.Add(1)
-		go func() {
-			defer reads.Done()
-			b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
-			for ctx.Err() == nil {
-				gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-				resp, err := n.opts.Client.Get(gctx, key)
-				cancel()
-				if err == nil {
-					for _, kv := range resp.Kvs {
-						take(kv)
-					}
-					return
-				}
-				sleep(ctx, b.next())
-			}
-		}()
-	}
-	unsubscribe := n.hub.subscribe(job, key, func(ev *clientv3.Event) {
-		if ev.Type == clientv3.EventTypePut && string(ev.Kv.Key) == key {
-			take(ev.Kv)
-		}
-	}, read)
-	return func() {
-		unsubscribe()
-		reads.Wait()
-	}
+	return n.followKey(ctx, job, key, false, take)
 }
 
 // errUnreadable marks a registered definition of the right job that this
@@ -414,10 +386,17 @@ func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error
 
 // followMap keeps the node's view of job's shard map current until ctx is
 // done or stop is called: it reads the map, takes every newer map the hub
-// delivers, and reads again when the hub may have lost events. It holds no
-// goroutine between reads: with thousands of jobs, a goroutine per job
-// and purpose is most of an instance's memory.
+// delivers, and reads again when the hub may have lost events.
 func (n *Node) followMap(ctx context.Context, job string) (stop func()) {
+	return n.followKey(ctx, job, n.keys.Shards(job), true, func(kv *mvccpb.KeyValue) { n.observeMap(job, kv) })
+}
+
+// followKey calls take with every put of key (a key of job) the hub
+// delivers, and with key as read from etcd when the hub may have lost
+// events, and at once if readNow, until ctx is done or stop is called. It
+// holds no goroutine between reads: with thousands of jobs, a goroutine
+// per job and purpose is most of an instance's memory.
+func (n *Node) followKey(ctx context.Context, job, key string, readNow bool, take func(*mvccpb.KeyValue)) (stop func()) {
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -432,15 +411,17 @@ func (n *Node) followMap(ctx context.Context, job string) (stop func()) {
 		reads.Add(1)
 		go func() {
 			defer reads.Done()
-			n.readMap(ctx, job)
+			n.readKey(ctx, key, take)
 		}()
 	}
-	unsubscribe := n.hub.subscribe(job, n.keys.Shards(job), func(ev *clientv3.Event) {
-		if ev.Type == clientv3.EventTypePut {
-			n.observeMap(job, ev.Kv)
+	unsubscribe := n.hub.subscribe(job, key, func(ev *clientv3.Event) {
+		if ev.Type == clientv3.EventTypePut && string(ev.Kv.Key) == key {
+			take(ev.Kv)
 		}
 	}, read)
-	read()
+	if readNow {
+		read()
+	}
 	return func() {
 		unsubscribe()
 		mu.Lock()
@@ -450,24 +431,24 @@ func (n *Node) followMap(ctx context.Context, job string) (stop func()) {
 	}
 }
 
-// readMap reads job's shard map into the view, retrying until it succeeds
-// or ctx is done.
-func (n *Node) readMap(ctx context.Context, job string) {
+// readKey reads key and calls take with it, retrying until the read
+// succeeds or ctx is done.
+func (n *Node) readKey(ctx context.Context, key string, take func(*mvccpb.KeyValue)) {
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-		resp, err := n.opts.Client.Get(gctx, n.keys.Shards(job))
+		resp, err := n.opts.Client.Get(gctx, key)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
 			return
 		case err == nil:
 			for _, kv := range resp.Kvs {
-				n.observeMap(job, kv)
+				take(kv)
 			}
 			return
 		}
-		n.log.Debug("read shard map", "job", job, "err", err)
+		n.log.Debug("read key; retrying", "key", key, "err", err)
 		sleep(ctx, b.next())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"sync"
@@ -535,15 +536,7 @@ func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
 
 // stop stops every worker and waits for them: all are cancelled first, so
 // that thousands of leaderships resign in parallel, not one by one.
-func (ws *workerSet) stop() {
-	for _, w := range ws.running {
-		w.cancel()
-	}
-	for name, w := range ws.running {
-		<-w.done
-		delete(ws.running, name)
-	}
-}
+func (ws *workerSet) stop() { ws.stopWithin(math.MaxInt64) }
 
 // stopWithin is stop, waiting at most d for the workers to return; it
 // returns how many had not. They go on finishing in the background.
