@@ -1,5 +1,7 @@
 // Package embedetcd runs a single-member etcd server inside the shardd
-// process: the default when no etcd endpoints are configured.
+// process: the default when no etcd endpoints are configured. With
+// Options.TLS it accepts only clients that present the certificate it
+// generates into its data directory (see EnsureTLS).
 package embedetcd
 
 import (
@@ -9,8 +11,10 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -27,8 +31,13 @@ type Server struct {
 type Options struct {
 	// Dir holds the member's data; it is created if missing.
 	Dir string
-	// ClientURL and PeerURL to listen on, e.g. http://127.0.0.1:2379.
+	// ClientURL and PeerURL to listen on, e.g. http://127.0.0.1:2379;
+	// https with TLS.
 	ClientURL, PeerURL string
+	// TLS serves clients and peers over TLS and requires a client
+	// certificate signed by the CA in Dir/tls, generated on first start:
+	// only who can read Dir/tls/client.key reaches the server.
+	TLS bool
 	// Name of the member; default "shardd".
 	Name string
 	// InitialCluster lists the members of a new cluster as
@@ -61,7 +70,22 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
 	}
+	secure := cu.Scheme == "https" || cu.Scheme == "unixs"
+	if secure != o.TLS || (pu.Scheme == "https") != o.TLS {
+		if o.TLS {
+			return nil, fmt.Errorf("embedded etcd: the client URL %s and the peer URL %s must be https: it accepts only clients with its certificate", o.ClientURL, o.PeerURL)
+		}
+		return nil, fmt.Errorf("embedded etcd: the client URL %s and the peer URL %s must be http without TLS", o.ClientURL, o.PeerURL)
+	}
 	cfg := embed.NewConfig()
+	if o.TLS {
+		f, err := EnsureTLS(o.Dir, certHosts(cu, pu), time.Now())
+		if err != nil {
+			return nil, err
+		}
+		info := transport.TLSInfo{CertFile: f.ServerCert, KeyFile: f.ServerKey, TrustedCAFile: f.CA, ClientCertAuth: true}
+		cfg.ClientTLSInfo, cfg.PeerTLSInfo = info, info
+	}
 	cfg.Name = o.Name
 	cfg.Dir = filepath.Join(o.Dir, "etcd")
 	cfg.ListenClientUrls = []url.URL{*cu}
@@ -76,6 +100,11 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	cfg.LogLevel = o.LogLevel
 	if o.LogFile == "" {
 		o.LogFile = filepath.Join(o.Dir, "etcd.log")
+	}
+	// etcd's log names keys and members: keep it the owner's, like the data.
+	if f, err := os.OpenFile(o.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
+		f.Chmod(0o600)
+		f.Close()
 	}
 	cfg.LogOutputs = []string{o.LogFile}
 	// Keep revisions for an hour, so watches rarely see compaction.
@@ -99,6 +128,35 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd not ready after a minute")
 	}
+}
+
+// certHosts are the names the member's certificate must hold: loopback,
+// and the hosts of its URLs; for a URL on every address (0.0.0.0), this
+// host's name and addresses.
+func certHosts(urls ...*url.URL) []string {
+	hosts := []string{"localhost", "127.0.0.1", "::1"}
+	add := func(h string) {
+		if h != "" && !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	for _, u := range urls {
+		ip := net.ParseIP(u.Hostname())
+		if ip == nil || !ip.IsUnspecified() {
+			add(u.Hostname())
+			continue
+		}
+		if h, err := os.Hostname(); err == nil {
+			add(h)
+		}
+		addrs, _ := net.InterfaceAddrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				add(n.IP.String())
+			}
+		}
+	}
+	return hosts
 }
 
 // reachable returns the URL clients dial to reach a server listening on u:
