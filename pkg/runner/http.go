@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -97,14 +98,20 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	}
 	req.Header.Set("User-Agent", "shardd")
 	req.Header.Set("shardingContext", c.elasticJobContext()) // for hooks migrated from ElasticJob
+	var secrets []string                                     // the values of the ${VAR}s: never recorded
 	for k, v := range h.Headers {
 		val, missing := ExpandEnv(v)
 		if len(missing) > 0 {
 			res.Err = fmt.Errorf("header %s: ${%s} is not set in shardd's environment on this host; not sending an empty value", k, missing[0])
 			return res
 		}
+		os.Expand(v, func(name string) string {
+			secrets = append(secrets, os.Getenv(name))
+			return ""
+		})
 		req.Header.Set(k, val)
 	}
+	defer func() { res = redact(res, secrets) }()
 	res.Started = time.Now()
 	resp, err := h.client.Do(req)
 	if err != nil {
@@ -146,3 +153,42 @@ func ExpandEnv(s string) (string, []string) {
 	})
 	return out, missing
 }
+
+// redact replaces every secret in the recorded parts of res (output and
+// error, which reach the log, the history and the API) with "[redacted]":
+// a hook that echoes its request, or an error that quotes it, must not
+// publish a header's ${VAR} value.
+func redact(res Result, secrets []string) Result {
+	pairs := replacements(secrets)
+	if len(pairs) == 0 {
+		return res
+	}
+	r := strings.NewReplacer(pairs...)
+	res.Output = r.Replace(res.Output)
+	if res.Err != nil {
+		if msg := r.Replace(res.Err.Error()); msg != res.Err.Error() {
+			res.Err = &redactedError{msg: msg, err: res.Err}
+		}
+	}
+	return res
+}
+
+func replacements(secrets []string) []string {
+	var out []string
+	for _, s := range secrets {
+		if len(s) >= 4 { // shorter values would redact ordinary text
+			out = append(out, s, "[redacted]")
+		}
+	}
+	return out
+}
+
+// redactedError is an error whose message had secrets taken out; it still
+// unwraps to the original for errors.Is (ErrKilled, ...).
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }

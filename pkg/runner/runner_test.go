@@ -212,6 +212,8 @@ func TestHTTPHook(t *testing.T) {
 			http.Error(w, "boom", http.StatusBadGateway)
 		case "/slow":
 			time.Sleep(2 * time.Second)
+		case "/echo":
+			http.Error(w, "you sent "+r.Header.Get("Authorization"), http.StatusInternalServerError)
 		}
 	}))
 	defer srv.Close()
@@ -242,6 +244,10 @@ func TestHTTPHook(t *testing.T) {
 	if res := hook("/slow").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.Duration() > 1500*time.Millisecond {
 		t.Errorf("timeout: %+v", res)
 	}
+	// A hook that echoes its request: the ${VAR} secret is not recorded.
+	if res := hook("/echo").Run(context.Background(), ctxFixture); res.OK || strings.Contains(res.Output, "s3cret") || !strings.Contains(res.Output, "you sent Bearer [redacted]") {
+		t.Errorf("echoed secret: output %q", res.Output)
+	}
 	h, _ := NewHTTP(HTTP{URL: "http://127.0.0.1:1/", Method: "POST", Timeout: time.Second}, TLSFiles{})
 	if res := h.Run(context.Background(), ctxFixture); res.OK || !res.Retryable {
 		t.Errorf("connection refused must be retryable: %+v", res)
@@ -253,6 +259,20 @@ func TestHTTPHook(t *testing.T) {
 	h, _ = NewHTTP(HTTP{URL: srv.URL + "/ok", Method: "POST", Headers: map[string]string{"Authorization": "Bearer ${SHARDD_TEST_NO_SUCH_VAR}"}, Timeout: time.Second}, TLSFiles{})
 	if res := h.Run(context.Background(), ctxFixture); res.OK || res.Retryable || !strings.Contains(fmt.Sprint(res.Err), "${SHARDD_TEST_NO_SUCH_VAR} is not set") || gotAuth != "not called" {
 		t.Errorf("unset header variable: %+v, server saw %q", res, gotAuth)
+	}
+}
+
+func TestRedact(t *testing.T) {
+	inner := fmt.Errorf("%w: GET with Bearer tok-123456 failed", ErrKilled)
+	res := redact(Result{Output: "auth=Bearer tok-123456, token tok-123456, abc", Err: inner}, []string{"tok-123456", "abc"})
+	if res.Output != "auth=Bearer [redacted], token [redacted], abc" {
+		t.Errorf("output %q", res.Output)
+	}
+	if res.Err.Error() != "runner: killed: GET with Bearer [redacted] failed" || !errors.Is(res.Err, ErrKilled) {
+		t.Errorf("err %q (still ErrKilled: %v)", res.Err, errors.Is(res.Err, ErrKilled))
+	}
+	if got := redact(Result{Output: "x"}, nil); got.Output != "x" {
+		t.Errorf("no secrets: %q", got.Output)
 	}
 }
 
