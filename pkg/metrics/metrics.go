@@ -25,6 +25,7 @@ type Metrics struct {
 	EtcdRequests    *prometheus.HistogramVec // operation, result
 	ReloadSuccess   prometheus.Gauge
 	ReloadTimestamp prometheus.Gauge
+	EtcdExposed     *prometheus.GaugeVec // exposure
 }
 
 // Run results.
@@ -71,13 +72,17 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		ReloadTimestamp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "shardd_config_last_reload_success_timestamp_seconds", Help: "Time of the last successful configuration load.",
 		}),
+		EtcdExposed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "shardd_etcd_exposed",
+			Help: "1 when etcd, checked at start, is open in this way: anonymous (a client with no certificate and no user read shardd's keys, so anyone who reaches etcd can make every host run anything) or cleartext (an endpoint beyond loopback without TLS).",
+		}, []string{"exposure"}),
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "shardd_build_info", Help: "Build information; the value is always 1.",
 	}, []string{"version", "goversion"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(m.Runs, m.RunDuration, m.TriggerDelay, m.Running, m.SkippedFires, m.Reshards,
-		m.SessionLosses, m.EtcdRequests, m.ReloadSuccess, m.ReloadTimestamp, build,
+		m.SessionLosses, m.EtcdRequests, m.ReloadSuccess, m.ReloadTimestamp, m.EtcdExposed, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

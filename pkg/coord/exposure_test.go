@@ -1,0 +1,66 @@
+package coord
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/embedetcd"
+)
+
+func TestCleartext(t *testing.T) {
+	tests := []struct {
+		endpoints []string
+		want      []string
+	}{
+		{[]string{"http://127.0.0.1:2379", "http://localhost:2379", "http://[::1]:2379"}, nil},
+		{[]string{"https://etcd1:2379", "https://10.0.0.1:2379"}, nil},
+		{[]string{"http://etcd1:2379", "https://etcd2:2379"}, []string{"http://etcd1:2379"}},
+		{[]string{"http://10.0.0.1:2379"}, []string{"http://10.0.0.1:2379"}},
+		{[]string{"etcd1:2379", "127.0.0.1:2379"}, []string{"etcd1:2379"}}, // no scheme: no TLS
+		{[]string{"unix:///run/etcd.sock"}, nil},
+	}
+	for _, tt := range tests {
+		if got := Cleartext(tt.endpoints); !slices.Equal(got, tt.want) {
+			t.Errorf("Cleartext(%v) = %v, want %v", tt.endpoints, got, tt.want)
+		}
+	}
+}
+
+func TestProbe(t *testing.T) {
+	ctx := context.Background()
+	k := NewKeys("")
+
+	// The tests' etcd: no TLS, no auth.
+	open := etcdtest.Start(t)
+	if e := Probe(ctx, ClientOptions{Endpoints: []string{open.Endpoint()}}, k); !e.Anonymous || len(e.Cleartext) != 0 {
+		t.Errorf("an etcd without TLS and auth: %+v, want anonymous, not cleartext (loopback)", e)
+	}
+
+	// The embedded default: client certificates required. Probe presents
+	// none, even when the options it is given hold one.
+	dir := t.TempDir()
+	client, peer := "https://"+etcdtest.FreeAddr(t), "https://"+etcdtest.FreeAddr(t)
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	srv, err := embedetcd.Start(sctx, embedetcd.Options{Dir: dir, ClientURL: client, PeerURL: peer, TLS: true, LogLevel: "error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	f := embedetcd.Files(dir)
+	o := ClientOptions{Endpoints: []string{client}, CAFile: f.CA, CertFile: f.ClientCert, KeyFile: f.ClientKey}
+	cli, err := NewClient(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Put(ctx, k.Prefix()+"/x", "y"); err != nil {
+		t.Fatalf("the owner's client: %v", err)
+	}
+	if e := Probe(ctx, o, k); e.Anonymous {
+		t.Errorf("an etcd requiring client certificates: %+v, want closed", e)
+	}
+}
