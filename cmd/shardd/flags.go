@@ -1,14 +1,18 @@
 package main
 
 import (
+	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/embedetcd"
 )
 
 // envName is the environment variable that sets flag name: SHARDD_ETCD_CA for etcd-ca.
@@ -50,6 +54,7 @@ type etcdFlags struct {
 	password    string
 	dialTimeout time.Duration
 	prefix      string
+	dataDir     string
 }
 
 func (f *etcdFlags) register(fs *flag.FlagSet, endpointsHelp string) {
@@ -61,10 +66,31 @@ func (f *etcdFlags) register(fs *flag.FlagSet, endpointsHelp string) {
 	fs.StringVar(&f.password, "etcd-password", "", "etcd `password` (prefer the environment variable)")
 	fs.DurationVar(&f.dialTimeout, "etcd-dial-timeout", 5*time.Second, "how long to wait for an etcd connection")
 	fs.StringVar(&f.prefix, "prefix", coord.DefaultPrefix, "etcd key `prefix` of this shardd cluster")
+	fs.StringVar(&f.dataDir, "data-dir", "", "`directory` of the embedded etcd: its data, and in tls/ the only client certificate it accepts (default "+defaultDataDir+"; for commands other than run, "+systemdDataDir+" when only that exists)")
 }
 
 // etcdFlagNames are the names etcdFlags registers: the connection flags.
-var etcdFlagNames = []string{"etcd", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-password", "etcd-dial-timeout", "prefix"}
+var etcdFlagNames = []string{"etcd", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-password", "etcd-dial-timeout", "prefix", "data-dir"}
+
+// systemdDataDir is the --data-dir of the systemd unit (systemd/shardd.env).
+const systemdDataDir = "/var/lib/shardd"
+
+// dir returns --data-dir, or its default: shardd-data, or for the
+// commands that only connect (search), the systemd unit's directory when
+// shardd-data does not exist and that does.
+func (f *etcdFlags) dir(search bool) string {
+	if f.dataDir != "" {
+		return f.dataDir
+	}
+	if search {
+		if _, err := os.Stat(defaultDataDir); errors.Is(err, os.ErrNotExist) {
+			if _, err := os.Stat(systemdDataDir); err == nil {
+				return systemdDataDir
+			}
+		}
+	}
+	return defaultDataDir
+}
 
 func (f *etcdFlags) list() []string {
 	var out []string
@@ -76,12 +102,36 @@ func (f *etcdFlags) list() []string {
 	return out
 }
 
-func (f *etcdFlags) clientOptions(endpoints []string) coord.ClientOptions {
-	return coord.ClientOptions{
+// clientOptions returns the options of a client of endpoints. The embedded
+// etcd accepts only the client certificate it generated into its data
+// directory: without --etcd-ca, --etcd-cert and --etcd-key, a client of an
+// https endpoint presents that certificate when the data directory (dir,
+// see etcdFlags.dir) has one. embedded says the endpoints are the embedded
+// default rather than --etcd: then the certificate is required.
+func (f *etcdFlags) clientOptions(endpoints []string, dir string, embedded bool) (coord.ClientOptions, error) {
+	o := coord.ClientOptions{
 		Endpoints: endpoints, CAFile: f.ca, CertFile: f.cert, KeyFile: f.key,
 		Username: f.user, Password: f.password, DialTimeout: f.dialTimeout,
 	}
+	if f.ca != "" || f.cert != "" || f.key != "" || !slices.ContainsFunc(endpoints, isHTTPS) {
+		return o, nil
+	}
+	files, err := embedetcd.ClientCredentials(dir)
+	switch {
+	case err == nil:
+		o.CAFile, o.CertFile, o.KeyFile = files.CA, files.ClientCert, files.ClientKey
+		return o, nil
+	case errors.Is(err, embedetcd.ErrNoCredentials) && !embedded:
+		return o, nil // an external etcd with a CA the system trusts
+	case errors.Is(err, embedetcd.ErrNoCredentials):
+		abs, _ := filepath.Abs(dir)
+		return o, fmt.Errorf("%w (--data-dir %s): the embedded etcd at %s accepts only that certificate; "+
+			"pass the --data-dir shardd run was given (or set SHARDD_DATA_DIR), or --etcd and its --etcd-* flags for another etcd", err, abs, strings.Join(endpoints, ","))
+	}
+	return o, fmt.Errorf("etcd client certificate of --data-dir %s: %w", dir, err)
 }
+
+func isHTTPS(endpoint string) bool { return strings.HasPrefix(endpoint, "https://") }
 
 // logFlags choose the log format and level.
 type logFlags struct {

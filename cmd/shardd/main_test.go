@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/embedetcd"
 )
 
 // shardd runs the command line args and returns exit code, stdout and stderr.
@@ -268,5 +269,42 @@ func TestJSONLogDurations(t *testing.T) {
 	log.Info("x", "in", 1500*time.Millisecond)
 	if !strings.Contains(b.String(), `"in":"1.5s"`) {
 		t.Errorf("log line %s", b.String())
+	}
+}
+
+func TestClientOptionsFindTheEmbeddedCertificate(t *testing.T) {
+	withCerts := t.TempDir()
+	if _, err := embedetcd.EnsureTLS(withCerts, []string{"127.0.0.1"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	without := t.TempDir()
+	tests := []struct {
+		name      string
+		f         etcdFlags
+		endpoints []string
+		dir       string
+		embedded  bool
+		wantCert  bool
+		wantErr   string
+	}{
+		{"the embedded default, certificate found", etcdFlags{}, []string{defaultEmbedURL}, withCerts, true, true, ""},
+		{"the embedded default, no certificate", etcdFlags{}, []string{defaultEmbedURL}, without, true, false, "no embedded etcd client certificate"},
+		{"--etcd https, certificate found", etcdFlags{}, []string{"https://127.0.0.1:2379"}, withCerts, false, true, ""},
+		{"--etcd https elsewhere, no certificate: the system's roots", etcdFlags{}, []string{"https://etcd1:2379"}, without, false, false, ""},
+		{"--etcd http: never a certificate", etcdFlags{}, []string{"http://127.0.0.1:2379"}, withCerts, false, false, ""},
+		{"explicit TLS flags win", etcdFlags{ca: "/etc/ca.pem"}, []string{"https://etcd1:2379"}, withCerts, false, false, ""},
+	}
+	for _, tt := range tests {
+		o, err := tt.f.clientOptions(tt.endpoints, tt.dir, tt.embedded)
+		switch {
+		case tt.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "--data-dir") {
+				t.Errorf("%s: err %v, want %q naming --data-dir", tt.name, err, tt.wantErr)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", tt.name, err)
+		case tt.wantCert != (o.CertFile == embedetcd.Files(tt.dir).ClientCert):
+			t.Errorf("%s: cert %q, want the data dir's: %v", tt.name, o.CertFile, tt.wantCert)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -59,10 +60,15 @@ func (o *opsFlags) cluster() string {
 // connect returns a client and a context bounded by --timeout.
 func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 	endpoints := o.ef.list()
-	if len(endpoints) == 0 {
+	embedded := len(endpoints) == 0
+	if embedded {
 		endpoints = []string{defaultEmbedURL}
 	}
-	cli, err := coord.NewClient(o.ef.clientOptions(endpoints))
+	copts, err := o.ef.clientOptions(endpoints, o.ef.dir(true), embedded)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cli, err := coord.NewClient(copts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -77,7 +83,14 @@ func (o *opsFlags) opError(err error) error {
 		return err
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w\nno answer from %s within --timeout %s; is shardd or etcd running there? (--etcd or SHARDD_ETCD chooses the cluster)", err, o.cluster(), o.timeout)
+		// Plain HTTP on loopback: most likely the embedded etcd, as
+		// reached before it served only TLS.
+		plainLocal := func(ep string) bool { return !isHTTPS(ep) && coord.Cleartext([]string{ep}) == nil }
+		hint := ""
+		if slices.ContainsFunc(o.ef.list(), plainLocal) {
+			hint = "; the embedded etcd of shardd run serves only https"
+		}
+		return fmt.Errorf("%w\nno answer from %s within --timeout %s; is shardd or etcd running there? (--etcd or SHARDD_ETCD chooses the cluster%s)", err, o.cluster(), o.timeout, hint)
 	}
 	return fmt.Errorf("%w (%s)", err, o.cluster())
 }

@@ -32,8 +32,8 @@ import (
 const (
 	defaultListen    = "127.0.0.1:9741"
 	defaultDataDir   = "shardd-data"
-	defaultEmbedURL  = "http://127.0.0.1:2379"
-	defaultEmbedPeer = "http://127.0.0.1:2380"
+	defaultEmbedURL  = "https://127.0.0.1:2379"
+	defaultEmbedPeer = "https://127.0.0.1:2380"
 )
 
 func cmdRun(e *env, args []string) error {
@@ -41,16 +41,18 @@ func cmdRun(e *env, args []string) error {
 	var (
 		cfgPath   = fs.String("config", "", "job definitions: a YAML `file` or a directory of *.yaml")
 		name      = fs.String("name", hostname(), "instance `id`, unique in the cluster; keep it stable across restarts (default: this host's name)")
-		dataDir   = fs.String("data-dir", defaultDataDir, "`directory` for the embedded etcd's data")
 		listen    = fs.String("listen", defaultListen, "`address` of the HTTP server: /healthz, /readyz, /metrics and the /api; empty disables it")
 		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
 		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
 		grace     = fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long running items may finish before they are killed (recorded KILLED)")
-		tokenFile = fs.String("api-token-file", "", "`file` with the bearer token for the API's write endpoints (and reads)")
+		tokenFile = fs.String("api-token-file", "", "`file` with the bearer token for the API's write endpoints (and reads); without it the write endpoints are disabled")
 		readFile  = fs.String("api-read-token-file", "", "`file` with a read-only bearer token; when set, API reads need a token")
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
-		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd)")
-		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd)")
+		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
+		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd); https")
+		tlsCert   = fs.String("tls-cert", "", "certificate `file` (PEM) of the HTTP server: serve --listen over TLS")
+		tlsKey    = fs.String("tls-key", "", "private key `file` (PEM) of --tls-cert")
+		tlsCA     = fs.String("tls-client-ca", "", "CA bundle `file`: with it, the HTTP server requires client certificates it signed")
 		ef        etcdFlags
 		lf        logFlags
 	)
@@ -86,6 +88,13 @@ func cmdRun(e *env, args []string) error {
 		return &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml)", *cfgPath)}
 	}
 	log.Info("starting shardd", "version", version.String(), "instance", *name, "jobs", len(cfg.Jobs), "config", *cfgPath)
+	// The etcd password is shardd's own secret: the scripts and hooks it
+	// starts inherit its environment, so it leaves the environment here.
+	if pw := envName("etcd-password"); e.getenv(pw) != "" {
+		os.Unsetenv(pw)
+	} else if ef.password != "" {
+		log.Warn("--etcd-password on the command line is visible to every local user (ps, /proc/<pid>/cmdline); set " + pw + " instead")
+	}
 	writeToken, err := readToken(*tokenFile)
 	if err != nil {
 		return usageError("--api-token-file: %v", err)
@@ -93,6 +102,10 @@ func cmdRun(e *env, args []string) error {
 	readOnlyToken, err := readToken(*readFile)
 	if err != nil {
 		return usageError("--api-read-token-file: %v", err)
+	}
+	tlsCfg, err := serverTLS{*tlsCert, *tlsKey, *tlsCA}.config()
+	if err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, version.String())
@@ -103,9 +116,11 @@ func cmdRun(e *env, args []string) error {
 	var g oklogrun.Group
 
 	endpoints := ef.list()
-	if len(endpoints) == 0 {
-		dir, _ := filepath.Abs(*dataDir)
-		srv, err := embedetcd.Start(ctx, embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: *embedPeer})
+	embedded := len(endpoints) == 0
+	dataDir := ef.dir(false)
+	if embedded {
+		dir, _ := filepath.Abs(dataDir)
+		srv, err := embedetcd.Start(ctx, embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: *embedPeer, TLS: true})
 		if err != nil {
 			return err
 		}
@@ -113,13 +128,17 @@ func cmdRun(e *env, args []string) error {
 		log.Warn("no --etcd given: running an embedded single-node etcd; this is a single-host default for development, use a 3 or 5 member etcd cluster in production",
 			"data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
 		reach := "--etcd " + srv.ClientURL()
+		if dataDir != defaultDataDir {
+			reach += " --data-dir " + dataDir
+		}
 		if p := coord.NewKeys(ef.prefix).Prefix(); p != coord.DefaultPrefix {
 			reach += " --prefix " + p
 		}
-		if srv.ClientURL() == defaultEmbedURL && ef.prefix == coord.DefaultPrefix {
-			log.Info("embedded etcd at the default URL: shardd status, trigger, ... on this host reach it without flags; other local shardd processes join with "+reach, "url", srv.ClientURL())
+		owner := fmt.Sprintf("it accepts only clients with the certificate in %s, which only uid %d can read", embedetcd.Files(dir).Dir, os.Getuid())
+		if srv.ClientURL() == defaultEmbedURL && ef.prefix == coord.DefaultPrefix && dataDir == defaultDataDir {
+			log.Info("embedded etcd at the default URL: shardd status, trigger, ... run as this user in this directory reach it without flags; other local shardd processes join with "+reach+"; "+owner, "url", srv.ClientURL())
 		} else {
-			log.Info("embedded etcd at a non-default URL: run `shardd status "+reach+"` (or set SHARDD_ETCD) to reach this cluster; other local shardd processes join with "+reach, "url", srv.ClientURL())
+			log.Info("embedded etcd at a non-default URL or data dir: run `shardd status "+reach+"` (or set SHARDD_ETCD, SHARDD_DATA_DIR) to reach this cluster; other local shardd processes join with "+reach+"; "+owner, "url", srv.ClientURL())
 		}
 		endpoints = []string{srv.ClientURL()}
 		stop := make(chan struct{})
@@ -133,13 +152,27 @@ func cmdRun(e *env, args []string) error {
 		}, func(error) { close(stop) })
 	}
 
-	copts := ef.clientOptions(endpoints)
+	copts, err := ef.clientOptions(endpoints, dataDir, embedded)
+	if err != nil {
+		return err
+	}
 	copts.Observe = m.EtcdRequest
 	cli, err := coord.NewClient(copts)
 	if err != nil {
 		return err
 	}
 	defer cli.Close()
+
+	{ // is the control plane open to others? Checked once, beside the start.
+		pctx, pcancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		g.Add(func() error {
+			checkExposure(pctx, log, m, copts, coord.NewKeys(ef.prefix))
+			close(done)
+			<-pctx.Done()
+			return nil
+		}, func(error) { pcancel(); <-done })
+	}
 
 	var apiAddr string
 	var ln net.Listener
@@ -151,9 +184,14 @@ func cmdRun(e *env, args []string) error {
 			return fmt.Errorf("--listen: %w", err)
 		}
 		apiAddr = ln.Addr().String()
-		if writeToken == "" && !isLoopback(ln.Addr()) {
-			log.Warn("the API listens beyond loopback without --api-token-file: its write endpoints are disabled", "addr", apiAddr)
+		defer ln.Close() // when a later step fails; Serve closes it otherwise
+		var files []string
+		for _, f := range []string{*tokenFile, *readFile} {
+			if f != "" {
+				files = append(files, f)
+			}
 		}
+		warnAPI(log, ln.Addr(), tlsCfg != nil, writeToken != "", files...)
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
@@ -173,7 +211,7 @@ func cmdRun(e *env, args []string) error {
 		return err
 	}
 	defer wd.Close()
-	skew, err := coord.NewClockSkew(ef.clientOptions(endpoints))
+	skew, err := coord.NewClockSkew(copts)
 	if err != nil {
 		return err
 	}
@@ -225,12 +263,12 @@ func cmdRun(e *env, args []string) error {
 		})
 	}
 	if ln != nil {
-		srv := &http.Server{Handler: api.Handler(api.Options{
+		srv := newHTTPServer(api.Handler(api.Options{
 			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
-			WriteToken: writeToken, ReadToken: readOnlyToken, Loopback: isLoopback(ln.Addr()),
-		}), ReadHeaderTimeout: 5 * time.Second}
+			WriteToken: writeToken, ReadToken: readOnlyToken,
+		}), tlsCfg, log)
 		g.Add(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			if err := serve(srv, ln); !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
 			return nil
@@ -239,7 +277,7 @@ func cmdRun(e *env, args []string) error {
 			defer scancel()
 			srv.Shutdown(sctx)
 		})
-		log.Info("serving HTTP", "addr", apiAddr)
+		log.Info("serving HTTP", "addr", apiAddr, "tls", tlsCfg != nil, "client_certs", tlsCfg != nil && tlsCfg.ClientCAs != nil)
 	}
 	{ // systemd: READY when the session is up, watchdog pings
 		sctx, scancel := context.WithCancel(ctx)

@@ -37,6 +37,10 @@ var bin struct{ shardd, etcd string }
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if spec := os.Getenv(attackEnv); spec != "" { // this binary, run as the attacker
+		runAttacks(spec)
+		os.Exit(0)
+	}
 	if testing.Short() {
 		fmt.Println("e2e: skipped in -short mode")
 		os.Exit(0)

@@ -19,9 +19,11 @@
 // with another method, 503 when etcd cannot be reached.
 //
 // Write endpoints need the write token (Authorization: Bearer ...). Without
-// a write token they are served only on a loopback address: there is no
-// default token (XXL-JOB's led to CVE-2022-36157). A read token, if set,
-// guards the read endpoints of /api (either token reads).
+// a write token they are refused, on every address: any local user reaches
+// a loopback port, and there is no default token (XXL-JOB's led to
+// CVE-2022-36157). The CLI does not need them: it changes the cluster
+// through etcd. A read token, if set, guards the read endpoints of /api
+// (either token reads). /healthz, /readyz and /metrics need no token.
 package api
 
 import (
@@ -60,8 +62,6 @@ type Options struct {
 	ConfigError func() error
 	// WriteToken and ReadToken are the bearer tokens; empty means none.
 	WriteToken, ReadToken string
-	// Loopback says the server listens on a loopback address only.
-	Loopback bool
 	// Timeout bounds the etcd reads and writes of one request; default 5s.
 	Timeout time.Duration
 }
@@ -178,11 +178,7 @@ func (a *api) read(h http.HandlerFunc) http.HandlerFunc {
 func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if a.o.WriteToken == "" {
-			if !a.o.Loopback {
-				writeError(w, http.StatusForbidden, "write endpoints are disabled: this server listens beyond loopback and has no write token (--api-token-file)")
-				return
-			}
-			h(w, r)
+			writeError(w, http.StatusForbidden, "write endpoints are disabled: this instance has no write token (--api-token-file); the CLI (shardd trigger, disable, enable, remove) works through etcd")
 			return
 		}
 		t := bearer(r)

@@ -101,26 +101,26 @@ func TestAuthorization(t *testing.T) {
 	tests := []struct {
 		name                string
 		writeTok, readTok   string
-		loopback            bool
 		method, path, token string
 		want                int
 	}{
-		{"reads are open without a read token", w, "", false, "GET", "/api/v1/jobs", "", 200},
-		{"write without a token", w, "", true, "POST", "/api/v1/jobs/orders/trigger", "", 401},
-		{"write with a wrong token", w, "", true, "POST", "/api/v1/jobs/orders/trigger", "nope", 401},
-		{"write with the write token", w, "", false, "POST", "/api/v1/jobs/orders/trigger", w, 202},
-		{"write with the read token", w, r, true, "POST", "/api/v1/jobs/orders/disable", r, 403},
-		{"read without the read token", w, r, true, "GET", "/api/v1/jobs", "", 401},
-		{"read with a wrong token", w, r, true, "GET", "/api/v1/instances", "nope", 401},
-		{"read with the read token", w, r, true, "GET", "/api/v1/jobs/orders", r, 200},
-		{"read with the write token", w, r, true, "GET", "/api/v1/jobs/orders/history", w, 200},
-		{"no write token, loopback: writes served", "", "", true, "POST", "/api/v1/jobs/orders/enable", "", 200},
-		{"no write token, beyond loopback: writes refused", "", "", false, "POST", "/api/v1/jobs/orders/trigger", "", 403},
-		{"metrics are open", w, r, false, "GET", "/metrics", "", 200},
-		{"health is open", w, r, false, "GET", "/healthz", "", 200},
+		{"reads are open without a read token", w, "", "GET", "/api/v1/jobs", "", 200},
+		{"write without a token", w, "", "POST", "/api/v1/jobs/orders/trigger", "", 401},
+		{"write with a wrong token", w, "", "POST", "/api/v1/jobs/orders/trigger", "nope", 401},
+		{"write with the write token", w, "", "POST", "/api/v1/jobs/orders/trigger", w, 202},
+		{"write with the read token", w, r, "POST", "/api/v1/jobs/orders/disable", r, 403},
+		{"read without the read token", w, r, "GET", "/api/v1/jobs", "", 401},
+		{"read with a wrong token", w, r, "GET", "/api/v1/instances", "nope", 401},
+		{"read with the read token", w, r, "GET", "/api/v1/jobs/orders", r, 200},
+		{"read with the write token", w, r, "GET", "/api/v1/jobs/orders/history", w, 200},
+		{"no write token: writes refused", "", "", "POST", "/api/v1/jobs/orders/enable", "", 403},
+		{"no write token: a made-up token changes nothing", "", "", "POST", "/api/v1/jobs/orders/trigger", "anything", 403},
+		{"no write token: remove refused", "", "", "DELETE", "/api/v1/jobs/orders", "", 403},
+		{"metrics are open", w, r, "GET", "/metrics", "", 200},
+		{"health is open", w, r, "GET", "/healthz", "", 200},
 	}
 	for _, tt := range tests {
-		h := Handler(Options{Cluster: &fakeCluster{up: true}, WriteToken: tt.writeTok, ReadToken: tt.readTok, Loopback: tt.loopback,
+		h := Handler(Options{Cluster: &fakeCluster{up: true}, WriteToken: tt.writeTok, ReadToken: tt.readTok,
 			Metrics: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})})
 		code, body := do(t, h, tt.method, tt.path, tt.token)
 		if code != tt.want {
@@ -137,7 +137,12 @@ func TestAuthorization(t *testing.T) {
 
 func TestEndpoints(t *testing.T) {
 	fc := &fakeCluster{up: true}
-	h := Handler(Options{Cluster: fc, Loopback: true})
+	const token = "endpoints-write-token"
+	inner := Handler(Options{Cluster: fc, WriteToken: token})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Set("Authorization", "Bearer "+token)
+		inner.ServeHTTP(w, r)
+	})
 
 	code, body := do(t, h, "GET", "/api/v1/jobs/orders", "")
 	var job jobOut

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/metrics"
+)
+
+// Limits of the HTTP server. Its requests are small (no endpoint takes a
+// body of more than a few bytes) and its answers are JSON documents or a
+// metrics page; the limits keep a slow or hostile client from holding
+// connections, memory or goroutines.
+const (
+	maxHeaderBytes    = 64 << 10
+	maxBodyBytes      = 64 << 10
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 10 * time.Second
+	writeTimeout      = 30 * time.Second
+	idleTimeout       = 2 * time.Minute
+)
+
+// serverTLS are the --tls-* flags of the HTTP server.
+type serverTLS struct{ cert, key, clientCA string }
+
+// config loads the files into a TLS configuration; nil without --tls-cert.
+func (s serverTLS) config() (*tls.Config, error) {
+	if s.cert == "" && s.key == "" {
+		if s.clientCA != "" {
+			return nil, usageError("--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked only over TLS")
+		}
+		return nil, nil
+	}
+	if s.cert == "" || s.key == "" {
+		return nil, usageError("--tls-cert and --tls-key go together: give both, or neither")
+	}
+	pair, err := tls.LoadX509KeyPair(s.cert, s.key)
+	if err != nil {
+		return nil, usageError("--tls-cert/--tls-key: %v", err)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
+	if s.clientCA != "" {
+		pem, err := os.ReadFile(s.clientCA)
+		if err != nil {
+			return nil, usageError("--tls-client-ca: %v", err)
+		}
+		cfg.ClientCAs = x509.NewCertPool()
+		if !cfg.ClientCAs.AppendCertsFromPEM(pem) {
+			return nil, usageError("--tls-client-ca %s: no PEM certificates", s.clientCA)
+		}
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+// newHTTPServer returns the server of h with shardd's limits, serving TLS
+// when cfg is not nil.
+func newHTTPServer(h http.Handler, cfg *tls.Config, log *slog.Logger) *http.Server {
+	return &http.Server{
+		Handler:           http.MaxBytesHandler(h, maxBodyBytes),
+		TLSConfig:         cfg,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		// TLS handshake errors and the like; never request contents.
+		ErrorLog: slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelDebug),
+	}
+}
+
+// serve serves srv on ln, over TLS when srv has a TLS configuration.
+func serve(srv *http.Server, ln net.Listener) error {
+	if srv.TLSConfig != nil {
+		return srv.ServeTLS(ln, "", "")
+	}
+	return srv.Serve(ln)
+}
+
+// warnAPI logs what makes the API less safe than it could be.
+func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken bool, tokenFiles ...string) {
+	if !tlsOn && !isLoopback(addr) {
+		log.Warn("the API listens beyond loopback without TLS: its bearer tokens and the cluster's data cross the network in clear text; give --tls-cert and --tls-key", "addr", addr.String())
+	}
+	if !writeToken {
+		log.Info("the API's write endpoints are disabled: no --api-token-file (the CLI's trigger, disable, enable and remove work through etcd)", "addr", addr.String())
+	}
+	for _, f := range tokenFiles {
+		if fi, err := os.Stat(f); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			log.Warn(fmt.Sprintf("token file %s is readable by other users (mode %v): chmod 600 it", f, fi.Mode().Perm()), "file", f)
+		}
+	}
+}
+
+// checkExposure probes etcd as an anonymous client and warns, loudly, when
+// it is open: whoever can write shardd's keys makes every host run anything.
+func checkExposure(ctx context.Context, log *slog.Logger, m *metrics.Metrics, o coord.ClientOptions, k coord.Keys) {
+	e := coord.Probe(ctx, o, k)
+	if ctx.Err() != nil {
+		return
+	}
+	gauge := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	m.EtcdExposed.WithLabelValues("anonymous").Set(gauge(e.Anonymous))
+	m.EtcdExposed.WithLabelValues("cleartext").Set(gauge(len(e.Cleartext) > 0))
+	if e.Anonymous {
+		log.Error("SECURITY: etcd accepts anonymous clients: anyone who can reach "+strings.Join(o.Endpoints, ",")+
+			" can write shardd's job definitions and so run any command, as this user, on every shardd host. "+
+			"Enable etcd client-certificate auth or users with a role limited to the prefix (see docs/security.md)",
+			"endpoints", strings.Join(o.Endpoints, ","), "prefix", k.Prefix())
+	}
+	if len(e.Cleartext) > 0 {
+		log.Warn("SECURITY: etcd endpoints beyond loopback without TLS: job definitions, run records and any etcd password cross the network in clear text (see docs/security.md)",
+			"endpoints", strings.Join(e.Cleartext, ","))
+	}
+}
