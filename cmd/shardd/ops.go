@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -20,6 +19,7 @@ import (
 type opsFlags struct {
 	ef      etcdFlags
 	timeout time.Duration
+	copts   coord.ClientOptions // as connect made them, for opError
 }
 
 func (o *opsFlags) register(fs *flag.FlagSet) {
@@ -68,6 +68,7 @@ func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	o.copts = copts
 	cli, err := coord.NewClient(copts)
 	if err != nil {
 		return nil, nil, nil, err
@@ -83,14 +84,16 @@ func (o *opsFlags) opError(err error) error {
 		return err
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		// Plain HTTP on loopback: most likely the embedded etcd, as
-		// reached before it served only TLS.
-		plainLocal := func(ep string) bool { return !isHTTPS(ep) && coord.Cleartext([]string{ep}) == nil }
-		hint := ""
-		if slices.ContainsFunc(o.ef.list(), plainLocal) {
-			hint = "; the embedded etcd of shardd run serves only https"
+		var why []string
+		for _, ep := range o.copts.Endpoints {
+			if d := coord.Diagnose(context.Background(), ep, o.copts); d != "" {
+				why = append(why, d)
+			}
 		}
-		return fmt.Errorf("%w\nno answer from %s within --timeout %s; is shardd or etcd running there? (--etcd or SHARDD_ETCD chooses the cluster%s)", err, o.cluster(), o.timeout, hint)
+		if len(why) > 0 {
+			return fmt.Errorf("%w\nno answer from %s within --timeout %s: %s", err, o.cluster(), o.timeout, strings.Join(why, "; "))
+		}
+		return fmt.Errorf("%w\nno answer from %s within --timeout %s; is shardd or etcd running there? (--etcd or SHARDD_ETCD chooses the cluster)", err, o.cluster(), o.timeout)
 	}
 	return fmt.Errorf("%w (%s)", err, o.cluster())
 }

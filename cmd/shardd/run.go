@@ -39,13 +39,13 @@ const (
 func cmdRun(e *env, args []string) error {
 	fs := newFlagSet(e, "run")
 	var (
-		cfgPath   = fs.String("config", "", "job definitions: a YAML `file` or a directory of *.yaml")
-		name      = fs.String("name", hostname(), "instance `id`, unique in the cluster; keep it stable across restarts (default: this host's name)")
+		cfgPath   = fs.String("config", "", "job definitions: a YAML `file` or a directory of *.yaml and *.yml")
+		name      = fs.String("name", hostname(), "instance `id`, unique in the cluster; keep it stable across restarts")
 		listen    = fs.String("listen", defaultListen, "`address` of the HTTP server: /healthz, /readyz, /metrics and the /api; empty disables it")
 		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
 		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
 		grace     = fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long running items may finish before they are killed (recorded KILLED)")
-		tokenFile = fs.String("api-token-file", "", "`file` with the bearer token for the API's write endpoints (and reads); without it the write endpoints are disabled")
+		tokenFile = fs.String("api-token-file", "", "`file` whose first line is the bearer token (at least 16 characters) of the API's write endpoints (and reads); without it the write endpoints are disabled")
 		readFile  = fs.String("api-read-token-file", "", "`file` with a read-only bearer token; when set, API reads need a token")
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
@@ -87,6 +87,18 @@ func cmdRun(e *env, args []string) error {
 	if len(cfg.Jobs) == 0 {
 		return &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml)", *cfgPath)}
 	}
+	writeToken, err := readToken(*tokenFile)
+	if err != nil {
+		return &exitError{exitFailure, fmt.Errorf("--api-token-file: %w", err)}
+	}
+	readOnlyToken, err := readToken(*readFile)
+	if err != nil {
+		return &exitError{exitFailure, fmt.Errorf("--api-read-token-file: %w", err)}
+	}
+	tlsCfg, err := serverTLS{*tlsCert, *tlsKey, *tlsCA}.config()
+	if err != nil {
+		return err
+	}
 	log.Info("starting shardd", "version", version.String(), "instance", *name, "jobs", len(cfg.Jobs), "config", *cfgPath)
 	// The etcd password is shardd's own secret: the scripts and hooks it
 	// starts inherit its environment, so it leaves the environment here.
@@ -94,18 +106,6 @@ func cmdRun(e *env, args []string) error {
 		os.Unsetenv(pw)
 	} else if ef.password != "" {
 		log.Warn("--etcd-password on the command line is visible to every local user (ps, /proc/<pid>/cmdline); set " + pw + " instead")
-	}
-	writeToken, err := readToken(*tokenFile)
-	if err != nil {
-		return usageError("--api-token-file: %v", err)
-	}
-	readOnlyToken, err := readToken(*readFile)
-	if err != nil {
-		return usageError("--api-read-token-file: %v", err)
-	}
-	tlsCfg, err := serverTLS{*tlsCert, *tlsKey, *tlsCA}.config()
-	if err != nil {
-		return err
 	}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, version.String())
@@ -121,22 +121,22 @@ func cmdRun(e *env, args []string) error {
 	if embedded {
 		dir, _ := filepath.Abs(dataDir)
 		srv, err := embedetcd.Start(ctx, embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: *embedPeer, TLS: true})
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("%w\nanother shardd's embedded etcd? join it with --etcd %s --data-dir <the data dir it was started with>, as the same user; or give this one other --embed-client-url and --embed-peer-url", err, *embedURL)
+		}
 		if err != nil {
 			return err
 		}
 		defer srv.Close()
 		log.Warn("no --etcd given: running an embedded single-node etcd; this is a single-host default for development, use a 3 or 5 member etcd cluster in production",
 			"data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
-		reach := "--etcd " + srv.ClientURL()
-		if dataDir != defaultDataDir {
-			reach += " --data-dir " + dataDir
-		}
+		reach := "--etcd " + srv.ClientURL() + " --data-dir " + dir
 		if p := coord.NewKeys(ef.prefix).Prefix(); p != coord.DefaultPrefix {
 			reach += " --prefix " + p
 		}
 		owner := fmt.Sprintf("it accepts only clients with the certificate in %s, which only uid %d can read", embedetcd.Files(dir).Dir, os.Getuid())
 		if srv.ClientURL() == defaultEmbedURL && ef.prefix == coord.DefaultPrefix && dataDir == defaultDataDir {
-			log.Info("embedded etcd at the default URL: shardd status, trigger, ... run as this user in this directory reach it without flags; other local shardd processes join with "+reach+"; "+owner, "url", srv.ClientURL())
+			log.Info("embedded etcd at the default URL: shardd status, trigger, ... run as this user in this directory reach it without flags (elsewhere: shardd status --data-dir "+dir+"); other local shardd processes join with "+reach+"; "+owner, "url", srv.ClientURL())
 		} else {
 			log.Info("embedded etcd at a non-default URL or data dir: run `shardd status "+reach+"` (or set SHARDD_ETCD, SHARDD_DATA_DIR) to reach this cluster; other local shardd processes join with "+reach+"; "+owner, "url", srv.ClientURL())
 		}
@@ -191,7 +191,7 @@ func cmdRun(e *env, args []string) error {
 				files = append(files, f)
 			}
 		}
-		warnAPI(log, ln.Addr(), tlsCfg != nil, writeToken != "", files...)
+		warnAPI(log, ln.Addr(), tlsCfg != nil, writeToken != "", readOnlyToken != "", files...)
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,

@@ -45,17 +45,17 @@ func (s serverTLS) config() (*tls.Config, error) {
 	}
 	pair, err := tls.LoadX509KeyPair(s.cert, s.key)
 	if err != nil {
-		return nil, usageError("--tls-cert/--tls-key: %v", err)
+		return nil, &exitError{exitFailure, fmt.Errorf("--tls-cert/--tls-key: %w", err)}
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}
 	if s.clientCA != "" {
 		pem, err := os.ReadFile(s.clientCA)
 		if err != nil {
-			return nil, usageError("--tls-client-ca: %v", err)
+			return nil, &exitError{exitFailure, fmt.Errorf("--tls-client-ca: %w", err)}
 		}
 		cfg.ClientCAs = x509.NewCertPool()
 		if !cfg.ClientCAs.AppendCertsFromPEM(pem) {
-			return nil, usageError("--tls-client-ca %s: no PEM certificates", s.clientCA)
+			return nil, &exitError{exitFailure, fmt.Errorf("--tls-client-ca %s: no PEM certificates", s.clientCA)}
 		}
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
@@ -66,7 +66,7 @@ func (s serverTLS) config() (*tls.Config, error) {
 // when cfg is not nil.
 func newHTTPServer(h http.Handler, cfg *tls.Config, log *slog.Logger) *http.Server {
 	return &http.Server{
-		Handler:           http.MaxBytesHandler(h, maxBodyBytes),
+		Handler:           limitBody(h),
 		TLSConfig:         cfg,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
@@ -78,6 +78,21 @@ func newHTTPServer(h http.Handler, cfg *tls.Config, log *slog.Logger) *http.Serv
 	}
 }
 
+// limitBody refuses a request whose declared body is over maxBodyBytes
+// (413), and cuts an undeclared one there.
+func limitBody(h http.Handler) http.Handler {
+	limited := http.MaxBytesHandler(h, maxBodyBytes)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > maxBodyBytes {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			fmt.Fprintf(w, "{\"error\": \"request body over %d bytes\"}\n", maxBodyBytes)
+			return
+		}
+		limited.ServeHTTP(w, r)
+	})
+}
+
 // serve serves srv on ln, over TLS when srv has a TLS configuration.
 func serve(srv *http.Server, ln net.Listener) error {
 	if srv.TLSConfig != nil {
@@ -87,12 +102,15 @@ func serve(srv *http.Server, ln net.Listener) error {
 }
 
 // warnAPI logs what makes the API less safe than it could be.
-func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken bool, tokenFiles ...string) {
+func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken, readToken bool, tokenFiles ...string) {
 	if !tlsOn && !isLoopback(addr) {
 		log.Warn("the API listens beyond loopback without TLS: its bearer tokens and the cluster's data cross the network in clear text; give --tls-cert and --tls-key", "addr", addr.String())
 	}
 	if !writeToken {
 		log.Info("the API's write endpoints are disabled: no --api-token-file (the CLI's trigger, disable, enable and remove work through etcd)", "addr", addr.String())
+	}
+	if !readToken {
+		log.Info("the API's read endpoints (definitions, status, history with output tails) are open to whoever reaches "+addr.String()+", every local user included; --api-read-token-file closes them", "addr", addr.String())
 	}
 	for _, f := range tokenFiles {
 		if fi, err := os.Stat(f); err == nil && fi.Mode().Perm()&0o077 != 0 {

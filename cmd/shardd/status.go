@@ -35,6 +35,7 @@ func cmdStatus(e *env, args []string) error {
 		return o.opError(err)
 	}
 	if *output == "json" {
+		st.Endpoints = o.copts.Endpoints
 		return writeJSON(e.stdout, st)
 	}
 	fmt.Fprintf(e.stdout, "cluster: %s, revision %d: %d job(s), %d instance(s)\n\n", o.cluster(), st.Revision, len(st.Jobs), len(st.Instances))

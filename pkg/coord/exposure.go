@@ -58,7 +58,9 @@ func Cleartext(endpoints []string) []string {
 	var out []string
 	for _, ep := range endpoints {
 		host := ep
-		if u, err := url.Parse(ep); err == nil && u.Host != "" {
+		if u, err := url.Parse(ep); err == nil && (u.Scheme == "unix" || u.Scheme == "unixs") {
+			continue // a local socket
+		} else if err == nil && u.Host != "" {
 			if u.Scheme != "http" {
 				continue
 			}

@@ -2,7 +2,9 @@ package coord
 
 import (
 	"context"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,7 +31,7 @@ func TestCleartext(t *testing.T) {
 	}
 }
 
-func TestProbe(t *testing.T) {
+func TestProbeAndDiagnose(t *testing.T) {
 	ctx := context.Background()
 	k := NewKeys("")
 
@@ -62,5 +64,32 @@ func TestProbe(t *testing.T) {
 	}
 	if e := Probe(ctx, o, k); e.Anonymous {
 		t.Errorf("an etcd requiring client certificates: %+v, want closed", e)
+	}
+
+	// Diagnose tells each way of failing to reach it apart.
+	other := embedetcd.Files(t.TempDir())
+	if _, err := embedetcd.EnsureTLS(filepath.Dir(other.Dir), []string{"127.0.0.1"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		endpoint string
+		o        ClientOptions
+		want     string
+	}{
+		{"the owner", client, o, ""},
+		{"no client certificate", client, ClientOptions{CAFile: f.CA}, "requires a client certificate and none was given"},
+		{"another cluster's client certificate", client, ClientOptions{CAFile: f.CA, CertFile: other.ClientCert, KeyFile: other.ClientKey}, "refused the client certificate"},
+		{"another cluster's CA", client, ClientOptions{CAFile: other.CA, CertFile: other.ClientCert, KeyFile: other.ClientKey}, "is not signed by the CA"},
+		{"plain HTTP to the TLS port", strings.Replace(client, "https", "http", 1), ClientOptions{}, "serves TLS: use https://"},
+		{"https to a plain etcd", strings.Replace(open.Endpoint(), "http", "https", 1), ClientOptions{}, "does not serve TLS"},
+		{"nothing there", "https://" + etcdtest.FreeAddr(t), o, "nothing answers at"},
+		{"a plain etcd, over http", open.Endpoint(), ClientOptions{}, ""},
+	}
+	for _, tt := range tests {
+		got := Diagnose(ctx, tt.endpoint, tt.o)
+		if (tt.want == "") != (got == "") || !strings.Contains(got, tt.want) {
+			t.Errorf("%s: Diagnose = %q, want %q", tt.name, got, tt.want)
+		}
 	}
 }

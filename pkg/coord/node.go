@@ -278,7 +278,7 @@ func (n *Node) Run(ctx context.Context) error {
 				dupSince = n.opts.Now()
 			}
 			if n.opts.Now().Sub(dupSince) > 2*n.opts.TTL {
-				return err
+				return fmt.Errorf("%w; if that is another host or process, give this one another --name", err)
 			}
 			n.log.Warn("instance id is held by another instance; waiting for its lease to expire", "err", err)
 		case err != nil:

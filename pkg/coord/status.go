@@ -26,6 +26,10 @@ const (
 
 // ClusterStatus is everything `shardd status` shows.
 type ClusterStatus struct {
+	// Endpoints and Prefix name the cluster read; the caller fills in the
+	// endpoints it dialled.
+	Endpoints []string         `json:"endpoints,omitempty"`
+	Prefix    string           `json:"prefix"`
 	Revision  int64            `json:"revision"`
 	Jobs      []JobStatus      `json:"jobs"`
 	Instances []InstanceStatus `json:"instances"`
@@ -92,7 +96,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		return nil, fmt.Errorf("read %s: %w", keys.Prefix(), err)
 	}
 	rev := resp.Header.Revision
-	cs := &ClusterStatus{Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{}}
+	cs := &ClusterStatus{Prefix: keys.Prefix(), Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{}}
 	alive := map[string]bool{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		var info InstanceInfo

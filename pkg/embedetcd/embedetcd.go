@@ -70,12 +70,26 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
 	}
-	secure := cu.Scheme == "https" || cu.Scheme == "unixs"
-	if secure != o.TLS || (pu.Scheme == "https") != o.TLS {
-		if o.TLS {
-			return nil, fmt.Errorf("embedded etcd: the client URL %s and the peer URL %s must be https: it accepts only clients with its certificate", o.ClientURL, o.PeerURL)
+	want := "http"
+	if o.TLS {
+		want = "https"
+	}
+	for _, u := range []*url.URL{cu, pu} {
+		if u.Scheme != want {
+			if o.TLS {
+				return nil, fmt.Errorf("embedded etcd URL %s must be https: the embedded etcd accepts only clients with its certificate", u)
+			}
+			return nil, fmt.Errorf("embedded etcd URL %s must be http without TLS", u)
 		}
-		return nil, fmt.Errorf("embedded etcd: the client URL %s and the peer URL %s must be http without TLS", o.ClientURL, o.PeerURL)
+	}
+	// Fail before creating anything when a port is taken, most likely by
+	// another shardd's embedded etcd: its data directory is the one to join.
+	for _, u := range []*url.URL{cu, pu} {
+		ln, err := net.Listen("tcp", u.Host)
+		if err != nil {
+			return nil, fmt.Errorf("embedded etcd: cannot listen on %s: %w", u, err)
+		}
+		ln.Close()
 	}
 	cfg := embed.NewConfig()
 	if o.TLS {
