@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
@@ -46,15 +47,16 @@ func applyEnv(e *env, fs *flag.FlagSet, names ...string) error {
 
 // etcdFlags are the etcd client flags shared by the commands that talk to etcd.
 type etcdFlags struct {
-	endpoints   string
-	ca          string
-	cert        string
-	key         string
-	user        string
-	password    string
-	dialTimeout time.Duration
-	prefix      string
-	dataDir     string
+	endpoints    string
+	ca           string
+	cert         string
+	key          string
+	user         string
+	password     string
+	passwordFile string
+	dialTimeout  time.Duration
+	prefix       string
+	dataDir      string
 }
 
 func (f *etcdFlags) register(fs *flag.FlagSet, endpointsHelp string) {
@@ -63,33 +65,35 @@ func (f *etcdFlags) register(fs *flag.FlagSet, endpointsHelp string) {
 	fs.StringVar(&f.cert, "etcd-cert", "", "client certificate `file` for etcd (TLS)")
 	fs.StringVar(&f.key, "etcd-key", "", "client key `file` for etcd (TLS)")
 	fs.StringVar(&f.user, "etcd-user", "", "etcd user `name`")
-	fs.StringVar(&f.password, "etcd-password", "", "etcd `password` (prefer the environment variable)")
+	fs.StringVar(&f.password, "etcd-password", "", "etcd `password` (prefer --etcd-password-file)")
+	fs.StringVar(&f.passwordFile, "etcd-password-file", "", "`file` whose first line is the etcd password (keep it 0600)")
 	fs.DurationVar(&f.dialTimeout, "etcd-dial-timeout", 5*time.Second, "how long to wait for an etcd connection")
 	fs.StringVar(&f.prefix, "prefix", coord.DefaultPrefix, "etcd key `prefix` of this shardd cluster")
 	fs.StringVar(&f.dataDir, "data-dir", "", "`directory` of the embedded etcd: its data, and in tls/ the only client certificate it accepts (default "+defaultDataDir+"; for commands other than run, "+systemdDataDir+" when only that exists)")
 }
 
 // etcdFlagNames are the names etcdFlags registers: the connection flags.
-var etcdFlagNames = []string{"etcd", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-password", "etcd-dial-timeout", "prefix", "data-dir"}
+var etcdFlagNames = []string{"etcd", "etcd-ca", "etcd-cert", "etcd-key", "etcd-user", "etcd-password", "etcd-password-file", "etcd-dial-timeout", "prefix", "data-dir"}
 
 // systemdDataDir is the --data-dir of the systemd unit (systemd/shardd.env).
 const systemdDataDir = "/var/lib/shardd"
 
 // dir returns --data-dir, or its default: shardd-data, or for the
 // commands that only connect (search), the systemd unit's directory when
-// shardd-data does not exist and that does.
-func (f *etcdFlags) dir(search bool) string {
+// shardd-data does not exist and that does. implicit says the directory
+// was found in the working directory rather than named.
+func (f *etcdFlags) dir(search bool) (dir string, implicit bool) {
 	if f.dataDir != "" {
-		return f.dataDir
+		return f.dataDir, false
 	}
 	if search {
 		if _, err := os.Stat(defaultDataDir); errors.Is(err, os.ErrNotExist) {
 			if _, err := os.Stat(systemdDataDir); err == nil {
-				return systemdDataDir
+				return systemdDataDir, false
 			}
 		}
 	}
-	return defaultDataDir
+	return defaultDataDir, true
 }
 
 func (f *etcdFlags) list() []string {
@@ -102,33 +106,60 @@ func (f *etcdFlags) list() []string {
 	return out
 }
 
-// clientOptions returns the options of a client of endpoints. The embedded
-// etcd accepts only the client certificate it generated into its data
-// directory: without --etcd-ca, --etcd-cert and --etcd-key, a client of an
-// https endpoint presents that certificate when the data directory (dir,
-// see etcdFlags.dir) has one. embedded says the endpoints are the embedded
-// default rather than --etcd: then the certificate is required.
-func (f *etcdFlags) clientOptions(endpoints []string, dir string, embedded bool) (coord.ClientOptions, error) {
+// clientOptions returns the options of a client of endpoints; no
+// endpoints means the embedded etcd of the data directory (dir, see
+// etcdFlags.dir), at the URL it recorded (default https://127.0.0.1:2379).
+//
+// The embedded etcd accepts only the client certificate it generated into
+// its data directory. Without --etcd-ca, --etcd-cert and --etcd-key, the
+// client presents that certificate, and trusts that CA, for the embedded
+// etcd's own URL only: never for another endpoint, which could be anyone.
+// own requires the data directory to belong to this user: for one found
+// implicitly in the working directory, which someone else may have planted.
+func (f *etcdFlags) clientOptions(endpoints []string, dir string, own bool) (coord.ClientOptions, error) {
+	embedded := len(endpoints) == 0
+	if f.passwordFile != "" {
+		if f.password != "" {
+			return coord.ClientOptions{}, usageError("--etcd-password and --etcd-password-file: give one")
+		}
+		b, err := os.ReadFile(f.passwordFile)
+		if err != nil {
+			return coord.ClientOptions{}, &exitError{exitFailure, fmt.Errorf("--etcd-password-file: %w", err)}
+		}
+		f.password = strings.TrimRight(strings.SplitN(string(b), "\n", 2)[0], "\r")
+	}
 	o := coord.ClientOptions{
 		Endpoints: endpoints, CAFile: f.ca, CertFile: f.cert, KeyFile: f.key,
 		Username: f.user, Password: f.password, DialTimeout: f.dialTimeout,
 	}
-	if f.ca != "" || f.cert != "" || f.key != "" || !slices.ContainsFunc(endpoints, isHTTPS) {
+	if embedded {
+		o.Endpoints = []string{defaultEmbedURL}
+	}
+	if f.ca != "" || f.cert != "" || f.key != "" {
 		return o, nil
 	}
-	files, err := embedetcd.ClientCredentials(dir)
+	creds, err := embedetcd.ClientCredentials(dir, own)
 	switch {
 	case err == nil:
-		o.CAFile, o.CertFile, o.KeyFile = files.CA, files.ClientCert, files.ClientKey
-		return o, nil
 	case errors.Is(err, embedetcd.ErrNoCredentials) && !embedded:
-		return o, nil // an external etcd with a CA the system trusts
+		return o, nil // an external etcd
 	case errors.Is(err, embedetcd.ErrNoCredentials):
 		abs, _ := filepath.Abs(dir)
-		return o, fmt.Errorf("%w (--data-dir %s): the embedded etcd at %s accepts only that certificate; "+
-			"pass the --data-dir shardd run was given (or set SHARDD_DATA_DIR), or --etcd and its --etcd-* flags for another etcd", err, abs, strings.Join(endpoints, ","))
+		return o, fmt.Errorf("%w (--data-dir %s): the embedded etcd accepts only that certificate; "+
+			"pass the --data-dir shardd run was given (or set SHARDD_DATA_DIR), or --etcd and its --etcd-* flags for another etcd", err, abs)
+	case !embedded && !slices.ContainsFunc(endpoints, isHTTPS):
+		return o, nil // not the embedded etcd: its data dir does not matter
+	default:
+		return o, fmt.Errorf("etcd client certificate of --data-dir %s: %w", dir, err)
 	}
-	return o, fmt.Errorf("etcd client certificate of --data-dir %s: %w", dir, err)
+	if embedded && creds.URL != "" {
+		o.Endpoints = []string{creds.URL}
+	}
+	if !slices.Contains(o.Endpoints, creds.URL) {
+		return o, nil // another etcd: the embedded one's CA and certificate are not for it
+	}
+	o.CAFile, o.CertFile, o.KeyFile = creds.CA, creds.ClientCert, creds.ClientKey
+	return o, nil
 }
 
 func isHTTPS(endpoint string) bool { return strings.HasPrefix(endpoint, "https://") }
@@ -172,4 +203,15 @@ func hostname() string {
 		return "localhost"
 	}
 	return h
+}
+
+// notDumpable makes this process not dumpable: its /proc files, environ
+// among them, then belong to root, not to its user (prctl(2)
+// PR_SET_DUMPABLE). Children get their own setting back at exec.
+func notDumpable() error {
+	const prSetDumpable = 4
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetDumpable, 0, 0); errno != 0 {
+		return errno
+	}
+	return nil
 }

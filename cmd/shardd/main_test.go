@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -274,28 +275,35 @@ func TestJSONLogDurations(t *testing.T) {
 
 func TestClientOptionsFindTheEmbeddedCertificate(t *testing.T) {
 	withCerts := t.TempDir()
-	if _, err := embedetcd.EnsureTLS(withCerts, []string{"127.0.0.1"}, time.Now()); err != nil {
+	f, err := embedetcd.EnsureTLS(withCerts, []string{"127.0.0.1"}, time.Now())
+	if err != nil {
 		t.Fatal(err)
 	}
+	os.WriteFile(f.Endpoint, []byte("https://127.0.0.1:2379\n"), 0o644)
+	elsewhere := t.TempDir() // an embedded etcd on another port
+	g, _ := embedetcd.EnsureTLS(elsewhere, []string{"127.0.0.1"}, time.Now())
+	os.WriteFile(g.Endpoint, []byte("https://127.0.0.1:24010\n"), 0o644)
 	without := t.TempDir()
 	tests := []struct {
-		name      string
-		f         etcdFlags
-		endpoints []string
-		dir       string
-		embedded  bool
-		wantCert  bool
-		wantErr   string
+		name          string
+		f             etcdFlags
+		endpoints     []string
+		dir           string
+		wantEndpoints string
+		wantCert      bool
+		wantErr       string
 	}{
-		{"the embedded default, certificate found", etcdFlags{}, []string{defaultEmbedURL}, withCerts, true, true, ""},
-		{"the embedded default, no certificate", etcdFlags{}, []string{defaultEmbedURL}, without, true, false, "no embedded etcd client certificate"},
-		{"--etcd https, certificate found", etcdFlags{}, []string{"https://127.0.0.1:2379"}, withCerts, false, true, ""},
-		{"--etcd https elsewhere, no certificate: the system's roots", etcdFlags{}, []string{"https://etcd1:2379"}, without, false, false, ""},
-		{"--etcd http: never a certificate", etcdFlags{}, []string{"http://127.0.0.1:2379"}, withCerts, false, false, ""},
-		{"explicit TLS flags win", etcdFlags{ca: "/etc/ca.pem"}, []string{"https://etcd1:2379"}, withCerts, false, false, ""},
+		{"the embedded default, certificate found", etcdFlags{}, nil, withCerts, "https://127.0.0.1:2379", true, ""},
+		{"the embedded etcd elsewhere: its recorded URL", etcdFlags{}, nil, elsewhere, "https://127.0.0.1:24010", true, ""},
+		{"the embedded default, no certificate", etcdFlags{}, nil, without, "", false, "no embedded etcd client certificate"},
+		{"--etcd the embedded etcd's URL", etcdFlags{}, []string{"https://127.0.0.1:2379"}, withCerts, "https://127.0.0.1:2379", true, ""},
+		{"--etcd another https endpoint: never the embedded certificate", etcdFlags{}, []string{"https://127.0.0.1:2380"}, withCerts, "https://127.0.0.1:2380", false, ""},
+		{"--etcd https elsewhere, no data dir: the system's roots", etcdFlags{}, []string{"https://etcd1:2379"}, without, "https://etcd1:2379", false, ""},
+		{"--etcd http: never a certificate", etcdFlags{}, []string{"http://127.0.0.1:2379"}, withCerts, "http://127.0.0.1:2379", false, ""},
+		{"explicit TLS flags win", etcdFlags{ca: "/etc/ca.pem"}, []string{"https://127.0.0.1:2379"}, withCerts, "https://127.0.0.1:2379", false, ""},
 	}
 	for _, tt := range tests {
-		o, err := tt.f.clientOptions(tt.endpoints, tt.dir, tt.embedded)
+		o, err := tt.f.clientOptions(tt.endpoints, tt.dir, true)
 		switch {
 		case tt.wantErr != "":
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "--data-dir") {
@@ -303,8 +311,30 @@ func TestClientOptionsFindTheEmbeddedCertificate(t *testing.T) {
 			}
 		case err != nil:
 			t.Errorf("%s: %v", tt.name, err)
+		case strings.Join(o.Endpoints, ",") != tt.wantEndpoints:
+			t.Errorf("%s: endpoints %v, want %s", tt.name, o.Endpoints, tt.wantEndpoints)
 		case tt.wantCert != (o.CertFile == embedetcd.Files(tt.dir).ClientCert):
 			t.Errorf("%s: cert %q, want the data dir's: %v", tt.name, o.CertFile, tt.wantCert)
+		}
+	}
+
+	// A tls directory others can write is never used.
+	os.Chmod(f.Dir, 0o777)
+	if _, err := (&etcdFlags{}).clientOptions(nil, withCerts, false); err == nil || !errors.Is(err, embedetcd.ErrNotTrusted) {
+		t.Errorf("a world-writable tls dir: %v, want ErrNotTrusted", err)
+	}
+	os.Chmod(f.Dir, 0o700)
+	// One of another user's: trusted when named (root reading the systemd
+	// unit's /var/lib/shardd), not when found in the working directory.
+	if os.Geteuid() == 0 {
+		if err := os.Chown(f.Dir, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := (&etcdFlags{}).clientOptions(nil, withCerts, true); !errors.Is(err, embedetcd.ErrNotTrusted) {
+			t.Errorf("another user's tls dir found implicitly: %v, want ErrNotTrusted", err)
+		}
+		if _, err := (&etcdFlags{}).clientOptions(nil, withCerts, false); err != nil {
+			t.Errorf("another user's tls dir named: %v", err)
 		}
 	}
 }

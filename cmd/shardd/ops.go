@@ -50,7 +50,10 @@ func (o *opsFlags) parseJob(e *env, fs *flag.FlagSet, args []string) (string, er
 
 // cluster names the cluster the command talks to, for its messages.
 func (o *opsFlags) cluster() string {
-	eps := o.ef.list()
+	eps := o.copts.Endpoints // as connect chose them
+	if len(eps) == 0 {
+		eps = o.ef.list()
+	}
 	if len(eps) == 0 {
 		eps = []string{defaultEmbedURL}
 	}
@@ -59,12 +62,8 @@ func (o *opsFlags) cluster() string {
 
 // connect returns a client and a context bounded by --timeout.
 func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
-	endpoints := o.ef.list()
-	embedded := len(endpoints) == 0
-	if embedded {
-		endpoints = []string{defaultEmbedURL}
-	}
-	copts, err := o.ef.clientOptions(endpoints, o.ef.dir(true), embedded)
+	dir, implicit := o.ef.dir(true)
+	copts, err := o.ef.clientOptions(o.ef.list(), dir, implicit)
 	if err != nil {
 		return nil, nil, nil, err
 	}

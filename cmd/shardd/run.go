@@ -102,10 +102,15 @@ func cmdRun(e *env, args []string) error {
 	log.Info("starting shardd", "version", version.String(), "instance", *name, "jobs", len(cfg.Jobs), "config", *cfgPath)
 	// The etcd password is shardd's own secret: the scripts and hooks it
 	// starts inherit its environment, so it leaves the environment here.
+	// Unsetenv does not change /proc/<pid>/environ, which processes of
+	// the same user (the scripts) can read: not dumpable makes it root's.
 	if pw := envName("etcd-password"); e.getenv(pw) != "" {
 		os.Unsetenv(pw)
-	} else if ef.password != "" {
-		log.Warn("--etcd-password on the command line is visible to every local user (ps, /proc/<pid>/cmdline); set " + pw + " instead")
+		if err := notDumpable(); err != nil {
+			log.Warn("could not hide the environment from this user's other processes: scripts can read "+pw+" from /proc; prefer --etcd-password-file", "err", err)
+		}
+	} else if ef.password != "" && ef.passwordFile == "" {
+		log.Warn("--etcd-password on the command line is visible to every local user (ps, /proc/<pid>/cmdline); use --etcd-password-file or " + pw)
 	}
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, version.String())
@@ -117,7 +122,7 @@ func cmdRun(e *env, args []string) error {
 
 	endpoints := ef.list()
 	embedded := len(endpoints) == 0
-	dataDir := ef.dir(false)
+	dataDir, implicit := ef.dir(false)
 	if embedded {
 		dir, _ := filepath.Abs(dataDir)
 		srv, err := embedetcd.Start(ctx, embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: *embedPeer, TLS: true})
@@ -130,16 +135,16 @@ func cmdRun(e *env, args []string) error {
 		defer srv.Close()
 		log.Warn("no --etcd given: running an embedded single-node etcd; this is a single-host default for development, use a 3 or 5 member etcd cluster in production",
 			"data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
-		reach := "--etcd " + srv.ClientURL() + " --data-dir " + dir
+		prefix := ""
 		if p := coord.NewKeys(ef.prefix).Prefix(); p != coord.DefaultPrefix {
-			reach += " --prefix " + p
+			prefix = " --prefix " + p
 		}
-		owner := fmt.Sprintf("it accepts only clients with the certificate in %s, which only uid %d can read", embedetcd.Files(dir).Dir, os.Getuid())
-		if srv.ClientURL() == defaultEmbedURL && ef.prefix == coord.DefaultPrefix && dataDir == defaultDataDir {
-			log.Info("embedded etcd at the default URL: shardd status, trigger, ... run as this user in this directory reach it without flags (elsewhere: shardd status --data-dir "+dir+"); other local shardd processes join with "+reach+"; "+owner, "url", srv.ClientURL())
-		} else {
-			log.Info("embedded etcd at a non-default URL or data dir: run `shardd status "+reach+"` (or set SHARDD_ETCD, SHARDD_DATA_DIR) to reach this cluster; other local shardd processes join with "+reach+"; "+owner, "url", srv.ClientURL())
+		how := "shardd status, trigger, ... run as this user reach it with --data-dir " + dir + prefix
+		if dataDir == defaultDataDir && prefix == "" {
+			how = "shardd status, trigger, ... run as this user in this directory reach it without flags (elsewhere: --data-dir " + dir + ")"
 		}
+		log.Info("embedded etcd: "+how+"; other local shardd processes of this user join with --etcd "+srv.ClientURL()+" --data-dir "+dir+prefix+
+			fmt.Sprintf("; it accepts only clients with the certificate in %s, which only uid %d can read", embedetcd.Files(dir).Dir, os.Geteuid()), "url", srv.ClientURL())
 		endpoints = []string{srv.ClientURL()}
 		stop := make(chan struct{})
 		g.Add(func() error {
@@ -152,7 +157,7 @@ func cmdRun(e *env, args []string) error {
 		}, func(error) { close(stop) })
 	}
 
-	copts, err := ef.clientOptions(endpoints, dataDir, embedded)
+	copts, err := ef.clientOptions(endpoints, dataDir, embedded || implicit)
 	if err != nil {
 		return err
 	}
@@ -163,15 +168,12 @@ func cmdRun(e *env, args []string) error {
 	}
 	defer cli.Close()
 
-	{ // is the control plane open to others? Checked once, beside the start.
+	{ // is the control plane open to others?
 		pctx, pcancel := context.WithCancel(ctx)
-		done := make(chan struct{})
 		g.Add(func() error {
-			checkExposure(pctx, log, m, copts, coord.NewKeys(ef.prefix))
-			close(done)
-			<-pctx.Done()
+			watchExposure(pctx, log, m, copts, coord.NewKeys(ef.prefix))
 			return nil
-		}, func(error) { pcancel(); <-done })
+		}, func(error) { pcancel() })
 	}
 
 	var apiAddr string
@@ -198,6 +200,15 @@ func cmdRun(e *env, args []string) error {
 		Info:          coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },
+		Explain: func(ctx context.Context) string {
+			var why []string
+			for _, ep := range copts.Endpoints {
+				if d := coord.Diagnose(ctx, ep, copts); d != "" {
+					why = append(why, d)
+				}
+			}
+			return strings.Join(why, "; ")
+		},
 	}, cfg.Jobs)
 	if err != nil {
 		return err

@@ -119,29 +119,53 @@ func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken, readToken bool,
 	}
 }
 
-// checkExposure probes etcd as an anonymous client and warns, loudly, when
+// watchExposure probes etcd as an anonymous client and says, loudly, when
 // it is open: whoever can write shardd's keys makes every host run anything.
-func checkExposure(ctx context.Context, log *slog.Logger, m *metrics.Metrics, o coord.ClientOptions, k coord.Keys) {
-	e := coord.Probe(ctx, o, k)
-	if ctx.Err() != nil {
-		return
-	}
+// It probes until it can tell (etcd may be down at start), then every ten
+// minutes, and logs when the answer changes.
+func watchExposure(ctx context.Context, log *slog.Logger, m *metrics.Metrics, o coord.ClientOptions, k coord.Keys) {
 	gauge := func(b bool) float64 {
 		if b {
 			return 1
 		}
 		return 0
 	}
-	m.EtcdExposed.WithLabelValues("anonymous").Set(gauge(e.Anonymous))
-	m.EtcdExposed.WithLabelValues("cleartext").Set(gauge(len(e.Cleartext) > 0))
-	if e.Anonymous {
-		log.Error("SECURITY: etcd accepts anonymous clients: anyone who can reach "+strings.Join(o.Endpoints, ",")+
-			" can write shardd's job definitions and so run any command, as this user, on every shardd host. "+
-			"Enable etcd client-certificate auth or users with a role limited to the prefix (see docs/security.md)",
-			"endpoints", strings.Join(o.Endpoints, ","), "prefix", k.Prefix())
-	}
-	if len(e.Cleartext) > 0 {
+	if clear := coord.Cleartext(o.Endpoints); len(clear) > 0 {
 		log.Warn("SECURITY: etcd endpoints beyond loopback without TLS: job definitions, run records and any etcd password cross the network in clear text (see docs/security.md)",
-			"endpoints", strings.Join(e.Cleartext, ","))
+			"endpoints", strings.Join(clear, ","))
+		m.EtcdExposed.WithLabelValues("cleartext").Set(1)
+	} else {
+		m.EtcdExposed.WithLabelValues("cleartext").Set(0)
+	}
+	var known, open bool
+	wait := 2 * time.Second
+	for {
+		e := coord.Probe(ctx, o, k)
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case !e.Known:
+			wait = min(2*wait, time.Minute)
+		case !known || e.Anonymous != open:
+			known, open = true, e.Anonymous
+			m.EtcdExposed.WithLabelValues("anonymous").Set(gauge(open))
+			if open {
+				log.Error("SECURITY: etcd accepts anonymous clients: anyone who can reach "+strings.Join(o.Endpoints, ",")+
+					" can write shardd's job definitions and so run any command, as this user, on every shardd host. "+
+					"Enable etcd client-certificate auth or users with a role limited to the prefix (see docs/security.md)",
+					"endpoints", strings.Join(o.Endpoints, ","), "prefix", k.Prefix())
+			} else {
+				log.Info("etcd refuses anonymous clients", "endpoints", strings.Join(o.Endpoints, ","))
+			}
+			fallthrough
+		default:
+			wait = 10 * time.Minute
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
 }

@@ -129,15 +129,22 @@ func runAttacks(spec string) {
 	fmt.Println(string(b))
 }
 
-// asNobody runs cmd as the user nobody.
-func asNobody(t *testing.T, cmd *exec.Cmd) {
+// nobody returns the ids of the user nobody.
+func nobody(t *testing.T) (uid, gid int) {
 	t.Helper()
 	u, err := user.Lookup("nobody")
 	if err != nil {
 		t.Skip("no user nobody:", err)
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	uid, _ = strconv.Atoi(u.Uid)
+	gid, _ = strconv.Atoi(u.Gid)
+	return uid, gid
+}
+
+// asNobody runs cmd as the user nobody.
+func asNobody(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	uid, gid := nobody(t)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 }
 
@@ -284,6 +291,29 @@ func TestEmbeddedEtcdAcceptsOnlyItsOwner(t *testing.T) {
 		}
 	}
 
+	// A data dir another user prepared where the owner will start shardd
+	// (a world-writable directory): its CA would make every certificate
+	// the attacker's. The owner's shardd run and CLI refuse it.
+	planted := filepath.Join(scratch, "planted")
+	own, err := embedetcd.EnsureTLS(filepath.Join(planted, "shardd-data"), []string{"127.0.0.1"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(own.Endpoint, []byte(client+"\n"), 0o644)
+	uid, gid := nobody(t)
+	filepath.Walk(planted, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, uid, gid) })
+	run := exec.Command(shardd, "run", "--config", cfg, "--name", "owner2", "--listen", "",
+		"--embed-client-url", "https://"+etcdtest.FreeAddr(t), "--embed-peer-url", "https://"+etcdtest.FreeAddr(t))
+	run.Dir = planted
+	if out, err := run.CombinedOutput(); err == nil || !strings.Contains(string(out), "belongs to uid") {
+		t.Errorf("shardd run in a data dir another user prepared: %v\n%s", err, out)
+	}
+	status := exec.Command(shardd, "status", "--timeout", "3s")
+	status.Dir = planted
+	if out, err := status.CombinedOutput(); err == nil || !strings.Contains(string(out), "not trusted") {
+		t.Errorf("shardd status with a data dir another user prepared: %v\n%s", err, out)
+	}
+
 	// Every other way in.
 	spec, _ := json.Marshal(attackTargets{ClientURL: client, PeerURL: peer, API: "http://" + api, DataDir: dataDir, TokenFile: tokenFile, Job: "report", Scratch: scratch})
 	cmd = exec.Command(attacker, "-test.run", "^$")
@@ -405,24 +435,53 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 		t.Fatalf("put under the prefix as shardd: %v", err)
 	}
 
+	// Instance c runs as an unprivileged user, as in production: its
+	// scripts, of the same user, must not find its password anywhere in
+	// /proc, which root's would.
+	var asUser func(*exec.Cmd)
 	work := t.TempDir()
+	if os.Getuid() == 0 {
+		work = publicDir(t)
+		os.Chmod(work, 0o777)
+		asUser = func(cmd *exec.Cmd) { asNobody(t, cmd) }
+	}
 	cfg := filepath.Join(work, "jobs.yaml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf(`jobs:
   - name: nightly
     cron: "0 0 3 * * ?"
     shardingTotalCount: 3
-    script: [/bin/sh, -c, 'env > %s/env-$SHARDD_INSTANCE; echo $SHARDD_ITEM >> %s/ran']
-`, work, work)), 0o644)
+    script: [/bin/sh, -c, 'env > %[1]s/env-$SHARDD_INSTANCE; cat /proc/[0-9]*/environ 2>/dev/null | tr "\\0" "\\n" | grep -c "^SHARDD_ETCD_PASSWORD=" > %[1]s/proc-$SHARDD_INSTANCE; echo $SHARDD_ITEM >> %[1]s/ran']
+`, work)), 0o644)
 	conn := []string{"--etcd", client, "--etcd-ca", files.CA, "--etcd-cert", files.ClientCert, "--etcd-key", files.ClientKey}
 	var ds []*daemon
 	for _, name := range []string{"a", "b", "c"} {
 		args := append([]string{"run", "--config", cfg, "--name", name, "--ttl", "2s", "--listen", "", "--log-format", "json"}, conn...)
 		var env []string
+		var prepare func(*exec.Cmd)
 		if name == "c" {
-			args = append(args, "--etcd-user", "shardd-pw")
+			// its own copy of the binary and the certificate, readable by it
+			own := publicDir(t, bin.shardd)
+			for _, f := range []string{files.CA, files.ClientCert, files.ClientKey} {
+				b, _ := os.ReadFile(f)
+				os.WriteFile(filepath.Join(own, filepath.Base(f)), b, 0o600)
+				if asUser != nil {
+					uid, gid := nobody(t)
+					os.Chown(filepath.Join(own, filepath.Base(f)), uid, gid)
+				}
+			}
+			args = []string{"run", "--config", cfg, "--name", name, "--ttl", "2s", "--listen", "", "--log-format", "json",
+				"--etcd", client, "--etcd-ca", filepath.Join(own, "ca.crt"), "--etcd-cert", filepath.Join(own, "client.crt"), "--etcd-key", filepath.Join(own, "client.key"),
+				"--etcd-user", "shardd-pw"}
 			env = []string{"SHARDD_ETCD_PASSWORD=" + pw}
+			prepare = func(cmd *exec.Cmd) {
+				cmd.Path, cmd.Args[0] = filepath.Join(own, "shardd"), filepath.Join(own, "shardd")
+				cmd.Dir = own
+				if asUser != nil {
+					asUser(cmd)
+				}
+			}
 		}
-		ds = append(ds, startDaemon(t, env, nil, args...))
+		ds = append(ds, startDaemon(t, env, prepare, args...))
 	}
 	ops := func(args ...string) (string, error) {
 		out, err := exec.Command(bin.shardd, append(args, conn...)...).CombinedOutput()
@@ -448,11 +507,24 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 	if strings.Contains(string(env), "SHARDD_ETCD_PASSWORD") || strings.Contains(string(env), pw) {
 		t.Errorf("a script of the instance with an etcd password sees it:\n%s", env)
 	}
+	if asUser != nil {
+		if b, _ := os.ReadFile(filepath.Join(work, "proc-c")); strings.TrimSpace(string(b)) != "0" {
+			t.Errorf("a script of the instance with an etcd password finds it in /proc (count %q)", b)
+		}
+	}
 	for i, d := range ds {
 		if strings.Contains(d.log(), "accepts anonymous") || strings.Contains(d.log(), `"level":"ERROR"`) {
 			t.Errorf("instance %d logged an error or an exposure:\n%s", i, d.log())
 		}
 	}
+	waitFor(t, 20*time.Second, "every instance to find etcd closed to anonymous clients", func() bool {
+		for _, d := range ds {
+			if !strings.Contains(d.log(), "etcd refuses anonymous clients") {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // owners returns how many distinct instances own items of job in the
@@ -509,6 +581,20 @@ func TestEtcdOpenToAnonymousIsReported(t *testing.T) {
 	})) == 0 {
 		t.Errorf("no SECURITY error in the log:\n%s", p.rawLog())
 	}
+
+	// An etcd that comes up after shardd is probed once it answers.
+	late := newEtcd(t)
+	api2 := etcdtest.FreeAddr(t)
+	p2 := startShardd(t, late, "b", writeConfig(t, "j:1"), "--listen", api2)
+	waitFor(t, 20*time.Second, "shardd to find no etcd", func() bool { return len(p2.find(msg("cannot reach etcd; retrying"))) > 0 })
+	if b, err := httpGetQuiet("http://" + api2 + "/metrics"); err == nil && strings.Contains(string(b), `exposure="anonymous"`) {
+		t.Errorf("exposure reported before etcd was reachable:\n%s", b)
+	}
+	late.start()
+	waitFor(t, 90*time.Second, "the exposure metric of a late etcd", func() bool {
+		b, err := httpGetQuiet("http://" + api2 + "/metrics")
+		return err == nil && strings.Contains(string(b), `shardd_etcd_exposed{exposure="anonymous"} 1`)
+	})
 }
 
 // TestAPIOverTLS: the token works over TLS, plain HTTP is refused on the

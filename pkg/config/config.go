@@ -142,6 +142,9 @@ type HTTP struct {
 	Timeout Duration `yaml:"timeout" json:"timeout"`
 	// SuccessCodes are the statuses that count as success; empty means any 2xx.
 	SuccessCodes []int `yaml:"successCodes" json:"successCodes,omitempty"`
+	// FollowRedirects follows redirects to the URL's origin only; by
+	// default a 3xx answer is the result (a failure unless in SuccessCodes).
+	FollowRedirects bool `yaml:"followRedirects" json:"followRedirects,omitempty"`
 	// TLS verifies the server with a CA bundle and presents a client certificate.
 	TLS *TLSFiles `yaml:"tls" json:"tls,omitempty"`
 }

@@ -1,11 +1,17 @@
 package coord
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -16,6 +22,10 @@ import (
 
 // Exposure is what Probe found.
 type Exposure struct {
+	// Known says whether Probe could tell if etcd is open to anonymous
+	// clients: it could not reach it, or reached it but could not tell
+	// why a request failed.
+	Known bool
 	// Anonymous: a client with no certificate and no user read the keys
 	// under the prefix, so anyone who reaches an endpoint can also write them.
 	Anonymous bool
@@ -27,9 +37,10 @@ type Exposure struct {
 // Probe connects to the endpoints of o as an anonymous client (o's CA, but
 // no client certificate, user or password) and tries to read one key under
 // k's prefix. A read that succeeds means etcd enforces neither client
-// certificates nor authentication. A read that fails for any reason (the
-// TLS handshake, "user name is empty", an unreachable endpoint) counts as
-// closed: Probe reports what it saw, not what it could not see.
+// certificates nor authentication (Anonymous). etcd is known to be closed
+// when it answers with an authentication error, or when its TLS handshake
+// demands a client certificate. Anything else (etcd unreachable, a timeout)
+// leaves Known false: try again later.
 func Probe(ctx context.Context, o ClientOptions, k Keys) Exposure {
 	e := Exposure{Cleartext: Cleartext(o.Endpoints)}
 	cfg := clientv3.Config{Endpoints: o.Endpoints, DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
@@ -41,15 +52,57 @@ func Probe(ctx context.Context, o ClientOptions, k Keys) Exposure {
 		cfg.TLS = t
 	}
 	cli, err := clientv3.New(cfg)
-	if err != nil {
-		return e
+	if err == nil {
+		defer cli.Close()
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		_, err = cli.Get(rctx, k.prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		switch {
+		case err == nil:
+			e.Known, e.Anonymous = true, true
+			return e
+		case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrPermissionDenied),
+			errors.Is(err, rpctypes.ErrInvalidAuthToken), errors.Is(err, rpctypes.ErrAuthNotEnabled):
+			e.Known = true
+			return e
+		}
 	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	_, err = cli.Get(ctx, k.prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-	e.Anonymous = err == nil
+	// The etcd client hides a refused handshake behind its timeout: ask
+	// each endpoint directly whether it demands a client certificate.
+	for _, ep := range o.Endpoints {
+		if !requiresClientCert(ctx, ep) {
+			return e
+		}
+	}
+	e.Known = len(o.Endpoints) > 0
 	return e
+}
+
+// requiresClientCert reports whether the TLS server at endpoint refuses a
+// client that presents no certificate.
+// Who the server is does not matter here, so its certificate is not checked.
+func requiresClientCert(ctx context.Context, endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "https" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", u.Host)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	if d, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(d)
+	}
+	tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
+	if err = tc.HandshakeContext(ctx); err == nil {
+		// TLS 1.3: the verdict on the client comes after the handshake.
+		fmt.Fprintf(tc, "GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", u.Host)
+		_, err = bufio.NewReader(tc).ReadString('\n')
+	}
+	return err != nil && (strings.Contains(err.Error(), "certificate required") || strings.Contains(err.Error(), "bad certificate"))
 }
 
 // Cleartext returns the endpoints reached without TLS beyond loopback. An

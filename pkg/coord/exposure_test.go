@@ -37,8 +37,11 @@ func TestProbeAndDiagnose(t *testing.T) {
 
 	// The tests' etcd: no TLS, no auth.
 	open := etcdtest.Start(t)
-	if e := Probe(ctx, ClientOptions{Endpoints: []string{open.Endpoint()}}, k); !e.Anonymous || len(e.Cleartext) != 0 {
-		t.Errorf("an etcd without TLS and auth: %+v, want anonymous, not cleartext (loopback)", e)
+	if e := Probe(ctx, ClientOptions{Endpoints: []string{open.Endpoint()}}, k); !e.Known || !e.Anonymous || len(e.Cleartext) != 0 {
+		t.Errorf("an etcd without TLS and auth: %+v, want known anonymous, not cleartext (loopback)", e)
+	}
+	if e := Probe(ctx, ClientOptions{Endpoints: []string{"http://" + etcdtest.FreeAddr(t)}}, k); e.Known {
+		t.Errorf("nothing listening: %+v, want not known", e)
 	}
 
 	// The embedded default: client certificates required. Probe presents
@@ -62,8 +65,8 @@ func TestProbeAndDiagnose(t *testing.T) {
 	if _, err := cli.Put(ctx, k.Prefix()+"/x", "y"); err != nil {
 		t.Fatalf("the owner's client: %v", err)
 	}
-	if e := Probe(ctx, o, k); e.Anonymous {
-		t.Errorf("an etcd requiring client certificates: %+v, want closed", e)
+	if e := Probe(ctx, o, k); !e.Known || e.Anonymous {
+		t.Errorf("an etcd requiring client certificates: %+v, want known closed", e)
 	}
 
 	// Diagnose tells each way of failing to reach it apart.

@@ -45,6 +45,10 @@ type Options struct {
 	OnMapWritten func(job string)
 	// OnSessionLost, if set, is called when a session fenced itself or expired.
 	OnSessionLost func(err error)
+	// Explain, if set, says why etcd does not answer, when it can tell
+	// (see Diagnose): added, at most every 30 s, to the log of a failed
+	// connection, which the etcd client reports only as a timeout.
+	Explain func(ctx context.Context) string
 }
 
 // Node is one shardd instance in the cluster.
@@ -63,7 +67,8 @@ type Node struct {
 	// registered maps each job to the hash of the local definition this
 	// process last registered (see publishDecision: overwrite acts once).
 	registered map[string]string
-	leaving    bool // Leave was called: no membership any more
+	leaving    bool      // Leave was called: no membership any more
+	explained  time.Time // when why last asked Options.Explain
 	started    time.Time
 	changed    chan struct{}              // buffered(1): the job set changed
 	mapSubs    map[string]map[*int]func() // OnChange callbacks by job, called on a newer map
@@ -140,7 +145,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		admission:  make(chan struct{}, maxRegistering),
 		started:    opts.Now(),
 	}
-	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, "err", err) })
+	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
 	n.SetJobs(jobs)
 	return n, nil
 }
@@ -283,7 +288,7 @@ func (n *Node) Run(ctx context.Context) error {
 			n.log.Warn("instance id is held by another instance; waiting for its lease to expire", "err", err)
 		case err != nil:
 			dupSince = time.Time{}
-			n.log.Warn("session ended; reconnecting", "err", err)
+			n.log.Warn("session ended; reconnecting", n.why(err)...)
 		}
 		if !sleep(ctx, b.next()) {
 			return nil
@@ -634,4 +639,28 @@ func (n *Node) logMembership(ctx context.Context) {
 		}
 		sleep(ctx, b.next())
 	}
+}
+
+// why returns the log attributes of a connection error: err, and what
+// Options.Explain says of a timeout, at most every 30 s.
+func (n *Node) why(err error) []any {
+	attrs := []any{"err", err}
+	if n.opts.Explain == nil || !errors.Is(err, context.DeadlineExceeded) {
+		return attrs
+	}
+	n.mu.Lock()
+	now := n.opts.Now()
+	due := now.Sub(n.explained) >= 30*time.Second
+	if due {
+		n.explained = now
+	}
+	n.mu.Unlock()
+	if due {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		if why := n.opts.Explain(ctx); why != "" {
+			attrs = append(attrs, "why", why)
+		}
+	}
+	return attrs
 }

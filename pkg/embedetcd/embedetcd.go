@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -25,6 +26,7 @@ import (
 type Server struct {
 	e         *embed.Etcd
 	clientURL string
+	unlock    func() // releases the data dir's lock
 }
 
 // Options configure Start.
@@ -67,9 +69,6 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd peer URL %q: %w", o.PeerURL, err)
 	}
-	if err := os.MkdirAll(o.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
-	}
 	want := "http"
 	if o.TLS {
 		want = "https"
@@ -91,11 +90,24 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		}
 		ln.Close()
 	}
+	unlock, err := prepareDir(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	started := false
+	defer func() {
+		if !started {
+			unlock()
+		}
+	}()
 	cfg := embed.NewConfig()
 	if o.TLS {
 		f, err := EnsureTLS(o.Dir, certHosts(cu, pu), time.Now())
 		if err != nil {
 			return nil, err
+		}
+		if err := writeFile(f.Endpoint, []byte(reachable(cu)+"\n"), 0o644); err != nil {
+			return nil, fmt.Errorf("embedded etcd: %w", err)
 		}
 		info := transport.TLSInfo{CertFile: f.ServerCert, KeyFile: f.ServerKey, TrustedCAFile: f.CA, ClientCertAuth: true}
 		cfg.ClientTLSInfo, cfg.PeerTLSInfo = info, info
@@ -116,10 +128,12 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		o.LogFile = filepath.Join(o.Dir, "etcd.log")
 	}
 	// etcd's log names keys and members: keep it the owner's, like the data.
-	if f, err := os.OpenFile(o.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err == nil {
-		f.Chmod(0o600)
-		f.Close()
+	f, err := os.OpenFile(o.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd log: %w", err)
 	}
+	f.Chmod(0o600)
+	f.Close()
 	cfg.LogOutputs = []string{o.LogFile}
 	// Keep revisions for an hour, so watches rarely see compaction.
 	cfg.AutoCompactionMode = "periodic"
@@ -131,7 +145,8 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	select {
 	case <-e.Server.ReadyNotify():
-		return &Server{e: e, clientURL: reachable(cu)}, nil
+		started = true
+		return &Server{e: e, clientURL: reachable(cu), unlock: unlock}, nil
 	case err := <-e.Err():
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd: %w", err)
@@ -190,4 +205,7 @@ func (e *Server) ClientURL() string { return e.clientURL }
 func (e *Server) Err() <-chan error { return e.e.Err() }
 
 // Close stops the server and waits for it.
-func (e *Server) Close() { e.e.Close() }
+func (e *Server) Close() {
+	e.e.Close()
+	e.unlock()
+}

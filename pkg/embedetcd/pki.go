@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -52,6 +53,9 @@ type TLSFiles struct {
 	CA, CAKey             string
 	ServerCert, ServerKey string
 	ClientCert, ClientKey string
+	// Endpoint holds the client URL the embedded etcd serves: the only
+	// endpoint the client certificate is presented to.
+	Endpoint string
 }
 
 // Files returns the paths of the TLS material of the embedded etcd whose
@@ -63,6 +67,7 @@ func Files(dataDir string) TLSFiles {
 		CA:  filepath.Join(d, "ca.crt"), CAKey: filepath.Join(d, "ca.key"),
 		ServerCert: filepath.Join(d, "server.crt"), ServerKey: filepath.Join(d, "server.key"),
 		ClientCert: filepath.Join(d, "client.crt"), ClientKey: filepath.Join(d, "client.key"),
+		Endpoint: filepath.Join(d, "endpoint"),
 	}
 }
 
@@ -70,37 +75,62 @@ func Files(dataDir string) TLSFiles {
 // client certificate.
 var ErrNoCredentials = errors.New("no embedded etcd client certificate")
 
-// ClientCredentials returns the CA and the client certificate that reach the
-// embedded etcd of dataDir, after checking that the caller can read them.
-// Its errors say why not: ErrNoCredentials when there are none (wrong
-// --data-dir, or not started yet), a permission error naming the owner when
-// they belong to another user.
-func ClientCredentials(dataDir string) (TLSFiles, error) {
-	f := Files(dataDir)
-	for _, p := range []string{f.CA, f.ClientCert, f.ClientKey} {
-		fh, err := os.Open(p)
-		switch {
-		case err == nil:
-			fh.Close()
-		case errors.Is(err, fs.ErrNotExist):
-			return f, fmt.Errorf("%w in %s", ErrNoCredentials, f.Dir)
-		case errors.Is(err, fs.ErrPermission):
-			return f, fmt.Errorf("%w: the embedded etcd accepts only its owner%s; run this command as that user", err, owner(dataDir))
-		default:
-			return f, err
-		}
-	}
-	return f, nil
+// Credentials are what a client needs to reach an embedded etcd.
+type Credentials struct {
+	TLSFiles
+	// URL is the client URL the embedded etcd serves ("" if unknown: a
+	// data directory of an earlier version).
+	URL string
 }
 
-// owner describes the owner of path for an error message: " (uid 998)".
-func owner(path string) string {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return ""
+// ClientCredentials returns the CA, the client certificate and the URL of
+// the embedded etcd of dataDir, after checking that the caller can read
+// them and that nobody but their owner can have written them. With own,
+// the owner must be this user: for a data directory found implicitly (in
+// the working directory), which another user may have planted. Its errors
+// say why not: ErrNoCredentials when there are none (wrong --data-dir, or
+// not started yet), a permission error naming the owner when they belong
+// to another user, ErrNotTrusted.
+func ClientCredentials(dataDir string, own bool) (Credentials, error) {
+	c := Credentials{TLSFiles: Files(dataDir)}
+	for _, p := range []string{c.Dir, c.CA, c.ClientCert, c.ClientKey} {
+		fi, err := os.Lstat(p)
+		if err == nil {
+			err = trusted(p, fi, own)
+		}
+		if err == nil {
+			var fh *os.File
+			if fh, err = os.Open(p); err == nil {
+				fh.Close()
+			}
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, fs.ErrNotExist):
+			return c, fmt.Errorf("%w in %s", ErrNoCredentials, c.Dir)
+		case errors.Is(err, fs.ErrPermission):
+			return c, fmt.Errorf("%w: the embedded etcd accepts only its owner%s; run this command as that user", err, owner(c.Dir, dataDir))
+		default:
+			return c, err
+		}
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return fmt.Sprintf(" (uid %d, who owns %s)", st.Uid, path)
+	if b, err := os.ReadFile(c.Endpoint); err == nil {
+		c.URL = strings.TrimSpace(string(b))
+	}
+	return c, nil
+}
+
+// owner describes the owner of the first of paths it can see, for an
+// error message: " (uid 998, who owns shardd-data/tls)".
+func owner(paths ...string) string {
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			continue
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			return fmt.Sprintf(" (uid %d, who owns %s)", st.Uid, p)
+		}
 	}
 	return ""
 }
@@ -110,6 +140,11 @@ func owner(path string) string {
 // or expires within 30 days of now. It returns the paths.
 func EnsureTLS(dataDir string, hosts []string, now time.Time) (TLSFiles, error) {
 	f := Files(dataDir)
+	for _, p := range []string{f.Dir, f.CA, f.CAKey, f.ServerCert, f.ServerKey, f.ClientCert, f.ClientKey, f.Endpoint} {
+		if err := owned(p); err != nil {
+			return f, fmt.Errorf("embedded etcd TLS: %w", err)
+		}
+	}
 	if err := os.MkdirAll(f.Dir, 0o700); err != nil {
 		return f, fmt.Errorf("embedded etcd TLS directory: %w", err)
 	}
@@ -131,7 +166,7 @@ func EnsureTLS(dataDir string, hosts []string, now time.Time) (TLSFiles, error) 
 		}
 	}
 	if err != nil {
-		return f, fmt.Errorf("embedded etcd CA: %w", err)
+		return f, fmt.Errorf("embedded etcd CA %s: %w (if the CA's files are damaged, remove %s: a new CA and certificates are made, and clients need the new ones)", f.CA, err, f.Dir)
 	}
 	if current(f.ServerCert, f.ServerKey, ca, hosts, now) != nil {
 		crt, key, err := issue(ca, caKey, "shardd embedded etcd member", hosts, now)

@@ -39,7 +39,7 @@ func verify(t *testing.T, f TLSFiles, cert, key, host string, usage x509.ExtKeyU
 func TestEnsureTLS(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	if _, err := ClientCredentials(dir); !errors.Is(err, ErrNoCredentials) {
+	if _, err := ClientCredentials(dir, true); !errors.Is(err, ErrNoCredentials) {
 		t.Fatalf("before the first start: %v, want ErrNoCredentials", err)
 	}
 	f, err := EnsureTLS(dir, []string{"localhost", "127.0.0.1", "::1"}, now)
@@ -56,7 +56,7 @@ func TestEnsureTLS(t *testing.T) {
 	verify(t, f, f.ServerCert, f.ServerKey, "localhost", x509.ExtKeyUsageServerAuth)
 	verify(t, f, f.ServerCert, f.ServerKey, "", x509.ExtKeyUsageClientAuth) // etcd's gateway and peers present it
 	verify(t, f, f.ClientCert, f.ClientKey, "", x509.ExtKeyUsageClientAuth)
-	if _, err := ClientCredentials(dir); err != nil {
+	if _, err := ClientCredentials(dir, true); err != nil {
 		t.Errorf("after the first start: %v", err)
 	}
 

@@ -55,7 +55,7 @@ func newRunner(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc,
 		}
 		h, err := runner.NewHTTP(runner.HTTP{
 			URL: job.HTTP.URL, Method: job.HTTP.Method, Headers: job.HTTP.Headers, Body: job.HTTP.Body,
-			SuccessCodes: job.HTTP.SuccessCodes, Timeout: timeout,
+			SuccessCodes: job.HTTP.SuccessCodes, FollowRedirects: job.HTTP.FollowRedirects, Timeout: timeout,
 		}, files)
 		if err != nil {
 			return nil, err

@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -26,6 +28,8 @@ type HTTP struct {
 	Body string
 	// SuccessCodes accepted; empty accepts any 2xx.
 	SuccessCodes []int
+	// FollowRedirects follows redirects to the URL's origin (see checkRedirect).
+	FollowRedirects bool
 	// Timeout bounds the whole call; the connection alone gets ConnectTimeout.
 	Timeout, ConnectTimeout time.Duration
 	TailBytes               int
@@ -71,8 +75,39 @@ func NewHTTP(h HTTP, tlsFiles TLSFiles) (*HTTP, error) {
 		}
 		tr.TLSClientConfig = cfg
 	}
-	h.client = &http.Client{Transport: tr, Timeout: h.Timeout}
+	h.client = &http.Client{Transport: tr, Timeout: h.Timeout, CheckRedirect: h.checkRedirect}
 	return &h, nil
+}
+
+// maxAnswer is how much of a hook's answer is read.
+const maxAnswer = 1 << 20
+
+// checkRedirect follows a redirect only with FollowRedirects, and only to
+// the origin (scheme, host and port) of the hook's URL: the job's headers
+// (secrets among them) and body never go anywhere else. 307 and 308 keep
+// the method and body; 301, 302 and 303 turn into a GET, as in browsers.
+// Without FollowRedirects the 3xx answer is the result: a failure, unless
+// successCodes lists it.
+func (h *HTTP) checkRedirect(req *http.Request, via []*http.Request) error {
+	if !h.FollowRedirects {
+		return http.ErrUseLastResponse
+	}
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	if from := via[0].URL; origin(req.URL) != origin(from) {
+		return fmt.Errorf("redirect to %s refused: another origin than %s, and the job's headers and body go only there", req.URL.Redacted(), origin(from))
+	}
+	return nil
+}
+
+// origin is scheme://host:port of u, with the scheme's default port.
+func origin(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	return u.Scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
 }
 
 // Run calls the hook once for c. Network errors and 5xx answers are
@@ -123,16 +158,32 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		return res
 	}
 	defer resp.Body.Close()
+	// The answer's first MiB is read; its tail is kept, after the
+	// secrets are taken out of the whole (a secret cut in two by the
+	// tail's start would escape redaction).
+	var answer bytes.Buffer
+	_, rerr := io.Copy(&answer, io.LimitReader(resp.Body, maxAnswer))
 	out := &tail{max: h.TailBytes}
-	io.Copy(out, io.LimitReader(resp.Body, 1<<20))
+	out.Write([]byte(redactString(answer.String(), secrets)))
 	res.Output = out.String()
 	res.HTTPStatus = resp.StatusCode
+	if rerr != nil {
+		res.Err = fmt.Errorf("%s %s: status %d, reading the answer: %w", h.Method, h.URL, resp.StatusCode, rerr)
+		res.Retryable = ctx.Err() == nil
+		if ctx.Err() != nil {
+			res.Err = fmt.Errorf("%w: %v", ErrKilled, res.Err)
+		}
+		return res
+	}
 	ok := resp.StatusCode >= 200 && resp.StatusCode < 300
 	if len(h.SuccessCodes) > 0 {
 		ok = slices.Contains(h.SuccessCodes, resp.StatusCode)
 	}
 	if !ok {
 		res.Err = fmt.Errorf("%s %s: status %d", h.Method, h.URL, resp.StatusCode)
+		if loc := resp.Header.Get("Location"); resp.StatusCode/100 == 3 && loc != "" {
+			res.Err = fmt.Errorf("%w, a redirect to %s (not followed: set followRedirects: true to follow redirects to the same origin)", res.Err, loc)
+		}
 		res.Retryable = resp.StatusCode >= 500
 		return res
 	}
@@ -159,18 +210,21 @@ func ExpandEnv(s string) (string, []string) {
 // a hook that echoes its request, or an error that quotes it, must not
 // publish a header's ${VAR} value.
 func redact(res Result, secrets []string) Result {
-	pairs := replacements(secrets)
-	if len(pairs) == 0 {
-		return res
-	}
-	r := strings.NewReplacer(pairs...)
-	res.Output = r.Replace(res.Output)
+	res.Output = redactString(res.Output, secrets)
 	if res.Err != nil {
-		if msg := r.Replace(res.Err.Error()); msg != res.Err.Error() {
+		if msg := redactString(res.Err.Error(), secrets); msg != res.Err.Error() {
 			res.Err = &redactedError{msg: msg, err: res.Err}
 		}
 	}
 	return res
+}
+
+func redactString(s string, secrets []string) string {
+	pairs := replacements(secrets)
+	if len(pairs) == 0 {
+		return s
+	}
+	return strings.NewReplacer(pairs...).Replace(s)
 }
 
 func replacements(secrets []string) []string {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -295,5 +296,98 @@ func TestHTTPHookTLS(t *testing.T) {
 	}
 	if _, err := NewHTTP(HTTP{URL: srv.URL}, TLSFiles{CA: "/nonexistent"}); err == nil {
 		t.Error("a missing CA file was accepted")
+	}
+}
+
+// Redirects are not followed by default; with followRedirects, only to
+// the same origin, with the method, body and headers kept on 307/308.
+func TestHTTPHookRedirects(t *testing.T) {
+	t.Setenv("HOOK_KEY", "secret-key-value")
+	var mu sync.Mutex
+	var seen []string
+	record := func(who string, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("%s %s %s key=%s body=%d", who, r.Method, r.URL.Path, r.Header.Get("X-Api-Key"), len(b)))
+		mu.Unlock()
+	}
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { record("other", r) }))
+	defer other.Close()
+	otherOrigin := strings.Replace(other.URL, "127.0.0.1", "localhost", 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		record("origin", r)
+		switch r.URL.Path {
+		case "/elsewhere":
+			http.Redirect(w, r, otherOrigin+"/stolen", http.StatusTemporaryRedirect)
+		case "/302":
+			http.Redirect(w, r, "/landed", http.StatusFound)
+		case "/307":
+			http.Redirect(w, r, "/landed", http.StatusTemporaryRedirect)
+		}
+	}))
+	defer srv.Close()
+	run := func(path string, follow bool, codes ...int) Result {
+		mu.Lock()
+		seen = nil
+		mu.Unlock()
+		h, err := NewHTTP(HTTP{URL: srv.URL + path, Method: "POST", Headers: map[string]string{"X-Api-Key": "${HOOK_KEY}"},
+			SuccessCodes: codes, FollowRedirects: follow, Timeout: 5 * time.Second}, TLSFiles{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h.Run(context.Background(), ctxFixture)
+	}
+	calls := func() string { mu.Lock(); defer mu.Unlock(); return strings.Join(seen, "; ") }
+
+	if res := run("/302", false); res.OK || res.HTTPStatus != 302 || !strings.Contains(fmt.Sprint(res.Err), "not followed") || strings.Contains(calls(), "landed") {
+		t.Errorf("302 by default: %+v, calls %s", res, calls())
+	}
+	if res := run("/302", false, 302); !res.OK {
+		t.Errorf("302 in successCodes: %+v", res)
+	}
+	if res := run("/307", true); !res.OK || !strings.Contains(calls(), "origin POST /landed key=secret-key-value body=") || strings.Contains(calls(), "body=0") {
+		t.Errorf("307 followed: %+v, calls %s", res, calls())
+	}
+	res := run("/elsewhere", true)
+	if res.OK || strings.Contains(calls(), "other") || !strings.Contains(fmt.Sprint(res.Err), "another origin") {
+		t.Errorf("redirect to another origin: %+v, calls %s", res, calls())
+	}
+	if res := run("/elsewhere", false); res.OK || strings.Contains(calls(), "other") {
+		t.Errorf("redirect elsewhere, not following: %+v, calls %s", res, calls())
+	}
+}
+
+// An answer whose body stalls past the timeout is a failure, retryable.
+func TestHTTPHookStalledBody(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		w.Write([]byte("partial"))
+		w.(http.Flusher).Flush()
+		<-release
+	}))
+	defer srv.Close()
+	defer close(release)
+	h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", Timeout: 300 * time.Millisecond}, TLSFiles{})
+	res := h.Run(context.Background(), ctxFixture)
+	if res.OK || !res.Retryable || !strings.Contains(fmt.Sprint(res.Err), "reading the answer") || res.Output != "partial" {
+		t.Errorf("stalled body: %+v", res)
+	}
+}
+
+// A secret the output tail would cut in two is redacted before the cut.
+func TestHTTPHookRedactsBeforeTheTail(t *testing.T) {
+	const secret = "SECRETVALUE_0123456789"
+	t.Setenv("HOOK_KEY", secret)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Write([]byte(r.Header.Get("X-Api-Key") + strings.Repeat("x", 4080)))
+	}))
+	defer srv.Close()
+	h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", Headers: map[string]string{"X-Api-Key": "${HOOK_KEY}"}, Timeout: 5 * time.Second}, TLSFiles{})
+	res := h.Run(context.Background(), ctxFixture)
+	for i := 4; i <= len(secret); i++ {
+		if strings.Contains(res.Output, secret[len(secret)-i:]) {
+			t.Fatalf("the output keeps %q of the secret: %q", secret[len(secret)-i:], res.Output[:40])
+		}
 	}
 }
