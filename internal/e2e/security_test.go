@@ -445,6 +445,8 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 		os.Chmod(work, 0o777)
 		asUser = func(cmd *exec.Cmd) { asNobody(t, cmd) }
 	}
+	os.WriteFile(filepath.Join(work, "ran"), nil, 0o666) // every instance appends
+	os.Chmod(filepath.Join(work, "ran"), 0o666)
 	cfg := filepath.Join(work, "jobs.yaml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf(`jobs:
   - name: nightly
