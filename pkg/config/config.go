@@ -204,6 +204,11 @@ const (
 	// MaxShardingTotalCount bounds the items of one job, so that its shard
 	// map stays well inside etcd's request size limit.
 	MaxShardingTotalCount = 10000
+	// MaxJobParameter and MaxItemParameter bound the parameters, which
+	// reach scripts in environment variables: SHARDD_CONTEXT holds both,
+	// JSON-escaped, and one variable may not exceed 128 KiB on Linux.
+	MaxJobParameter  = 16 << 10
+	MaxItemParameter = 4 << 10
 	// MaxNameLength bounds job names, which are etcd key segments.
 	MaxNameLength = 128
 )

@@ -86,6 +86,8 @@ func TestLoadBad(t *testing.T) {
 		{"bad-indent", `bad-indent.bad.yaml:4: did not find expected '-' indicator`},
 		{"unknown-field-typo", `unknown-field-typo.bad.yaml:4: job "orders": unknown field shardingItemParameter (did you mean shardingItemParameters?)`},
 		{"unknown-alias-typo", `unknown-alias-typo.bad.yaml:3: job "orders": unknown field jobShardingStrategy (did you mean jobShardingStrategyType?)`},
+		{"param-too-big", `param-too-big.bad.yaml:4: job "orders": jobParameter is 17408 bytes; at most 16384 (it is passed in environment variables)`},
+		{"param-nul", `param-nul.bad.yaml:5: job "orders": jobParameter contains a NUL byte, which no environment variable can carry`},
 		{"header-env", `header-env.bad.yaml:5: job "hook": http.headers Authorization: ${SHARDD_TEST_UNSET_TOKEN} is not set in shardd's environment`},
 		{"retry-backoff", `retry-backoff.bad.yaml:3: job "orders": retryBackoff must be between 0 and 5m0s, got 1h0m0s`},
 		{"quartz-last-day", `quartz-last-day.bad.yaml:3: job "month-end": cron "0 0 23 L * ?": day-of-month "L": L (last day) and W (nearest weekday) are Quartz features shardd does not support`},

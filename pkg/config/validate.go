@@ -74,6 +74,27 @@ func validate(s scope, j *Job, f *fields) bool {
 		}
 	}
 
+	// Parameters reach scripts in environment variables, twice (their own
+	// and in SHARDD_CONTEXT): one variable may not exceed 128 KiB on Linux,
+	// and none may hold a NUL byte.
+	if len(j.JobParameter) > MaxJobParameter {
+		bad("jobParameter", "jobParameter is %d bytes; at most %d (it is passed in environment variables)", len(j.JobParameter), MaxJobParameter)
+	}
+	if strings.ContainsRune(j.JobParameter, 0) {
+		bad("jobParameter", "jobParameter contains a NUL byte, which no environment variable can carry")
+	}
+	for _, item := range j.ShardingItemParameters.Items() {
+		v := j.ShardingItemParameters[item]
+		if len(v) > MaxItemParameter {
+			bad("shardingItemParameters", "shardingItemParameters item %d is %d bytes; at most %d (it is passed in environment variables)", item, len(v), MaxItemParameter)
+			break
+		}
+		if strings.ContainsRune(v, 0) {
+			bad("shardingItemParameters", "shardingItemParameters item %d contains a NUL byte, which no environment variable can carry", item)
+			break
+		}
+	}
+
 	if j.MaxTimeDiffSeconds < -1 {
 		bad("maxTimeDiffSeconds", "maxTimeDiffSeconds must be -1 (off) or >= 0, got %d", j.MaxTimeDiffSeconds)
 	}

@@ -117,7 +117,8 @@ func (t *tail) Write(p []byte) (int, error) {
 }
 
 func (t *tail) String() string {
-	s := strings.ToValidUTF8(string(t.buf), "\uFFFD")
+	// Valid UTF-8 without NUL: it goes to JSON, logs and environment variables.
+	s := strings.ReplaceAll(strings.ToValidUTF8(string(t.buf), "\uFFFD"), "\x00", "\uFFFD")
 	if t.cut {
 		return "..." + s
 	}

@@ -7,16 +7,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 var ctxFixture = Context{
@@ -389,5 +393,92 @@ func TestHTTPHookRedactsBeforeTheTail(t *testing.T) {
 		if strings.Contains(res.Output, secret[len(secret)-i:]) {
 			t.Fatalf("the output keeps %q of the secret: %q", secret[len(secret)-i:], res.Output[:40])
 		}
+	}
+}
+
+type countWriter struct{ n atomic.Int64 }
+
+func (w *countWriter) Write(p []byte) (int, error) { w.n.Add(int64(len(p))); return len(p), nil }
+
+// peakHeap runs f and returns the most heap in use meanwhile, above what
+// was in use before.
+func peakHeap(f func()) uint64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	base := ms.HeapInuse
+	var peak atomic.Uint64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		var ms runtime.MemStats
+		for {
+			runtime.ReadMemStats(&ms)
+			if ms.HeapInuse > base && ms.HeapInuse-base > peak.Load() {
+				peak.Store(ms.HeapInuse - base)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	f()
+	close(stop)
+	<-done
+	return peak.Load()
+}
+
+// Whatever a script prints, a run holds a bounded amount of it in memory
+// and logs a bounded amount: one 20 MB line without a newline, or 20 MB of
+// short lines.
+func TestScriptOutputIsBounded(t *testing.T) {
+	for _, tt := range []struct {
+		name, shell string
+		maxLogged   int64
+	}{
+		{"one 20 MB line", "head -c 20000000 /dev/zero | tr '\\0' a", 2 * maxLogLine},
+		{"20 MB of lines", "yes aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa | head -c 20000000", 300 << 10},
+	} {
+		logged := &countWriter{}
+		var res Result
+		peak := peakHeap(func() {
+			res = Script{Shell: tt.shell, Log: slog.New(slog.NewTextHandler(logged, nil))}.Run(context.Background(), ctxFixture)
+		})
+		t.Logf("%s: ok=%v, output tail %d bytes, heap +%d KiB, logged %d KiB", tt.name, res.OK, len(res.Output), peak>>10, logged.n.Load()>>10)
+		if !res.OK || len(res.Output) > 4100 {
+			t.Errorf("%s: %+v", tt.name, res.Err)
+		}
+		if peak > 16<<20 { // was 191 MiB for 50 MB
+			t.Errorf("%s: heap grew by %d MiB while it ran", tt.name, peak>>20)
+		}
+		if got := logged.n.Load(); got > tt.maxLogged {
+			t.Errorf("%s: logged %d bytes, want at most %d", tt.name, got, tt.maxLogged)
+		}
+	}
+}
+
+// Output is passed on in environment variables (onFailure's SHARDD_OUTPUT):
+// a NUL byte in it must not stop the command.
+func TestOutputWithNulIsPassedOn(t *testing.T) {
+	res := Script{Shell: `printf 'a\000b\377c\n'; exit 3`}.Run(context.Background(), ctxFixture)
+	if strings.ContainsRune(res.Output, 0) || !utf8.ValidString(res.Output) || !strings.Contains(res.Output, "a\uFFFDb") {
+		t.Fatalf("output %q: want valid UTF-8 without NUL", res.Output)
+	}
+	next := Script{Shell: `printf %s "$SHARDD_OUTPUT"`, Env: map[string]string{"SHARDD_OUTPUT": "x\x00y"}}.Run(context.Background(), ctxFixture)
+	if !next.OK || next.Output != "x\uFFFDy" {
+		t.Errorf("a command with a NUL in its environment: %+v %q", next.Err, next.Output)
+	}
+}
+
+// A parameter too big for an environment variable fails the run with a
+// message that says so (validate refuses it in the first place).
+func TestOversizedEnvironment(t *testing.T) {
+	c := ctxFixture
+	c.JobParameter = strings.Repeat("x", 140000)
+	res := Script{Shell: "echo ok"}.Run(context.Background(), c)
+	if res.OK || !strings.Contains(fmt.Sprint(res.Err), "SHARDD_JOB_PARAMETER is 140021 bytes") {
+		t.Errorf("oversized parameter: %+v", res.Err)
 	}
 }

@@ -1,11 +1,10 @@
 package runner
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -35,6 +34,80 @@ type Script struct {
 	// script dies with shardd or at the session's fence deadline even when
 	// shardd cannot act (see WatchdogMain).
 	Watchdog *Watchdog
+}
+
+// maxEnvString is Linux's MAX_ARG_STRLEN: an environment string as long
+// makes exec fail with E2BIG.
+const maxEnvString = 128 << 10
+
+// Output lines go to the log bounded: a line is cut at maxLogLine bytes
+// (and marked truncated), and a run logs at most maxLogLines lines; the
+// rest is counted in one last line. The history keeps the output's tail.
+const (
+	maxLogLine  = 4 << 10
+	maxLogLines = 1000
+)
+
+// lineLog logs a run's output line by line, within those bounds.
+type lineLog struct {
+	log     *slog.Logger
+	job     string
+	item    int
+	line    []byte
+	long    bool // the current line was cut
+	lines   int  // complete lines seen
+	dropped int  // lines not logged
+}
+
+func (l *lineLog) Write(p []byte) {
+	if l.log == nil {
+		return
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		chunk := p
+		if i >= 0 {
+			chunk = p[:i]
+		}
+		if room := maxLogLine - len(l.line); len(chunk) > room {
+			l.line, l.long = append(l.line, chunk[:room]...), true
+		} else {
+			l.line = append(l.line, chunk...)
+		}
+		if i < 0 {
+			return
+		}
+		l.emit()
+		p = p[i+1:]
+	}
+}
+
+func (l *lineLog) emit() {
+	l.lines++
+	if l.lines > maxLogLines {
+		l.dropped++
+	} else {
+		attrs := []any{"job", l.job, "item", l.item, "line", strings.ToValidUTF8(string(l.line), "\uFFFD")}
+		if l.long {
+			attrs = append(attrs, "truncated", true)
+		}
+		l.log.Info("output", attrs...)
+	}
+	l.line, l.long = l.line[:0], false
+}
+
+// Close logs the last, unterminated line and what was not logged.
+func (l *lineLog) Close() {
+	if l.log == nil {
+		return
+	}
+	if len(l.line) > 0 || l.long {
+		l.emit()
+	}
+	if l.dropped > 0 {
+		l.log.Info("output not logged", "job", l.job, "item", l.item, "lines", l.dropped,
+			"why", fmt.Sprintf("a run logs at most %d lines; its output's tail is in its history", maxLogLines))
+	}
 }
 
 // ErrTimeout is the error of a run stopped at its timeout.
@@ -92,6 +165,15 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	cmd.Env = append(cmd.Env, c.Env()...)
+	for i, kv := range cmd.Env { // exec refuses a NUL; onFailure passes output on
+		cmd.Env[i] = strings.ReplaceAll(kv, "\x00", "\uFFFD")
+	}
+	for _, kv := range cmd.Env {
+		if len(kv) >= maxEnvString {
+			res.Err = fmt.Errorf("environment variable %s is %d bytes; Linux allows under %d", kv[:strings.IndexByte(kv, '=')], len(kv), maxEnvString)
+			return res
+		}
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
 	out := &tail{max: tailBytes}
@@ -107,17 +189,14 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		r := bufio.NewReader(pr)
+		lines := &lineLog{log: s.Log, job: c.Job, item: c.Item}
+		defer lines.Close()
+		buf := make([]byte, 32<<10) // memory per run is bounded whatever the output
 		for {
-			line, err := r.ReadString('\n')
-			if line != "" {
-				out.Write([]byte(line))
-				if s.Log != nil {
-					s.Log.Info("output", "job", c.Job, "item", c.Item, "line", strings.TrimRight(line, "\n"))
-				}
-			}
+			n, err := pr.Read(buf)
+			out.Write(buf[:n])
+			lines.Write(buf[:n])
 			if err != nil {
-				io.Copy(io.Discard, pr)
 				return
 			}
 		}
