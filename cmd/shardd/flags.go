@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,14 +156,25 @@ func (f *etcdFlags) clientOptions(endpoints []string, dir string, own bool) (coo
 	if embedded && creds.URL != "" {
 		o.Endpoints = []string{creds.URL}
 	}
-	if !slices.Contains(o.Endpoints, creds.URL) {
-		return o, nil // another etcd: the embedded one's CA and certificate are not for it
+	for _, ep := range o.Endpoints {
+		if !sameURL(ep, creds.URL) {
+			return o, nil // another etcd: the embedded one's CA and certificate are for it alone
+		}
 	}
 	o.CAFile, o.CertFile, o.KeyFile = creds.CA, creds.ClientCert, creds.ClientKey
 	return o, nil
 }
 
 func isHTTPS(endpoint string) bool { return strings.HasPrefix(endpoint, "https://") }
+
+// sameURL reports whether two endpoint URLs name the same scheme, host and
+// port (https://127.0.0.1:2379/ is https://127.0.0.1:2379).
+func sameURL(a, b string) bool {
+	ua, erra := url.Parse(a)
+	ub, errb := url.Parse(b)
+	return erra == nil && errb == nil && ua.Scheme == ub.Scheme && strings.EqualFold(ua.Host, ub.Host) &&
+		strings.Trim(ua.Path, "/") == strings.Trim(ub.Path, "/")
+}
 
 // logFlags choose the log format and level.
 type logFlags struct {

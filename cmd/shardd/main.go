@@ -68,6 +68,11 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == runner.WatchdogCommand { // internal: see runner.WatchdogMain
 		os.Exit(runner.WatchdogMain())
 	}
+	// A password in the environment: hide /proc/<pid>/environ from this
+	// user's other processes first thing (see cmdRun).
+	if os.Getenv(envName("etcd-password")) != "" {
+		notDumpable()
+	}
 	os.Exit(run(os.Args[1:], &env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}))
 }
 

@@ -297,6 +297,8 @@ func TestClientOptionsFindTheEmbeddedCertificate(t *testing.T) {
 		{"the embedded etcd elsewhere: its recorded URL", etcdFlags{}, nil, elsewhere, "https://127.0.0.1:24010", true, ""},
 		{"the embedded default, no certificate", etcdFlags{}, nil, without, "", false, "no embedded etcd client certificate"},
 		{"--etcd the embedded etcd's URL", etcdFlags{}, []string{"https://127.0.0.1:2379"}, withCerts, "https://127.0.0.1:2379", true, ""},
+		{"--etcd the embedded etcd's URL with a slash", etcdFlags{}, []string{"https://127.0.0.1:2379/"}, withCerts, "https://127.0.0.1:2379/", true, ""},
+		{"--etcd the embedded etcd and another: not for the other", etcdFlags{}, []string{"https://127.0.0.1:2379", "https://127.0.0.1:2380"}, withCerts, "https://127.0.0.1:2379,https://127.0.0.1:2380", false, ""},
 		{"--etcd another https endpoint: never the embedded certificate", etcdFlags{}, []string{"https://127.0.0.1:2380"}, withCerts, "https://127.0.0.1:2380", false, ""},
 		{"--etcd https elsewhere, no data dir: the system's roots", etcdFlags{}, []string{"https://etcd1:2379"}, without, "https://etcd1:2379", false, ""},
 		{"--etcd http: never a certificate", etcdFlags{}, []string{"http://127.0.0.1:2379"}, withCerts, "http://127.0.0.1:2379", false, ""},

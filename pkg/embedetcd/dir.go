@@ -50,7 +50,7 @@ func trusted(path string, fi fs.FileInfo, mine bool) error {
 		return fmt.Errorf("%s is a symbolic link: %w (shardd follows none in its data directory)", path, ErrNotTrusted)
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("%s is writable by other users (mode %v): %w; remove it, or chmod go-w it if you know its contents are yours", path, fi.Mode().Perm(), ErrNotTrusted)
+		return fmt.Errorf("%s is writable by other users (mode %v): %w; someone else may have changed what it holds: remove it", path, fi.Mode().Perm(), ErrNotTrusted)
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
 	if me := os.Geteuid(); mine && ok && int(st.Uid) != me {
@@ -73,15 +73,33 @@ func prepareDir(dir string) (unlock func(), err error) {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) != os.Geteuid() {
 		return nil, fmt.Errorf("embedded etcd data dir %s belongs to uid %d, not to this user (uid %d): %w; use a directory of your own (--data-dir)", dir, st.Uid, os.Geteuid(), ErrNotTrusted)
 	}
+	if err := safeAncestors(dir); err != nil {
+		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
+	}
 	if fi.Mode().Perm() != 0o700 {
 		if err := os.Chmod(dir, 0o700); err != nil {
 			return nil, fmt.Errorf("embedded etcd data dir: %w", err)
 		}
 	}
-	for _, name := range []string{tlsDirName, "etcd", "etcd.log", ".lock"} {
+	for _, name := range []string{tlsDirName, "etcd.log", ".lock"} {
 		if err := owned(filepath.Join(dir, name)); err != nil {
 			return nil, fmt.Errorf("embedded etcd data dir: %w", err)
 		}
+	}
+	// etcd's files, all of them: a directory someone else made inside it
+	// would let them replace the WAL later.
+	etcdDir := filepath.Join(dir, "etcd")
+	err = filepath.WalkDir(etcdDir, func(p string, d fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return owned(p)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
 	}
 	lock := filepath.Join(dir, ".lock")
 	f, err := os.OpenFile(lock, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
@@ -99,4 +117,31 @@ func prepareDir(dir string) (unlock func(), err error) {
 	f.Truncate(0)
 	f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
 	return func() { f.Close() }, nil // closing releases the lock
+}
+
+// safeAncestors checks that no directory above dir is writable by other
+// users without the sticky bit: whoever could write one could rename dir
+// away, and put their own in its place, between shardd's checks and its
+// use of it.
+func safeAncestors(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	abs, err = filepath.EvalSymlinks(abs)
+	if err != nil {
+		return err
+	}
+	for p := filepath.Dir(abs); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+			return fmt.Errorf("%s, above the data directory, is writable by other users (mode %v) and not sticky: %w; they could swap the data directory: put it somewhere only you can write", p, fi.Mode().Perm(), ErrNotTrusted)
+		}
+		if p == filepath.Dir(p) {
+			return nil
+		}
+	}
 }

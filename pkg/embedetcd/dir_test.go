@@ -60,6 +60,29 @@ func TestPrepareDir(t *testing.T) {
 			func() { os.Mkdir(filepath.Join(dir, "tls"), 0o700); os.Chown(filepath.Join(dir, "tls"), 65534, 65534) },
 			func() { os.Remove(filepath.Join(dir, "tls")) })
 	}
+	// Under a directory others can write (and not sticky), the data dir
+	// could be swapped between the checks and its use.
+	shared := filepath.Join(t.TempDir(), "shared")
+	os.Mkdir(shared, 0o777)
+	os.Chmod(shared, 0o777)
+	if _, err := prepareDir(filepath.Join(shared, "data")); !errors.Is(err, ErrNotTrusted) || !strings.Contains(err.Error(), "not sticky") {
+		t.Errorf("a data dir under a world-writable directory: %v, want ErrNotTrusted", err)
+	}
+	os.Chmod(shared, 0o777|os.ModeSticky)
+	if unlock, err := prepareDir(filepath.Join(shared, "data2")); err != nil {
+		t.Errorf("under a sticky directory (like /tmp): %v", err)
+	} else {
+		unlock()
+	}
+	// Anything under etcd/ that someone else could write is refused too.
+	deep := filepath.Join(dir, "etcd", "member")
+	os.MkdirAll(deep, 0o700)
+	os.Chmod(deep, 0o777)
+	if _, err := prepareDir(dir); !errors.Is(err, ErrNotTrusted) {
+		t.Errorf("a world-writable etcd/member: %v, want ErrNotTrusted", err)
+	}
+	os.RemoveAll(filepath.Join(dir, "etcd"))
+
 	// A file planted in tls/ is not used to build the CA.
 	tls := filepath.Join(dir, "tls")
 	os.Mkdir(tls, 0o700)

@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -162,9 +164,13 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	// secrets are taken out of the whole (a secret cut in two by the
 	// tail's start would escape redaction).
 	var answer bytes.Buffer
-	_, rerr := io.Copy(&answer, io.LimitReader(resp.Body, maxAnswer))
+	n, rerr := io.Copy(&answer, io.LimitReader(resp.Body, maxAnswer))
+	text := redactString(answer.String(), secrets)
+	if n == maxAnswer { // cut: a secret may start in the last bytes read
+		text = redactCut(text, secrets)
+	}
 	out := &tail{max: h.TailBytes}
-	out.Write([]byte(redactString(answer.String(), secrets)))
+	out.Write([]byte(text))
 	res.Output = out.String()
 	res.HTTPStatus = resp.StatusCode
 	if rerr != nil {
@@ -229,12 +235,45 @@ func redactString(s string, secrets []string) string {
 
 func replacements(secrets []string) []string {
 	var out []string
+	for _, v := range forms(secrets) {
+		out = append(out, v, "[redacted]")
+	}
+	return out
+}
+
+// forms returns each secret of at least 4 bytes (shorter values would
+// redact ordinary text) as sent and as an answer or error may quote it:
+// URL-, JSON- and base64-encoded.
+func forms(secrets []string) []string {
+	var out []string
+	seen := map[string]bool{}
 	for _, s := range secrets {
-		if len(s) >= 4 { // shorter values would redact ordinary text
-			out = append(out, s, "[redacted]")
+		if len(s) < 4 {
+			continue
+		}
+		j, _ := json.Marshal(s)
+		for _, v := range []string{s, url.QueryEscape(s), url.PathEscape(s), strings.Trim(string(j), `"`),
+			base64.StdEncoding.EncodeToString([]byte(s)), base64.RawURLEncoding.EncodeToString([]byte(s))} {
+			if !seen[v] {
+				seen[v] = true
+				out = append(out, v)
+			}
 		}
 	}
 	return out
+}
+
+// redactCut redacts the start of a secret at the end of a text that was
+// cut there.
+func redactCut(text string, secrets []string) string {
+	for _, v := range forms(secrets) {
+		for k := min(len(v)-1, len(text)); k > 0; k-- {
+			if strings.HasSuffix(text, v[:k]) {
+				return text[:len(text)-k] + "[redacted]"
+			}
+		}
+	}
+	return text
 }
 
 // redactedError is an error whose message had secrets taken out; it still
