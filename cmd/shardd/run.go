@@ -217,6 +217,18 @@ func cmdRun(e *env, args []string) error {
 	if err != nil {
 		return fmt.Errorf("find the shardd binary for the script watchdog: %w", err)
 	}
+	// What a script leaves behind is reparented here, killed when its run
+	// ends, and reaped (see runner's reap.go); as PID 1 in a container too.
+	if err := runner.BecomeSubreaper(); err != nil {
+		log.Warn("processes a script leaves behind outside its process group may outlive its run", "err", err)
+	}
+	{
+		rctx, rcancel := context.WithCancel(ctx)
+		chld := make(chan os.Signal, 1)
+		signal.Notify(chld, syscall.SIGCHLD)
+		g.Add(func() error { runner.Reap(rctx, 5*time.Second, chld); return nil },
+			func(error) { signal.Stop(chld); rcancel() })
+	}
 	wd, err := runner.StartWatchdog(self, log)
 	if err != nil {
 		return err

@@ -1,7 +1,9 @@
 package runner
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -10,7 +12,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -281,6 +285,26 @@ func TestRedact(t *testing.T) {
 	}
 }
 
+func TestRedactForms(t *testing.T) {
+	const secret = "s3cr3t-T0ken/with+chars&<>"
+	for _, quoted := range []string{
+		"t=" + url.QueryEscape(secret), "/p/" + url.PathEscape(secret), `{"auth":"\u0026` + secret + `"}`,
+		base64.StdEncoding.EncodeToString([]byte(secret)),
+	} {
+		got := redactString(quoted, []string{secret})
+		if !strings.Contains(got, "[redacted]") {
+			t.Errorf("%q: not redacted: %q", quoted, got)
+		}
+	}
+	j, _ := json.Marshal(secret)
+	if got := redactString(string(j), []string{secret}); strings.Contains(got, "T0ken") {
+		t.Errorf("JSON-escaped: %q", got)
+	}
+	if got := redactCut("xxxxBearer s3cr", []string{secret}); got != "xxxxBearer [redacted]" {
+		t.Errorf("a secret cut at the end: %q", got)
+	}
+}
+
 func TestHTTPHookTLS(t *testing.T) {
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	defer srv.Close()
@@ -480,5 +504,83 @@ func TestOversizedEnvironment(t *testing.T) {
 	res := Script{Shell: "echo ok"}.Run(context.Background(), c)
 	if res.OK || !strings.Contains(fmt.Sprint(res.Err), "SHARDD_JOB_PARAMETER is 140021 bytes") {
 		t.Errorf("oversized parameter: %+v", res.Err)
+	}
+}
+
+// A process that leaves the script's group (setsid) dies with the run, as
+// does its own child, and none is left a zombie.
+func TestNoWorkOutlivesItsRun(t *testing.T) {
+	if err := BecomeSubreaper(); err != nil {
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
+	s := Script{Shell: "setsid sh -c 'echo $$ >> " + pids + "; sleep 300 & echo $! >> " + pids + "; wait' & sleep 0.3; echo parent done"}
+	res := s.Run(context.Background(), ctxFixture)
+	if !res.OK {
+		t.Fatalf("run: %+v", res.Err)
+	}
+	b, _ := os.ReadFile(pids)
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		t.Fatalf("pids %q", b)
+	}
+	for _, f := range fields {
+		pid, _ := strconv.Atoi(f)
+		if err := syscall.Kill(pid, 0); err == nil || !errors.Is(err, syscall.ESRCH) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("pid %d outlived its run (kill 0: %v)", pid, err)
+		}
+	}
+	for _, pid := range children() {
+		if zombie(pid) {
+			t.Errorf("zombie child %d", pid)
+		}
+	}
+}
+
+// Reap reaps orphans that exit while their run goes on, and kills those
+// of runs that are over.
+func TestReap(t *testing.T) {
+	if err := BecomeSubreaper(); err != nil {
+		t.Skip(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go Reap(ctx, 20*time.Millisecond, nil)
+	dir := t.TempDir()
+	// An orphan exits at once while the run sleeps: no zombie stays.
+	res := Script{Shell: "setsid sh -c 'echo $$ > " + dir + "/quick' & sleep 0.5"}.Run(context.Background(), ctxFixture)
+	if !res.OK {
+		t.Fatal(res.Err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "quick"))
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid == 0 || zombie(pid) || syscall.Kill(pid, 0) == nil {
+		t.Errorf("orphan %d: zombie %v, alive %v", pid, zombie(pid), syscall.Kill(pid, 0) == nil)
+	}
+	// An orphan with no run id (started by nothing shardd knows) is killed.
+	cmd := exec.Command("sh", "-c", "setsid sleep 300 & echo $!")
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	var outBuf bytes.Buffer
+	cmd.Stdout = &outBuf
+	started, err := start(cmd) // shardd's own children go through start
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	started()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := outBuf.Bytes()
+	stray, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	deadline := time.Now().Add(5 * time.Second)
+	for syscall.Kill(stray, 0) == nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if syscall.Kill(stray, 0) == nil {
+		syscall.Kill(stray, syscall.SIGKILL)
+		t.Errorf("stray orphan %d not killed", stray)
 	}
 }

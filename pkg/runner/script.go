@@ -202,7 +202,10 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		}
 	}()
 
-	err = cmd.Start()
+	runID, endRun := newRun()
+	defer endRun()
+	cmd.Env = append(cmd.Env, RunEnv+"="+runID)
+	started, err := start(cmd)
 	pw.Close() // the child has its copy
 	if err != nil {
 		<-copied
@@ -211,7 +214,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	}
 	pgid := cmd.Process.Pid
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	go func() { err := cmd.Wait(); started(); exited <- err }()
 	if gate != nil {
 		var why error
 		if err := s.Watchdog.Add(pgid); err != nil {
@@ -262,8 +265,10 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		}
 		res.Err = fmt.Errorf("%w after %s", ErrTimeout, s.Timeout)
 	}
-	// Nothing of the item may outlive it: kill what the script left in its group.
+	// Nothing of the item may outlive it: kill what the script left in its
+	// group, and what left the group (see reap.go).
 	syscall.Kill(-pgid, syscall.SIGKILL)
+	sweep(runID)
 	select {
 	case <-copied:
 	case <-time.After(time.Second): // a process that left the group holds the pipe

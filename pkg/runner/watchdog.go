@@ -131,7 +131,8 @@ func (w *Watchdog) start() error {
 	if err != nil {
 		return err
 	}
-	if err := cmd.Start(); err != nil {
+	started, err := start(cmd)
+	if err != nil {
 		return fmt.Errorf("start the script watchdog: %w", err)
 	}
 	exited := make(chan struct{})
@@ -139,6 +140,7 @@ func (w *Watchdog) start() error {
 	go func() { // reaps it; a dead watchdog shows as a failed write
 		defer close(exited)
 		cmd.Wait()
+		started()
 	}()
 	if !w.deadline.IsZero() {
 		fmt.Fprintf(in, "deadline %d\n", time.Until(w.deadline).Nanoseconds())
