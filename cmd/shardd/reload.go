@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
@@ -26,6 +24,7 @@ type reloader struct {
 	log      *slog.Logger
 	metrics  *metrics.Metrics
 	apply    func(*config.Config)
+	hup      <-chan os.Signal // SIGHUP, caught for the whole process
 
 	mu      sync.Mutex
 	lastErr error
@@ -57,13 +56,6 @@ func digestOf(path string) [32]byte {
 	return d
 }
 
-// loaded records the digest of the configuration running now.
-func (r *reloader) loaded() {
-	r.mu.Lock()
-	r.digest = digestOf(r.path)
-	r.mu.Unlock()
-}
-
 // reload loads the configuration and applies it if valid.
 func (r *reloader) reload(why string) {
 	d := digestOf(r.path)
@@ -89,16 +81,13 @@ func (r *reloader) reload(why string) {
 
 // Run reloads on SIGHUP and on file changes until ctx is done.
 func (r *reloader) Run(ctx context.Context) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-hup:
+		case <-r.hup:
 			r.reload("SIGHUP")
 		case <-t.C:
 			r.mu.Lock()

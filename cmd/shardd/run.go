@@ -37,6 +37,12 @@ const (
 )
 
 func cmdRun(e *env, args []string) error {
+	// SIGHUP's default kills the process: catch it from the first
+	// instruction to the exit. One arriving during start-up waits in the
+	// channel and reloads once the reloader runs; after that, during a
+	// stop, it is dropped.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
 	fs := newFlagSet(e, "run")
 	var (
 		cfgPath   = fs.String("config", "", "job definitions: a YAML `file` or a directory of *.yaml and *.yml")
@@ -77,6 +83,9 @@ func cmdRun(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	// The digest is taken before the load: an edit during start-up, even
+	// during the load, differs from it and is reloaded.
+	digest := digestOf(*cfgPath)
 	cfg, err := config.Load(*cfgPath)
 	if err != nil {
 		for _, p := range config.Errors(err) {
@@ -245,11 +254,10 @@ func cmdRun(e *env, args []string) error {
 		Observe:   func(r engine.Run) { observeRun(m, r) },
 	})
 	reg.MustRegister(metrics.NewStateCollector(func() (bool, []metrics.JobState) { return nodeState(node) }))
-	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, apply: func(c *config.Config) {
+	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, hup: hup, digest: digest, apply: func(c *config.Config) {
 		node.SetJobs(c.Jobs)
 		eng.Resync()
 	}}
-	rl.loaded()
 	{
 		rctx, rcancel := context.WithCancel(ctx)
 		g.Add(func() error { rl.Run(rctx); return nil }, func(error) { rcancel() })
@@ -288,7 +296,7 @@ func cmdRun(e *env, args []string) error {
 	if ln != nil {
 		srv := newHTTPServer(api.Handler(api.Options{
 			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
-			WriteToken: writeToken, ReadToken: readOnlyToken,
+			WriteToken: writeToken, ReadToken: readOnlyToken, Loopback: isLoopback(ln.Addr()),
 		}), tlsCfg, log)
 		g.Add(func() error {
 			if err := serve(srv, ln); !errors.Is(err, http.ErrServerClosed) {

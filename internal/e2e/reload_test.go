@@ -112,3 +112,58 @@ func TestHotReload(t *testing.T) {
 		t.Error("the reload failure is not in the metrics")
 	}
 }
+
+// SIGHUP never kills shardd: one sent during start-up reloads once the
+// reloader runs; one sent during a graceful stop is ignored, and the stop
+// ends as it should (exit 0, lease revoked). An edit made during start-up
+// is loaded.
+func TestSIGHUPAtStartAndStop(t *testing.T) {
+	e := startEtcd(t)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "jobs.yaml")
+	slow := "jobs:\n  - name: slow\n    shardingTotalCount: 1\n    script: [/bin/sh, -c, 'sleep 2']\n"
+	os.WriteFile(cfg, []byte(slow), 0o644)
+	p := startShardd(t, e, "a", cfg, "--shutdown-grace", "10s", "--reload-interval", "200ms")
+	// As soon as the process says anything (before its session, before
+	// the reloader runs), a SIGHUP. Before its first instruction no Go
+	// program can catch a signal.
+	waitFor(t, 10*time.Second, "the process to start", func() bool { return len(p.find(msg("starting shardd"))) > 0 })
+	p.signal(syscall.SIGHUP)
+	// The edit, made while it starts, adds a job.
+	os.WriteFile(cfg, []byte(slow+"  - name: added\n    shardingTotalCount: 1\n    script: [/bin/true]\n"), 0o644)
+	waitFor(t, 20*time.Second, "the session", func() bool { return len(p.find(msg("session up"))) > 0 })
+	waitFor(t, 20*time.Second, "the edit made during start-up to be loaded", func() bool {
+		for _, rec := range p.find(msg("configuration reloaded")) {
+			if rec["jobs"] == float64(2) {
+				return true
+			}
+		}
+		return false
+	})
+	select {
+	case <-p.exited:
+		t.Fatalf("shardd exited after a SIGHUP at start: %v", p.err)
+	default:
+	}
+
+	// A run in progress, SIGTERM, then SIGHUP during the graceful stop.
+	cli := e.client()
+	if _, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), "slow", nil, "test"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the run", func() bool { return len(p.find(msg("run"))) > 0 })
+	p.signal(syscall.SIGTERM)
+	waitFor(t, 5*time.Second, "the stop to begin", func() bool { return len(p.find(msg("shutting down; send the signal again to force"))) > 0 })
+	p.signal(syscall.SIGHUP)
+	select {
+	case <-p.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("shardd did not stop")
+	}
+	if p.err != nil {
+		t.Errorf("exit after SIGHUP during the stop: %v, want 0", p.err)
+	}
+	if len(p.find(msg("left the cluster: leaderships resigned, lease revoked"))) == 0 {
+		t.Errorf("the lease was not revoked:\n%s", p.rawLog())
+	}
+}

@@ -32,7 +32,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +64,11 @@ type Options struct {
 	ConfigError func() error
 	// WriteToken and ReadToken are the bearer tokens; empty means none.
 	WriteToken, ReadToken string
+	// Loopback says the server listens on loopback addresses only: then a
+	// request whose Host is not a loopback address or localhost is refused,
+	// so that a web page cannot reach the API by rebinding its own name to
+	// 127.0.0.1 (DNS rebinding).
+	Loopback bool
 	// Timeout bounds the etcd reads and writes of one request; default 5s.
 	Timeout time.Duration
 }
@@ -109,7 +116,39 @@ func Handler(o Options) http.Handler {
 		}
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
 	})
-	return mux
+	if !o.Loopback {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackHost(r.Host) {
+			writeError(w, http.StatusMisdirectedRequest, "host %q: this server answers only to a loopback address or localhost", r.Host)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// loopbackHost reports whether a Host header names this host's loopback.
+func loopbackHost(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	return strings.EqualFold(host, "localhost")
+}
+
+// crossOrigin reports whether r comes from a web page of another origin
+// than the API's own: browsers send Origin on such requests.
+func crossOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return false
+	}
+	u, err := url.Parse(o)
+	return err != nil || !strings.EqualFold(u.Host, r.Host)
 }
 
 // opStatus is the HTTP status of an error of the coord operator commands.
@@ -177,6 +216,10 @@ func (a *api) read(h http.HandlerFunc) http.HandlerFunc {
 // write guards a write endpoint.
 func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if crossOrigin(r) {
+			writeError(w, http.StatusForbidden, "cross-origin request refused: a web page of %s may not change this cluster", r.Header.Get("Origin"))
+			return
+		}
 		if a.o.WriteToken == "" {
 			writeError(w, http.StatusForbidden, "write endpoints are disabled: this instance has no write token (--api-token-file); the CLI (shardd trigger, disable, enable, remove) works through etcd")
 			return
@@ -195,25 +238,25 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// readyz is 200 while the instance holds an etcd session, 503 otherwise.
+// A failed reload does not make it unready (the last good configuration
+// keeps running) but is always said, whatever the status.
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
-	var problems []string
-	if !a.o.Cluster.Up() {
-		problems = append(problems, "no etcd session")
-	}
+	var reload error
 	if a.o.ConfigError != nil {
-		if err := a.o.ConfigError(); err != nil {
-			// The last good configuration keeps running: still ready, but say so.
-			fmt.Fprintf(w, "ok; the last configuration reload failed, the previous configuration runs: %v\n", err)
-			if len(problems) == 0 {
-				return
-			}
-		}
+		reload = a.o.ConfigError()
 	}
-	if len(problems) > 0 {
-		http.Error(w, "not ready: "+strings.Join(problems, "; "), http.StatusServiceUnavailable)
+	note := ""
+	if reload != nil {
+		note = fmt.Sprintf("; the last configuration reload failed, the previous configuration runs: %v", reload)
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if !a.o.Cluster.Up() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: no etcd session%s\n", note)
 		return
 	}
-	fmt.Fprintln(w, "ok")
+	fmt.Fprintf(w, "ok%s\n", note)
 }
 
 func (a *api) ctx(r *http.Request) (context.Context, context.CancelFunc) {

@@ -234,4 +234,50 @@ func TestReadyz(t *testing.T) {
 	if code, body := do(t, h, "GET", "/readyz", ""); code != 200 || !strings.Contains(body, "last configuration reload failed") || !strings.Contains(body, "shardingTotalCount") {
 		t.Errorf("failed reload: %d %s", code, body)
 	}
+	// Both: the session's absence decides the status, the reload is said.
+	fc.up = false
+	if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, "no etcd session") || !strings.Contains(body, "reload failed") {
+		t.Errorf("down and a failed reload: %d %s, want 503 naming both", code, body)
+	}
+}
+
+// A web page cannot drive the API: cross-origin writes are refused, with
+// or without a token, and a loopback server answers only to loopback names.
+func TestBrowserSafe(t *testing.T) {
+	const tok = "browser-test-token-123"
+	h := Handler(Options{Cluster: &fakeCluster{up: true}, WriteToken: tok, Loopback: true})
+	req := func(method, host, origin, token string) int {
+		r := httptest.NewRequest(method, "http://"+host+"/api/v1/jobs/orders/trigger", nil)
+		if method == "GET" {
+			r = httptest.NewRequest(method, "http://"+host+"/api/v1/jobs", nil)
+		}
+		r.Host = host
+		if origin != "" {
+			r.Header.Set("Origin", origin)
+		}
+		if token != "" {
+			r.Header.Set("Authorization", "Bearer "+token)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	tests := []struct {
+		name                        string
+		method, host, origin, token string
+		want                        int
+	}{
+		{"cross-origin write, no token", "POST", "127.0.0.1:9741", "http://evil.example", "", 403},
+		{"cross-origin write with the token", "POST", "127.0.0.1:9741", "http://evil.example", tok, 403},
+		{"same-origin write with the token", "POST", "127.0.0.1:9741", "http://127.0.0.1:9741", tok, 202},
+		{"CLI-style write (no Origin)", "POST", "localhost:9741", "", tok, 202},
+		{"rebound name, read", "GET", "evil.example:9741", "", "", 421},
+		{"rebound name, write", "POST", "evil.example:9741", "", tok, 421},
+		{"loopback name, read", "GET", "[::1]:9741", "", "", 200},
+	}
+	for _, tt := range tests {
+		if got := req(tt.method, tt.host, tt.origin, tt.token); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
 }
