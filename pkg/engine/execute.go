@@ -147,8 +147,8 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 			started = res.Started
 		}
 	}
-	if res.Started.IsZero() {
-		res.Started = started
+	if !started.IsZero() {
+		res.Started = started // the first try's start: the trigger delay ends there
 	}
 	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End}
 	if res.End.IsZero() {

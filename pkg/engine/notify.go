@@ -25,7 +25,7 @@ func (e *Engine) notifyFailure(job *config.Job, rc runner.Context, res runner.Re
 	}
 	log := e.log.With("job", job.Name, "item", rc.Item, "fire", rc.Fire)
 	summary := fmt.Sprintf("shardd: job %s item %d (fire %s, attempt %d) failed on %s: %v", job.Name, rc.Item, rc.Fire.Format(time.RFC3339), rc.Attempt, rc.Instance, res.Err)
-	ctx, cancel := context.WithTimeout(context.Background(), hookTimeout)
+	ctx, cancel := context.WithTimeout(e.killCtx, hookTimeout) // a forced stop (or the grace end) stops it
 	defer cancel()
 	if of.Webhook != "" {
 		if err := postWebhook(ctx, of.Webhook, of.Format, summary, rc, res); err != nil {
@@ -90,7 +90,7 @@ func (e *Engine) listener(job *config.Job, which string, c *config.Command, fire
 	for i, item := range items {
 		list[i] = strconv.Itoa(item)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), hookTimeout)
+	ctx, cancel := context.WithTimeout(e.killCtx, hookTimeout) // a forced stop (or the grace end) stops it
 	defer cancel()
 	s := runner.Script{Argv: c.Argv, Shell: c.Shell, Timeout: hookTimeout, Env: map[string]string{"SHARDD_ITEMS": strings.Join(list, ",")}}
 	r := s.Run(ctx, runner.Context{Job: job.Name, Item: -1, Fire: fire, Instance: e.opts.Node.ID(), Source: which})

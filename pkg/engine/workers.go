@@ -16,9 +16,10 @@ type runFunc func(ctx context.Context, c runner.Context) runner.Result
 
 // runnerCache holds a job's runner, built once per job definition.
 type runnerCache struct {
-	mu   sync.Mutex
-	hash string
-	run  runFunc
+	mu    sync.Mutex
+	hash  string
+	run   runFunc
+	close func() // releases the runner's resources (an HTTP hook's connections)
 }
 
 func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc, error) {
@@ -27,15 +28,18 @@ func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, log *slog.Logger
 	if c.run != nil && c.hash == job.Hash() {
 		return c.run, nil
 	}
-	run, err := newRunner(job, wd, log)
+	run, closeRun, err := newRunner(job, wd, log)
 	if err != nil {
 		return nil, err
 	}
-	c.hash, c.run = job.Hash(), run
+	if c.close != nil {
+		c.close() // the replaced definition's
+	}
+	c.hash, c.run, c.close = job.Hash(), run, closeRun
 	return run, nil
 }
 
-func newRunner(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc, error) {
+func newRunner(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc, func(), error) {
 	switch {
 	case job.Script != nil:
 		s := runner.Script{
@@ -43,7 +47,7 @@ func newRunner(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc,
 			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Watchdog: wd,
 			ContextArg: job.Script.ContextArg,
 		}
-		return s.Run, nil
+		return s.Run, func() {}, nil
 	case job.HTTP != nil:
 		timeout := time.Duration(job.HTTP.Timeout)
 		if job.Timeout > 0 {
@@ -58,9 +62,9 @@ func newRunner(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc,
 			SuccessCodes: job.HTTP.SuccessCodes, FollowRedirects: job.HTTP.FollowRedirects, Timeout: timeout,
 		}, files)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return h.Run, nil
+		return h.Run, h.Close, nil
 	}
-	return nil, errors.New("job has neither script nor http")
+	return nil, nil, errors.New("job has neither script nor http")
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -36,7 +37,7 @@ type HTTP struct {
 	Timeout, ConnectTimeout time.Duration
 	TailBytes               int
 
-	client *http.Client
+	conn *httpConn
 }
 
 // TLSFiles configure an HTTP hook's TLS: a CA bundle to verify the server,
@@ -45,7 +46,9 @@ type TLSFiles struct {
 	CA, Cert, Key string
 }
 
-// NewHTTP returns h ready to run, with its TLS files loaded.
+// NewHTTP returns h ready to run, with its TLS files loaded. Run loads
+// them again when they change (a rotated client certificate), and Close
+// releases the connections.
 func NewHTTP(h HTTP, tlsFiles TLSFiles) (*HTTP, error) {
 	if h.ConnectTimeout == 0 {
 		h.ConnectTimeout = 5 * time.Second
@@ -53,32 +56,96 @@ func NewHTTP(h HTTP, tlsFiles TLSFiles) (*HTTP, error) {
 	if h.TailBytes == 0 {
 		h.TailBytes = 4096
 	}
+	h.conn = &httpConn{files: tlsFiles}
+	if _, err := h.clientNow(); err != nil {
+		return nil, err
+	}
+	return &h, nil
+}
+
+// httpConn is an HTTP hook's client, rebuilt when its TLS files change.
+type httpConn struct {
+	files  TLSFiles
+	mu     sync.Mutex
+	stamp  string // the files' names, sizes and times, as loaded
+	tr     *http.Transport
+	client *http.Client
+}
+
+// clientNow returns the hook's client, rebuilt first if a TLS file
+// changed since it was loaded; the old one's connections are closed.
+func (h *HTTP) clientNow() (*http.Client, error) {
+	c := h.conn
+	stamp := filesStamp(c.files)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.client != nil && stamp == c.stamp {
+		return c.client, nil
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = (&net.Dialer{Timeout: h.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext
 	tr.TLSHandshakeTimeout = h.ConnectTimeout
-	if tlsFiles != (TLSFiles{}) {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12}
-		if tlsFiles.CA != "" {
-			pem, err := os.ReadFile(tlsFiles.CA)
-			if err != nil {
-				return nil, fmt.Errorf("http tls ca: %w", err)
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("http tls ca %s: no PEM certificates", tlsFiles.CA)
-			}
-		}
-		if tlsFiles.Cert != "" || tlsFiles.Key != "" {
-			cert, err := tls.LoadX509KeyPair(tlsFiles.Cert, tlsFiles.Key)
-			if err != nil {
-				return nil, fmt.Errorf("http tls client certificate: %w", err)
-			}
-			cfg.Certificates = []tls.Certificate{cert}
+	if c.files != (TLSFiles{}) {
+		cfg, err := loadTLS(c.files)
+		if err != nil {
+			return nil, err
 		}
 		tr.TLSClientConfig = cfg
 	}
-	h.client = &http.Client{Transport: tr, Timeout: h.Timeout, CheckRedirect: h.checkRedirect}
-	return &h, nil
+	if c.tr != nil {
+		c.tr.CloseIdleConnections()
+	}
+	c.tr, c.stamp = tr, stamp
+	c.client = &http.Client{Transport: tr, Timeout: h.Timeout, CheckRedirect: h.checkRedirect}
+	return c.client, nil
+}
+
+// Close closes the hook's idle connections; a replaced definition's hook
+// is closed so that its connections do not pile up.
+func (h *HTTP) Close() {
+	h.conn.mu.Lock()
+	defer h.conn.mu.Unlock()
+	if h.conn.tr != nil {
+		h.conn.tr.CloseIdleConnections()
+	}
+}
+
+func filesStamp(f TLSFiles) string {
+	var b strings.Builder
+	for _, p := range []string{f.CA, f.Cert, f.Key} {
+		if p == "" {
+			continue
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			fmt.Fprintf(&b, "%s:missing;", p)
+			continue
+		}
+		fmt.Fprintf(&b, "%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
+	}
+	return b.String()
+}
+
+func loadTLS(f TLSFiles) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.CA != "" {
+		pem, err := os.ReadFile(f.CA)
+		if err != nil {
+			return nil, fmt.Errorf("http tls ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("http tls ca %s: no PEM certificates", f.CA)
+		}
+	}
+	if f.Cert != "" || f.Key != "" {
+		cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+		if err != nil {
+			return nil, fmt.Errorf("http tls client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
 }
 
 // maxAnswer is how much of a hook's answer is read.
@@ -149,8 +216,13 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		req.Header.Set(k, val)
 	}
 	defer func() { res = redact(res, secrets) }()
+	client, err := h.clientNow()
+	if err != nil {
+		res.Err = err
+		return res
+	}
 	res.Started = time.Now()
-	resp, err := h.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		res.Err = err
 		res.Retryable = ctx.Err() == nil

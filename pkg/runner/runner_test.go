@@ -3,6 +3,12 @@ package runner
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
@@ -10,6 +16,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -325,6 +333,27 @@ func TestHTTPHookTLS(t *testing.T) {
 	if _, err := NewHTTP(HTTP{URL: srv.URL}, TLSFiles{CA: "/nonexistent"}); err == nil {
 		t.Error("a missing CA file was accepted")
 	}
+
+	// The CA file replaced (rotation): the next run uses the new one.
+	other := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	other.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}} // not httptest's shared one
+	other.StartTLS()
+	defer other.Close()
+	toOther, _ := NewHTTP(HTTP{URL: other.URL, Method: "GET", Timeout: time.Second}, TLSFiles{CA: ca})
+	if res := toOther.Run(context.Background(), ctxFixture); res.OK {
+		t.Fatal("a server the CA file does not name was trusted")
+	}
+	rotated := filepath.Join(filepath.Dir(ca), "rotated.pem")
+	os.WriteFile(rotated, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: other.Certificate().Raw}), 0o600)
+	os.Rename(rotated, ca)
+	if res := toOther.Run(context.Background(), ctxFixture); !res.OK {
+		t.Errorf("after the CA file was replaced: %+v", res.Err)
+	}
+	os.Remove(ca)
+	if res := toOther.Run(context.Background(), ctxFixture); res.OK || !strings.Contains(fmt.Sprint(res.Err), "http tls ca") || !res.Started.IsZero() {
+		t.Errorf("after the CA file was removed: %+v", res)
+	}
+	toOther.Close()
 }
 
 // Redirects are not followed by default; with followRedirects, only to
@@ -583,4 +612,20 @@ func TestReap(t *testing.T) {
 		syscall.Kill(stray, syscall.SIGKILL)
 		t.Errorf("stray orphan %d not killed", stray)
 	}
+}
+
+// selfSigned returns a certificate for 127.0.0.1, signed by itself.
+func selfSigned(t *testing.T) tls.Certificate {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
