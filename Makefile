@@ -13,8 +13,10 @@ PREFIX   ?= /usr/local
 CHAOS_ROUNDS ?= 200
 CHAOS_SEED   ?=
 CHAOS_OUT    ?= $(CURDIR)/bench/chaos-summary.json
+SOAK_DURATION ?= 1h
+SOAK_OUT      ?= $(CURDIR)/bench/soak.json
 
-.PHONY: help build test lint fuzz bench chaos run install verify-deploy clean
+.PHONY: help build test lint fuzz bench chaos soak run install verify-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -56,6 +58,11 @@ chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_S
 	@mkdir -p bench
 	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_OUT) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
+
+soak: ## the soak: 3 instances, mixed jobs, reloads and restarts for SOAK_DURATION (default 1h); summary in SOAK_OUT (bench/soak.json)
+	@mkdir -p bench
+	SHARDD_SOAK_DURATION=$(SOAK_DURATION) SHARDD_SOAK_OUT=$(SOAK_OUT) \
+	  $(GO) test ./internal/e2e -run '^TestSoak$$' -count=1 -v -timeout 0
 
 run: build ## run bin/shardd on jobs.example.yaml with the embedded etcd
 	$(BIN) run --config jobs.example.yaml
