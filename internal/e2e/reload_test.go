@@ -148,9 +148,10 @@ func TestSIGHUPAtStartAndStop(t *testing.T) {
 
 	// A run in progress, SIGTERM, then SIGHUP during the graceful stop.
 	cli := e.client()
-	if _, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), "slow", nil, "test"); err != nil {
-		t.Fatal(err)
-	}
+	waitFor(t, 10*time.Second, "a trigger of slow to be accepted", func() bool {
+		_, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), "slow", nil, "test")
+		return err == nil // refused until slow is registered and has its map
+	})
 	waitFor(t, 10*time.Second, "the run", func() bool { return len(p.find(msg("run"))) > 0 })
 	p.signal(syscall.SIGTERM)
 	waitFor(t, 5*time.Second, "the stop to begin", func() bool { return len(p.find(msg("shutting down; send the signal again to force"))) > 0 })
