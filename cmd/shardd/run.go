@@ -238,6 +238,12 @@ func cmdRun(e *env, args []string) error {
 		g.Add(func() error { runner.Reap(rctx, 5*time.Second, chld); return nil },
 			func(error) { signal.Stop(chld); rcancel() })
 	}
+	cgroups, err := runner.DelegatedCgroups()
+	if err != nil {
+		log.Info("runs are not confined to cgroups: a process that leaves its run's group and clears its environment escapes the end-of-run kill", "why", err)
+	} else {
+		log.Info("each run gets a cgroup of its own, killed whole when the run ends")
+	}
 	wd, err := runner.StartWatchdog(self, log)
 	if err != nil {
 		return err
@@ -248,7 +254,7 @@ func cmdRun(e *env, args []string) error {
 		return err
 	}
 	eng := engine.New(engine.Options{
-		Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Skew: skew.Skew, ShutdownGrace: *grace,
+		Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Cgroups: cgroups, Skew: skew.Skew, ShutdownGrace: *grace,
 		OnStart:   func(job string) { m.Running.WithLabelValues(job).Inc() },
 		OnSkipped: func(job string, n int) { m.SkippedFires.WithLabelValues(job).Add(float64(n)) },
 		Observe:   func(r engine.Run) { observeRun(m, r) },

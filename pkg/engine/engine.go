@@ -33,6 +33,8 @@ type Options struct {
 	// Watchdog kills scripts when shardd dies or its session's fence
 	// deadline passes (see runner.WatchdogMain); nil runs them unwatched.
 	Watchdog *runner.Watchdog
+	// Cgroups, if set, confines each script run to a cgroup of its own.
+	Cgroups *runner.Cgroups
 	// Skew returns this host's clock skew against etcd (etcd minus here)
 	// and whether it is known; nil or unknown skips maxTimeDiffSeconds.
 	Skew func() (time.Duration, bool)

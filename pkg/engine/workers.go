@@ -22,13 +22,13 @@ type runnerCache struct {
 	close func() // releases the runner's resources (an HTTP hook's connections)
 }
 
-func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc, error) {
+func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, cg *runner.Cgroups, log *slog.Logger) (runFunc, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.run != nil && c.hash == job.Hash() {
 		return c.run, nil
 	}
-	run, closeRun, err := newRunner(job, wd, log)
+	run, closeRun, err := newRunner(job, wd, cg, log)
 	if err != nil {
 		return nil, err
 	}
@@ -39,12 +39,12 @@ func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, log *slog.Logger
 	return run, nil
 }
 
-func newRunner(job *config.Job, wd *runner.Watchdog, log *slog.Logger) (runFunc, func(), error) {
+func newRunner(job *config.Job, wd *runner.Watchdog, cg *runner.Cgroups, log *slog.Logger) (runFunc, func(), error) {
 	switch {
 	case job.Script != nil:
 		s := runner.Script{
 			Argv: job.Script.Command.Argv, Shell: job.Script.Command.Shell, Env: job.Script.Env,
-			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Watchdog: wd,
+			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Watchdog: wd, Cgroups: cg,
 			ContextArg: job.Script.ContextArg,
 		}
 		return s.Run, func() {}, nil

@@ -629,3 +629,42 @@ func selfSigned(t *testing.T) tls.Certificate {
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
+
+// With a delegated cgroup, a process that leaves the group and clears its
+// environment (so that no sweep can find it) still dies with its run.
+func TestCgroupConfinesARun(t *testing.T) {
+	mount, err := cgroup2Mount()
+	if err != nil {
+		t.Skip(err)
+	}
+	parent := filepath.Join(mount, "shardd-test-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(parent, 0o755); err != nil {
+		t.Skip("no cgroup to delegate here:", err)
+	}
+	defer os.Remove(parent)
+	cg, err := NewCgroups(parent)
+	if err != nil {
+		t.Skip(err)
+	}
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	res := Script{Shell: "setsid env -i /bin/sleep 300 & echo $! > " + pidFile + "; sleep 0.2", Cgroups: cg}.Run(context.Background(), ctxFixture)
+	if !res.OK {
+		t.Fatal(res.Err)
+	}
+	b, _ := os.ReadFile(pidFile)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid == 0 {
+		t.Fatalf("pid file %q", b)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for syscall.Kill(pid, 0) == nil && !zombie(pid) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("pid %d, which left its group and its environment, outlived its run", pid)
+	}
+	if entries, _ := filepath.Glob(filepath.Join(parent, "run-*")); len(entries) != 0 {
+		t.Errorf("run cgroups left: %v", entries)
+	}
+}

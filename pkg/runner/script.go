@@ -30,6 +30,9 @@ type Script struct {
 	TailBytes int
 	// Log receives every output line (nil: discarded).
 	Log *slog.Logger
+	// Cgroups, if set, confines each run to a cgroup of its own, killed
+	// whole when the run ends.
+	Cgroups *Cgroups
 	// Watchdog, if set, is told the script's process group, so that the
 	// script dies with shardd or at the session's fence deadline even when
 	// shardd cannot act (see WatchdogMain).
@@ -205,7 +208,12 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	runID, endRun := newRun()
 	defer endRun()
 	cmd.Env = append(cmd.Env, RunEnv+"="+runID)
+	cg, cgErr := s.Cgroups.prepare(cmd, runID)
+	defer cg.kill()
 	started, err := start(cmd)
+	if cgErr != nil && s.Log != nil {
+		s.Log.Warn("run not confined to a cgroup", "job", c.Job, "item", c.Item, "err", cgErr)
+	}
 	pw.Close() // the child has its copy
 	if err != nil {
 		<-copied
@@ -268,6 +276,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	// Nothing of the item may outlive it: kill what the script left in its
 	// group, and what left the group (see reap.go).
 	syscall.Kill(-pgid, syscall.SIGKILL)
+	cg.kill()
 	sweep(runID)
 	select {
 	case <-copied:
