@@ -15,11 +15,14 @@ import (
 
 // Cgroups confines each script run to a cgroup v2 of its own, made in a
 // directory delegated to shardd (systemd's Delegate=yes), and kills the
-// whole cgroup when the run ends (cgroup.kill). A process cannot leave its
-// cgroup, whatever it does to its process group or its environment, so
-// this is the complete form of "no work outlives its run"; without a
-// delegated cgroup, the process group and the SHARDD_RUN sweep (reap.go)
-// do it for every process that keeps its environment.
+// whole cgroup, with any cgroups made inside it, when the run ends
+// (cgroup.kill). A process cannot leave its cgroup by what it does to its
+// process group or its environment; one that runs as shardd's user could
+// write itself into another cgroup of shardd's subtree, which is why the
+// SHARDD_RUN sweep (reap.go) still runs too. Without a delegated cgroup,
+// the process group and the sweep do it for every process that keeps its
+// environment. Cgroups of a shardd killed with -9 are removed by the next
+// one; until then the watchdog still kills the runs' process groups.
 //
 // The run is started straight into its cgroup (clone3 CLONE_INTO_CGROUP),
 // so not even its first instruction runs outside.
@@ -47,7 +50,21 @@ func NewCgroups(dir string) (*Cgroups, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cgroup %s: starting a process in it: %w", dir, err)
 	}
+	c.removeStale()
 	return c, nil
+}
+
+// removeStale kills and removes the run cgroups of a shardd that is gone
+// (killed with -9: nothing removed them).
+func (c *Cgroups) removeStale() {
+	dirs, _ := filepath.Glob(filepath.Join(c.dir, "run-*"))
+	for _, d := range dirs {
+		owner, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), "run-"), "-")
+		if pid, err := strconv.Atoi(owner); err == nil && (pid == os.Getpid() || syscall.Kill(pid, 0) == nil) {
+			continue // a live shardd's (or a probe's)
+		}
+		(&runCgroup{dir: d, fd: nil}).kill()
+	}
 }
 
 // DelegatedCgroups returns the cgroups of this process's own cgroup v2 if
@@ -134,7 +151,9 @@ func (r *runCgroup) kill() {
 		return
 	}
 	r.done = true
-	defer r.fd.Close()
+	if r.fd != nil {
+		defer r.fd.Close()
+	}
 	if err := os.WriteFile(filepath.Join(r.dir, "cgroup.kill"), []byte("1"), 0o644); err != nil {
 		// Before Linux 5.14: kill what is listed, until nothing is.
 		for range 50 {
@@ -152,7 +171,18 @@ func (r *runCgroup) kill() {
 	for r.populated() && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	os.Remove(r.dir)
+	// cgroup.kill killed the whole subtree; remove it deepest first (a
+	// script of shardd's user may have made cgroups inside its own).
+	var dirs []string
+	filepath.WalkDir(r.dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		os.Remove(dirs[i])
+	}
 }
 
 func (r *runCgroup) procs() []int {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,9 +29,12 @@ import (
 //     start itself (an orphan) and carries that run's id, and reaps it; its
 //     own children are then reparented to shardd in turn, and killed the
 //     same way, until none is left;
-//   - Reap, run for the daemon's life, kills orphans of runs that are over
-//     (or that carry no run id at all: nothing else is shardd's child) and
-//     reaps every orphan that exits, so none stays a zombie.
+//   - Reap, run for the daemon's life, reaps every orphan that exits, so
+//     none stays a zombie, and kills orphans of runs that are over; one
+//     whose run cannot be told (it cleared its environment, or made it
+//     unreadable: ssh-agent does) only while no run is active, since it may
+//     belong to one. With cgroups (cgroup.go) the run is read from the
+//     orphan's cgroup instead, which it cannot hide.
 //
 // Orphans are told from shardd's own children (exec.Cmd, which waits for
 // them itself) by the set of pids started through start: the reaper never
@@ -65,9 +69,10 @@ func start(cmd *exec.Cmd) (done func(), err error) {
 	if err := cmd.Start(); err != nil {
 		return func() {}, err
 	}
-	pid := cmd.Process.Pid
-	procs.started.Store(pid, struct{}{})
-	return func() { procs.started.Delete(pid) }, nil
+	pid, token := cmd.Process.Pid, new(int)
+	procs.started.Store(pid, token)
+	// Only this start's entry: a pid reused by a later start keeps its own.
+	return func() { procs.started.CompareAndDelete(pid, token) }, nil
 }
 
 // newRun returns a fresh run id, registered as active until end is called.
@@ -77,25 +82,50 @@ func newRun() (id string, end func()) {
 	return id, func() { procs.active.Delete(id) }
 }
 
-// sweep kills and reaps the orphans of run id; see the package comment.
+// sweep kills the orphans of run id, and theirs in turn, and reaps them;
+// see the package comment. It needs no lock: an orphan carrying id cannot
+// be a child start has not recorded yet (that one carries its own run's
+// id), and it waits only for the orphans it killed, at most about a second
+// for all of them.
 func sweep(id string) int {
-	procs.mu.Lock()
-	defer procs.mu.Unlock()
-	return killOrphans(func(run string) bool { return run == id })
+	killed := 0
+	deadline := time.Now().Add(time.Second)
+	for pass := 0; pass < 100 && time.Now().Before(deadline); pass++ {
+		var victims []int
+		for _, pid := range children() {
+			if _, ours := procs.started.Load(pid); !ours && !zombie(pid) && runOf(pid) == id {
+				if syscall.Kill(pid, syscall.SIGKILL) == nil {
+					victims = append(victims, pid)
+				}
+			}
+		}
+		if len(victims) == 0 {
+			break
+		}
+		killed += len(victims)
+		// Reaped, their own children are reparented here for the next pass.
+		for _, pid := range victims {
+			for !reap(pid) && time.Now().Before(deadline) {
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
+	}
+	return killed
 }
 
-// Reap kills the orphans of runs that are over and reaps orphans that
-// exit, every interval (and at once on SIGCHLD via wake), until ctx ends.
+// Reap reaps orphans that exited and kills those of runs that are over,
+// every interval (and at once on SIGCHLD via wake), until ctx ends. It
+// never waits for a process, and skips a pass while a start is in progress
+// (a hung exec must not stall it, nor it every other start).
 func Reap(ctx context.Context, interval time.Duration, wake <-chan os.Signal) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	resisted := map[int]bool{} // killed once and still there (another user's, or in D state)
 	for {
-		procs.mu.Lock()
-		killOrphans(func(run string) bool {
-			_, active := procs.active.Load(run)
-			return !active
-		})
-		procs.mu.Unlock()
+		if procs.mu.TryLock() {
+			reapPass(resisted)
+			procs.mu.Unlock()
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -105,48 +135,49 @@ func Reap(ctx context.Context, interval time.Duration, wake <-chan os.Signal) {
 	}
 }
 
-// killOrphans kills every orphan whose run id doesFor accepts ("" for an
-// orphan without one), reaps every orphan that has exited, and returns how
-// many it killed. Killed orphans are reaped at once, and their children,
-// reparented here, are handled in the next pass. procs.mu must be held.
-func killOrphans(doFor func(run string) bool) int {
-	killed := 0
-	for pass := 0; pass < 100; pass++ {
-		progress := false
-		for _, pid := range children() {
-			if _, ours := procs.started.Load(pid); ours {
-				continue
-			}
-			if zombie(pid) {
-				reap(pid, true)
-				continue
-			}
-			if doFor(runOf(pid)) {
-				syscall.Kill(pid, syscall.SIGKILL)
-				reap(pid, false)
-				killed++
-				progress = true
-			}
+// reapPass reaps every exited orphan, and kills the orphans that belong
+// to no active run: those whose run is over, and, while no run is
+// active, those whose run cannot be told (no SHARDD_RUN, or an environment
+// this process may not read). procs.mu must be held: it keeps start's
+// children out of sight until they are recorded.
+func reapPass(resisted map[int]bool) {
+	idle := true
+	procs.active.Range(func(any, any) bool { idle = false; return false })
+	alive := map[int]bool{}
+	for _, pid := range children() {
+		if _, ours := procs.started.Load(pid); ours {
+			continue
 		}
-		if !progress {
-			break
+		if zombie(pid) {
+			reap(pid)
+			continue
+		}
+		alive[pid] = true
+		run := runOf(pid)
+		_, active := procs.active.Load(run)
+		if resisted[pid] || active || (run == "" && !idle) {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGKILL) != nil {
+			resisted[pid] = true
 		}
 	}
-	return killed
+	for pid := range resisted {
+		if !alive[pid] {
+			delete(resisted, pid)
+		}
+	}
 }
 
-// reap waits for the orphan pid; nohang returns at once if it still runs.
-func reap(pid int, nohang bool) {
-	opts := 0
-	if nohang {
-		opts = syscall.WNOHANG
-	}
+// reap reaps the orphan pid if it has exited; it never waits.
+func reap(pid int) bool {
 	var ws syscall.WaitStatus
 	for {
-		_, err := syscall.Wait4(pid, &ws, opts, nil)
-		if !errors.Is(err, syscall.EINTR) {
-			return
+		got, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		if errors.Is(err, syscall.EINTR) {
+			continue
 		}
+		return got == pid || err != nil
 	}
 }
 
@@ -155,7 +186,11 @@ func reap(pid int, nohang bool) {
 // its leader, alive for as long as shardd is); the children shardd starts
 // itself, from any thread, need not be listed. One read per sweep.
 func children() []int {
-	tasks := []string{"/proc/self/task/" + strconv.Itoa(os.Getpid()) + "/children"}
+	self := strconv.Itoa(os.Getpid())
+	tasks := []string{"/proc/self/task/" + self + "/children"}
+	if _, err := os.Stat(tasks[0]); err != nil {
+		return childrenByStat(self) // a kernel without CONFIG_PROC_CHILDREN
+	}
 	seen := map[int]bool{}
 	var out []int
 	for _, f := range tasks {
@@ -166,6 +201,29 @@ func children() []int {
 		for _, field := range strings.Fields(string(b)) {
 			if pid, err := strconv.Atoi(field); err == nil && !seen[pid] {
 				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+	}
+	return out
+}
+
+// childrenByStat lists the processes whose parent is self, from every
+// /proc/<pid>/stat: slower, for kernels without the children file.
+func childrenByStat(self string) []int {
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	var out []int
+	for _, d := range dirs {
+		b, err := os.ReadFile(d + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		if f := strings.Fields(string(b[i+1:])); len(f) > 1 && f[1] == self {
+			if pid, err := strconv.Atoi(filepath.Base(d)); err == nil {
 				out = append(out, pid)
 			}
 		}
@@ -184,8 +242,20 @@ func zombie(pid int) bool {
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
-// runOf returns the run id in pid's environment, "" if none or unreadable.
+// runOf returns pid's run id: from its cgroup (run-<id>) when runs get
+// cgroups, else from SHARDD_RUN in its environment; "" if neither says.
 func runOf(pid int) string {
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if path, ok := strings.CutPrefix(line, "0::"); ok {
+				for _, dir := range strings.Split(path, "/") {
+					if id, ok := strings.CutPrefix(dir, "run-"); ok && !strings.HasPrefix(id, "probe-") {
+						return id
+					}
+				}
+			}
+		}
+	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")
 	if err != nil {
 		return ""

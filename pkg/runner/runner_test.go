@@ -588,8 +588,13 @@ func TestReap(t *testing.T) {
 	if pid == 0 || zombie(pid) || syscall.Kill(pid, 0) == nil {
 		t.Errorf("orphan %d: zombie %v, alive %v", pid, zombie(pid), syscall.Kill(pid, 0) == nil)
 	}
-	// An orphan with no run id (started by nothing shardd knows) is killed.
-	cmd := exec.Command("sh", "-c", "setsid sleep 300 & echo $!")
+	// An orphan whose run cannot be told (no SHARDD_RUN: ssh-agent-like)
+	// is left alone while a run is active, since it may be that run's,
+	// and killed once none is.
+	busy := make(chan Result, 1)
+	go func() { busy <- Script{Shell: "sleep 1.5"}.Run(context.Background(), ctxFixture) }()
+	time.Sleep(200 * time.Millisecond) // the run is active
+	cmd := exec.Command("sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!")
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	var outBuf bytes.Buffer
 	cmd.Stdout = &outBuf
@@ -604,6 +609,11 @@ func TestReap(t *testing.T) {
 	}
 	out := outBuf.Bytes()
 	stray, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	time.Sleep(300 * time.Millisecond) // several reap passes
+	if syscall.Kill(stray, 0) != nil {
+		t.Errorf("an orphan without a run id was killed while a run was active")
+	}
+	<-busy
 	deadline := time.Now().Add(5 * time.Second)
 	for syscall.Kill(stray, 0) == nil && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)

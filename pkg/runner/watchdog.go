@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,6 +45,9 @@ const WatchdogCommand = "__watchdog"
 // WatchdogMain runs the watchdog on standard input; it returns when the
 // input closes, after killing every group still registered.
 func WatchdogMain() int {
+	// A SIGHUP meant for shardd (systemctl kill -s HUP reaches the whole
+	// unit) must not end the watchdog.
+	signal.Ignore(syscall.SIGHUP)
 	groups := map[int]bool{}
 	killAll := func(why string) {
 		for pgid := range groups {
