@@ -52,16 +52,8 @@ func Diagnose(ctx context.Context, endpoint string, o ClientOptions) string {
 	}
 	cfg = cfg.Clone()
 	cfg.ServerName = u.Hostname()
-	tc := tls.Client(conn, cfg)
-	err = tc.HandshakeContext(ctx)
-	if err == nil {
-		// With TLS 1.3 the server's verdict on the client's certificate
-		// arrives after the handshake: ask for something and read it.
-		fmt.Fprintf(tc, "GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", u.Host)
-		_, err = bufio.NewReader(tc).ReadString('\n')
-		if err == nil {
-			return ""
-		}
+	if err = tlsVerdict(ctx, conn, cfg, u.Host); err == nil {
+		return ""
 	}
 	var unknown x509.UnknownAuthorityError
 	switch {
@@ -90,4 +82,18 @@ func orSystem(ca string) string {
 func notTLS(err error) bool {
 	var rh tls.RecordHeaderError
 	return errors.As(err, &rh) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// tlsVerdict runs a TLS handshake on conn and returns the server's verdict
+// on this client: with TLS 1.3 a refused client certificate is told only
+// after the handshake, so it asks for /version and reads the answer's
+// first line.
+func tlsVerdict(ctx context.Context, conn net.Conn, cfg *tls.Config, host string) error {
+	tc := tls.Client(conn, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(tc, "GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	_, err := bufio.NewReader(tc).ReadString('\n')
+	return err
 }

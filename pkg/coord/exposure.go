@@ -1,11 +1,9 @@
 package coord
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net"
 	"net/url"
 	"strings"
@@ -96,12 +94,7 @@ func requiresClientCert(ctx context.Context, endpoint string) bool {
 	if d, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(d)
 	}
-	tc := tls.Client(conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
-	if err = tc.HandshakeContext(ctx); err == nil {
-		// TLS 1.3: the verdict on the client comes after the handshake.
-		fmt.Fprintf(tc, "GET /version HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", u.Host)
-		_, err = bufio.NewReader(tc).ReadString('\n')
-	}
+	err = tlsVerdict(ctx, conn, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}, u.Host)
 	return err != nil && (strings.Contains(err.Error(), "certificate required") || strings.Contains(err.Error(), "bad certificate"))
 }
 
