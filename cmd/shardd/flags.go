@@ -70,7 +70,7 @@ func (f *etcdFlags) register(fs *flag.FlagSet, endpointsHelp string) {
 	fs.StringVar(&f.passwordFile, "etcd-password-file", "", "`file` whose first line is the etcd password (keep it 0600)")
 	fs.DurationVar(&f.dialTimeout, "etcd-dial-timeout", 5*time.Second, "how long to wait for an etcd connection")
 	fs.StringVar(&f.prefix, "prefix", coord.DefaultPrefix, "etcd key `prefix` of this shardd cluster")
-	fs.StringVar(&f.dataDir, "data-dir", "", "`directory` of the embedded etcd: its data, and in tls/ the only client certificate it accepts (default "+defaultDataDir+"; for commands other than run, "+systemdDataDir+" when only that exists)")
+	fs.StringVar(&f.dataDir, "data-dir", "", "`directory` of shardd's state: the embedded etcd's data, in tls/ the only client certificate it accepts, and in runs/ the run logs (default "+defaultDataDir+"; for commands other than run, "+systemdDataDir+" when only that exists)")
 }
 
 // etcdFlagNames are the names etcdFlags registers: the connection flags.

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/engine"
 	"github.com/shardd/shardd/pkg/metrics"
+	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/runner"
 	"github.com/shardd/shardd/pkg/version"
 )
@@ -59,6 +61,7 @@ func cmdRun(e *env, args []string) error {
 		tlsCert   = fs.String("tls-cert", "", "certificate `file` (PEM) of the HTTP server: serve --listen over TLS")
 		tlsKey    = fs.String("tls-key", "", "private key `file` (PEM) of --tls-cert")
 		tlsCA     = fs.String("tls-client-ca", "", "CA bundle `file`: with it, the HTTP server requires client certificates it signed")
+		runLogDir = fs.String("run-log-dir", "", "`directory` of the run logs, each run's whole output (default <data-dir>/runs; \"none\" keeps only the history's tail)")
 		ef        etcdFlags
 		lf        logFlags
 	)
@@ -166,6 +169,14 @@ func cmdRun(e *env, args []string) error {
 		}, func(error) { close(stop) })
 	}
 
+	runLogs, err := openRunLogs(*runLogDir, dataDir)
+	if err != nil {
+		return err
+	}
+	if runLogs != nil {
+		log.Info("each run's whole output is kept in its run log", "dir", runLogs.Dir())
+	}
+
 	copts, err := ef.clientOptions(endpoints, dataDir, embedded || implicit)
 	if err != nil {
 		return err
@@ -255,15 +266,26 @@ func cmdRun(e *env, args []string) error {
 	}
 	eng := engine.New(engine.Options{
 		Node: node, Logger: log, TTL: *ttl, MaxConcurrency: *maxConc, Watchdog: wd, Cgroups: cgroups, Skew: skew.Skew, ShutdownGrace: *grace,
+		RunLogs:   runLogs,
 		OnStart:   func(job string) { m.Running.WithLabelValues(job).Inc() },
 		OnSkipped: func(job string, n int) { m.SkippedFires.WithLabelValues(job).Add(float64(n)) },
 		Observe:   func(r engine.Run) { observeRun(m, r) },
 	})
 	reg.MustRegister(metrics.NewStateCollector(func() (bool, []metrics.JobState) { return nodeState(node) }))
+	var jobs atomic.Pointer[[]*config.Job] // the jobs loaded last
+	jobs.Store(&cfg.Jobs)
 	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, hup: hup, digest: digest, apply: func(c *config.Config) {
+		jobs.Store(&c.Jobs)
 		node.SetJobs(c.Jobs)
 		eng.Resync()
 	}}
+	if runLogs != nil { // retention for jobs that no longer run, and by age
+		sctx, scancel := context.WithCancel(ctx)
+		g.Add(func() error {
+			sweepRunLogs(sctx, runLogs, time.Hour, log, func() []*config.Job { return *jobs.Load() })
+			return nil
+		}, func(error) { scancel() })
+	}
 	{
 		rctx, rcancel := context.WithCancel(ctx)
 		g.Add(func() error { rl.Run(rctx); return nil }, func(error) { rcancel() })
@@ -418,4 +440,47 @@ func isLoopback(addr net.Addr) bool {
 		return tcp.IP.IsLoopback()
 	}
 	return false
+}
+
+// openRunLogs returns the store of run logs: dir, or <dataDir>/runs when
+// dir is empty; nil for "none".
+func openRunLogs(dir, dataDir string) (*runlog.Store, error) {
+	switch dir {
+	case "none":
+		return nil, nil
+	case "":
+		dir = filepath.Join(dataDir, "runs")
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("--run-log-dir: %w", err)
+	}
+	s, err := runlog.New(abs)
+	if err != nil {
+		return nil, fmt.Errorf("--run-log-dir %s: %w (or --run-log-dir none to keep no run logs)", abs, err)
+	}
+	return s, nil
+}
+
+// sweepRunLogs applies the run logs' retention every period until ctx
+// ends: runs apply it to their job when they end, this to jobs that no
+// longer run and to logs aged past maxAge meanwhile.
+func sweepRunLogs(ctx context.Context, s *runlog.Store, period time.Duration, log *slog.Logger, jobs func() []*config.Job) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		byName := map[string]runlog.Retention{}
+		for _, j := range jobs() {
+			r := j.LogRetention
+			byName[j.Name] = runlog.Retention{MaxAge: time.Duration(r.MaxAge), MaxBytesPerRun: int64(r.MaxBytesPerRun), MaxTotalBytes: int64(r.MaxTotalBytes)}
+		}
+		if err := s.Sweep(func(job string) (runlog.Retention, bool) { r, ok := byName[job]; return r, ok }); err != nil {
+			log.Warn("run log retention", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

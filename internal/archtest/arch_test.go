@@ -27,6 +27,8 @@ func TestDependencyDirection(t *testing.T) {
 		// Strategies are pure: standard library only.
 		{"pkg/shard", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in"}},
 		{"pkg/schedule", []string{module + "/", "go.etcd.io", "gopkg.in"}},
+		// Run logs are files: standard library only.
+		{"pkg/runlog", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in"}},
 		{"pkg/config", []string{module + "/pkg/coord", module + "/pkg/embedetcd", "go.etcd.io", module + "/cmd"}},
 		{"pkg/coord", []string{module + "/cmd", module + "/pkg/embedetcd", "go.etcd.io/etcd/server"}},
 	}

@@ -257,7 +257,7 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		p := exec.Command(filepath.Join(bin, "shardd"), "run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
-			"--listen", "", "--log-level", "warn")
+			"--listen", "", "--log-level", "warn", "--data-dir", filepath.Join(filepath.Dir(cfgPath), fmt.Sprintf("data-i%d", i)))
 		p.Stderr = io.Discard
 		if err := p.Start(); err != nil {
 			return r, err

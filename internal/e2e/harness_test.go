@@ -206,7 +206,7 @@ func startSharddOn(t *testing.T, members []*etcdProc, sessionTTL time.Duration, 
 	}
 	px := proxies[0]
 	args := append([]string{"run", "--config", cfg, "--etcd", strings.Join(endpoints, ","), "--name", name,
-		"--ttl", sessionTTL.String(), "--listen", "", "--log-format", "json"}, extra...)
+		"--ttl", sessionTTL.String(), "--listen", "", "--log-format", "json", "--run-log-dir", filepath.Join(t.TempDir(), "runs")}, extra...)
 	p := &proc{t: t, name: name, cmd: exec.Command(bin.shardd, args...), proxy: px, proxies: proxies, exited: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "SHARDD_LOG_LEVEL=debug")
 	stderr, err := p.cmd.StderrPipe()

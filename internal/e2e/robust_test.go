@@ -30,7 +30,7 @@ func TestAsPID1NothingLingers(t *testing.T) {
     script: "setsid sleep 300 & sleep 300 & echo bg"
 `), 0o644)
 	cmd := exec.Command("unshare", "--fork", "--pid", "--mount-proc", bin.shardd, "run", "--config", cfg,
-		"--etcd", e.clientURL, "--name", "pid1", "--ttl", "2s", "--listen", "")
+		"--etcd", e.clientURL, "--name", "pid1", "--ttl", "2s", "--listen", "", "--run-log-dir", t.TempDir())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

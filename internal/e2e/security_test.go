@@ -457,12 +457,17 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 	conn := []string{"--etcd", client, "--etcd-ca", files.CA, "--etcd-cert", files.ClientCert, "--etcd-key", files.ClientKey}
 	var ds []*daemon
 	for _, name := range []string{"a", "b", "c"} {
-		args := append([]string{"run", "--config", cfg, "--name", name, "--ttl", "2s", "--listen", "", "--log-format", "json"}, conn...)
+		args := append([]string{"run", "--config", cfg, "--name", name, "--ttl", "2s", "--listen", "", "--log-format", "json", "--run-log-dir", t.TempDir()}, conn...)
 		var env []string
 		var prepare func(*exec.Cmd)
 		if name == "c" {
 			// its own copy of the binary and the certificate, readable by it
 			own := publicDir(t, bin.shardd)
+			os.Mkdir(filepath.Join(own, "runs"), 0o700) // its run logs
+			if asUser != nil {
+				uid, gid := nobody(t)
+				os.Chown(filepath.Join(own, "runs"), uid, gid)
+			}
 			for _, f := range []string{files.CA, files.ClientCert, files.ClientKey} {
 				b, _ := os.ReadFile(f)
 				os.WriteFile(filepath.Join(own, filepath.Base(f)), b, 0o600)
@@ -473,7 +478,7 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 			}
 			args = []string{"run", "--config", cfg, "--name", name, "--ttl", "2s", "--listen", "", "--log-format", "json",
 				"--etcd", client, "--etcd-ca", filepath.Join(own, "ca.crt"), "--etcd-cert", filepath.Join(own, "client.crt"), "--etcd-key", filepath.Join(own, "client.key"),
-				"--etcd-user", "shardd-pw"}
+				"--etcd-user", "shardd-pw", "--run-log-dir", filepath.Join(own, "runs")}
 			env = []string{"SHARDD_ETCD_PASSWORD=" + pw}
 			prepare = func(cmd *exec.Cmd) {
 				cmd.Path, cmd.Args[0] = filepath.Join(own, "shardd"), filepath.Join(own, "shardd")

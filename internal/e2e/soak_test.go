@@ -53,6 +53,7 @@ func TestSoak(t *testing.T) {
 			`  - name: noisy
     cron: "@every 5s"
     shardingTotalCount: 2
+    logRetention: {maxBytesPerRun: 1MiB, maxTotalBytes: 8MiB}
     script: "head -c 2000000 /dev/urandom | base64; printf 'x%.0s' $(seq 1 20000)"
   - name: failing
     cron: "@every 5s"
@@ -89,7 +90,8 @@ func TestSoak(t *testing.T) {
 	apis := map[string]string{}
 	var every []*proc
 	start := func(n string) {
-		procs[n] = startSharddOn(t, []*etcdProc{e}, sessionTTL, n, cfg, "--reload-interval", "2s", "--listen", apis[n])
+		procs[n] = startSharddOn(t, []*etcdProc{e}, sessionTTL, n, cfg, "--reload-interval", "2s", "--listen", apis[n],
+			"--run-log-dir", filepath.Join(dir, "runs-"+n))
 		every = append(every, procs[n])
 	}
 	for _, n := range names {
@@ -107,12 +109,14 @@ func TestSoak(t *testing.T) {
 	type sample struct {
 		At                   float64 `json:"at"`
 		RSS, Goroutines, FDs float64
+		NoisyRunLogBytes     int64 // disk taken by the noisy job's run logs
 		Leftovers, Zombies   int
 		Instance             string
 	}
 	var samples []sample
 	var failures []ledger.Failure
 	maxLeftovers, maxZombies := 0, 0
+	var maxNoisyLogs int64
 	prevZombies := map[int]bool{}
 	restarts, reloads := 0, 0
 	extra := false
@@ -138,8 +142,10 @@ func TestSoak(t *testing.T) {
 			maxLeftovers, maxZombies = max(maxLeftovers, left), max(maxZombies, zombies)
 			for _, n := range []string{"a", "b"} {
 				m := scrape(apis[n])
+				logs := du(filepath.Join(dir, "runs-"+n, "noisy"))
+				maxNoisyLogs = max(maxNoisyLogs, logs)
 				samples = append(samples, sample{At: now.Sub(from).Seconds(), RSS: m["process_resident_memory_bytes"],
-					Goroutines: m["go_goroutines"], FDs: m["process_open_fds"], Leftovers: left, Zombies: zombies, Instance: n})
+					Goroutines: m["go_goroutines"], FDs: m["process_open_fds"], NoisyRunLogBytes: logs, Leftovers: left, Zombies: zombies, Instance: n})
 			}
 		}
 		if !now.Before(nextReload) {
@@ -214,6 +220,7 @@ func TestSoak(t *testing.T) {
 	summary := map[string]any{
 		"seconds": to.Sub(from).Seconds(), "restarts": restarts, "reloads": reloads,
 		"trendFirstThirdVsLastThird": trend, "resourcesFlat": flat,
+		"maxNoisyRunLogBytes":  maxNoisyLogs,
 		"maxLeftoverProcesses": maxLeftovers, "maxLingeringZombies": maxZombies, "leftoversAfterStop": left, "zombiesAfterStop": zombies,
 		"ledgerStarts": r.Starts, "dueFiresChecked": r.FiresChecked, "dueFiresRun": r.FiresRun,
 		"g1Overlaps": r.Overlaps, "g2Duplicates": r.Duplicates, "g3Misses": r.Misses, "g4FenceInversions": r.FenceInversions,
@@ -232,6 +239,11 @@ func TestSoak(t *testing.T) {
 	// every 5 s, 2 items): more than 2 at once is one that outlived a run.
 	if maxLeftovers > 2 || left > 0 {
 		t.Errorf("processes left behind by runs: at most %d at once, %d after the stop", maxLeftovers, left)
+	}
+	// The noisy job's run logs: 8 MiB of finished ones, plus the ones being
+	// written (2 items, at most 1 MiB each; a block of slack each).
+	if limit := int64(8<<20 + 2*(1<<20+4<<10)); maxNoisyLogs > limit {
+		t.Errorf("the noisy job's run logs took up to %d bytes on an instance, over the %d retention allows", maxNoisyLogs, limit)
 	}
 	if maxZombies > 0 {
 		t.Errorf("zombies that lingered from one sample to the next: up to %d", maxZombies)
@@ -294,4 +306,18 @@ func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// du returns the disk taken by the files in dir, in blocks as du counts.
+func du(dir string) int64 {
+	entries, _ := os.ReadDir(dir)
+	var n int64
+	for _, e := range entries {
+		if fi, err := e.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				n += st.Blocks * 512
+			}
+		}
+	}
+	return n
 }

@@ -28,9 +28,11 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -98,6 +100,9 @@ type Job struct {
 	OnFailure *OnFailure `yaml:"onFailure" json:"onFailure,omitempty"`
 	// Listeners run once per instance per fire, around its items.
 	Listeners *Listeners `yaml:"listeners" json:"listeners,omitempty"`
+	// LogRetention bounds the run logs (each run's whole output, kept on the
+	// host that ran it); zero fields take the defaults (see package runlog).
+	LogRetention LogRetention `yaml:"logRetention" json:"logRetention"`
 
 	// Set by Load from the fields above.
 	Schedule schedule.Schedule `yaml:"-" json:"-"` // nil when Cron is empty
@@ -176,7 +181,78 @@ type Listeners struct {
 	After  *Command `yaml:"after" json:"after,omitempty"`
 }
 
-// Duration is a time.Duration written like "30s" in YAML and JSON.
+// LogRetention bounds a job's run logs on each host: none older than
+// MaxAge, at most MaxBytesPerRun of one run's output, at most
+// MaxTotalBytes of disk for the job's finished logs; the oldest go first.
+type LogRetention struct {
+	MaxAge         Duration `yaml:"maxAge" json:"maxAge"`
+	MaxBytesPerRun ByteSize `yaml:"maxBytesPerRun" json:"maxBytesPerRun"`
+	MaxTotalBytes  ByteSize `yaml:"maxTotalBytes" json:"maxTotalBytes"`
+}
+
+// Defaults of LogRetention.
+const (
+	DefaultLogMaxAge         = Duration(7 * 24 * time.Hour)
+	DefaultLogMaxBytesPerRun = ByteSize(16 << 20)
+	DefaultLogMaxTotalBytes  = ByteSize(256 << 20)
+)
+
+// ByteSize is a size in bytes, written as a number of bytes or with a unit:
+// 512KiB, 16MiB, 1GiB (powers of 1024), or 500KB, 10MB, 1GB (powers of 1000).
+type ByteSize int64
+
+var byteUnits = []struct {
+	suffix string
+	factor int64
+}{ // longest suffixes first
+	{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+	{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1},
+}
+
+// ParseByteSize reads a ByteSize.
+func ParseByteSize(s string) (ByteSize, error) {
+	num, factor := strings.TrimSpace(s), int64(1)
+	for _, u := range byteUnits {
+		if strings.HasSuffix(num, u.suffix) {
+			num, factor = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.factor
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size: write bytes, or a whole number with KiB, MiB, GiB, KB, MB or GB", s)
+	}
+	if n > math.MaxInt64/factor {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return ByteSize(n * factor), nil
+}
+
+// String writes the size with the largest binary unit that divides it.
+func (b ByteSize) String() string {
+	for _, u := range []struct {
+		suffix string
+		factor int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if b != 0 && int64(b)%u.factor == 0 {
+			return strconv.FormatInt(int64(b)/u.factor, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(b), 10) + "B"
+}
+
+// MarshalText writes the size like "16MiB".
+func (b ByteSize) MarshalText() ([]byte, error) { return []byte(b.String()), nil }
+
+// UnmarshalText reads a size like "16MiB" or "1048576".
+func (b *ByteSize) UnmarshalText(text []byte) error {
+	v, err := ParseByteSize(string(text))
+	*b = v
+	return err
+}
+
+// Duration is a time.Duration written like "30s" in YAML and JSON; "7d"
+// (whole days) is read too.
 type Duration time.Duration
 
 // String returns the duration as time.Duration formats it.
@@ -187,6 +263,12 @@ func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil
 
 // UnmarshalText reads a duration like "1m30s".
 func (d *Duration) UnmarshalText(b []byte) error {
+	if days, ok := strings.CutSuffix(string(b), "d"); ok {
+		if n, err := strconv.Atoi(days); err == nil && n >= 0 && n <= 100*365 {
+			*d = Duration(time.Duration(n) * 24 * time.Hour)
+			return nil
+		}
+	}
 	v, err := time.ParseDuration(string(b))
 	*d = Duration(v)
 	return err
@@ -224,6 +306,9 @@ func DefaultJob() Job {
 		MaxTimeDiffSeconds:       DefaultMaxTimeDiffSeconds,
 		ReconcileIntervalMinutes: DefaultReconcileIntervalMinutes,
 		RetryBackoff:             DefaultRetryBackoff,
+		LogRetention: LogRetention{
+			MaxAge: DefaultLogMaxAge, MaxBytesPerRun: DefaultLogMaxBytesPerRun, MaxTotalBytes: DefaultLogMaxTotalBytes,
+		},
 	}
 }
 

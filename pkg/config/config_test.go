@@ -103,7 +103,9 @@ func TestLoadBad(t *testing.T) {
 		{"param-malformed", `param-malformed.bad.yaml:4: job "orders": shardingItemParameters "0:Beijing" is not item=value`},
 		{"bad-timezone", `bad-timezone.bad.yaml:3: job "orders": timeZone "Mars/Olympus_Mons" is not an IANA time zone name`},
 		{"negative-timeout", `negative-timeout.bad.yaml:3: job "orders": timeout must be >= 0 (0 = no limit), got -5s`},
-		{"bad-duration", `bad-duration.bad.yaml:3: job "orders": timeout must be a duration like 30s or 1m30s, got "30"`},
+		{"bad-duration", `bad-duration.bad.yaml:3: job "orders": timeout must be a duration like 30s, 1m30s or 7d, got "30"`},
+		{"log-retention", `log-retention.bad.yaml:5: job "orders": logRetention.maxTotalBytes must be a size like 1048576, 512KiB or 16MiB, got "lots"`},
+		{"log-retention-order", `log-retention-order.bad.yaml:3: job "orders": logRetention.maxBytesPerRun (1GiB) must be > 0 and at most logRetention.maxTotalBytes (256MiB)`},
 		{"malformed-url", `malformed-url.bad.yaml:4: job "hook": http.url "http//missing-colon/run" must start with http:// or https://`},
 		{"name-with-slash", `name-with-slash.bad.yaml:2: job "billing/eu": name "billing/eu" has '/'`},
 		{"unknown-strategy", `unknown-strategy.bad.yaml:3: job "orders": strategy "AVERAGE" (one of AVG_ALLOCATION, BROADCAST,`},
@@ -343,4 +345,69 @@ func TestJobJSONRoundTrip(t *testing.T) {
 			t.Errorf("ParseJobJSON(%s) = %v, want %q", bad.data, err, bad.want)
 		}
 	}
+}
+
+func TestParseByteSize(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want ByteSize
+		err  bool
+	}{
+		{"1048576", 1 << 20, false}, {"512KiB", 512 << 10, false}, {"16MiB", 16 << 20, false}, {"2GiB", 2 << 30, false},
+		{"10MB", 10e6, false}, {"1 GB", 1e9, false}, {"0", 0, false}, {"7B", 7, false},
+		{"", 0, true}, {"lots", 0, true}, {"-1", 0, true}, {"1.5MiB", 0, true}, {"9999999999TiB", 0, true}, {"16mib", 0, true},
+	} {
+		got, err := ParseByteSize(tt.in)
+		if (err != nil) != tt.err || got != tt.want {
+			t.Errorf("ParseByteSize(%q) = %d, %v; want %d, error %v", tt.in, got, err, tt.want, tt.err)
+		}
+		if err == nil {
+			if back, _ := ParseByteSize(got.String()); back != got {
+				t.Errorf("%q: String %q reads back as %d", tt.in, got.String(), back)
+			}
+		}
+	}
+}
+
+func TestLogRetentionDefaultsAndOverrides(t *testing.T) {
+	c, err := Parse("t.yaml", []byte(`
+defaults:
+  logRetention: {maxAge: 2d}
+jobs:
+  - name: a
+    script: [/bin/true]
+  - name: b
+    logRetention: {maxBytesPerRun: 1MiB, maxTotalBytes: 100MB}
+    script: [/bin/true]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]LogRetention{
+		"a": {MaxAge: Duration(48 * time.Hour), MaxBytesPerRun: DefaultLogMaxBytesPerRun, MaxTotalBytes: DefaultLogMaxTotalBytes},
+		"b": {MaxAge: Duration(48 * time.Hour), MaxBytesPerRun: 1 << 20, MaxTotalBytes: 100e6},
+	}
+	for _, j := range c.Jobs {
+		if j.LogRetention != want[j.Name] {
+			t.Errorf("job %s: logRetention %+v, want %+v", j.Name, j.LogRetention, want[j.Name])
+		}
+	}
+}
+
+func FuzzParseByteSize(f *testing.F) {
+	for _, s := range []string{"1", "16MiB", "10 GB", "x", "-3KiB"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		b, err := ParseByteSize(s)
+		if err != nil {
+			return
+		}
+		if b < 0 {
+			t.Fatalf("%q parsed as negative %d", s, b)
+		}
+		if back, err := ParseByteSize(b.String()); err != nil || back != b {
+			t.Fatalf("%q = %d, written %q, read back %d (%v)", s, b, b.String(), back, err)
+		}
+	})
 }

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -209,6 +208,7 @@ type shorthander interface {
 
 var (
 	durationType    = reflect.TypeOf(Duration(0))
+	byteSizeType    = reflect.TypeOf(ByteSize(0))
 	nodeDecoderType = reflect.TypeOf((*nodeDecoder)(nil)).Elem()
 	shorthanderType = reflect.TypeOf((*shorthander)(nil)).Elem()
 )
@@ -280,12 +280,21 @@ func decodeField(s scope, n *yaml.Node, v reflect.Value, path string, f *fields)
 		return
 	}
 	if v.Type() == durationType {
-		d, err := time.ParseDuration(n.Value)
-		if n.Kind != yaml.ScalarNode || err != nil {
-			bad("%s must be a duration like 30s or 1m30s, got %s", path, describe(n))
+		var d Duration
+		if n.Kind != yaml.ScalarNode || d.UnmarshalText([]byte(n.Value)) != nil {
+			bad("%s must be a duration like 30s, 1m30s or 7d, got %s", path, describe(n))
 			return
 		}
 		v.SetInt(int64(d))
+		return
+	}
+	if v.Type() == byteSizeType {
+		b, err := ParseByteSize(n.Value)
+		if n.Kind != yaml.ScalarNode || err != nil {
+			bad("%s must be a size like 1048576, 512KiB or 16MiB, got %s", path, describe(n))
+			return
+		}
+		v.SetInt(int64(b))
 		return
 	}
 	if v.Kind() == reflect.String && n.Kind == yaml.ScalarNode && n.Tag != "!!null" {

@@ -113,6 +113,12 @@ func validate(s scope, j *Job, f *fields) bool {
 	if j.MaxConcurrency < 0 {
 		bad("maxConcurrency", "maxConcurrency must be >= 0 (0 = no limit), got %d", j.MaxConcurrency)
 	}
+	if r := j.LogRetention; r.MaxAge <= 0 {
+		bad("logRetention.maxAge", "logRetention.maxAge must be > 0, got %s", r.MaxAge)
+	}
+	if r := j.LogRetention; r.MaxBytesPerRun <= 0 || r.MaxTotalBytes <= 0 || r.MaxBytesPerRun > r.MaxTotalBytes {
+		bad("logRetention", "logRetention.maxBytesPerRun (%s) must be > 0 and at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, r.MaxTotalBytes)
+	}
 
 	switch {
 	case j.Script == nil && j.HTTP == nil:

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -35,6 +36,9 @@ type Options struct {
 	Watchdog *runner.Watchdog
 	// Cgroups, if set, confines each script run to a cgroup of its own.
 	Cgroups *runner.Cgroups
+	// RunLogs, if set, keeps each run's whole output in a file (see package
+	// runlog), with the job's logRetention.
+	RunLogs *runlog.Store
 	// Skew returns this host's clock skew against etcd (etcd minus here)
 	// and whether it is known; nil or unknown skips maxTimeDiffSeconds.
 	Skew func() (time.Duration, bool)

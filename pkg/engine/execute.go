@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -129,12 +131,19 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	defer cancel(nil)
 	stop := context.AfterFunc(e.killCtx, func() { cancel(context.Cause(e.killCtx)) })
 	defer stop()
+	lg := j.openRunLog(job, rc)
+	if lg != nil {
+		rc.Output = lg
+	}
 	res := run(runCtx, rc)
 	started := res.Started // the first try that started; zero: none did
 	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
 		wait := min(time.Duration(job.RetryBackoff)<<retry, time.Duration(config.MaxRetryBackoff))
 		j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
 		rc.Retry = retry + 1
+		if lg != nil {
+			lg.Note(fmt.Sprintf("retry %d in %s, after: %v", rc.Retry, wait, res.Err))
+		}
 		select {
 		case <-time.After(wait):
 		case <-runCtx.Done():
@@ -182,5 +191,46 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	case !res.OK:
 		out.State, out.Err = coord.StateFailed, fmt.Sprint(res.Err)
 	}
+	if lg != nil {
+		j.closeRunLog(lg, out)
+	}
 	return res, out
+}
+
+// openRunLog opens the run log of rc; nil when there is none (no store, or
+// it failed: the run goes on, its tail is still in the history).
+func (j *jobLoop) openRunLog(job *config.Job, rc runner.Context) *runlog.Log {
+	if j.e.opts.RunLogs == nil {
+		return nil
+	}
+	r := job.LogRetention
+	lg, err := j.e.opts.RunLogs.Create(runlog.Header{
+		Job: rc.Job, Item: rc.Item, Fence: rc.Fence, Fire: rc.Fire, Attempt: rc.Attempt, Source: rc.Source, Instance: rc.Instance,
+	}, runlog.Retention{MaxAge: time.Duration(r.MaxAge), MaxBytesPerRun: int64(r.MaxBytesPerRun), MaxTotalBytes: int64(r.MaxTotalBytes)})
+	if err != nil {
+		j.log.Warn("run without a run log; its output's tail is in its history", "item", rc.Item, "err", err)
+		return nil
+	}
+	return lg
+}
+
+// closeRunLog writes how the run ended and closes its log.
+func (j *jobLoop) closeRunLog(lg *runlog.Log, out coord.Outcome) {
+	end := fmt.Sprintf("end state=%s", out.State)
+	if out.Reason != "" {
+		end += " reason=" + string(out.Reason)
+	}
+	if out.ExitCode >= 0 {
+		end += fmt.Sprintf(" exit=%d", out.ExitCode)
+	}
+	if out.HTTPStatus > 0 {
+		end += fmt.Sprintf(" status=%d", out.HTTPStatus)
+	}
+	if out.Err != "" {
+		end += " err=" + strconv.Quote(out.Err)
+	}
+	werr := lg.Err()
+	if err := lg.Close(end); err != nil || werr != nil {
+		j.log.Warn("run log incomplete", "err", errors.Join(werr, err))
+	}
 }

@@ -241,6 +241,9 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	if n == maxAnswer { // cut: a secret may start in the last bytes read
 		text = redactCut(text, secrets)
 	}
+	if c.Output != nil {
+		c.Output.Stdout().Write([]byte(text))
+	}
 	out := &tail{max: h.TailBytes}
 	out.Write([]byte(text))
 	res.Output = out.String()

@@ -9,8 +9,10 @@ package runner
 
 import (
 	"encoding/json"
+	"io"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -36,6 +38,19 @@ type Context struct {
 	// Skipped counts the fires before Fire that this run stands for
 	// (coalesced by the misfire policy); they do not run on their own.
 	Skipped int `json:"skipped,omitempty"`
+
+	// Output, if set, receives the run's whole output as it comes: the
+	// script's stdout and stderr, or the hook's answer (redacted). It is
+	// where the run goes, not what it is: never sent to the work.
+	Output Sink `json:"-"`
+}
+
+// Sink receives a run's whole output; a runlog.Log is one. Its writers must
+// be safe to use from two goroutines (one per stream) and should not fail:
+// the run does not stop for its output's sake.
+type Sink interface {
+	Stdout() io.Writer
+	Stderr() io.Writer
 }
 
 // JSON returns the context as JSON.
@@ -114,6 +129,24 @@ func (t *tail) Write(p []byte) (int, error) {
 		t.cut = true
 	}
 	return len(p), nil
+}
+
+// syncTail is a tail written by two goroutines.
+type syncTail struct {
+	mu sync.Mutex
+	tail
+}
+
+func (t *syncTail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tail.Write(p)
+}
+
+func (t *syncTail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.tail.String()
 }
 
 func (t *tail) String() string {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -51,67 +53,84 @@ const (
 	maxLogLines = 1000
 )
 
-// lineLog logs a run's output line by line, within those bounds.
+// lineLog logs a run's output line by line, within those bounds. Both
+// streams write to it, each with its own unfinished line.
 type lineLog struct {
 	log     *slog.Logger
 	job     string
 	item    int
-	line    []byte
-	long    bool // the current line was cut
-	lines   int  // complete lines seen
-	dropped int  // lines not logged
+	mu      sync.Mutex
+	line    [2][]byte
+	long    [2]bool // the stream's current line was cut
+	lines   int     // complete lines seen
+	dropped int     // lines not logged
 }
 
-func (l *lineLog) Write(p []byte) {
+func (l *lineLog) Write(stream int, p []byte) {
 	if l.log == nil {
 		return
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		chunk := p
 		if i >= 0 {
 			chunk = p[:i]
 		}
-		if room := maxLogLine - len(l.line); len(chunk) > room {
-			l.line, l.long = append(l.line, chunk[:room]...), true
+		if room := maxLogLine - len(l.line[stream]); len(chunk) > room {
+			l.line[stream], l.long[stream] = append(l.line[stream], chunk[:room]...), true
 		} else {
-			l.line = append(l.line, chunk...)
+			l.line[stream] = append(l.line[stream], chunk...)
 		}
 		if i < 0 {
 			return
 		}
-		l.emit()
+		l.emit(stream)
 		p = p[i+1:]
 	}
 }
 
-func (l *lineLog) emit() {
+func (l *lineLog) emit(stream int) {
 	l.lines++
 	if l.lines > maxLogLines {
 		l.dropped++
 	} else {
-		attrs := []any{"job", l.job, "item", l.item, "line", strings.ToValidUTF8(string(l.line), "\uFFFD")}
-		if l.long {
+		attrs := []any{"job", l.job, "item", l.item, "line", strings.ToValidUTF8(string(l.line[stream]), "\uFFFD")}
+		if stream == stderr {
+			attrs = append(attrs, "stream", "stderr")
+		}
+		if l.long[stream] {
 			attrs = append(attrs, "truncated", true)
 		}
 		l.log.Info("output", attrs...)
 	}
-	l.line, l.long = l.line[:0], false
+	l.line[stream], l.long[stream] = l.line[stream][:0], false
 }
 
-// Close logs the last, unterminated line and what was not logged.
+// Close logs the last, unterminated lines and what was not logged.
 func (l *lineLog) Close() {
 	if l.log == nil {
 		return
 	}
-	if len(l.line) > 0 || l.long {
-		l.emit()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for stream := range l.line {
+		if len(l.line[stream]) > 0 || l.long[stream] {
+			l.emit(stream)
+		}
 	}
 	if l.dropped > 0 {
 		l.log.Info("output not logged", "job", l.job, "item", l.item, "lines", l.dropped,
-			"why", fmt.Sprintf("a run logs at most %d lines; its output's tail is in its history", maxLogLines))
+			"why", fmt.Sprintf("a run logs at most %d lines; its whole output is in its run log, its tail in its history", maxLogLines))
 	}
 }
+
+// The streams of a script's output.
+const (
+	stdout = 0
+	stderr = 1
+)
 
 // ErrTimeout is the error of a run stopped at its timeout.
 var ErrTimeout = errors.New("runner: timed out")
@@ -179,31 +198,66 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 
-	out := &tail{max: tailBytes}
-	// An OS pipe, so that Wait does not wait for output from processes the
-	// script left behind; the reader ends when the last writer is gone.
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		res.Err = fmt.Errorf("output pipe: %w", err)
-		return res
-	}
-	defer pr.Close()
-	cmd.Stdout, cmd.Stderr = pw, pw
-	copied := make(chan struct{})
-	go func() {
-		defer close(copied)
-		lines := &lineLog{log: s.Log, job: c.Job, item: c.Item}
-		defer lines.Close()
-		buf := make([]byte, 32<<10) // memory per run is bounded whatever the output
-		for {
-			n, err := pr.Read(buf)
-			out.Write(buf[:n])
-			lines.Write(buf[:n])
-			if err != nil {
-				return
+	// The output's tail (both streams), the log's lines and the run's
+	// whole output (c.Output) are fed from two OS pipes, so that Wait does
+	// not wait for output from processes the script left behind; each
+	// reader ends when the stream's last writer is gone. Memory per run is
+	// bounded whatever the output: 32 KiB reads, a capped tail and line.
+	out := &syncTail{tail: tail{max: tailBytes}}
+	lines := &lineLog{log: s.Log, job: c.Job, item: c.Item}
+	var readers [2]*os.File
+	copied := make(chan struct{}, 2)
+	for stream := range readers {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			res.Err = fmt.Errorf("output pipe: %w", err)
+			return res
+		}
+		defer pr.Close()
+		defer pw.Close() // when start fails; closed below otherwise
+		readers[stream] = pr
+		var sink io.Writer
+		if c.Output != nil {
+			sink = c.Output.Stdout()
+			if stream == stderr {
+				sink = c.Output.Stderr()
 			}
 		}
-	}()
+		if stream == stdout {
+			cmd.Stdout = pw
+		} else {
+			cmd.Stderr = pw
+		}
+		go func() {
+			defer func() { copied <- struct{}{} }()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := pr.Read(buf)
+				out.Write(buf[:n])
+				lines.Write(stream, buf[:n])
+				if sink != nil && n > 0 {
+					sink.Write(buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	closeWriters := func() { cmd.Stdout.(*os.File).Close(); cmd.Stderr.(*os.File).Close() }
+	waitCopied := func(limit time.Duration) {
+		timer := time.NewTimer(limit)
+		defer timer.Stop()
+		for n := 0; n < 2; n++ {
+			select {
+			case <-copied:
+			case <-timer.C: // a process that left the group holds a pipe
+				readers[0].Close()
+				readers[1].Close()
+			}
+		}
+		lines.Close()
+	}
 
 	runID, endRun := newRun()
 	defer endRun()
@@ -214,9 +268,9 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	if cgErr != nil && s.Log != nil {
 		s.Log.Warn("run not confined to a cgroup", "job", c.Job, "item", c.Item, "err", cgErr)
 	}
-	pw.Close() // the child has its copy
+	closeWriters() // the child has its copies
 	if err != nil {
-		<-copied
+		waitCopied(time.Second)
 		res.Err = fmt.Errorf("start %s: %w", cmd.Path, err)
 		return res
 	}
@@ -240,7 +294,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		if why != nil {
 			syscall.Kill(-pgid, syscall.SIGKILL)
 			<-exited
-			<-copied
+			waitCopied(time.Second)
 			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, why)
 			return res
 		}
@@ -278,12 +332,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	syscall.Kill(-pgid, syscall.SIGKILL)
 	cg.kill()
 	sweep(runID)
-	select {
-	case <-copied:
-	case <-time.After(time.Second): // a process that left the group holds the pipe
-		pr.Close()
-		<-copied
-	}
+	waitCopied(time.Second)
 
 	res.Output = out.String()
 	if cmd.ProcessState != nil {

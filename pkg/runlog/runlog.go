@@ -1,0 +1,575 @@
+// Package runlog keeps each run's whole output in a file on the host that
+// ran it, with retention per job. The history in etcd keeps only a run's
+// output tail; the run log has all of it, stdout and stderr apart, each line
+// with the time it arrived.
+//
+// # Files
+//
+// A run is one claim of one item: its fence (the claim's etcd revision) is
+// unique in the cluster, so a run's log is
+//
+//	<dir>/<job>/<fence>.log
+//
+// created 0600 in directories 0700. Retries of the run (same fence) append
+// to the same file.
+//
+// # Format
+//
+// One record per line:
+//
+//	<time, RFC 3339 with nanoseconds, UTC> <tag> <text>
+//
+// where tag is out or err for a line the run wrote to stdout or stderr
+// (text is the line's bytes, without its newline), out+ or err+ for a piece
+// of a line that continues in the stream's next record (a line longer than
+// 32 KiB, or the run's last line when it has no newline), and shardd for
+// what shardd says about the run: its header (job, item, fire, ...), its
+// retries, what was not kept, and how it ended. Joining the texts of a
+// stream's records, with a newline after each out or err record, gives the
+// stream back as written (output beyond the cap excepted).
+//
+// # Bounds
+//
+// A run's log grows to at most Retention.MaxBytesPerRun bytes, records and
+// all: output beyond is counted in a last shardd record, not kept; a job's finished logs take at most
+// Retention.MaxTotalBytes of disk (in blocks, as du counts them; logs being
+// written come on top) and none is kept longer than Retention.MaxAge: the oldest finished logs are removed
+// first, when a run of the job ends and at Sweep. A log being written is
+// never removed. Writing stops (with a shardd record saying so) when the
+// file system has less than MinFree available, so run logs never fill the
+// disk; the run itself goes on. Memory per open log is bounded by its two
+// partial-line buffers (32 KiB each).
+//
+// Failures: a log that cannot be created or written does not stop the run;
+// the caller is told (Create's error, Log.Err) and the history still has the
+// tail.
+package runlog
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Retention bounds a job's run logs. Zero fields take the defaults.
+type Retention struct {
+	MaxAge         time.Duration
+	MaxBytesPerRun int64
+	MaxTotalBytes  int64
+}
+
+// Defaults of Retention.
+const (
+	DefaultMaxAge         = 7 * 24 * time.Hour
+	DefaultMaxBytesPerRun = 16 << 20
+	DefaultMaxTotalBytes  = 256 << 20
+)
+
+// withDefaults returns r with its zero fields set to the defaults.
+func (r Retention) withDefaults() Retention {
+	if r.MaxAge <= 0 {
+		r.MaxAge = DefaultMaxAge
+	}
+	if r.MaxBytesPerRun <= 0 {
+		r.MaxBytesPerRun = DefaultMaxBytesPerRun
+	}
+	if r.MaxTotalBytes <= 0 {
+		r.MaxTotalBytes = DefaultMaxTotalBytes
+	}
+	return r
+}
+
+// maxPiece is the longest record text: a longer line is written in pieces.
+const maxPiece = 32 << 10
+
+// checkEvery is how many bytes a log writes between two looks at the file
+// system's free space.
+const checkEvery = 1 << 20
+
+// Store is a directory of run logs.
+type Store struct {
+	dir string
+	// MinFree is the space (bytes) the file system must keep available:
+	// below it, logs stop writing. Default: the smaller of 1 GiB and 5 % of
+	// the file system.
+	MinFree func(total uint64) uint64
+	now     func() time.Time
+
+	mu   sync.Mutex
+	jobs map[string]*jobIndex // loaded on first use
+}
+
+// jobIndex lists a job's log files, oldest first.
+type jobIndex struct {
+	files []file
+	open  map[int64]int // fences whose logs are being written: how many writers
+	bytes int64         // disk used by files
+}
+
+// file is one log in the index: 24 bytes, so that a job's index stays
+// small even with tens of thousands of logs.
+type file struct {
+	fence int64
+	mtime int64 // Unix nanoseconds
+	bytes int64 // disk used, in blocks
+}
+
+// fenceOf returns the fence of a log's file name, and whether it is one.
+func fenceOf(name string) (int64, bool) {
+	digits, ok := strings.CutSuffix(name, ".log")
+	if !ok {
+		return 0, false
+	}
+	fence, err := strconv.ParseInt(digits, 10, 64)
+	return fence, err == nil && fence >= 0 && strconv.FormatInt(fence, 10) == digits
+}
+
+// New returns the store in dir, creating dir (0700) if needed.
+func New(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("run log directory: %w", err)
+	}
+	return &Store{dir: dir, now: time.Now, jobs: map[string]*jobIndex{}, MinFree: defaultMinFree}, nil
+}
+
+func defaultMinFree(total uint64) uint64 { return min(1<<30, total/20) }
+
+// Dir returns the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Path returns where the log of the run with fence of job is.
+func (s *Store) Path(job string, fence int64) string {
+	return filepath.Join(s.dir, job, strconv.FormatInt(fence, 10)+".log")
+}
+
+// Header describes a run; it is the log's first record.
+type Header struct {
+	Job      string
+	Item     int
+	Fence    int64
+	Fire     time.Time
+	Attempt  int
+	Source   string
+	Instance string
+}
+
+// Create opens the log of the run h for writing (appending, when the run
+// already has one) and writes h into it. Close it when the run ends.
+func (s *Store) Create(h Header, r Retention) (*Log, error) {
+	if h.Job == "" || strings.ContainsAny(h.Job, `/\`) || strings.HasPrefix(h.Job, ".") {
+		return nil, fmt.Errorf("run log of job %q: not a job name", h.Job)
+	}
+	if h.Fence < 0 {
+		return nil, fmt.Errorf("run log of job %q: fence %d", h.Job, h.Fence)
+	}
+	r = r.withDefaults()
+	dir := filepath.Join(s.dir, h.Job)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
+	}
+	s.mu.Lock()
+	idx, err := s.index(h.Job)
+	if err == nil {
+		idx.open[h.Fence]++
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(s.Path(h.Job, h.Fence), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		s.release(h.Job, h.Fence, r)
+		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
+	}
+	l := &Log{s: s, f: f, job: h.Job, fence: h.Fence, ret: r}
+	if fi, err := f.Stat(); err == nil {
+		l.size = fi.Size() // a retry's log goes on from its earlier tries
+	}
+	l.Note(fmt.Sprintf("run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
+		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339), h.Attempt, h.Source, h.Instance))
+	l.checkSpace()
+	return l, nil
+}
+
+// index returns job's index, loading it from the directory the first
+// time. s.mu is held.
+func (s *Store) index(job string) (*jobIndex, error) {
+	if idx := s.jobs[job]; idx != nil {
+		return idx, nil
+	}
+	idx := &jobIndex{open: map[int64]int{}}
+	entries, err := os.ReadDir(filepath.Join(s.dir, job))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
+	}
+	for _, e := range entries {
+		fence, ok := fenceOf(e.Name())
+		if !e.Type().IsRegular() || !ok {
+			continue // not a run log
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		idx.files = append(idx.files, file{fence: fence, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
+		idx.bytes += diskBytes(fi)
+	}
+	sort.SliceStable(idx.files, func(a, b int) bool { return idx.files[a].mtime < idx.files[b].mtime })
+	s.jobs[job] = idx
+	return idx, nil
+}
+
+// diskBytes is the disk a file takes, in blocks as du counts them.
+func diskBytes(fi os.FileInfo) int64 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return fi.Size()
+}
+
+// release marks a job's log as written, records its size and applies
+// the retention.
+func (s *Store) release(job string, fence int64, r Retention) {
+	fi, statErr := os.Stat(s.Path(job, fence))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx := s.jobs[job]
+	if idx == nil {
+		return
+	}
+	if idx.open[fence]--; idx.open[fence] <= 0 {
+		delete(idx.open, fence)
+	}
+	if statErr == nil {
+		i := slices.IndexFunc(idx.files, func(f file) bool { return f.fence == fence })
+		if i >= 0 { // appended to: it moves to the end
+			idx.bytes -= idx.files[i].bytes
+			idx.files = slices.Delete(idx.files, i, i+1)
+		}
+		f := file{fence: fence, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)}
+		idx.files = append(idx.files, f)
+		idx.bytes += f.bytes
+	}
+	s.prune(job, idx, r)
+}
+
+// prune removes job's oldest finished logs while they are older than
+// r.MaxAge or take more than r.MaxTotalBytes. s.mu is held.
+func (s *Store) prune(job string, idx *jobIndex, r Retention) {
+	cutoff := s.now().Add(-r.MaxAge).UnixNano()
+	kept := idx.files[:0]
+	for i, f := range idx.files {
+		over := f.mtime < cutoff || idx.bytes > r.MaxTotalBytes
+		if !over || idx.open[f.fence] > 0 {
+			kept = append(kept, f)
+			continue
+		}
+		err := os.Remove(s.Path(job, f.fence))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			kept = append(kept, idx.files[i:]...) // try again next time
+			break
+		}
+		idx.bytes -= f.bytes
+	}
+	idx.files = kept
+}
+
+// Sweep applies retention to every job's logs, those of jobs no longer
+// defined included (retention gives their retention; unknown jobs get the
+// defaults), and forgets jobs whose logs are all gone. Run it now and then
+// (shardd does hourly): jobs that no longer run have no run end to do it.
+func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("run logs: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		job := e.Name()
+		idx, err := s.index(job)
+		if err != nil {
+			continue
+		}
+		r, _ := retention(job)
+		s.prune(job, idx, r.withDefaults())
+		if len(idx.files) == 0 && len(idx.open) == 0 {
+			delete(s.jobs, job)
+			os.Remove(filepath.Join(s.dir, job)) // only if empty
+		}
+	}
+	return nil
+}
+
+// Log is one run's log. Its writers and methods are safe for concurrent use.
+type Log struct {
+	s     *Store
+	job   string
+	fence int64
+	ret   Retention
+
+	mu      sync.Mutex
+	f       *os.File
+	size    int64     // the file's size
+	full    bool      // no more output fits
+	dropped int64     // output bytes not kept
+	batch   []byte    // records of one Write
+	partial [2][]byte // each stream's unfinished line
+	unsaid  int64     // bytes written since the last free-space check
+	stopped string    // why writing stopped; "" while it goes on
+	err     error     // the first write error
+	closed  bool
+}
+
+// Stdout returns the writer of the run's standard output.
+func (l *Log) Stdout() io.Writer { return stream{l, 0} }
+
+// Stderr returns the writer of the run's standard error.
+func (l *Log) Stderr() io.Writer { return stream{l, 1} }
+
+type stream struct {
+	l *Log
+	n int
+}
+
+var tags = [2]string{"out", "err"}
+
+// Write records p's complete lines; the rest waits for its newline.
+// It never fails: a run's output is not the run's problem.
+func (w stream) Write(p []byte) (int, error) {
+	l := w.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return len(p), nil
+	}
+	if l.full {
+		l.dropped += int64(len(p))
+		return len(p), nil
+	}
+	n := len(p)
+	l.batch = l.batch[:0]
+	ts := l.s.now().UTC().Format(time.RFC3339Nano)
+	buf := &l.partial[w.n]
+	for len(p) > 0 {
+		i := indexNL(p)
+		chunk := p
+		if i >= 0 {
+			chunk = p[:i]
+		}
+		for len(*buf)+len(chunk) > maxPiece { // a long line goes in pieces
+			take := maxPiece - len(*buf)
+			l.add(ts, tags[w.n]+"+", append(*buf, chunk[:take]...))
+			*buf, chunk = (*buf)[:0], chunk[take:]
+		}
+		*buf = append(*buf, chunk...)
+		if i < 0 {
+			break
+		}
+		l.add(ts, tags[w.n], *buf)
+		*buf = (*buf)[:0]
+		p = p[i+1:]
+	}
+	l.write(l.batch)
+	return n, nil
+}
+
+// add puts a record of output in the batch if the log has room for it;
+// from the first one it has no room for, output is counted, not kept.
+// l.mu is held.
+func (l *Log) add(ts, tag string, text []byte) {
+	lost := int64(len(text))
+	if !strings.HasSuffix(tag, "+") {
+		lost++ // and its newline
+	}
+	if !l.full && l.size+int64(len(l.batch)+len(ts)+len(tag)+len(text)+3) > l.room() {
+		l.full = true
+	}
+	if l.full {
+		l.dropped += lost
+		return
+	}
+	l.batch = record(l.batch, ts, tag, text)
+}
+
+// room is how large output may make the file: MaxBytesPerRun, less a
+// little for the records that close it.
+func (l *Log) room() int64 {
+	return l.ret.MaxBytesPerRun - min(1<<10, l.ret.MaxBytesPerRun/4)
+}
+
+func indexNL(p []byte) int {
+	for i, b := range p {
+		if b == '\n' {
+			return i
+		}
+	}
+	return -1
+}
+
+func record(out []byte, ts, tag string, text []byte) []byte {
+	out = append(out, ts...)
+	out = append(out, ' ')
+	out = append(out, tag...)
+	out = append(out, ' ')
+	out = append(out, text...)
+	return append(out, '\n')
+}
+
+// write appends records to the file. l.mu is held.
+func (l *Log) write(b []byte) {
+	if len(b) == 0 || l.stopped != "" || l.err != nil {
+		return
+	}
+	n, err := l.f.Write(b)
+	l.size += int64(n)
+	if err != nil {
+		l.err = err
+		return
+	}
+	if l.unsaid += int64(len(b)); l.unsaid >= checkEvery {
+		l.unsaid = 0
+		l.checkSpaceLocked()
+	}
+}
+
+func (l *Log) checkSpace() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.checkSpaceLocked()
+}
+
+// checkSpaceLocked stops the log when the file system is nearly full.
+func (l *Log) checkSpaceLocked() {
+	var st syscall.Statfs_t
+	if err := syscall.Fstatfs(int(l.f.Fd()), &st); err != nil {
+		return
+	}
+	avail, total := st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize)
+	if need := l.s.MinFree(total); avail < need {
+		why := fmt.Sprintf("run log stopped: the file system has %d bytes available, under the %d it keeps free", avail, need)
+		n, _ := l.f.Write(record(nil, l.s.now().UTC().Format(time.RFC3339Nano), "shardd", []byte(why)))
+		l.size += int64(n)
+		l.stopped = why
+	}
+}
+
+// Note records text as shardd's (one line; newlines become spaces).
+func (l *Log) Note(text string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	l.write(record(nil, l.s.now().UTC().Format(time.RFC3339Nano), "shardd", []byte(strings.ReplaceAll(text, "\n", " "))))
+}
+
+// Err returns the first error met writing the log, or why it stopped.
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.err != nil {
+		return l.err
+	}
+	if l.stopped != "" {
+		return errors.New(l.stopped)
+	}
+	return nil
+}
+
+// Close writes the streams' unfinished lines, what was not kept and end
+// (how the run ended) and closes the file; then the job's retention runs.
+func (l *Log) Close(end string) error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	ts := l.s.now().UTC().Format(time.RFC3339Nano)
+	l.batch = l.batch[:0]
+	for n := range l.partial {
+		if len(l.partial[n]) > 0 {
+			l.add(ts, tags[n]+"+", l.partial[n])
+			l.partial[n] = nil
+		}
+	}
+	out := l.batch
+	if l.dropped > 0 {
+		out = record(out, ts, "shardd", fmt.Appendf(nil, "output cut: %d bytes not kept, beyond maxBytesPerRun (%d bytes of run log)", l.dropped, l.ret.MaxBytesPerRun))
+	}
+	if end != "" {
+		out = record(out, ts, "shardd", []byte(strings.ReplaceAll(end, "\n", " ")))
+	}
+	l.write(out)
+	l.closed = true
+	err := l.f.Close()
+	if l.err != nil {
+		err = l.err
+	}
+	l.mu.Unlock()
+	l.s.release(l.job, l.fence, l.ret)
+	return err
+}
+
+// Record is one record of a run log.
+type Record struct {
+	Time time.Time
+	// Tag is out, out+, err, err+ or shardd (see the package doc).
+	Tag  string
+	Text []byte
+}
+
+// ReadAll parses a run log. It returns the records read before the first
+// malformed one, and an error naming that one's line.
+func ReadAll(r io.Reader) ([]Record, error) {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return nil, err
+	}
+	var recs []Record
+	for n := 1; len(data) > 0; n++ {
+		line := data
+		i := indexNL(data)
+		if i < 0 {
+			return recs, fmt.Errorf("run log line %d: no newline (a record being written?)", n)
+		}
+		line, data = data[:i], data[i+1:]
+		ts, rest, ok1 := strings.Cut(string(line), " ")
+		tag, text, ok2 := strings.Cut(rest, " ")
+		t, terr := time.Parse(time.RFC3339Nano, ts)
+		if !ok1 || !ok2 || terr != nil || !slices.Contains([]string{"out", "out+", "err", "err+", "shardd"}, tag) {
+			return recs, fmt.Errorf("run log line %d: not <time> <tag> <text>", n)
+		}
+		recs = append(recs, Record{Time: t, Tag: tag, Text: []byte(text)})
+	}
+	return recs, nil
+}
+
+// Streams joins records back into the streams they came from.
+func Streams(recs []Record) (stdout, stderr []byte) {
+	for _, r := range recs {
+		switch r.Tag {
+		case "out":
+			stdout = append(append(stdout, r.Text...), '\n')
+		case "out+":
+			stdout = append(stdout, r.Text...)
+		case "err":
+			stderr = append(append(stderr, r.Text...), '\n')
+		case "err+":
+			stderr = append(stderr, r.Text...)
+		}
+	}
+	return stdout, stderr
+}
