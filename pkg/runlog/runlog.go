@@ -17,7 +17,7 @@
 //
 // One record per line:
 //
-//	<time, RFC 3339 with nanoseconds, UTC> <tag> <text>
+//	<time: RFC 3339, UTC, microseconds> <tag> <text>
 //
 // where tag is out or err for a line the run wrote to stdout or stderr
 // (text is the line's bytes, without its newline), out+ or err+ for a piece
@@ -361,7 +361,7 @@ func (w stream) Write(p []byte) (int, error) {
 	}
 	n := len(p)
 	l.batch = l.batch[:0]
-	ts := l.s.now().UTC().Format(time.RFC3339Nano)
+	ts := l.stamp()
 	buf := &l.partial[w.n]
 	for len(p) > 0 {
 		i := indexNL(p)
@@ -460,11 +460,16 @@ func (l *Log) checkSpaceLocked() {
 	avail, total := st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize)
 	if need := l.s.MinFree(total); avail < need {
 		why := fmt.Sprintf("run log stopped: the file system has %d bytes available, under the %d it keeps free", avail, need)
-		n, _ := l.f.Write(record(nil, l.s.now().UTC().Format(time.RFC3339Nano), "shardd", []byte(why)))
+		n, _ := l.f.Write(record(nil, l.stamp(), "shardd", []byte(why)))
 		l.size += int64(n)
 		l.stopped = why
 	}
 }
+
+// stampLayout is a record's time: UTC, microseconds, fixed width.
+const stampLayout = "2006-01-02T15:04:05.000000Z"
+
+func (l *Log) stamp() string { return l.s.now().UTC().Format(stampLayout) }
 
 // Note records text as shardd's (one line; newlines become spaces).
 func (l *Log) Note(text string) {
@@ -473,7 +478,7 @@ func (l *Log) Note(text string) {
 	if l.closed {
 		return
 	}
-	l.write(record(nil, l.s.now().UTC().Format(time.RFC3339Nano), "shardd", []byte(strings.ReplaceAll(text, "\n", " "))))
+	l.write(record(nil, l.stamp(), "shardd", []byte(strings.ReplaceAll(text, "\n", " "))))
 }
 
 // Err returns the first error met writing the log, or why it stopped.
@@ -497,7 +502,7 @@ func (l *Log) Close(end string) error {
 		l.mu.Unlock()
 		return nil
 	}
-	ts := l.s.now().UTC().Format(time.RFC3339Nano)
+	ts := l.stamp()
 	l.batch = l.batch[:0]
 	for n := range l.partial {
 		if len(l.partial[n]) > 0 {
