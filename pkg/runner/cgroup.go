@@ -146,6 +146,14 @@ func (c *Cgroups) prepare(cmd *exec.Cmd, id string) (*runCgroup, error) {
 
 // kill kills every process in the run's cgroup, waits for it to empty
 // (at most 5 s) and removes it.
+// path returns the cgroup's directory; "" for none.
+func (r *runCgroup) path() string {
+	if r == nil {
+		return ""
+	}
+	return r.dir
+}
+
 func (r *runCgroup) kill() {
 	if r == nil || r.done {
 		return

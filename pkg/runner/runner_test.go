@@ -688,6 +688,51 @@ func TestCgroupConfinesARun(t *testing.T) {
 	}
 }
 
+// shardd killed -9 mid-run: the watchdog kills the run's whole cgroup,
+// the process that left the group and cleared its environment included.
+func TestWatchdogKillsTheRunsCgroup(t *testing.T) {
+	mount, err := cgroup2Mount()
+	if err != nil {
+		t.Skip(err)
+	}
+	parent := filepath.Join(mount, "shardd-test-wd-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(parent, 0o755); err != nil {
+		t.Skip("no cgroup to delegate here:", err)
+	}
+	defer os.Remove(parent)
+	cgs, err := NewCgroups(parent)
+	if err != nil {
+		t.Skip(err)
+	}
+	w := startWatchdog(t)
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	cmd := exec.Command("/bin/sh", "-c", "setsid env -i /bin/sleep 300 & echo $! > "+pidFile+"; exec sleep 300")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cg, err := cgs.prepare(cmd, "wd-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.kill()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	waitFile(t, pidFile)
+	b, _ := os.ReadFile(pidFile)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid == 0 {
+		t.Fatalf("pid file %q", b)
+	}
+	if err := w.Add(cmd.Process.Pid, cg.path()); err != nil {
+		t.Fatal(err)
+	}
+	w.Close() // as when shardd dies: the pipe closes
+	if syscall.Kill(pid, 0) == nil && !zombie(pid) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("pid %d, which left its process group, outlived shardd's death", pid)
+	}
+}
+
 // memSink is a Sink in memory.
 type memSink struct {
 	mu       sync.Mutex

@@ -279,7 +279,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	go func() { err := cmd.Wait(); started(); exited <- err }()
 	if gate != nil {
 		var why error
-		if err := s.Watchdog.Add(pgid); err != nil {
+		if err := s.Watchdog.Add(pgid, cg.path()); err != nil {
 			why = fmt.Errorf("watchdog: %w", err) // unguarded work must not run
 		} else if ctx.Err() != nil {
 			why = context.Cause(ctx)

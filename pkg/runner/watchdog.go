@@ -34,7 +34,11 @@ const WatchdogCommand = "__watchdog"
 //     is killed at once, until a newer deadline comes.
 //
 // Protocol, one command a line: "deadline <nanoseconds from now>",
-// "add <pgid>", "del <pgid>". Deadlines travel as durations, so the two
+// "add <pgid> [<cgroup directory>]", "del <pgid>". A group added with its
+// run's cgroup is killed with the whole cgroup (cgroup.kill, or each of its
+// processes), so what left the process group (setsid, a daemon's double
+// fork) dies with it even though shardd, which kills such processes when a
+// run ends, is gone. Deadlines travel as durations, so the two
 // processes' readings of the wall clock never matter.
 //
 // A script is registered before it can run: it starts behind a gate (a
@@ -48,11 +52,16 @@ func WatchdogMain() int {
 	// A SIGHUP meant for shardd (systemctl kill -s HUP reaches the whole
 	// unit) must not end the watchdog.
 	signal.Ignore(syscall.SIGHUP)
-	groups := map[int]bool{}
+	groups := map[int]string{} // pgid -> the run's cgroup directory, or ""
 	killAll := func(why string) {
-		for pgid := range groups {
+		for pgid, cg := range groups {
 			syscall.Kill(-pgid, syscall.SIGKILL)
-			fmt.Fprintf(os.Stderr, "shardd watchdog: killed process group %d: %s\n", pgid, why)
+			if cg != "" {
+				(&runCgroup{dir: cg}).kill()
+				fmt.Fprintf(os.Stderr, "shardd watchdog: killed process group %d and cgroup %s: %s\n", pgid, cg, why)
+			} else {
+				fmt.Fprintf(os.Stderr, "shardd watchdog: killed process group %d: %s\n", pgid, why)
+			}
 			delete(groups, pgid)
 		}
 	}
@@ -75,6 +84,7 @@ func WatchdogMain() int {
 				return 0
 			}
 			cmd, arg, _ := strings.Cut(line, " ")
+			arg, cgroup, _ := strings.Cut(arg, " ")
 			n, err := strconv.ParseInt(arg, 10, 64)
 			if err != nil {
 				fmt.Fprintf(os.Stderr, "shardd watchdog: bad line %q\n", line)
@@ -88,7 +98,7 @@ func WatchdogMain() int {
 				deadline = time.NewTimer(time.Duration(n))
 				fire, expired = deadline.C, false
 			case "add":
-				groups[int(n)] = true
+				groups[int(n)] = cgroup
 				if expired {
 					killAll("added after the session's fence deadline passed")
 				}
@@ -111,14 +121,14 @@ type Watchdog struct {
 	cmd      *exec.Cmd
 	exited   chan struct{} // closed when the current watchdog process is reaped
 	w        io.WriteCloser
-	groups   map[int]bool
+	groups   map[int]string // pgid -> its run's cgroup directory, or ""
 	deadline time.Time
 	closed   bool
 }
 
 // StartWatchdog starts `bin __watchdog`; bin is the shardd binary.
 func StartWatchdog(bin string, log *slog.Logger) (*Watchdog, error) {
-	w := &Watchdog{bin: bin, log: log, groups: map[int]bool{}}
+	w := &Watchdog{bin: bin, log: log, groups: map[int]string{}}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err := w.start(); err != nil {
@@ -149,8 +159,8 @@ func (w *Watchdog) start() error {
 	if !w.deadline.IsZero() {
 		fmt.Fprintf(in, "deadline %d\n", time.Until(w.deadline).Nanoseconds())
 	}
-	for pgid := range w.groups {
-		fmt.Fprintf(in, "add %d\n", pgid)
+	for pgid, cg := range w.groups {
+		fmt.Fprint(in, addLine(pgid, cg))
 	}
 	return nil
 }
@@ -191,12 +201,23 @@ func (w *Watchdog) Expired() bool {
 	return !w.deadline.IsZero() && !time.Now().Before(w.deadline)
 }
 
-// Add registers a script's process group.
-func (w *Watchdog) Add(pgid int) error {
+// Add registers a script's process group, and the directory of its run's
+// cgroup ("" for none).
+func (w *Watchdog) Add(pgid int, cgroup string) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.groups[pgid] = true
-	return w.send(fmt.Sprintf("add %d\n", pgid))
+	if strings.ContainsAny(cgroup, "\n") {
+		return fmt.Errorf("watchdog: cgroup path %q has a newline", cgroup)
+	}
+	w.groups[pgid] = cgroup
+	return w.send(addLine(pgid, cgroup))
+}
+
+func addLine(pgid int, cgroup string) string {
+	if cgroup == "" {
+		return fmt.Sprintf("add %d\n", pgid)
+	}
+	return fmt.Sprintf("add %d %s\n", pgid, cgroup)
 }
 
 // Del unregisters a process group that has ended.

@@ -125,7 +125,7 @@ func TestWatchdogKillsAGroupAddedAfterTheDeadline(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	if err := w.Add(cmd.Process.Pid); err != nil {
+	if err := w.Add(cmd.Process.Pid, ""); err != nil {
 		t.Fatal(err)
 	}
 	select {
