@@ -195,6 +195,9 @@ const (
 	DefaultLogMaxAge         = Duration(7 * 24 * time.Hour)
 	DefaultLogMaxBytesPerRun = ByteSize(16 << 20)
 	DefaultLogMaxTotalBytes  = ByteSize(256 << 20)
+	// MinLogBytesPerRun leaves a run log room for its header, its end and
+	// some output.
+	MinLogBytesPerRun = 16 << 10
 )
 
 // ByteSize is a size in bytes, written as a number of bytes or with a unit:

@@ -105,7 +105,7 @@ func TestLoadBad(t *testing.T) {
 		{"negative-timeout", `negative-timeout.bad.yaml:3: job "orders": timeout must be >= 0 (0 = no limit), got -5s`},
 		{"bad-duration", `bad-duration.bad.yaml:3: job "orders": timeout must be a duration like 30s, 1m30s or 7d, got "30"`},
 		{"log-retention", `log-retention.bad.yaml:5: job "orders": logRetention.maxTotalBytes must be a size like 1048576, 512KiB or 16MiB, got "lots"`},
-		{"log-retention-order", `log-retention-order.bad.yaml:3: job "orders": logRetention.maxBytesPerRun (1GiB) must be > 0 and at most logRetention.maxTotalBytes (256MiB)`},
+		{"log-retention-order", `log-retention-order.bad.yaml:3: job "orders": logRetention.maxBytesPerRun (1GiB) must be at least 16KiB and at most logRetention.maxTotalBytes (256MiB)`},
 		{"malformed-url", `malformed-url.bad.yaml:4: job "hook": http.url "http//missing-colon/run" must start with http:// or https://`},
 		{"name-with-slash", `name-with-slash.bad.yaml:2: job "billing/eu": name "billing/eu" has '/'`},
 		{"unknown-strategy", `unknown-strategy.bad.yaml:3: job "orders": strategy "AVERAGE" (one of AVG_ALLOCATION, BROADCAST,`},

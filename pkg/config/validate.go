@@ -116,8 +116,8 @@ func validate(s scope, j *Job, f *fields) bool {
 	if r := j.LogRetention; r.MaxAge <= 0 {
 		bad("logRetention.maxAge", "logRetention.maxAge must be > 0, got %s", r.MaxAge)
 	}
-	if r := j.LogRetention; r.MaxBytesPerRun <= 0 || r.MaxTotalBytes <= 0 || r.MaxBytesPerRun > r.MaxTotalBytes {
-		bad("logRetention", "logRetention.maxBytesPerRun (%s) must be > 0 and at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, r.MaxTotalBytes)
+	if r := j.LogRetention; r.MaxBytesPerRun < MinLogBytesPerRun || r.MaxBytesPerRun > r.MaxTotalBytes {
+		bad("logRetention", "logRetention.maxBytesPerRun (%s) must be at least %s and at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, ByteSize(MinLogBytesPerRun), r.MaxTotalBytes)
 	}
 
 	switch {

@@ -58,6 +58,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode"
 )
 
 // Retention bounds a job's run logs. Zero fields take the defaults.
@@ -165,21 +166,21 @@ type Header struct {
 // Create opens the log of the run h for writing (appending, when the run
 // already has one) and writes h into it. Close it when the run ends.
 func (s *Store) Create(h Header, r Retention) (*Log, error) {
-	if h.Job == "" || strings.ContainsAny(h.Job, `/\`) || strings.HasPrefix(h.Job, ".") {
+	if !isJobName(h.Job) {
 		return nil, fmt.Errorf("run log of job %q: not a job name", h.Job)
 	}
 	if h.Fence < 0 {
 		return nil, fmt.Errorf("run log of job %q: fence %d", h.Job, h.Fence)
 	}
 	r = r.withDefaults()
-	dir := filepath.Join(s.dir, h.Job)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
-	}
-	s.mu.Lock()
+	s.mu.Lock() // Sweep removes a job's directory once it is empty
 	idx, err := s.index(h.Job)
 	if err == nil {
-		idx.open[h.Fence]++
+		if err = os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
+			err = fmt.Errorf("run log of job %q: %w", h.Job, err)
+		} else {
+			idx.open[h.Fence]++
+		}
 	}
 	s.mu.Unlock()
 	if err != nil {
@@ -194,8 +195,10 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	if fi, err := f.Stat(); err == nil {
 		l.size = fi.Size() // a retry's log goes on from its earlier tries
 	}
-	l.Note(fmt.Sprintf("run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
-		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339), h.Attempt, h.Source, h.Instance))
+	l.mu.Lock()
+	l.write(record(nil, l.stamp(), "shardd", fmt.Appendf(nil, "run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
+		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339), h.Attempt, oneLine(h.Source), oneLine(h.Instance))))
+	l.mu.Unlock()
 	l.checkSpace()
 	return l, nil
 }
@@ -295,8 +298,8 @@ func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, e := range entries {
-		if !e.IsDir() {
-			continue
+		if !e.IsDir() || !isJobName(e.Name()) {
+			continue // not a job's: lost+found, or another program's
 		}
 		job := e.Name()
 		idx, err := s.index(job)
@@ -313,6 +316,39 @@ func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
 	return nil
 }
 
+// isJobName reports whether name can be a job's directory: what shardd
+// allows in job names (letters, digits, '-', '_', '.', not starting with
+// '.'). Sweep leaves other directories alone (lost+found of a mount point).
+func isJobName(name string) bool {
+	if name == "" || len(name) > 255 || name[0] == '.' {
+		return false
+	}
+	for _, r := range name {
+		if !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '-' && r != '_' && r != '.' {
+			return false
+		}
+	}
+	return true
+}
+
+// oneLine makes text one record's text: newlines become spaces, and it is
+// cut at maxNote bytes.
+func oneLine(text string) string {
+	return oneLineCut(strings.ReplaceAll(text, "\n", " "), maxNote)
+}
+
+// oneLineCut cuts text to at most n bytes, marked.
+func oneLineCut(text string, n int) string {
+	const mark = "...[cut]"
+	if len(text) <= n {
+		return text
+	}
+	return strings.ToValidUTF8(text[:max(0, n-len(mark))], "") + mark
+}
+
+// maxNote bounds one shardd record's text.
+const maxNote = 4 << 10
+
 // Log is one run's log. Its writers and methods are safe for concurrent use.
 type Log struct {
 	s     *Store
@@ -320,17 +356,18 @@ type Log struct {
 	fence int64
 	ret   Retention
 
-	mu      sync.Mutex
-	f       *os.File
-	size    int64     // the file's size
-	full    bool      // no more output fits
-	dropped int64     // output bytes not kept
-	batch   []byte    // records of one Write
-	partial [2][]byte // each stream's unfinished line
-	unsaid  int64     // bytes written since the last free-space check
-	stopped string    // why writing stopped; "" while it goes on
-	err     error     // the first write error
-	closed  bool
+	mu           sync.Mutex
+	f            *os.File
+	size         int64     // the file's size
+	full         bool      // no more output fits
+	dropped      int64     // output bytes not kept
+	droppedNotes int       // shardd records not kept
+	batch        []byte    // records of one Write
+	partial      [2][]byte // each stream's unfinished line
+	unsaid       int64     // bytes written since the last free-space check
+	stopped      string    // why writing stopped; "" while it goes on
+	err          error     // the first write error
+	closed       bool
 }
 
 // Stdout returns the writer of the run's standard output.
@@ -383,6 +420,10 @@ func (w stream) Write(p []byte) (int, error) {
 		p = p[i+1:]
 	}
 	l.write(l.batch)
+	l.batch = l.batch[:0]
+	if cap(l.batch) > 2*maxBatch {
+		l.batch = nil
+	}
 	return n, nil
 }
 
@@ -402,12 +443,19 @@ func (l *Log) add(ts, tag string, text []byte) {
 		return
 	}
 	l.batch = record(l.batch, ts, tag, text)
+	if len(l.batch) >= maxBatch { // memory per log stays bounded
+		l.write(l.batch)
+		l.batch = l.batch[:0]
+	}
 }
 
-// room is how large output may make the file: MaxBytesPerRun, less a
-// little for the records that close it.
+// maxBatch bounds the records a Write holds before they go to the file.
+const maxBatch = 64 << 10
+
+// room is how large output may make the file: MaxBytesPerRun, less room
+// for the records that close it (the cut, and the end: at most maxNote).
 func (l *Log) room() int64 {
-	return l.ret.MaxBytesPerRun - min(1<<10, l.ret.MaxBytesPerRun/4)
+	return l.ret.MaxBytesPerRun - min(maxNote+512, l.ret.MaxBytesPerRun/4)
 }
 
 func indexNL(p []byte) int {
@@ -478,7 +526,13 @@ func (l *Log) Note(text string) {
 	if l.closed {
 		return
 	}
-	l.write(record(nil, l.stamp(), "shardd", []byte(strings.ReplaceAll(text, "\n", " "))))
+	rec := record(nil, l.stamp(), "shardd", []byte(oneLine(text)))
+	if l.full || l.size+int64(len(rec)) > l.room() {
+		l.full = true // notes count against the cap like output
+		l.droppedNotes++
+		return
+	}
+	l.write(rec)
 }
 
 // Err returns the first error met writing the log, or why it stopped.
@@ -511,15 +565,32 @@ func (l *Log) Close(end string) error {
 		}
 	}
 	out := l.batch
-	if l.dropped > 0 {
-		out = record(out, ts, "shardd", fmt.Appendf(nil, "output cut: %d bytes not kept, beyond maxBytesPerRun (%d bytes of run log)", l.dropped, l.ret.MaxBytesPerRun))
+	if l.dropped > 0 || l.droppedNotes > 0 {
+		notes := ""
+		if l.droppedNotes > 0 {
+			notes = fmt.Sprintf(" and %d shardd records", l.droppedNotes)
+		}
+		out = record(out, ts, "shardd", fmt.Appendf(nil, "output cut: %d bytes%s not kept, beyond maxBytesPerRun (%d bytes of run log)", l.dropped, notes, l.ret.MaxBytesPerRun))
 	}
-	if end != "" {
-		out = record(out, ts, "shardd", []byte(strings.ReplaceAll(end, "\n", " ")))
+	if end != "" { // cut to fit the cap, when it can
+		text := oneLine(end)
+		if over := l.size + int64(len(out)+len(ts)+len(text)+len(" shardd \n")) - l.ret.MaxBytesPerRun; over > 0 {
+			text = oneLineCut(text, max(64, len(text)-int(over)))
+		}
+		out = record(out, ts, "shardd", []byte(text))
 	}
 	l.write(out)
 	l.closed = true
+	var gone error
+	if fi, err := l.f.Stat(); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+			gone = fmt.Errorf("run log %s was removed while the run wrote it", l.f.Name())
+		}
+	}
 	err := l.f.Close()
+	if gone != nil {
+		err = gone
+	}
 	if l.err != nil {
 		err = l.err
 	}

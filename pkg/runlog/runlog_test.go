@@ -272,3 +272,112 @@ func FuzzRoundTrip(f *testing.F) {
 		os.Remove(s.Path("fuzz", fence))
 	})
 }
+
+// Nothing shardd or the run writes takes the log past its cap: long
+// notes and many of them (a retry each) included.
+func TestNotesCountAgainstTheCap(t *testing.T) {
+	const limit = 16 << 10
+	s := newStore(t)
+	l, err := s.Create(Header{Job: "j", Fence: 1}, Retention{MaxBytesPerRun: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		l.Note(fmt.Sprintf("retry %d after: %s", i, strings.Repeat("e", 100)))
+	}
+	l.Note(strings.Repeat("x", 1<<20)) // a server-chosen error message
+	l.Close("end err=" + strings.Repeat("y", 1<<20))
+	fi, _ := os.Stat(s.Path("j", 1))
+	if fi.Size() > limit {
+		t.Errorf("run log is %d bytes, over maxBytesPerRun %d", fi.Size(), limit)
+	}
+	n := notes(read(t, s, "j", 1))
+	if last := n[len(n)-1]; !strings.HasPrefix(last, "end err=yyy") || !strings.HasSuffix(last, "...[cut]") {
+		t.Errorf("end record %.40q... not cut", last)
+	}
+	if cut := n[len(n)-2]; !strings.Contains(cut, "shardd records not kept") {
+		t.Errorf("cut record = %q", cut)
+	}
+}
+
+// Memory per log: one Write of a MiB of empty lines (the worst framing)
+// does not keep a MiB of records around.
+func TestBatchMemoryIsBounded(t *testing.T) {
+	s := newStore(t)
+	l, err := s.Create(Header{Job: "j", Fence: 1}, Retention{MaxBytesPerRun: 64 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Stdout().Write(bytes.Repeat([]byte("\n"), 1<<20))
+	if c := cap(l.batch); c > 2*maxBatch {
+		t.Errorf("after a MiB of empty lines the log holds %d bytes of batch", c)
+	}
+	l.Close("")
+	out, _ := Streams(read(t, s, "j", 1))
+	if len(out) != 1<<20 {
+		t.Errorf("read back %d bytes of stdout, want %d", len(out), 1<<20)
+	}
+}
+
+func TestSweepLeavesOtherDirectoriesAlone(t *testing.T) {
+	s := newStore(t)
+	old := time.Now().Add(-DefaultMaxAge - time.Hour)
+	for _, dir := range []string{"lost+found", ".hidden", "other app"} {
+		os.MkdirAll(filepath.Join(s.Dir(), dir), 0o700)
+		p := filepath.Join(s.Dir(), dir, "2024.log")
+		os.WriteFile(p, []byte("x\n"), 0o600)
+		os.Chtimes(p, old, old)
+	}
+	s.Sweep(func(string) (Retention, bool) { return Retention{}, false })
+	for _, dir := range []string{"lost+found", ".hidden", "other app"} {
+		if _, err := os.Stat(filepath.Join(s.Dir(), dir, "2024.log")); err != nil {
+			t.Errorf("Sweep touched %s: %v", dir, err)
+		}
+	}
+}
+
+// Sweep removes a job's empty directory; a run log created meanwhile
+// must not lose its directory.
+func TestSweepRacingCreate(t *testing.T) {
+	s := newStore(t)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				s.Sweep(func(string) (Retention, bool) { return Retention{MaxAge: time.Nanosecond}, true })
+			}
+		}
+	}()
+	failures := 0
+	for fence := range int64(2000) {
+		l, err := s.Create(Header{Job: "j", Fence: fence}, Retention{MaxAge: time.Nanosecond})
+		if err != nil {
+			failures++
+			continue
+		}
+		l.Close("")
+	}
+	close(stop)
+	<-done
+	if failures > 0 {
+		t.Errorf("%d of 2000 run logs could not be created while Sweep ran", failures)
+	}
+}
+
+func TestCloseSaysTheLogWasRemoved(t *testing.T) {
+	s := newStore(t)
+	l, err := s.Create(Header{Job: "j", Fence: 1}, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(s.Dir(), "j"))
+	l.Stdout().Write([]byte("lost\n"))
+	if err := l.Close(""); err == nil || !strings.Contains(err.Error(), "removed while the run wrote it") {
+		t.Errorf("Close() = %v, want it to say the log was removed", err)
+	}
+}

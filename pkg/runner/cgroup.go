@@ -59,7 +59,8 @@ func NewCgroups(dir string) (*Cgroups, error) {
 func (c *Cgroups) removeStale() {
 	dirs, _ := filepath.Glob(filepath.Join(c.dir, "run-*"))
 	for _, d := range dirs {
-		owner, _, _ := strings.Cut(strings.TrimPrefix(filepath.Base(d), "run-"), "-")
+		id := strings.TrimPrefix(filepath.Base(d), "run-")
+		owner, _, _ := strings.Cut(strings.TrimPrefix(id, "probe-"), "-") // run-<pid>-<seq>, run-probe-<pid>
 		if pid, err := strconv.Atoi(owner); err == nil && (pid == os.Getpid() || syscall.Kill(pid, 0) == nil) {
 			continue // a live shardd's (or a probe's)
 		}

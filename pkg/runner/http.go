@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // HTTP calls a hook. Build it with NewHTTP, which prepares its client.
@@ -165,10 +166,13 @@ func (h *HTTP) checkRedirect(req *http.Request, via []*http.Request) error {
 		return errors.New("stopped after 10 redirects")
 	}
 	if from := via[0].URL; origin(req.URL) != origin(from) {
-		return fmt.Errorf("redirect to %s refused: another origin than %s, and the job's headers and body go only there", req.URL.Redacted(), origin(from))
+		return fmt.Errorf("%w: %s is another origin than %s, and the job's headers and body go only there", errRedirectRefused, cut(req.URL.Redacted(), 256), origin(from))
 	}
 	return nil
 }
+
+// errRedirectRefused is the error of a redirect to another origin.
+var errRedirectRefused = errors.New("redirect refused")
 
 // origin is scheme://host:port of u, with the scheme's default port.
 func origin(u *url.URL) string {
@@ -215,7 +219,7 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		})
 		req.Header.Set(k, val)
 	}
-	defer func() { res = redact(res, secrets) }()
+	defer func() { res = boundErr(redact(res, secrets)) }()
 	client, err := h.clientNow()
 	if err != nil {
 		res.Err = err
@@ -225,7 +229,8 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	resp, err := client.Do(req)
 	if err != nil {
 		res.Err = err
-		res.Retryable = ctx.Err() == nil
+		// a refused redirect is the job's policy, not a passing failure
+		res.Retryable = ctx.Err() == nil && !errors.Is(err, errRedirectRefused)
 		if ctx.Err() != nil {
 			res.Err = fmt.Errorf("%w: %v", ErrKilled, err)
 		}
@@ -238,7 +243,7 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	var answer bytes.Buffer
 	n, rerr := io.Copy(&answer, io.LimitReader(resp.Body, maxAnswer))
 	text := redactString(answer.String(), secrets)
-	if n == maxAnswer { // cut: a secret may start in the last bytes read
+	if n == maxAnswer || rerr != nil { // cut: a secret may start in the last bytes read
 		text = redactCut(text, secrets)
 	}
 	if c.Output != nil {
@@ -263,7 +268,7 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	if !ok {
 		res.Err = fmt.Errorf("%s %s: status %d", h.Method, h.URL, resp.StatusCode)
 		if loc := resp.Header.Get("Location"); resp.StatusCode/100 == 3 && loc != "" {
-			res.Err = fmt.Errorf("%w, a redirect to %s (not followed: set followRedirects: true to follow redirects to the same origin)", res.Err, loc)
+			res.Err = fmt.Errorf("%w, a redirect to %s (not followed: set followRedirects: true to follow redirects to the same origin)", res.Err, cut(loc, 256))
 		}
 		res.Retryable = resp.StatusCode >= 500
 		return res
@@ -335,6 +340,9 @@ func forms(secrets []string) []string {
 			}
 		}
 	}
+	// Longest first: strings.Replacer tries its pairs in order, and a
+	// secret that contains another must be replaced whole.
+	slices.SortStableFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out
 }
 
@@ -351,7 +359,37 @@ func redactCut(text string, secrets []string) string {
 	return text
 }
 
-// redactedError is an error whose message had secrets taken out; it still
+// maxErr bounds the message of a run's error: it reaches the log, the
+// history in etcd (whose requests are limited in size) and the run log,
+// and a hook's server chooses part of it (a Location, a URL).
+const maxErr = 4 << 10
+
+// boundErr cuts res.Err's message to maxErr bytes.
+func boundErr(res Result) Result {
+	if res.Err != nil && len(res.Err.Error()) > maxErr {
+		res.Err = &redactedError{msg: cut(res.Err.Error(), maxErr), err: res.Err}
+	}
+	return res
+}
+
+// cut returns s cut to at most n bytes (on a UTF-8 boundary), marked.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "...[cut]"
+	s = s[:n-len(mark)]
+	for i := 0; i < utf8.UTFMax-1 && s != ""; i++ { // not in the middle of a rune
+		if r, size := utf8.DecodeLastRuneInString(s); r != utf8.RuneError || size != 1 {
+			break
+		}
+		s = s[:len(s)-1]
+	}
+	return s + mark
+}
+
+// redactedError is an error whose message had secrets taken out, or was
+// cut; it still
 // unwraps to the original for errors.Is (ErrKilled, ...).
 type redactedError struct {
 	msg string

@@ -244,16 +244,41 @@ func zombie(pid int) bool {
 
 // runOf returns pid's run id: from its cgroup (run-<id>) when runs get
 // cgroups, else from SHARDD_RUN in its environment; "" if neither says.
-func runOf(pid int) string {
-	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if path, ok := strings.CutPrefix(line, "0::"); ok {
-				for _, dir := range strings.Split(path, "/") {
-					if id, ok := strings.CutPrefix(dir, "run-"); ok && !strings.HasPrefix(id, "probe-") {
-						return id
-					}
+// isRunID reports whether id has the shape of newRun's ids: <pid>-<seq>.
+func isRunID(id string) bool {
+	pid, seq, ok := strings.Cut(id, "-")
+	return ok && allDigits(pid) && allDigits(seq)
+}
+
+func allDigits(s string) bool {
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// runOfCgroup returns the run id in a /proc/<pid>/cgroup: the first
+// directory of its cgroup v2 path named run-<pid>-<seq> (not systemd's
+// run-u123.service or run-r<hash>.scope, which may come before it).
+func runOfCgroup(procCgroup string) string {
+	for _, line := range strings.Split(procCgroup, "\n") {
+		if path, ok := strings.CutPrefix(line, "0::"); ok {
+			for _, dir := range strings.Split(path, "/") {
+				if id, ok := strings.CutPrefix(dir, "run-"); ok && isRunID(id) {
+					return id
 				}
 			}
+		}
+	}
+	return ""
+}
+
+func runOf(pid int) string {
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup"); err == nil {
+		if id := runOfCgroup(string(b)); id != "" {
+			return id
 		}
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/environ")

@@ -313,6 +313,60 @@ func TestRedactForms(t *testing.T) {
 	if got := redactCut("xxxxBearer s3cr", []string{secret}); got != "xxxxBearer [redacted]" {
 		t.Errorf("a secret cut at the end: %q", got)
 	}
+	// A secret that contains another is replaced whole, in either order.
+	for _, secrets := range [][]string{{"tok1", "tok1-LONGSECRET"}, {"tok1-LONGSECRET", "tok1"}} {
+		if got := redactString("token=tok1-LONGSECRET", secrets); got != "token=[redacted]" {
+			t.Errorf("secrets %q: %q", secrets, got)
+		}
+	}
+}
+
+// A server chooses part of a hook's error (a Location, a URL): the error
+// that reaches the history in etcd, the log and the run log is bounded.
+func TestHTTPHookErrorIsBounded(t *testing.T) {
+	huge := "/" + strings.Repeat("a", 1<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", huge)
+		w.WriteHeader(http.StatusFound)
+	}))
+	defer srv.Close()
+	for _, follow := range []bool{false, true} {
+		h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", FollowRedirects: follow, Timeout: 5 * time.Second}, TLSFiles{})
+		res := h.Run(context.Background(), ctxFixture)
+		if res.OK || res.Err == nil || len(res.Err.Error()) > maxErr {
+			t.Errorf("followRedirects %v: error of %d bytes (OK %v)", follow, len(fmt.Sprint(res.Err)), res.OK)
+		}
+	}
+}
+
+// An answer that breaks off in the middle of a secret it echoes does not
+// leak the secret's start.
+func TestHTTPHookRedactsAnAnswerCutByAReadError(t *testing.T) {
+	const secret = "s3cr3t-token-value-123456"
+	t.Setenv("HOOK_KEY", secret)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		echo := "you sent: " + r.Header.Get("Authorization")
+		w.Header().Set("Content-Length", strconv.Itoa(len(echo)+100))
+		w.WriteHeader(200)
+		w.Write([]byte(echo[:len(echo)-1]))
+		w.(http.Flusher).Flush()
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	}))
+	defer srv.Close()
+	h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", Headers: map[string]string{"Authorization": "Bearer ${HOOK_KEY}"}, Timeout: 5 * time.Second}, TLSFiles{})
+	sink := &memSink{}
+	c := ctxFixture
+	c.Output = sink
+	res := h.Run(context.Background(), c)
+	if res.Err == nil {
+		t.Fatalf("a broken answer succeeded: %+v", res)
+	}
+	for _, got := range []string{res.Output, sink.out.String(), res.Err.Error()} {
+		if strings.Contains(got, secret[:8]) {
+			t.Errorf("the secret's start leaked: %q", got)
+		}
+	}
 }
 
 func TestHTTPHookTLS(t *testing.T) {
@@ -408,8 +462,8 @@ func TestHTTPHookRedirects(t *testing.T) {
 		t.Errorf("307 followed: %+v, calls %s", res, calls())
 	}
 	res := run("/elsewhere", true)
-	if res.OK || strings.Contains(calls(), "other") || !strings.Contains(fmt.Sprint(res.Err), "another origin") {
-		t.Errorf("redirect to another origin: %+v, calls %s", res, calls())
+	if res.OK || res.Retryable || strings.Contains(calls(), "other") || !strings.Contains(fmt.Sprint(res.Err), "another origin") {
+		t.Errorf("redirect to another origin (a refusal: final, not retried): %+v, calls %s", res, calls())
 	}
 	if res := run("/elsewhere", false); res.OK || strings.Contains(calls(), "other") {
 		t.Errorf("redirect elsewhere, not following: %+v, calls %s", res, calls())
@@ -774,5 +828,21 @@ func TestWholeOutputReachesTheSinkStreamsApart(t *testing.T) {
 	}
 	if len(res.Output) > 4100 || !strings.HasSuffix(res.Output, "\n") {
 		t.Errorf("tail is %d bytes", len(res.Output))
+	}
+}
+
+func TestRunOfCgroup(t *testing.T) {
+	for in, want := range map[string]string{
+		"0::/system.slice/shardd.service/run-4242-7\n":                     "4242-7",
+		"0::/system.slice/run-u123.service/run-4242-7\n":                   "4242-7",
+		"0::/user.slice/app.slice/run-r3f1c.scope/run-4242-7/inner\n":      "4242-7",
+		"12:pids:/x\n0::/system.slice/shardd.service/run-probe-99\n":       "",
+		"0::/system.slice/run-u123.service\n":                              "",
+		"0::/\n":                                                           "",
+		"1:name=systemd:/run-1-2\n0::/system.slice/shardd.service/run-5-6": "5-6",
+	} {
+		if got := runOfCgroup(in); got != want {
+			t.Errorf("runOfCgroup(%q) = %q, want %q", in, got, want)
+		}
 	}
 }

@@ -143,7 +143,7 @@ var ErrKilled = errors.New("runner: killed")
 // Any processes the script leaves behind in its group are killed when it exits.
 func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	res = Result{Start: time.Now(), ExitCode: -1}
-	defer func() { res.End = time.Now() }()
+	defer func() { res.End = time.Now(); res = boundErr(res) }()
 	grace, tailBytes := s.Grace, s.TailBytes
 	if grace == 0 {
 		grace = 5 * time.Second
@@ -248,9 +248,10 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	waitCopied := func(limit time.Duration) {
 		timer := time.NewTimer(limit)
 		defer timer.Stop()
-		for n := 0; n < 2; n++ {
+		for n := 0; n < 2; {
 			select {
 			case <-copied:
+				n++
 			case <-timer.C: // a process that left the group holds a pipe
 				readers[0].Close()
 				readers[1].Close()
