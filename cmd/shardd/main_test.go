@@ -243,13 +243,13 @@ func TestHistoryTable(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	var b bytes.Buffer
 	writeHistory(&b, []coord.ItemRecord{
-		{Item: 0, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(time.Second), State: "FAILED", ExitCode: 3, Error: "exit 3: exit status 3", Output: "boom\n"},
+		{Item: 0, Fire: t0, Instance: "a", Fence: 4711, Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(time.Second), State: "FAILED", ExitCode: 3, Error: "exit status 3", Output: "boom\n"},
 		{Item: 1, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(5 * time.Second), State: "KILLED", Reason: "timeout", ExitCode: -1, Error: "killed: timeout after 5s"},
 		{Item: 2, Fire: t0, Instance: "b", Attempt: 1, Source: "MANUAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503, Error: "HTTP 503"},
 		{Item: 3, Fire: t0, Instance: "b", State: "SKIPPED", Reason: "disabled", ExitCode: -1, Skipped: 2},
 	})
 	out := b.String()
-	for _, want := range []string{"RESULT", "CODE", "FAILED  ", "exit 3", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled"} {
+	for _, want := range []string{"RESULT", "CODE", "FENCE", " 4711 ", "FAILED  ", "exit 3", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("history lacks %q:\n%s", want, out)
 		}

@@ -270,7 +270,7 @@ func cmdHistory(e *env, args []string) error {
 // ("exit 1") or a hook's HTTP status ("http 503").
 func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ITEM\tFIRE\tINSTANCE\tATTEMPT\tSOURCE\tSTART\tDURATION\tRESULT\tCODE\tSKIPPED\tERROR/OUTPUT")
+	fmt.Fprintln(tw, "ITEM\tFIRE\tINSTANCE\tFENCE\tATTEMPT\tSOURCE\tSTART\tDURATION\tRESULT\tCODE\tSKIPPED\tERROR/OUTPUT")
 	for _, r := range recs {
 		dur := "-"
 		if !r.End.IsZero() && !r.Start.IsZero() {
@@ -301,7 +301,11 @@ func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 		if len(out) > 60 {
 			out = out[:57] + "..."
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, r.Attempt, dash(r.Source),
+		fence := "-" // a record the run did not write (SKIPPED) has none
+		if r.Fence > 0 {
+			fence = strconv.FormatInt(r.Fence, 10)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, fence, r.Attempt, dash(r.Source),
 			start, dur, result, code, r.Skipped, dash(out))
 	}
 	return tw.Flush()

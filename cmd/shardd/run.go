@@ -61,7 +61,7 @@ func cmdRun(e *env, args []string) error {
 		tlsCert   = fs.String("tls-cert", "", "certificate `file` (PEM) of the HTTP server: serve --listen over TLS")
 		tlsKey    = fs.String("tls-key", "", "private key `file` (PEM) of --tls-cert")
 		tlsCA     = fs.String("tls-client-ca", "", "CA bundle `file`: with it, the HTTP server requires client certificates it signed")
-		runLogDir = fs.String("run-log-dir", "", "`directory` of the run logs, each run's whole output (default <data-dir>/runs; \"none\" keeps only the history's tail)")
+		runLogDir = fs.String("run-log-dir", "", "`directory` of this instance's run logs, each run's whole output (default <data-dir>/runs/<name>; \"none\" keeps only the history's tail)")
 		ef        etcdFlags
 		lf        logFlags
 	)
@@ -169,12 +169,14 @@ func cmdRun(e *env, args []string) error {
 		}, func(error) { close(stop) })
 	}
 
-	runLogs, err := openRunLogs(*runLogDir, dataDir)
+	runLogs, err := openRunLogs(*runLogDir, dataDir, *name)
 	if err != nil {
 		return err
 	}
 	if runLogs != nil {
 		log.Info("each run's whole output is kept in its run log", "dir", runLogs.Dir())
+	} else {
+		log.Info("run logs are off (--run-log-dir none): only the last 4 KiB of each run's output is kept, in its history")
 	}
 
 	copts, err := ef.clientOptions(endpoints, dataDir, embedded || implicit)
@@ -442,14 +444,15 @@ func isLoopback(addr net.Addr) bool {
 	return false
 }
 
-// openRunLogs returns the store of run logs: dir, or <dataDir>/runs when
-// dir is empty; nil for "none".
-func openRunLogs(dir, dataDir string) (*runlog.Store, error) {
+// openRunLogs returns the store of run logs: dir, or when dir is empty
+// <dataDir>/runs/<instance> (instances of one host may share a data dir,
+// and each applies its retention to its own logs); nil for "none".
+func openRunLogs(dir, dataDir, instance string) (*runlog.Store, error) {
 	switch dir {
 	case "none":
 		return nil, nil
 	case "":
-		dir = filepath.Join(dataDir, "runs")
+		dir = filepath.Join(dataDir, "runs", instance)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {

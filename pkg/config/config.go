@@ -181,9 +181,10 @@ type Listeners struct {
 	After  *Command `yaml:"after" json:"after,omitempty"`
 }
 
-// LogRetention bounds a job's run logs on each host: none older than
-// MaxAge, at most MaxBytesPerRun of one run's output, at most
-// MaxTotalBytes of disk for the job's finished logs; the oldest go first.
+// LogRetention bounds a job's run logs on each instance: none older than
+// MaxAge, at most MaxBytesPerRun for one run's log (0: the smaller of
+// DefaultLogMaxBytesPerRun and MaxTotalBytes), at most MaxTotalBytes of
+// disk for the job's finished logs; the oldest go first.
 type LogRetention struct {
 	MaxAge         Duration `yaml:"maxAge" json:"maxAge"`
 	MaxBytesPerRun ByteSize `yaml:"maxBytesPerRun" json:"maxBytesPerRun"`
@@ -309,9 +310,8 @@ func DefaultJob() Job {
 		MaxTimeDiffSeconds:       DefaultMaxTimeDiffSeconds,
 		ReconcileIntervalMinutes: DefaultReconcileIntervalMinutes,
 		RetryBackoff:             DefaultRetryBackoff,
-		LogRetention: LogRetention{
-			MaxAge: DefaultLogMaxAge, MaxBytesPerRun: DefaultLogMaxBytesPerRun, MaxTotalBytes: DefaultLogMaxTotalBytes,
-		},
+		// MaxBytesPerRun 0: the smaller of its default and MaxTotalBytes.
+		LogRetention: LogRetention{MaxAge: DefaultLogMaxAge, MaxTotalBytes: DefaultLogMaxTotalBytes},
 	}
 }
 

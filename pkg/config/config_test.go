@@ -103,9 +103,10 @@ func TestLoadBad(t *testing.T) {
 		{"param-malformed", `param-malformed.bad.yaml:4: job "orders": shardingItemParameters "0:Beijing" is not item=value`},
 		{"bad-timezone", `bad-timezone.bad.yaml:3: job "orders": timeZone "Mars/Olympus_Mons" is not an IANA time zone name`},
 		{"negative-timeout", `negative-timeout.bad.yaml:3: job "orders": timeout must be >= 0 (0 = no limit), got -5s`},
-		{"bad-duration", `bad-duration.bad.yaml:3: job "orders": timeout must be a duration like 30s, 1m30s or 7d, got "30"`},
+		{"bad-duration", `bad-duration.bad.yaml:3: job "orders": timeout must be a duration like 30s, 1m30s, or whole days like 7d, got "30"`},
 		{"log-retention", `log-retention.bad.yaml:5: job "orders": logRetention.maxTotalBytes must be a size like 1048576, 512KiB or 16MiB, got "lots"`},
-		{"log-retention-order", `log-retention-order.bad.yaml:3: job "orders": logRetention.maxBytesPerRun (1GiB) must be at least 16KiB and at most logRetention.maxTotalBytes (256MiB)`},
+		{"log-retention-small", `log-retention-small.bad.yaml:4: job "orders": logRetention.maxTotalBytes must be at least 16KiB, got 0B`},
+		{"log-retention-order", `log-retention-order.bad.yaml:4: job "orders": logRetention.maxBytesPerRun (1GiB) must be at most logRetention.maxTotalBytes (256MiB)`},
 		{"malformed-url", `malformed-url.bad.yaml:4: job "hook": http.url "http//missing-colon/run" must start with http:// or https://`},
 		{"name-with-slash", `name-with-slash.bad.yaml:2: job "billing/eu": name "billing/eu" has '/'`},
 		{"unknown-strategy", `unknown-strategy.bad.yaml:3: job "orders": strategy "AVERAGE" (one of AVG_ALLOCATION, BROADCAST,`},
@@ -170,6 +171,7 @@ jobs:
 		`jobs.yaml:7: job "b": no work: set script or http`,
 		`jobs.yaml:8: job "b": cron "nope": 1 fields; want 6 or 7`,
 		`jobs.yaml:9: job "b": retries must be >= 0, got -2`,
+		`jobs.yaml:10: job "a": name is defined twice; first at jobs.yaml:3`, // though the first is invalid
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
@@ -379,6 +381,9 @@ jobs:
   - name: b
     logRetention: {maxBytesPerRun: 1MiB, maxTotalBytes: 100MB}
     script: [/bin/true]
+  - name: c
+    logRetention: {maxTotalBytes: 1MiB}
+    script: [/bin/true]
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -386,6 +391,7 @@ jobs:
 	want := map[string]LogRetention{
 		"a": {MaxAge: Duration(48 * time.Hour), MaxBytesPerRun: DefaultLogMaxBytesPerRun, MaxTotalBytes: DefaultLogMaxTotalBytes},
 		"b": {MaxAge: Duration(48 * time.Hour), MaxBytesPerRun: 1 << 20, MaxTotalBytes: 100e6},
+		"c": {MaxAge: Duration(48 * time.Hour), MaxBytesPerRun: 1 << 20, MaxTotalBytes: 1 << 20}, // alone: per run follows
 	}
 	for _, j := range c.Jobs {
 		if j.LogRetention != want[j.Name] {

@@ -18,6 +18,14 @@ import (
 type loader struct {
 	errs []error
 	jobs []*Job
+	// named are the jobs with a valid name, valid or not otherwise: a
+	// name defined twice is reported whatever else is wrong.
+	named []namedAt
+}
+
+type namedAt struct {
+	name string
+	pos  Pos
 }
 
 // scope is where a problem is reported: a file and, inside it, a job.
@@ -146,6 +154,9 @@ func (l *loader) job(file string, index int, n, defaults *yaml.Node) {
 	before := len(l.errs)
 	decodeStruct(js, n, reflect.ValueOf(&j).Elem(), "", f)
 	j.Pos = Pos{File: file, Line: n.Line}
+	if CheckName(j.Name) == nil {
+		l.named = append(l.named, namedAt{j.Name, j.Pos})
+	}
 	if validate(js, &j, f) && checkEnv(js, &j, f) && len(l.errs) == before {
 		l.jobs = append(l.jobs, &j)
 	}
@@ -282,7 +293,7 @@ func decodeField(s scope, n *yaml.Node, v reflect.Value, path string, f *fields)
 	if v.Type() == durationType {
 		var d Duration
 		if n.Kind != yaml.ScalarNode || d.UnmarshalText([]byte(n.Value)) != nil {
-			bad("%s must be a duration like 30s, 1m30s or 7d, got %s", path, describe(n))
+			bad("%s must be a duration like 30s, 1m30s, or whole days like 7d, got %s", path, describe(n))
 			return
 		}
 		v.SetInt(int64(d))

@@ -113,11 +113,19 @@ func validate(s scope, j *Job, f *fields) bool {
 	if j.MaxConcurrency < 0 {
 		bad("maxConcurrency", "maxConcurrency must be >= 0 (0 = no limit), got %d", j.MaxConcurrency)
 	}
-	if r := j.LogRetention; r.MaxAge <= 0 {
-		bad("logRetention.maxAge", "logRetention.maxAge must be > 0, got %s", r.MaxAge)
+	r := &j.LogRetention
+	if r.MaxBytesPerRun == 0 {
+		r.MaxBytesPerRun = min(DefaultLogMaxBytesPerRun, r.MaxTotalBytes)
 	}
-	if r := j.LogRetention; r.MaxBytesPerRun < MinLogBytesPerRun || r.MaxBytesPerRun > r.MaxTotalBytes {
-		bad("logRetention", "logRetention.maxBytesPerRun (%s) must be at least %s and at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, ByteSize(MinLogBytesPerRun), r.MaxTotalBytes)
+	switch {
+	case r.MaxAge <= 0:
+		bad("logRetention.maxAge", "logRetention.maxAge must be > 0, got %s", r.MaxAge)
+	case r.MaxTotalBytes < MinLogBytesPerRun:
+		bad("logRetention.maxTotalBytes", "logRetention.maxTotalBytes must be at least %s, got %s", ByteSize(MinLogBytesPerRun), r.MaxTotalBytes)
+	case r.MaxBytesPerRun < MinLogBytesPerRun:
+		bad("logRetention.maxBytesPerRun", "logRetention.maxBytesPerRun must be at least %s, got %s", ByteSize(MinLogBytesPerRun), r.MaxBytesPerRun)
+	case r.MaxBytesPerRun > r.MaxTotalBytes:
+		bad("logRetention.maxBytesPerRun", "logRetention.maxBytesPerRun (%s) must be at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, r.MaxTotalBytes)
 	}
 
 	switch {
@@ -237,12 +245,12 @@ func CheckName(name string) error {
 
 // checkDuplicates reports job names defined more than once, across all files.
 func (l *loader) checkDuplicates() {
-	first := map[string]*Job{}
-	for _, j := range l.jobs {
-		if prev, ok := first[j.Name]; ok {
-			l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.Pos.Line, Job: strconv.Quote(j.Name), Msg: "name is defined twice; first at " + prev.Pos.String()})
+	first := map[string]Pos{}
+	for _, j := range l.named {
+		if prev, ok := first[j.name]; ok {
+			l.errs = append(l.errs, &Error{File: j.pos.File, Line: j.pos.Line, Job: strconv.Quote(j.name), Msg: "name is defined twice; first at " + prev.String()})
 			continue
 		}
-		first[j.Name] = j
+		first[j.name] = j.pos
 	}
 }

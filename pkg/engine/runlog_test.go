@@ -68,7 +68,7 @@ func TestRunLogHasTheWholeRun(t *testing.T) {
 		}
 	}
 	if len(notes) != 3 || !strings.HasPrefix(notes[0], "run job=noisy item=0 fence=") ||
-		!strings.HasPrefix(notes[1], "retry 1 in 100ms, after: exit 4") || notes[2] != "end state=DONE exit=0" {
+		!strings.HasPrefix(notes[1], "retry 1 in 100ms, after: exit status 4") || notes[2] != "end state=DONE exit=0" {
 		t.Errorf("shardd records:\n%s", strings.Join(notes, "\n"))
 	}
 	mu.Lock()

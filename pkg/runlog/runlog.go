@@ -93,8 +93,8 @@ func (r Retention) withDefaults() Retention {
 const maxPiece = 32 << 10
 
 // checkEvery is how many bytes a log writes between two looks at the file
-// system's free space.
-const checkEvery = 1 << 20
+// system's free space (a statfs: about a microsecond).
+const checkEvery = 64 << 10
 
 // Store is a directory of run logs.
 type Store struct {
@@ -481,37 +481,50 @@ func (l *Log) write(b []byte) {
 	if len(b) == 0 || l.stopped != "" || l.err != nil {
 		return
 	}
-	n, err := l.f.Write(b)
-	l.size += int64(n)
-	if err != nil {
-		l.err = err
-		return
-	}
 	if l.unsaid += int64(len(b)); l.unsaid >= checkEvery {
 		l.unsaid = 0
-		l.checkSpaceLocked()
+		if !l.checkSpaceLocked(len(b)) {
+			return
+		}
 	}
+	if _, err := l.f.Write(b); err != nil {
+		l.f.Truncate(l.size) // no half record at the end
+		l.err = err
+		if errors.Is(err, syscall.ENOSPC) {
+			l.stopped = "run log stopped: no space left on the device"
+		}
+		return
+	}
+	l.size += int64(len(b))
 }
 
 func (l *Log) checkSpace() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.checkSpaceLocked()
+	l.checkSpaceLocked(0)
 }
 
-// checkSpaceLocked stops the log when the file system is nearly full.
-func (l *Log) checkSpaceLocked() {
+// checkSpaceLocked reports whether n more bytes leave the file system
+// MinFree available; if not, it stops the log (with a last record, if
+// that fits).
+func (l *Log) checkSpaceLocked(n int) bool {
 	var st syscall.Statfs_t
 	if err := syscall.Fstatfs(int(l.f.Fd()), &st); err != nil {
-		return
+		return true
 	}
 	avail, total := st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize)
-	if need := l.s.MinFree(total); avail < need {
-		why := fmt.Sprintf("run log stopped: the file system has %d bytes available, under the %d it keeps free", avail, need)
-		n, _ := l.f.Write(record(nil, l.stamp(), "shardd", []byte(why)))
-		l.size += int64(n)
+	if need := l.s.MinFree(total); avail < need+uint64(n) {
+		why := fmt.Sprintf("run log stopped: the file system has %d bytes available, and keeps %d free", avail, need)
+		rec := record(nil, l.stamp(), "shardd", []byte(why))
+		if _, err := l.f.Write(rec); err == nil {
+			l.size += int64(len(rec))
+		} else {
+			l.f.Truncate(l.size)
+		}
 		l.stopped = why
+		return false
 	}
+	return true
 }
 
 // stampLayout is a record's time: UTC, microseconds, fixed width.
@@ -526,7 +539,19 @@ func (l *Log) Note(text string) {
 	if l.closed {
 		return
 	}
-	rec := record(nil, l.stamp(), "shardd", []byte(oneLine(text)))
+	// The streams' unfinished lines end here: what follows the note (a
+	// retry's output) is not glued to them.
+	ts := l.stamp()
+	l.batch = l.batch[:0]
+	for n := range l.partial {
+		if len(l.partial[n]) > 0 {
+			l.add(ts, tags[n]+"+", l.partial[n])
+			l.partial[n] = l.partial[n][:0]
+		}
+	}
+	l.write(l.batch)
+	l.batch = l.batch[:0]
+	rec := record(nil, ts, "shardd", []byte(oneLine(text)))
 	if l.full || l.size+int64(len(rec)) > l.room() {
 		l.full = true // notes count against the cap like output
 		l.droppedNotes++

@@ -381,3 +381,56 @@ func TestCloseSaysTheLogWasRemoved(t *testing.T) {
 		t.Errorf("Close() = %v, want it to say the log was removed", err)
 	}
 }
+
+// The disk fills during a run: the log stops at the next look (every
+// 64 KiB), with a whole last record.
+func TestStopsWhenTheDiskFillsDuringARun(t *testing.T) {
+	s := newStore(t)
+	looks := 0
+	s.MinFree = func(total uint64) uint64 {
+		if looks++; looks > 1 { // the look at Create passes, the next fails
+			return total + 1
+		}
+		return 0
+	}
+	l, err := s.Create(Header{Job: "j", Fence: 1}, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 1000 {
+		l.Stdout().Write([]byte(strings.Repeat("z", 1000) + "\n"))
+	}
+	if l.Err() == nil {
+		t.Error("Err() = nil after the disk filled")
+	}
+	l.Close("end")
+	fi, _ := os.Stat(s.Path("j", 1))
+	if fi.Size() > 2*checkEvery {
+		t.Errorf("the log grew to %d bytes; it should stop within %d", fi.Size(), checkEvery)
+	}
+	recs := read(t, s, "j", 1) // fails on a half record
+	if n := notes(recs); !strings.HasPrefix(n[len(n)-1], "run log stopped") {
+		t.Errorf("last record %q", n[len(n)-1])
+	}
+}
+
+// A retry's output starts after the retry's note, not glued to the last
+// unterminated line of the try before.
+func TestANoteEndsTheStreamsUnfinishedLines(t *testing.T) {
+	s := newStore(t)
+	l, err := s.Create(Header{Job: "j", Fence: 1}, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Stdout().Write([]byte("try 0 no newline"))
+	l.Note("retry 1")
+	l.Stdout().Write([]byte("try 1\n"))
+	l.Close("")
+	var got []string
+	for _, r := range read(t, s, "j", 1)[1:] {
+		got = append(got, r.Tag+" "+string(r.Text))
+	}
+	if want := []string{"out+ try 0 no newline", "shardd retry 1", "out try 1"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("records %q, want %q", got, want)
+	}
+}

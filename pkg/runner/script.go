@@ -122,7 +122,7 @@ func (l *lineLog) Close() {
 	}
 	if l.dropped > 0 {
 		l.log.Info("output not logged", "job", l.job, "item", l.item, "lines", l.dropped,
-			"why", fmt.Sprintf("a run logs at most %d lines; its whole output is in its run log, its tail in its history", maxLogLines))
+			"why", fmt.Sprintf("a run logs at most %d lines here; its run log (unless off) has all of its output, its history the tail", maxLogLines))
 	}
 }
 
@@ -342,7 +342,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	switch {
 	case res.Err != nil:
 	case waitErr != nil:
-		res.Err = fmt.Errorf("exit %d: %w", res.ExitCode, waitErr)
+		res.Err = waitErr // "exit status 3", "signal: killed"
 	default:
 		res.OK = true
 	}
