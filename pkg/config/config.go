@@ -224,7 +224,7 @@ func ParseByteSize(s string) (ByteSize, error) {
 	}
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || n < 0 {
-		return 0, fmt.Errorf("%q is not a size: write bytes, or a whole number with KiB, MiB, GiB, KB, MB or GB", s)
+		return 0, fmt.Errorf("%q is not a size: write bytes, or a whole number with KiB, MiB, GiB, TiB, KB, MB, GB or TB", s)
 	}
 	if n > math.MaxInt64/factor {
 		return 0, fmt.Errorf("%q is too large", s)

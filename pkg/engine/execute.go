@@ -192,7 +192,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 		out.State, out.Err = coord.StateFailed, fmt.Sprint(res.Err)
 	}
 	if lg != nil {
-		j.closeRunLog(lg, out)
+		j.closeRunLog(lg, rc.Item, out)
 	}
 	return res, out
 }
@@ -215,7 +215,7 @@ func (j *jobLoop) openRunLog(job *config.Job, rc runner.Context) *runlog.Log {
 }
 
 // closeRunLog writes how the run ended and closes its log.
-func (j *jobLoop) closeRunLog(lg *runlog.Log, out coord.Outcome) {
+func (j *jobLoop) closeRunLog(lg *runlog.Log, item int, out coord.Outcome) {
 	end := fmt.Sprintf("end state=%s", out.State)
 	if out.Reason != "" {
 		end += " reason=" + string(out.Reason)
@@ -229,8 +229,12 @@ func (j *jobLoop) closeRunLog(lg *runlog.Log, out coord.Outcome) {
 	if out.Err != "" {
 		end += " err=" + strconv.Quote(out.Err)
 	}
-	werr := lg.Err()
-	if err := lg.Close(end); err != nil || werr != nil {
-		j.log.Warn("run log incomplete", "err", errors.Join(werr, err))
+	werr := lg.Err() // why it stopped (a full disk), or its write error
+	err := lg.Close(end)
+	if err == nil || (werr != nil && err.Error() == werr.Error()) {
+		err = werr
+	}
+	if err != nil {
+		j.log.Warn("run log incomplete", "item", item, "err", err)
 	}
 }

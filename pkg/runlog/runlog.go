@@ -21,28 +21,33 @@
 //
 // where tag is out or err for a line the run wrote to stdout or stderr
 // (text is the line's bytes, without its newline), out+ or err+ for a piece
-// of a line that continues in the stream's next record (a line longer than
-// 32 KiB, or the run's last line when it has no newline), and shardd for
-// what shardd says about the run: its header (job, item, fire, ...), its
-// retries, what was not kept, and how it ended. Joining the texts of a
-// stream's records, with a newline after each out or err record, gives the
-// stream back as written (output beyond the cap excepted).
+// of a line that has no newline there (a line longer than 32 KiB goes on in
+// the stream's next record; a try's last line without a newline ends in
+// one, before a retry's note or the end), and shardd for what shardd says
+// about the run: its header (job, item, fire, ...), its retries, what was
+// not kept, and how it ended. Joining the texts of a stream's records, with
+// a newline after each out or err record, gives the stream back as written
+// (output beyond the cap excepted).
 //
 // # Bounds
 //
 // A run's log grows to at most Retention.MaxBytesPerRun bytes, records and
-// all: output beyond is counted in a last shardd record, not kept; a job's finished logs take at most
-// Retention.MaxTotalBytes of disk (in blocks, as du counts them; logs being
-// written come on top) and none is kept longer than Retention.MaxAge: the oldest finished logs are removed
-// first, when a run of the job ends and at Sweep. A log being written is
-// never removed. Writing stops (with a shardd record saying so) when the
-// file system has less than MinFree available, so run logs never fill the
-// disk; the run itself goes on. Memory per open log is bounded by its two
-// partial-line buffers (32 KiB each).
+// all, for caps of 16 KiB and more (below that, the header and the closing
+// records may pass it): output beyond is counted in a last shardd record,
+// not kept. A job's finished logs take at most Retention.MaxTotalBytes of
+// disk (in blocks, as du counts them; logs being written come on top) and
+// none is kept longer than Retention.MaxAge: the oldest finished logs are
+// removed first, when a run of the job ends and at Sweep. A log being
+// written is never removed. Writing stops (with a shardd record saying so)
+// before a write would leave the file system less than MinFree available
+// (looked at every 64 KiB), so run logs never fill the disk; the run itself
+// goes on. Memory per open log is bounded: two partial-line buffers (32 KiB
+// each) and a batch of records (flushed at 64 KiB, kept up to 128 KiB).
 //
 // Failures: a log that cannot be created or written does not stop the run;
 // the caller is told (Create's error, Log.Err) and the history still has the
-// tail.
+// tail. One Log per run: two open on the same fence would each count only
+// their own bytes against the cap.
 package runlog
 
 import (

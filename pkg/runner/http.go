@@ -349,14 +349,19 @@ func forms(secrets []string) []string {
 // redactCut redacts the start of a secret at the end of a text that was
 // cut there.
 func redactCut(text string, secrets []string) string {
+	longest := 0 // the longest start of any form that ends the text
 	for _, v := range forms(secrets) {
-		for k := min(len(v)-1, len(text)); k > 0; k-- {
+		for k := min(len(v)-1, len(text)); k > longest; k-- {
 			if strings.HasSuffix(text, v[:k]) {
-				return text[:len(text)-k] + "[redacted]"
+				longest = k
+				break
 			}
 		}
 	}
-	return text
+	if longest == 0 {
+		return text
+	}
+	return text[:len(text)-longest] + "[redacted]"
 }
 
 // maxErr bounds the message of a run's error: it reaches the log, the

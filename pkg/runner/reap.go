@@ -242,8 +242,6 @@ func zombie(pid int) bool {
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
 }
 
-// runOf returns pid's run id: from its cgroup (run-<id>) when runs get
-// cgroups, else from SHARDD_RUN in its environment; "" if neither says.
 // isRunID reports whether id has the shape of newRun's ids: <pid>-<seq>.
 func isRunID(id string) bool {
 	pid, seq, ok := strings.Cut(id, "-")
@@ -275,6 +273,8 @@ func runOfCgroup(procCgroup string) string {
 	return ""
 }
 
+// runOf returns pid's run id: from its cgroup (run-<id>) when runs get
+// cgroups, else from SHARDD_RUN in its environment; "" if neither says.
 func runOf(pid int) string {
 	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cgroup"); err == nil {
 		if id := runOfCgroup(string(b)); id != "" {

@@ -214,12 +214,15 @@ func TestOutputTailIsCapped(t *testing.T) {
 
 func TestHTTPHook(t *testing.T) {
 	t.Setenv("HOOK_TOKEN", "s3cret")
+	var mu sync.Mutex // a timed-out call's handler may still run
 	var gotAuth, gotSharding string
 	var gotBody Context
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		gotAuth, gotSharding = r.Header.Get("Authorization"), r.Header.Get("shardingContext")
 		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		gotAuth, gotSharding = r.Header.Get("Authorization"), r.Header.Get("shardingContext")
 		json.Unmarshal(b, &gotBody)
+		mu.Unlock()
 		switch r.URL.Path {
 		case "/ok":
 			w.Write([]byte("done"))
@@ -248,9 +251,11 @@ func TestHTTPHook(t *testing.T) {
 	if !res.OK || res.HTTPStatus != 200 || res.Output != "done" {
 		t.Fatalf("ok: %+v", res)
 	}
+	mu.Lock()
 	if gotAuth != "Bearer s3cret" || gotBody != ctxFixture || !strings.Contains(gotSharding, `"shardingItem":2`) {
 		t.Errorf("request: auth %q, body %+v, shardingContext %q", gotAuth, gotBody, gotSharding)
 	}
+	mu.Unlock()
 	if res := hook("/accepted", 200).Run(context.Background(), ctxFixture); res.OK || res.Retryable {
 		t.Errorf("202 outside successCodes [200]: %+v", res)
 	}
@@ -274,9 +279,14 @@ func TestHTTPHook(t *testing.T) {
 
 	// A header naming a variable this host does not have: no request with
 	// an empty secret, a failed run that says why.
+	mu.Lock()
 	gotAuth = "not called"
+	mu.Unlock()
 	h, _ = NewHTTP(HTTP{URL: srv.URL + "/ok", Method: "POST", Headers: map[string]string{"Authorization": "Bearer ${SHARDD_TEST_NO_SUCH_VAR}"}, Timeout: time.Second}, TLSFiles{})
-	if res := h.Run(context.Background(), ctxFixture); res.OK || res.Retryable || !strings.Contains(fmt.Sprint(res.Err), "${SHARDD_TEST_NO_SUCH_VAR} is not set") || gotAuth != "not called" {
+	res = h.Run(context.Background(), ctxFixture)
+	mu.Lock()
+	defer mu.Unlock()
+	if res.OK || res.Retryable || !strings.Contains(fmt.Sprint(res.Err), "${SHARDD_TEST_NO_SUCH_VAR} is not set") || gotAuth != "not called" {
 		t.Errorf("unset header variable: %+v, server saw %q", res, gotAuth)
 	}
 }
@@ -312,6 +322,12 @@ func TestRedactForms(t *testing.T) {
 	}
 	if got := redactCut("xxxxBearer s3cr", []string{secret}); got != "xxxxBearer [redacted]" {
 		t.Errorf("a secret cut at the end: %q", got)
+	}
+	// The longest start of any form is taken: here the text also ends in
+	// "c", the first byte of the secret's base64 form, which is longer.
+	const key = "sk-live-abcdefghijklmnopqrstuvwxyz0123456789"
+	if got := redactCut("Bearer sk-live-abc", []string{key}); got != "Bearer [redacted]" {
+		t.Errorf("a secret cut after a byte that starts another form: %q", got)
 	}
 	// A secret that contains another is replaced whole, in either order.
 	for _, secrets := range [][]string{{"tok1", "tok1-LONGSECRET"}, {"tok1-LONGSECRET", "tok1"}} {

@@ -54,10 +54,17 @@ func WatchdogMain() int {
 	signal.Ignore(syscall.SIGHUP)
 	groups := map[int]string{} // pgid -> the run's cgroup directory, or ""
 	killAll := func(why string) {
+		// Every group and cgroup is signalled first, at once: the fence
+		// deadline needs all of them dead, not one after another's wait.
 		for pgid, cg := range groups {
 			syscall.Kill(-pgid, syscall.SIGKILL)
 			if cg != "" {
-				(&runCgroup{dir: cg}).kill()
+				(&runCgroup{dir: cg}).signal()
+			}
+		}
+		for pgid, cg := range groups {
+			if cg != "" {
+				(&runCgroup{dir: cg}).kill() // what forked meanwhile; then removed
 				fmt.Fprintf(os.Stderr, "shardd watchdog: killed process group %d and cgroup %s: %s\n", pgid, cg, why)
 			} else {
 				fmt.Fprintf(os.Stderr, "shardd watchdog: killed process group %d: %s\n", pgid, why)
