@@ -179,6 +179,19 @@ func TestOperatorCommandsIgnoreJobEnvironment(t *testing.T) {
 	}
 }
 
+// A command does not wait out --timeout for an etcd that cannot answer:
+// it says why as soon as it knows.
+func TestCommandGivesUpOnAnUnreachableEtcd(t *testing.T) {
+	var out, errOut bytes.Buffer
+	start := time.Now()
+	code := run([]string{"status", "--etcd", "http://127.0.0.1:1", "--timeout", "60s"},
+		&env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }})
+	if took := time.Since(start); code != exitFailure || took > 30*time.Second ||
+		!strings.Contains(errOut.String(), "nothing answers at 127.0.0.1:1") {
+		t.Errorf("exit %d after %s (--timeout 60s), stderr %q", code, took.Round(time.Millisecond), errOut.String())
+	}
+}
+
 func TestCommandLine(t *testing.T) {
 	if code, out, _ := shardd(t, "version"); code != 0 || !strings.HasPrefix(out, "shardd ") {
 		t.Errorf("version: %d %q", code, out)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -20,6 +21,9 @@ type opsFlags struct {
 	ef      etcdFlags
 	timeout time.Duration
 	copts   coord.ClientOptions // as connect made them, for opError
+	// unreachable says why no endpoint can answer, when connect's early
+	// look found that out before --timeout; nil otherwise.
+	unreachable atomic.Pointer[[]string]
 }
 
 func (o *opsFlags) register(fs *flag.FlagSet) {
@@ -73,7 +77,27 @@ func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 		return nil, nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
-	return cli, ctx, func() { cancel(); cli.Close() }, nil
+	ctx, giveUp := context.WithCancel(ctx)
+	looked := make(chan struct{})
+	go func() { // no need to wait out --timeout for an etcd that cannot answer
+		defer close(looked)
+		select {
+		case <-time.After(min(time.Second, o.timeout/2)):
+		case <-ctx.Done():
+			return
+		}
+		var why []string
+		for _, ep := range copts.Endpoints {
+			d := coord.Diagnose(ctx, ep, copts)
+			if d == "" || ctx.Err() != nil {
+				return // this one may answer: let the command wait for it
+			}
+			why = append(why, d)
+		}
+		o.unreachable.Store(&why)
+		giveUp()
+	}()
+	return cli, ctx, func() { giveUp(); cancel(); <-looked; cli.Close() }, nil
 }
 
 // opError turns an error of an etcd operation into the command's error,
@@ -81,6 +105,9 @@ func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 func (o *opsFlags) opError(err error) error {
 	if errors.Is(err, coord.ErrUnknownJob) || errors.Is(err, coord.ErrBadTarget) || errors.Is(err, coord.ErrRefused) {
 		return err
+	}
+	if why := o.unreachable.Load(); why != nil && errors.Is(err, context.Canceled) {
+		return fmt.Errorf("no answer from %s: %s", o.cluster(), strings.Join(*why, "; "))
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		var why []string
