@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -126,5 +127,46 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 	}
 	if _, err := JobHistory(ctx, cli, keys, "orders", -1); !errors.Is(err, ErrUnknownJob) {
 		t.Errorf("history after remove: %v", err)
+	}
+}
+
+// Status reads many jobs in batched Txns: every job is there, each with
+// its own map, definition and leader (not a neighbour's).
+func TestStatusOfManyJobs(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	const n = 100 // more than two of readJobKeys' Txns
+	var b strings.Builder
+	b.WriteString("jobs:\n")
+	for i := range n {
+		b.WriteString(job(fmt.Sprintf("job-%03d", i), i%5+1))
+	}
+	startNode(t, srv, "a", jobs(t, b.String()))
+	waitFor(t, 30*time.Second, "every map", func() bool {
+		for i := range n {
+			if m := storedMap(t, cli, fmt.Sprintf("job-%03d", i)); m == nil || m.Total != i%5+1 {
+				return false
+			}
+		}
+		return true
+	})
+	st, err := ReadStatus(context.Background(), cli, NewKeys(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Jobs) != n {
+		t.Fatalf("%d jobs in the status, want %d", len(st.Jobs), n)
+	}
+	for i, js := range st.Jobs {
+		name := fmt.Sprintf("job-%03d", i)
+		var def struct {
+			Name string `json:"name"`
+		}
+		if js.Definition != nil {
+			json.Unmarshal(js.Definition.Job, &def)
+		}
+		if js.Name != name || js.Total != i%5+1 || len(js.Items) != i%5+1 || js.Leader != "a" || def.Name != name || js.Status != StatusOK {
+			t.Errorf("job %d: %s total %d items %d leader %q definition of %q status %s", i, js.Name, js.Total, len(js.Items), js.Leader, def.Name, js.Status)
+		}
 	}
 }
