@@ -8,6 +8,7 @@
 package runner
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"strconv"
@@ -39,6 +40,11 @@ type Context struct {
 	// (coalesced by the misfire policy); they do not run on their own.
 	Skipped int `json:"skipped,omitempty"`
 
+	// StartAt, if set, is when the work starts: a run prepared ahead (a
+	// script's process waits behind its gate, registered with the
+	// watchdog) is released then, if its context is still live and the
+	// session's fence deadline has not passed. Zero: at once.
+	StartAt time.Time `json:"-"`
 	// Output, if set, receives the run's whole output as it comes: the
 	// script's stdout and stderr, or the hook's answer (redacted). It is
 	// where the run goes, not what it is: never sent to the work.
@@ -110,6 +116,22 @@ type Result struct {
 	Retryable bool
 	// Output is the tail of the script's output or the response body.
 	Output string
+}
+
+// waitUntil waits until t or ctx's end, and returns ctx's cause if it ended.
+func waitUntil(ctx context.Context, t time.Time) error {
+	if d := time.Until(t); d > 0 {
+		timer := time.NewTimer(d)
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return nil
 }
 
 // Duration is how long the execution took.

@@ -862,3 +862,76 @@ func TestRunOfCgroup(t *testing.T) {
 		}
 	}
 }
+
+// A run prepared ahead starts at its StartAt, not before: the script's
+// first instruction comes after it, with the watchdog or without.
+func TestScriptStartsAtItsTime(t *testing.T) {
+	for _, watched := range []bool{false, true} {
+		dir := t.TempDir()
+		c := ctxFixture
+		c.StartAt = time.Now().Add(300 * time.Millisecond)
+		s := Script{Shell: "date +%s%N > " + filepath.Join(dir, "began")}
+		if watched {
+			s.Watchdog = startWatchdog(t)
+			s.Watchdog.SetDeadline(time.Now().Add(time.Hour))
+		}
+		res := s.Run(context.Background(), c)
+		if !res.OK {
+			t.Fatalf("watched %v: %+v", watched, res.Err)
+		}
+		b, _ := os.ReadFile(filepath.Join(dir, "began"))
+		ns, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if began := time.Unix(0, ns); began.Before(c.StartAt) || res.Started.Before(c.StartAt) {
+			t.Errorf("watched %v: began %s, Started %s, before StartAt %s", watched, began, res.Started, c.StartAt)
+		}
+	}
+}
+
+// A run prepared ahead and no longer wanted at its time never runs: its
+// context ended, or the session's fence deadline passed meanwhile.
+func TestScriptPreparedAheadIsNotReleasedWhenUnwanted(t *testing.T) {
+	for _, why := range []string{"cancelled", "fenced"} {
+		dir := t.TempDir()
+		w := startWatchdog(t)
+		w.SetDeadline(time.Now().Add(time.Hour))
+		c := ctxFixture
+		c.StartAt = time.Now().Add(400 * time.Millisecond)
+		ctx, cancel := context.WithCancel(context.Background())
+		switch why {
+		case "cancelled":
+			time.AfterFunc(100*time.Millisecond, cancel)
+		case "fenced":
+			w.SetDeadline(time.Now().Add(200 * time.Millisecond)) // and no newer one
+		}
+		res := Script{Shell: "touch " + filepath.Join(dir, "ran"), Watchdog: w}.Run(ctx, c)
+		cancel()
+		if res.OK || !errors.Is(res.Err, ErrKilled) || !res.Started.IsZero() || !strings.Contains(res.Err.Error(), "before it started") {
+			t.Errorf("%s: %+v", why, res)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+			t.Errorf("%s: the script ran", why)
+		}
+	}
+}
+
+func TestHTTPHookStartsAtItsTime(t *testing.T) {
+	var mu sync.Mutex
+	var got time.Time
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = time.Now()
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", Timeout: 5 * time.Second}, TLSFiles{})
+	c := ctxFixture
+	c.StartAt = time.Now().Add(200 * time.Millisecond)
+	if res := h.Run(context.Background(), c); !res.OK {
+		t.Fatal(res.Err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got.Before(c.StartAt) {
+		t.Errorf("the hook was called at %s, before StartAt %s", got, c.StartAt)
+	}
+}

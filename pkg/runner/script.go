@@ -260,6 +260,14 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		lines.Close()
 	}
 
+	if gate == nil && !c.StartAt.IsZero() { // no gate to hold it: start it at its time
+		if err := waitUntil(ctx, c.StartAt); err != nil {
+			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
+			closeWriters()
+			waitCopied(time.Second)
+			return res
+		}
+	}
 	runID, endRun := newRun()
 	defer endRun()
 	cmd.Env = append(cmd.Env, RunEnv+"="+runID)
@@ -288,6 +296,12 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			why = errors.New("the session's fence deadline passed")
 		}
 		defer s.Watchdog.Del(pgid)
+		if why == nil && !c.StartAt.IsZero() {
+			// Prepared ahead: released at its time, if still wanted then.
+			if why = waitUntil(ctx, c.StartAt); why == nil && s.Watchdog.Expired() {
+				why = errors.New("the session's fence deadline passed before the start time")
+			}
+		}
 		if why == nil {
 			_, why = gate.Write([]byte("go\n"))
 		}
