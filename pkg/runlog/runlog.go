@@ -5,10 +5,11 @@
 //
 // # Files
 //
-// A run is one claim of one item: its fence (the claim's etcd revision) is
-// unique in the cluster, so a run's log is
+// A run is one claim of one item: its fence (the claim's etcd revision) and
+// its item name it in the cluster (a claim of several items at once gives
+// them one revision), so a run's log is
 //
-//	<dir>/<job>/<fence>.log
+//	<dir>/<job>/<fence>-<item>.log
 //
 // created 0600 in directories 0700. Retries of the run (same fence) append
 // to the same file.
@@ -46,7 +47,7 @@
 //
 // Failures: a log that cannot be created or written does not stop the run;
 // the caller is told (Create's error, Log.Err) and the history still has the
-// tail. One Log per run: two open on the same fence would each count only
+// tail. One Log per run: two open on the same run would each count only
 // their own bytes against the cap.
 package runlog
 
@@ -54,6 +55,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -117,26 +119,45 @@ type Store struct {
 // jobIndex lists a job's log files, oldest first.
 type jobIndex struct {
 	files []file
-	open  map[int64]int // fences whose logs are being written: how many writers
+	open  map[RunID]int // runs whose logs are being written: how many writers
 	bytes int64         // disk used by files
 }
 
-// file is one log in the index: 24 bytes, so that a job's index stays
+// file is one log in the index: 32 bytes, so that a job's index stays
 // small even with tens of thousands of logs.
 type file struct {
-	fence int64
+	id    RunID
 	mtime int64 // Unix nanoseconds
 	bytes int64 // disk used, in blocks
 }
 
-// fenceOf returns the fence of a log's file name, and whether it is one.
-func fenceOf(name string) (int64, bool) {
-	digits, ok := strings.CutSuffix(name, ".log")
+// RunID names a run within its job: its claim's fence and its item.
+type RunID struct {
+	Fence int64
+	Item  int32
+}
+
+// String is the run's name in its log's file name: <fence>-<item>.
+func (id RunID) String() string {
+	return strconv.FormatInt(id.Fence, 10) + "-" + strconv.Itoa(int(id.Item))
+}
+
+// ParseRunID reads a RunID written by String.
+func ParseRunID(s string) (RunID, bool) {
+	f, i, ok := strings.Cut(s, "-")
+	fence, ferr := strconv.ParseInt(f, 10, 64)
+	item, ierr := strconv.ParseInt(i, 10, 32)
+	id := RunID{Fence: fence, Item: int32(item)}
+	return id, ok && ferr == nil && ierr == nil && fence >= 0 && item >= 0 && id.String() == s
+}
+
+// runOfFile returns the run of a log's file name, and whether it is one.
+func runOfFile(name string) (RunID, bool) {
+	s, ok := strings.CutSuffix(name, ".log")
 	if !ok {
-		return 0, false
+		return RunID{}, false
 	}
-	fence, err := strconv.ParseInt(digits, 10, 64)
-	return fence, err == nil && fence >= 0 && strconv.FormatInt(fence, 10) == digits
+	return ParseRunID(s)
 }
 
 // New returns the store in dir, creating dir (0700) if needed.
@@ -152,9 +173,9 @@ func defaultMinFree(total uint64) uint64 { return min(1<<30, total/20) }
 // Dir returns the store's directory.
 func (s *Store) Dir() string { return s.dir }
 
-// Path returns where the log of the run with fence of job is.
-func (s *Store) Path(job string, fence int64) string {
-	return filepath.Join(s.dir, job, strconv.FormatInt(fence, 10)+".log")
+// Path returns where the log of run id of job is.
+func (s *Store) Path(job string, id RunID) string {
+	return filepath.Join(s.dir, job, id.String()+".log")
 }
 
 // Header describes a run; it is the log's first record.
@@ -174,9 +195,10 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	if !isJobName(h.Job) {
 		return nil, fmt.Errorf("run log of job %q: not a job name", h.Job)
 	}
-	if h.Fence < 0 {
-		return nil, fmt.Errorf("run log of job %q: fence %d", h.Job, h.Fence)
+	if h.Fence < 0 || h.Item < 0 || h.Item > math.MaxInt32 {
+		return nil, fmt.Errorf("run log of job %q: fence %d, item %d", h.Job, h.Fence, h.Item)
 	}
+	id := RunID{Fence: h.Fence, Item: int32(h.Item)}
 	r = r.withDefaults()
 	s.mu.Lock() // Sweep removes a job's directory once it is empty
 	idx, err := s.index(h.Job)
@@ -184,19 +206,19 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 		if err = os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
 			err = fmt.Errorf("run log of job %q: %w", h.Job, err)
 		} else {
-			idx.open[h.Fence]++
+			idx.open[id]++
 		}
 	}
 	s.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	f, err := os.OpenFile(s.Path(h.Job, h.Fence), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, err := os.OpenFile(s.Path(h.Job, id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		s.release(h.Job, h.Fence, r)
+		s.release(h.Job, id, r)
 		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
 	}
-	l := &Log{s: s, f: f, job: h.Job, fence: h.Fence, ret: r}
+	l := &Log{s: s, f: f, job: h.Job, id: id, ret: r}
 	if fi, err := f.Stat(); err == nil {
 		l.size = fi.Size() // a retry's log goes on from its earlier tries
 	}
@@ -214,13 +236,13 @@ func (s *Store) index(job string) (*jobIndex, error) {
 	if idx := s.jobs[job]; idx != nil {
 		return idx, nil
 	}
-	idx := &jobIndex{open: map[int64]int{}}
+	idx := &jobIndex{open: map[RunID]int{}}
 	entries, err := os.ReadDir(filepath.Join(s.dir, job))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
 	}
 	for _, e := range entries {
-		fence, ok := fenceOf(e.Name())
+		id, ok := runOfFile(e.Name())
 		if !e.Type().IsRegular() || !ok {
 			continue // not a run log
 		}
@@ -228,7 +250,7 @@ func (s *Store) index(job string) (*jobIndex, error) {
 		if err != nil {
 			continue // removed meanwhile
 		}
-		idx.files = append(idx.files, file{fence: fence, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
+		idx.files = append(idx.files, file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
 		idx.bytes += diskBytes(fi)
 	}
 	sort.SliceStable(idx.files, func(a, b int) bool { return idx.files[a].mtime < idx.files[b].mtime })
@@ -246,24 +268,24 @@ func diskBytes(fi os.FileInfo) int64 {
 
 // release marks a job's log as written, records its size and applies
 // the retention.
-func (s *Store) release(job string, fence int64, r Retention) {
-	fi, statErr := os.Stat(s.Path(job, fence))
+func (s *Store) release(job string, id RunID, r Retention) {
+	fi, statErr := os.Stat(s.Path(job, id))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	idx := s.jobs[job]
 	if idx == nil {
 		return
 	}
-	if idx.open[fence]--; idx.open[fence] <= 0 {
-		delete(idx.open, fence)
+	if idx.open[id]--; idx.open[id] <= 0 {
+		delete(idx.open, id)
 	}
 	if statErr == nil {
-		i := slices.IndexFunc(idx.files, func(f file) bool { return f.fence == fence })
+		i := slices.IndexFunc(idx.files, func(f file) bool { return f.id == id })
 		if i >= 0 { // appended to: it moves to the end
 			idx.bytes -= idx.files[i].bytes
 			idx.files = slices.Delete(idx.files, i, i+1)
 		}
-		f := file{fence: fence, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)}
+		f := file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)}
 		idx.files = append(idx.files, f)
 		idx.bytes += f.bytes
 	}
@@ -277,11 +299,11 @@ func (s *Store) prune(job string, idx *jobIndex, r Retention) {
 	kept := idx.files[:0]
 	for i, f := range idx.files {
 		over := f.mtime < cutoff || idx.bytes > r.MaxTotalBytes
-		if !over || idx.open[f.fence] > 0 {
+		if !over || idx.open[f.id] > 0 {
 			kept = append(kept, f)
 			continue
 		}
-		err := os.Remove(s.Path(job, f.fence))
+		err := os.Remove(s.Path(job, f.id))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			kept = append(kept, idx.files[i:]...) // try again next time
 			break
@@ -356,10 +378,10 @@ const maxNote = 4 << 10
 
 // Log is one run's log. Its writers and methods are safe for concurrent use.
 type Log struct {
-	s     *Store
-	job   string
-	fence int64
-	ret   Retention
+	s   *Store
+	job string
+	id  RunID
+	ret Retention
 
 	mu           sync.Mutex
 	f            *os.File
@@ -625,7 +647,7 @@ func (l *Log) Close(end string) error {
 		err = l.err
 	}
 	l.mu.Unlock()
-	l.s.release(l.job, l.fence, l.ret)
+	l.s.release(l.job, l.id, l.ret)
 	return err
 }
 

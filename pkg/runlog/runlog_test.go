@@ -22,7 +22,12 @@ func newStore(t *testing.T) *Store {
 
 func read(t *testing.T, s *Store, job string, fence int64) []Record {
 	t.Helper()
-	f, err := os.Open(s.Path(job, fence))
+	return readRun(t, s, job, RunID{Fence: fence})
+}
+
+func readRun(t *testing.T, s *Store, job string, id RunID) []Record {
+	t.Helper()
+	f, err := os.Open(s.Path(job, id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +85,7 @@ func TestStreamsComeBackAsWritten(t *testing.T) {
 			if err := l.Close("end DONE exit=0"); err != nil {
 				t.Fatal(err)
 			}
-			recs := read(t, s, "j", int64(100+i))
+			recs := readRun(t, s, "j", RunID{Fence: int64(100 + i), Item: 2})
 			out, errb := Streams(recs)
 			if string(out) != c.wantOut || string(errb) != c.wantErr {
 				t.Errorf("streams = %q, %q; want %q, %q", out, errb, c.wantOut, c.wantErr)
@@ -117,7 +122,7 @@ func TestPerRunCap(t *testing.T) {
 	l.Stdout().Write([]byte("unterminated"))
 	out.WriteString("unterminated")
 	l.Close("end")
-	fi, _ := os.Stat(s.Path("j", 1))
+	fi, _ := os.Stat(s.Path("j", RunID{Fence: 1}))
 	if fi.Size() > limit {
 		t.Errorf("run log is %d bytes, over maxBytesPerRun %d", fi.Size(), limit)
 	}
@@ -149,10 +154,10 @@ func TestRetentionRemovesOldestFirstButNeverAnOpenLog(t *testing.T) {
 		}
 		l.Stdout().Write([]byte("line\n"))
 		// mtimes one second apart, in fence order
-		os.Chtimes(s.Path("j", fence), clock, clock.Add(time.Duration(fence)*time.Second))
+		os.Chtimes(s.Path("j", RunID{Fence: fence}), clock, clock.Add(time.Duration(fence)*time.Second))
 		l.Close("")
 	}
-	exists := func(fence int64) bool { _, err := os.Stat(s.Path("j", fence)); return err == nil }
+	exists := func(fence int64) bool { _, err := os.Stat(s.Path("j", RunID{Fence: fence})); return err == nil }
 	// Each log takes one 4 KiB block: the 3 newest finished ones fit, and
 	// fence 1 is open.
 	for fence, want := range map[int64]bool{1: true, 2: false, 3: false, 4: true, 5: true, 6: true} {
@@ -177,15 +182,15 @@ func TestSweepLoadsLogsOfAPreviousLife(t *testing.T) {
 	dir := filepath.Join(s.Dir(), "gone")
 	os.MkdirAll(dir, 0o700)
 	old := time.Now().Add(-DefaultMaxAge - time.Hour)
-	for _, name := range []string{"7.log", "8.log"} {
+	for _, name := range []string{"7-0.log", "8-1.log"} {
 		os.WriteFile(filepath.Join(dir, name), []byte("x\n"), 0o600)
 		os.Chtimes(filepath.Join(dir, name), old, old)
 	}
-	os.WriteFile(filepath.Join(dir, "9.log"), []byte("x\n"), 0o600) // recent
+	os.WriteFile(filepath.Join(dir, "9-0.log"), []byte("x\n"), 0o600) // recent
 	s.Sweep(func(string) (Retention, bool) { return Retention{}, false })
 	entries, _ := os.ReadDir(dir)
-	if len(entries) != 1 || entries[0].Name() != "9.log" {
-		t.Errorf("left %v, want only 9.log", entries)
+	if len(entries) != 1 || entries[0].Name() != "9-0.log" {
+		t.Errorf("left %v, want only 9-0.log", entries)
 	}
 }
 
@@ -269,7 +274,7 @@ func FuzzRoundTrip(f *testing.F) {
 		if !bytes.Equal(gotOut, out) || !bytes.Equal(gotErr, errb) {
 			t.Fatalf("read back %q, %q; wrote %q, %q", gotOut, gotErr, out, errb)
 		}
-		os.Remove(s.Path("fuzz", fence))
+		os.Remove(s.Path("fuzz", RunID{Fence: fence}))
 	})
 }
 
@@ -287,7 +292,7 @@ func TestNotesCountAgainstTheCap(t *testing.T) {
 	}
 	l.Note(strings.Repeat("x", 1<<20)) // a server-chosen error message
 	l.Close("end err=" + strings.Repeat("y", 1<<20))
-	fi, _ := os.Stat(s.Path("j", 1))
+	fi, _ := os.Stat(s.Path("j", RunID{Fence: 1}))
 	if fi.Size() > limit {
 		t.Errorf("run log is %d bytes, over maxBytesPerRun %d", fi.Size(), limit)
 	}
@@ -404,7 +409,7 @@ func TestStopsWhenTheDiskFillsDuringARun(t *testing.T) {
 		t.Error("Err() = nil after the disk filled")
 	}
 	l.Close("end")
-	fi, _ := os.Stat(s.Path("j", 1))
+	fi, _ := os.Stat(s.Path("j", RunID{Fence: 1}))
 	if fi.Size() > 2*checkEvery {
 		t.Errorf("the log grew to %d bytes; it should stop within %d", fi.Size(), checkEvery)
 	}
@@ -432,5 +437,36 @@ func TestANoteEndsTheStreamsUnfinishedLines(t *testing.T) {
 	}
 	if want := []string{"out+ try 0 no newline", "shardd retry 1", "out try 1"}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("records %q, want %q", got, want)
+	}
+}
+
+// Runs of one claim of several items share a fence: each has its own log.
+func TestRunsSharingAFenceHaveTheirOwnLogs(t *testing.T) {
+	s := newStore(t)
+	for item := range 3 {
+		l, err := s.Create(Header{Job: "j", Item: item, Fence: 7}, Retention{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(l.Stdout(), "item %d\n", item)
+		l.Close("")
+	}
+	for item := range 3 {
+		out, _ := Streams(readRun(t, s, "j", RunID{Fence: 7, Item: int32(item)}))
+		if want := fmt.Sprintf("item %d\n", item); string(out) != want {
+			t.Errorf("log of item %d: %q, want %q", item, out, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(s.Dir(), "j", "7-2.log")); err != nil {
+		t.Errorf("file name: %v", err)
+	}
+}
+
+func TestParseRunID(t *testing.T) {
+	for in, ok := range map[string]bool{"7-2": true, "0-0": true, "7": false, "-1-2": false, "7--2": false, "07-2": false, "7-02": false, "7-2x": false, "99999999999999999999-1": false} {
+		id, got := ParseRunID(in)
+		if got != ok || (ok && id.String() != in) {
+			t.Errorf("ParseRunID(%q) = %v, %v", in, id, got)
+		}
 	}
 }
