@@ -54,12 +54,16 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	rc := runner.Context{
 		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
 		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: e.opts.Node.ID(), Source: a.source,
-		Skipped: a.skipped,
+		Skipped: a.skipped, StartAt: a.startAt,
 	}
 	if v.Map != nil {
 		rc.Total = v.Map.Total
 	}
-	log.Info("run", "fence", g.Fence, "skipped", a.skipped)
+	if a.startAt.IsZero() {
+		log.Info("run", "fence", g.Fence, "skipped", a.skipped)
+	} else {
+		log.Info("run", "fence", g.Fence, "skipped", a.skipped, "claimed_ahead", a.startAt.Sub(time.Now()).Round(time.Microsecond))
+	}
 	if a.skipped > 0 && e.opts.OnSkipped != nil {
 		e.opts.OnSkipped(job.Name, a.skipped)
 	}
@@ -68,6 +72,9 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		e.opts.OnStart(job.Name)
 	}
 	res, out := j.work(g, job, rc)
+	if !res.Prepared.IsZero() && !s.read.IsZero() && a.source != coord.SourceManual {
+		e.ready.observe(res.Prepared.Sub(s.read))
+	}
 	if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
 		if errors.Is(err, coord.ErrClaimLost) {
 			log.Warn("outcome not recorded: another instance took the item over", "state", out.State, "fence", g.Fence)

@@ -104,6 +104,10 @@ type Result struct {
 	// Started is when the work began: the child process existed, or the
 	// request was about to be sent. Zero when it never began.
 	Started time.Time
+	// Prepared is when the work was ready to start: a script's process
+	// waiting behind its gate, a hook's request built. For a run with a
+	// StartAt, it says how long before its time it was ready (or late).
+	Prepared time.Time
 	// OK is set when the work succeeded: exit 0, or an accepted HTTP status.
 	OK bool
 	// ExitCode of a script; -1 if it did not exit normally, and for a hook.
