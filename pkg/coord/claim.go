@@ -276,36 +276,14 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	if s == nil || member == 0 || s.ctx.Err() != nil { // no claim from a fenced session
 		return nil, ErrNotUp
 	}
-	k := n.keys
-	rec := ItemRecord{
-		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
-		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
-		Sched: c.Sched.UTC(), Trigger: c.Trigger,
-	}
-	if c.Prev.Record != nil {
-		rec.Seq = c.Prev.Record.Seq + 1
-		if rec.Trigger == 0 {
-			rec.Trigger = c.Prev.Record.Trigger
-		}
-	}
-	val, err := json.Marshal(rec)
+	p, err := n.claimTxn(s, c)
 	if err != nil {
 		return nil, err
 	}
-	cmps := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(k.Member(c.Job, n.opts.ID)), "=", member),
-		clientv3.Compare(clientv3.ModRevision(k.Item(c.Job, c.Item)), "=", c.Prev.Rev),
-		clientv3.Compare(clientv3.CreateRevision(k.RunningItem(c.Job, c.Item)), "=", 0),
-	}
-	if c.MapRev != 0 {
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k.Shards(c.Job)), "=", c.MapRev))
-	}
+	rec, val := p.rec, p.val
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(
-		clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
-		clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
-	).Commit()
+	resp, err := n.opts.Client.Txn(wctx).If(append(n.claimShared(c, member), p.cmps...)...).Then(p.ops...).Commit()
 	if err != nil {
 		// Unknown outcome. If the claim applied, its marker holds the item
 		// for as long as this session lives: nobody else may run the item,
@@ -323,6 +301,148 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	}
 	rec.Fence = resp.Header.Revision
 	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
+}
+
+// claimParts are one item's part of a claim Txn: its guards and writes,
+// and the record it writes.
+type claimParts struct {
+	rec  ItemRecord
+	val  []byte
+	cmps []clientv3.Cmp
+	ops  []clientv3.Op
+}
+
+// claimTxn builds c's guards (the item record read, no running marker)
+// and writes (the record, the marker under s's lease).
+func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
+	k := n.keys
+	rec := ItemRecord{
+		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
+		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
+		Sched: c.Sched.UTC(), Trigger: c.Trigger,
+	}
+	if c.Prev.Record != nil {
+		rec.Seq = c.Prev.Record.Seq + 1
+		if rec.Trigger == 0 {
+			rec.Trigger = c.Prev.Record.Trigger
+		}
+	}
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return claimParts{}, err
+	}
+	return claimParts{rec: rec, val: val,
+		cmps: []clientv3.Cmp{
+			clientv3.Compare(clientv3.ModRevision(k.Item(c.Job, c.Item)), "=", c.Prev.Rev),
+			clientv3.Compare(clientv3.CreateRevision(k.RunningItem(c.Job, c.Item)), "=", 0),
+		},
+		ops: []clientv3.Op{
+			clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
+			clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
+		},
+	}, nil
+}
+
+// claimShared are the guards every claim of c's job shares: the member
+// key of this session, and the map revision acted on (when c has one).
+func (n *Node) claimShared(c Claim, member int64) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(n.keys.Member(c.Job, n.opts.ID)), "=", member)}
+	if c.MapRev != 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Shards(c.Job)), "=", c.MapRev))
+	}
+	return cmps
+}
+
+// claimsPerTxn bounds the items of one claim Txn: etcd's default
+// --max-txn-ops (128) bounds its guards (2 shared, 2 per item) and its
+// writes (2 per item).
+const claimsPerTxn = 60
+
+// ClaimResult is the outcome of one claim of ClaimAll.
+type ClaimResult struct {
+	Grant *Grant
+	Err   error
+}
+
+// ClaimAll makes claims of one job (same Job and MapRev) in as few Txns as
+// it can: each item keeps its own guards, and the claims of a Txn are won
+// together, at one revision (their fence). When a Txn's guards fail (one
+// item was claimed meanwhile, or the map changed), its claims are made one
+// by one, so that the others are still won. Results are in claims' order.
+func (n *Node) ClaimAll(ctx context.Context, claims []Claim) []ClaimResult {
+	out := make([]ClaimResult, len(claims))
+	if len(claims) == 0 {
+		return out
+	}
+	for from := 0; from < len(claims); from += claimsPerTxn {
+		chunk := claims[from:min(from+claimsPerTxn, len(claims))]
+		res := out[from : from+len(chunk)]
+		if len(chunk) == 1 {
+			res[0].Grant, res[0].Err = n.Claim(ctx, chunk[0])
+			continue
+		}
+		if !n.claimTogether(ctx, chunk, res) {
+			for i, c := range chunk {
+				res[i].Grant, res[i].Err = n.Claim(ctx, c)
+			}
+		}
+	}
+	return out
+}
+
+// claimTogether tries chunk in one Txn and fills res; false: it did not
+// apply (a guard failed), the claims are to be made one by one.
+func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResult) bool {
+	c0 := chunk[0]
+	s, member := n.sessionFor(c0.Job)
+	if s == nil || member == 0 || s.ctx.Err() != nil {
+		for i := range res {
+			res[i].Err = ErrNotUp
+		}
+		return true
+	}
+	cmps := n.claimShared(c0, member)
+	var ops []clientv3.Op
+	parts := make([]claimParts, len(chunk))
+	for i, c := range chunk {
+		if c.Job != c0.Job || c.MapRev != c0.MapRev {
+			return false // not one job's: one by one
+		}
+		p, err := n.claimTxn(s, c)
+		if err != nil {
+			return false
+		}
+		parts[i] = p
+		cmps = append(cmps, p.cmps...)
+		ops = append(ops, p.ops...)
+	}
+	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		// Unknown outcome: read each claim back, as Claim does.
+		n.log.Warn("claims' outcome unknown; reading them back", "job", c0.Job, "items", len(chunk), "err", err)
+		for i, c := range chunk {
+			fence, rerr := n.readBackClaim(ctx, s, c, parts[i].val)
+			if rerr != nil {
+				res[i].Err = rerr
+				continue
+			}
+			rec := parts[i].rec
+			rec.Fence = fence
+			res[i].Grant = &Grant{Fence: fence, Ctx: s.ctx, record: rec}
+		}
+		return true
+	}
+	if !resp.Succeeded {
+		return false
+	}
+	for i := range chunk {
+		rec := parts[i].rec
+		rec.Fence = resp.Header.Revision
+		res[i].Grant = &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}
+	}
+	return true
 }
 
 // readBackClaim settles a claim whose transaction ended with an unknown

@@ -54,3 +54,57 @@ func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
 		t.Errorf("claim whose marker is gone: err = %v, want ErrClaimLost", err)
 	}
 }
+
+// ClaimAll wins the claims of one job in one Txn, at one fence; when one
+// item's guard fails, the others are still won, one by one.
+func TestClaimAll(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 4)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	claims := func() []Claim {
+		items, err := n.ReadItems(ctx, "orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cs []Claim
+		for item := range 4 {
+			cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
+		}
+		return cs
+	}
+	revBefore := func() int64 { r, _ := n.cli.Get(ctx, "x"); return r.Header.Revision }
+
+	before := revBefore()
+	res := n.ClaimAll(ctx, claims())
+	for i, r := range res {
+		if r.Err != nil || r.Grant.Fence != res[0].Grant.Fence {
+			t.Fatalf("claim %d: %+v (first fence %d)", i, r, res[0].Grant.Fence)
+		}
+		if err := n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res[0].Grant.Fence != before+1 {
+		t.Errorf("fence %d: the 4 claims took more than one revision after %d", res[0].Grant.Fence, before)
+	}
+
+	// Item 2 changes between the read and the claims: the others are won.
+	cs := claims()
+	for i := range cs {
+		cs[i].Fire, cs[i].Sched = fire.Add(time.Minute), fire.Add(time.Minute)
+	}
+	if _, err := n.cli.Put(ctx, n.keys.RunningItem("orders", 2), "b"); err != nil {
+		t.Fatal(err)
+	}
+	res = n.ClaimAll(ctx, cs)
+	for i, r := range res {
+		switch {
+		case i == 2 && !errors.Is(r.Err, ErrClaimLost):
+			t.Errorf("item 2, held by b: %+v, want ErrClaimLost", r)
+		case i != 2 && (r.Err != nil || r.Grant == nil):
+			t.Errorf("item %d: %+v, want won", i, r)
+		}
+	}
+}

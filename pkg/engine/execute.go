@@ -22,22 +22,22 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	e, job, a := j.e, v.Job, s.a
 	log := j.log.With("item", s.item, "fire", a.fire.UTC(), "attempt", a.attempt, "source", a.source)
 	defer e.releaseSlots(s.slots...)
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && s.claimed == nil { // a claim won already is run (and recorded)
 		return false
 	}
 
 	var g *coord.Grant
 	var err error
-	if a.kind == adopt {
+	switch {
+	case s.claimed != nil:
+		g, err = s.claimed.Grant, s.claimed.Err
+	case a.kind == adopt:
 		g, err = e.opts.Node.Adopt(ctx, j.name, s.item, s.st)
 		if err == nil {
 			log.Warn("a claim of this session applied after its reply was lost; running it", "fence", g.Fence)
 		}
-	} else {
-		g, err = e.opts.Node.Claim(ctx, coord.Claim{
-			Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
-			Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger,
-		})
+	default:
+		g, err = e.opts.Node.Claim(ctx, j.claimOf(v, s))
 	}
 	switch {
 	case err == nil:
@@ -104,6 +104,15 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		}()
 	}
 	return true
+}
+
+// claimOf is the claim of the run s decided on.
+func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {
+	a := s.a
+	return coord.Claim{
+		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
+		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger,
+	}
 }
 
 // pastFenceDeadline reports whether the session of g has passed (or

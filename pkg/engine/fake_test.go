@@ -78,6 +78,14 @@ func (f *fakeNode) ReadItems(context.Context, string) (coord.JobItems, error) {
 	return out, nil
 }
 
+func (f *fakeNode) ClaimAll(ctx context.Context, claims []coord.Claim) []coord.ClaimResult {
+	out := make([]coord.ClaimResult, len(claims))
+	for i, c := range claims {
+		out[i].Grant, out[i].Err = f.Claim(ctx, c)
+	}
+	return out
+}
+
 func (f *fakeNode) Claim(_ context.Context, c coord.Claim) (*coord.Grant, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

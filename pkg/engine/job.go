@@ -117,6 +117,8 @@ type start struct {
 	a     action
 	slots []semaphore // taken for the run; execute gives them back
 	read  time.Time   // when the reconcile that decided on it read the items
+	// claimed is the claim's result when launch made it with others'.
+	claimed *coord.ClaimResult
 }
 
 // reconcile reads the job's items, decides for each, starts the runs and
@@ -477,6 +479,19 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 	}
 	j.runs.mu.Unlock()
 	e := j.e
+	// The claims of several items go together: one Txn, one fence.
+	var claims []coord.Claim
+	var of []int
+	for i, s := range starts {
+		if s.a.kind != adopt {
+			claims, of = append(claims, j.claimOf(v, s)), append(of, i)
+		}
+	}
+	if len(claims) > 1 && ctx.Err() == nil {
+		for k, r := range e.opts.Node.ClaimAll(ctx, claims) {
+			starts[of[k]].claimed = &r
+		}
+	}
 	one := func(s start) bool {
 		defer func() {
 			j.runs.mu.Lock()
