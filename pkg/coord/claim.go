@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -534,8 +535,13 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	}
 	rec.End = o.End.UTC()
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
-	for {
-		err := n.finish(ctx, rec, g.Fence, true)
+	for try := 0; ; try++ {
+		var err error
+		if try == 0 {
+			err = n.completions.do(ctx, n, rec, g.Fence) // with the outcomes of others
+		} else {
+			err = n.finish(ctx, rec, g.Fence, true)
+		}
 		if err == nil || errors.Is(err, ErrClaimLost) {
 			return err
 		}
@@ -630,21 +636,13 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 // finish writes rec to the item and its history if the item record is still
 // at revision rev, and removes the running marker when clearRunning is set.
 func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunning bool) error {
-	k := n.keys
-	val, err := json.Marshal(rec)
+	cmp, ops, err := n.finishTxn(rec, rev, clearRunning)
 	if err != nil {
 		return err
 	}
-	ops := []clientv3.Op{
-		clientv3.OpPut(k.Item(rec.Job, rec.Item), string(val)),
-		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%HistoryPerItem), string(val)),
-	}
-	if clearRunning {
-		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
-	}
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev)).Then(ops...).Commit()
+	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Commit()
 	if err != nil {
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
 	}
@@ -687,4 +685,115 @@ func sortRecords(recs []ItemRecord) {
 		}
 		return int(a.Seq - b.Seq)
 	})
+}
+
+// finishTxn is the guard and the writes of finish.
+func (n *Node) finishTxn(rec ItemRecord, rev int64, clearRunning bool) (clientv3.Cmp, []clientv3.Op, error) {
+	k := n.keys
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return clientv3.Cmp{}, nil, err
+	}
+	ops := []clientv3.Op{
+		clientv3.OpPut(k.Item(rec.Job, rec.Item), string(val)),
+		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%HistoryPerItem), string(val)),
+	}
+	if clearRunning {
+		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
+	}
+	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
+}
+
+// completer groups the outcomes of runs into shared Txns by group commit:
+// an outcome that comes while no Txn of outcomes is in flight is written at
+// once; those that come while one is are written together by the next.
+// Each keeps its own guard (its claim's fence); when a shared Txn's guards
+// fail, each outcome is written on its own, so that one taken-over item
+// does not fail the others. No timer, so no outcome waits for company.
+type completer struct {
+	mu      sync.Mutex
+	busy    bool // a flush is writing
+	pending []*completion
+}
+
+type completion struct {
+	rec   ItemRecord
+	fence int64
+	done  chan error // buffered(1)
+}
+
+// completionsPerTxn bounds a shared Txn: 3 writes per outcome within
+// etcd's default --max-txn-ops of 128.
+const completionsPerTxn = 42
+
+// do writes rec's outcome, guarded by fence, with others' if they come
+// together; it returns finish's error for it.
+func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64) error {
+	req := &completion{rec: rec, fence: fence, done: make(chan error, 1)}
+	c.mu.Lock()
+	c.pending = append(c.pending, req)
+	flusher := !c.busy
+	c.busy = true
+	c.mu.Unlock()
+	if flusher {
+		c.flush(n)
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flush writes pending outcomes until none is left.
+func (c *completer) flush(n *Node) {
+	for {
+		c.mu.Lock()
+		batch := c.pending[:min(len(c.pending), completionsPerTxn)]
+		c.pending = c.pending[len(batch):]
+		if len(batch) == 0 {
+			c.busy = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.write(n, batch)
+	}
+}
+
+func (c *completer) write(n *Node, batch []*completion) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.opts.TTL)
+	defer cancel()
+	if len(batch) == 1 {
+		batch[0].done <- n.finish(ctx, batch[0].rec, batch[0].fence, true)
+		return
+	}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	ok := batch[:0:0]
+	for _, r := range batch {
+		cmp, o, err := n.finishTxn(r.rec, r.fence, true)
+		if err != nil {
+			r.done <- err
+			continue
+		}
+		cmps, ops, ok = append(cmps, cmp), append(ops, o...), append(ok, r)
+	}
+	batch = ok
+	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	switch {
+	case err != nil: // unknown outcome: each retries on its own (a rewrite is harmless)
+		for _, r := range batch {
+			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
+		}
+	case resp.Succeeded:
+		for _, r := range batch {
+			r.done <- nil
+		}
+	default: // some guard failed: each on its own
+		for _, r := range batch {
+			r.done <- n.finish(ctx, r.rec, r.fence, true)
+		}
+	}
 }

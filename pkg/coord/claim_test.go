@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,5 +107,84 @@ func TestClaimAll(t *testing.T) {
 		case i != 2 && (r.Err != nil || r.Grant == nil):
 			t.Errorf("item %d: %+v, want won", i, r)
 		}
+	}
+}
+
+// Outcomes that come together are written together; one whose guard fails
+// (its item was taken over) does not fail the others.
+func TestCompletionsTogether(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 8)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	items, err := n.ReadItems(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []Claim
+	for item := range 8 {
+		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
+	}
+	res := n.ClaimAll(ctx, cs)
+	// Item 5 is taken over meanwhile.
+	if _, err := n.cli.Put(ctx, n.keys.Item("orders", 5), `{"job":"orders","item":5,"state":"RUNNING","instance":"b"}`); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 8)
+	var wg sync.WaitGroup
+	for i, r := range res {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if (i == 5) != errors.Is(err, ErrClaimLost) || (i != 5 && err != nil) {
+			t.Errorf("item %d: %v", i, err)
+		}
+	}
+	for item := range 8 {
+		st, _ := n.ReadItem(ctx, "orders", item)
+		if item != 5 && (st.Record.State != StateDone || st.RunningBy != "") {
+			t.Errorf("item %d: %+v", item, st)
+		}
+	}
+}
+
+// A batch of outcomes whose guards hold is one Txn: one revision.
+func TestCompletionsBatchIsOneTxn(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 4)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	items, err := n.ReadItems(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []Claim
+	for item := range 4 {
+		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
+	}
+	var batch []*completion
+	for _, r := range n.ClaimAll(ctx, cs) {
+		rec := r.Grant.record
+		rec.State = StateDone
+		batch = append(batch, &completion{rec: rec, fence: r.Grant.Fence, done: make(chan error, 1)})
+	}
+	before, _ := n.cli.Get(ctx, "x")
+	var c completer
+	c.write(n.Node, batch)
+	after, _ := n.cli.Get(ctx, "x")
+	for i, r := range batch {
+		if err := <-r.done; err != nil {
+			t.Errorf("outcome %d: %v", i, err)
+		}
+	}
+	if revs := after.Header.Revision - before.Header.Revision; revs != 1 {
+		t.Errorf("4 outcomes took %d revisions, want 1 Txn", revs)
 	}
 }

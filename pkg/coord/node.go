@@ -79,6 +79,9 @@ type Node struct {
 	// Each job's campaign and first map follow its registration, so the
 	// bound paces them too.
 	admission chan struct{}
+	// completions groups the outcomes of runs that end together into
+	// shared Txns (see completer).
+	completions completer
 }
 
 // maxRegistering is the bound of Node.admission.
