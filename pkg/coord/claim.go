@@ -148,6 +148,9 @@ type JobItems struct {
 // ReadItems reads every item record, running marker and item-disable mark
 // of job in one request.
 func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
+	if items, ok := n.cachedItems(ctx, job); ok {
+		return items, nil
+	}
 	k := n.keys
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
@@ -159,6 +162,7 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 	if err != nil {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
+	n.fillItemCache(job, resp)
 	lease := n.currentLease()
 	out := JobItems{Rev: resp.Header.Revision, Items: map[int]ItemState{}}
 	for i, r := range resp.Responses {
@@ -294,12 +298,14 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 		if rerr != nil {
 			return nil, rerr
 		}
+		n.wroteItems(fence)
 		rec.Fence = fence
 		return &Grant{Fence: fence, Ctx: s.ctx, record: rec}, nil
 	}
 	if !resp.Succeeded {
 		return nil, ErrClaimLost
 	}
+	n.wroteItems(resp.Header.Revision)
 	rec.Fence = resp.Header.Revision
 	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
 }
@@ -429,6 +435,7 @@ func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResu
 				res[i].Err = rerr
 				continue
 			}
+			n.wroteItems(fence)
 			rec := parts[i].rec
 			rec.Fence = fence
 			res[i].Grant = &Grant{Fence: fence, Ctx: s.ctx, record: rec}
@@ -438,6 +445,7 @@ func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResu
 	if !resp.Succeeded {
 		return false
 	}
+	n.wroteItems(resp.Header.Revision)
 	for i := range chunk {
 		rec := parts[i].rec
 		rec.Fence = resp.Header.Revision
@@ -630,6 +638,9 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 	if err != nil {
 		return false, fmt.Errorf("begin items of job %q: %w", job, err)
 	}
+	if resp.Succeeded {
+		n.wroteItems(resp.Header.Revision)
+	}
 	return resp.Succeeded, nil
 }
 
@@ -650,6 +661,7 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
 	}
+	n.wroteItems(resp.Header.Revision)
 	return nil
 }
 
@@ -788,6 +800,7 @@ func (c *completer) write(n *Node, batch []*completion) {
 			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
 		}
 	case resp.Succeeded:
+		n.wroteItems(resp.Header.Revision)
 		for _, r := range batch {
 			r.done <- nil
 		}
