@@ -55,6 +55,12 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
 		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: e.opts.Node.ID(), Source: a.source,
 		Skipped: a.skipped, StartAt: a.startAt,
+		Release: func() error {
+			if j.pastFenceDeadline(g) {
+				return errFenced
+			}
+			return nil
+		},
 	}
 	if v.Map != nil {
 		rc.Total = v.Map.Total
@@ -105,6 +111,10 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	}
 	return true
 }
+
+// errFenced is why a run prepared ahead was not started: its session
+// passed its fence deadline (shardd was paused or cut off) meanwhile.
+var errFenced = errors.New("the session's fence deadline passed before the run started")
 
 // claimOf is the claim of the run s decided on.
 func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {

@@ -226,7 +226,7 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		return res
 	}
 	res.Prepared = time.Now()
-	if err := waitUntil(ctx, c.StartAt); err != nil { // prepared ahead: sent at its time
+	if err := release(ctx, c); err != nil { // prepared ahead: sent at its time, if still wanted
 		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
 		return res
 	}

@@ -45,6 +45,13 @@ type Context struct {
 	// watchdog) is released then, if its context is still live and the
 	// session's fence deadline has not passed. Zero: at once.
 	StartAt time.Time `json:"-"`
+	// Release, if set, is asked right before the work starts whether it
+	// still may (nil error): the engine checks that its session's fence
+	// deadline has not passed. A pause of shardd across StartAt must not
+	// start a run whose claim another instance may have taken over; the
+	// context's cancellation by the session's timer may come a moment
+	// after the pause ends, too late to be seen.
+	Release func() error `json:"-"`
 	// Output, if set, receives the run's whole output as it comes: the
 	// script's stdout and stderr, or the hook's answer (redacted). It is
 	// where the run goes, not what it is: never sent to the work.
@@ -120,6 +127,18 @@ type Result struct {
 	Retryable bool
 	// Output is the tail of the script's output or the response body.
 	Output string
+}
+
+// release waits until c.StartAt (if set) or ctx's end, and says whether the
+// work may start: ctx is live and c.Release agrees.
+func release(ctx context.Context, c Context) error {
+	if err := waitUntil(ctx, c.StartAt); err != nil {
+		return err
+	}
+	if c.Release != nil {
+		return c.Release()
+	}
+	return nil
 }
 
 // waitUntil waits until t or ctx's end, and returns ctx's cause if it ended.
