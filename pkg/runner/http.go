@@ -225,8 +225,7 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		res.Err = err
 		return res
 	}
-	res.Prepared = time.Now()
-	if err := release(ctx, c); err != nil { // prepared ahead: sent at its time, if still wanted
+	if err := waitUntil(ctx, c.StartAt); err != nil { // prepared ahead: sent at its time
 		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
 		return res
 	}
