@@ -719,22 +719,30 @@ func selfSigned(t *testing.T) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
 
-// With a delegated cgroup, a process that leaves the group and clears its
-// environment (so that no sweep can find it) still dies with its run.
-func TestCgroupConfinesARun(t *testing.T) {
+// testCgroups makes a cgroup for this test process to delegate runs under
+// (removed at the end), or skips the test where the host offers none.
+func testCgroups(t *testing.T, prefix string) (*Cgroups, string) {
+	t.Helper()
 	mount, err := cgroup2Mount()
 	if err != nil {
 		t.Skip(err)
 	}
-	parent := filepath.Join(mount, "shardd-test-"+strconv.Itoa(os.Getpid()))
+	parent := filepath.Join(mount, prefix+strconv.Itoa(os.Getpid()))
 	if err := os.Mkdir(parent, 0o755); err != nil {
 		t.Skip("no cgroup to delegate here:", err)
 	}
-	defer os.Remove(parent)
+	t.Cleanup(func() { os.Remove(parent) })
 	cg, err := NewCgroups(parent)
 	if err != nil {
 		t.Skip(err)
 	}
+	return cg, parent
+}
+
+// With a delegated cgroup, a process that leaves the group and clears its
+// environment (so that no sweep can find it) still dies with its run.
+func TestCgroupConfinesARun(t *testing.T) {
+	cg, parent := testCgroups(t, "shardd-test-")
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	res := Script{Shell: "setsid env -i /bin/sleep 300 & echo $! > " + pidFile + "; sleep 0.2", Cgroups: cg}.Run(context.Background(), ctxFixture)
 	if !res.OK {
@@ -761,19 +769,7 @@ func TestCgroupConfinesARun(t *testing.T) {
 // shardd killed -9 mid-run: the watchdog kills the run's whole cgroup,
 // the process that left the group and cleared its environment included.
 func TestWatchdogKillsTheRunsCgroup(t *testing.T) {
-	mount, err := cgroup2Mount()
-	if err != nil {
-		t.Skip(err)
-	}
-	parent := filepath.Join(mount, "shardd-test-wd-"+strconv.Itoa(os.Getpid()))
-	if err := os.Mkdir(parent, 0o755); err != nil {
-		t.Skip("no cgroup to delegate here:", err)
-	}
-	defer os.Remove(parent)
-	cgs, err := NewCgroups(parent)
-	if err != nil {
-		t.Skip(err)
-	}
+	cgs, _ := testCgroups(t, "shardd-test-wd-")
 	w := startWatchdog(t)
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	cmd := exec.Command("/bin/sh", "-c", "setsid env -i /bin/sleep 300 & echo $! > "+pidFile+"; exec sleep 300")
