@@ -56,6 +56,7 @@ type report struct {
 	GoVersion  string           `json:"goVersion"`
 	BenchTime  string           `json:"benchtime"`
 	Benchmarks []benchResult    `json:"benchmarks"`
+	Delays     []delayResult    `json:"delays"`
 	Resources  []resourceResult `json:"resources"`
 }
 
@@ -64,17 +65,37 @@ func main() {
 	short := flag.Bool("short", false, "smaller resource scenarios (CI)")
 	out := flag.String("out", "bench", "output directory")
 	one := flag.String("resources", "", "measure only this resource scenario, `JOBSxINSTANCES` (e.g. 10000x3), print it and write nothing")
+	delayOnly := flag.Int("delay", 0, "measure only the fire -> script start delay over this many `fires`, print it and write nothing")
 	flag.Parse()
 	var err error
-	if *one != "" {
+	switch {
+	case *delayOnly > 0:
+		err = runDelay(*delayOnly)
+	case *one != "":
 		err = runOne(*one)
-	} else {
+	default:
 		err = run(*benchtime, *short, *out)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
 	}
+}
+
+// runDelay measures the fire -> script start delay and prints it.
+func runDelay(samples int) error {
+	dir, err := buildBinaries()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	d, err := fireDelay(dir, samples)
+	if err != nil {
+		d.Error = err.Error()
+	}
+	b, _ := json.MarshalIndent(d, "", "  ")
+	fmt.Println(string(b))
+	return err
 }
 
 // runOne measures one resource scenario and prints it.
@@ -139,6 +160,18 @@ func run(benchtime string, short bool, out string) error {
 		scenarios[0].window = 5 * time.Second
 		scenarios[1].name, scenarios[1].jobs, scenarios[1].window = "1,000 jobs over 3 instances (short form)", 1000, 5*time.Second
 	}
+	samples := 60
+	if short {
+		samples = 15
+	}
+	fmt.Printf("== delay: fire -> script start, %d fires\n", samples)
+	d, err := fireDelay(dir, samples)
+	if err != nil {
+		d.Error = err.Error()
+		fmt.Printf("   %v\n", err)
+	}
+	fmt.Printf("   p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", d.P50ms, d.P99ms, d.MaxMs)
+	rep.Delays = append(rep.Delays, d)
 	for _, sc := range scenarios {
 		fmt.Printf("== resources: %s\n", sc.name)
 		r, err := measure(dir, sc.name, sc.jobs, sc.n, sc.window, sc.convergeT)
@@ -366,6 +399,14 @@ func markdown(r report) string {
 			}
 		}
 		fmt.Fprintf(&b, "| %s | %d | %.4g | %.4g | %.4g | %s |\n", x.Name, x.Trials, x.Metrics["p50-ms"], x.Metrics["p99-ms"], x.Metrics["max-ms"], strings.Join(other, ", "))
+	}
+	b.WriteString("\n| delay | samples | p50 ms | p99 ms | max ms | how |\n|---|---|---|---|---|---|\n")
+	for _, x := range r.Delays {
+		if x.Error != "" {
+			fmt.Fprintf(&b, "| %s | %d | **%s** | | | %s |\n", x.Scenario, x.Samples, x.Error, x.Command)
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %d | %.2f | %.2f | %.2f | %s |\n", x.Scenario, x.Samples, x.P50ms, x.P99ms, x.MaxMs, x.Command)
 	}
 	b.WriteString("\n| resources | jobs | instances | maps converged in | RSS per instance | CPU per instance (idle) |\n|---|---|---|---|---|---|\n")
 	for _, x := range r.Resources {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -147,6 +148,9 @@ type JobItems struct {
 // ReadItems reads every item record, running marker and item-disable mark
 // of job in one request.
 func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
+	if items, ok := n.cachedItems(ctx, job); ok {
+		return items, nil
+	}
 	k := n.keys
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
@@ -158,6 +162,7 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 	if err != nil {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
+	n.fillItemCache(job, resp)
 	lease := n.currentLease()
 	out := JobItems{Rev: resp.Header.Revision, Items: map[int]ItemState{}}
 	for i, r := range resp.Responses {
@@ -276,6 +281,47 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	if s == nil || member == 0 || s.ctx.Err() != nil { // no claim from a fenced session
 		return nil, ErrNotUp
 	}
+	p, err := n.claimTxn(s, c)
+	if err != nil {
+		return nil, err
+	}
+	rec, val := p.rec, p.val
+	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(wctx).If(append(n.claimShared(c, member), p.cmps...)...).Then(p.ops...).Commit()
+	if err != nil {
+		// Unknown outcome. If the claim applied, its marker holds the item
+		// for as long as this session lives: nobody else may run the item,
+		// and no later fire here would either. Read it back.
+		n.log.Warn("claim outcome unknown; reading it back", "job", c.Job, "item", c.Item, "fire", c.Fire, "err", err)
+		fence, rerr := n.readBackClaim(ctx, s, c, val)
+		if rerr != nil {
+			return nil, rerr
+		}
+		n.wroteItems(fence)
+		rec.Fence = fence
+		return &Grant{Fence: fence, Ctx: s.ctx, record: rec}, nil
+	}
+	if !resp.Succeeded {
+		return nil, ErrClaimLost
+	}
+	n.wroteItems(resp.Header.Revision)
+	rec.Fence = resp.Header.Revision
+	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
+}
+
+// claimParts are one item's part of a claim Txn: its guards and writes,
+// and the record it writes.
+type claimParts struct {
+	rec  ItemRecord
+	val  []byte
+	cmps []clientv3.Cmp
+	ops  []clientv3.Op
+}
+
+// claimTxn builds c's guards (the item record read, no running marker)
+// and writes (the record, the marker under s's lease).
+func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	k := n.keys
 	rec := ItemRecord{
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
@@ -290,39 +336,122 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	}
 	val, err := json.Marshal(rec)
 	if err != nil {
-		return nil, err
+		return claimParts{}, err
 	}
-	cmps := []clientv3.Cmp{
-		clientv3.Compare(clientv3.CreateRevision(k.Member(c.Job, n.opts.ID)), "=", member),
-		clientv3.Compare(clientv3.ModRevision(k.Item(c.Job, c.Item)), "=", c.Prev.Rev),
-		clientv3.Compare(clientv3.CreateRevision(k.RunningItem(c.Job, c.Item)), "=", 0),
-	}
+	return claimParts{rec: rec, val: val,
+		cmps: []clientv3.Cmp{
+			clientv3.Compare(clientv3.ModRevision(k.Item(c.Job, c.Item)), "=", c.Prev.Rev),
+			clientv3.Compare(clientv3.CreateRevision(k.RunningItem(c.Job, c.Item)), "=", 0),
+		},
+		ops: []clientv3.Op{
+			clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
+			clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
+		},
+	}, nil
+}
+
+// claimShared are the guards every claim of c's job shares: the member
+// key of this session, and the map revision acted on (when c has one).
+func (n *Node) claimShared(c Claim, member int64) []clientv3.Cmp {
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(n.keys.Member(c.Job, n.opts.ID)), "=", member)}
 	if c.MapRev != 0 {
-		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k.Shards(c.Job)), "=", c.MapRev))
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Shards(c.Job)), "=", c.MapRev))
+	}
+	return cmps
+}
+
+// claimsPerTxn bounds the items of one claim Txn: etcd's default
+// --max-txn-ops (128) bounds its guards (2 shared, 2 per item) and its
+// writes (2 per item).
+const claimsPerTxn = 60
+
+// ClaimResult is the outcome of one claim of ClaimAll.
+type ClaimResult struct {
+	Grant *Grant
+	Err   error
+}
+
+// ClaimAll makes claims of one job (same Job and MapRev) in as few Txns as
+// it can: each item keeps its own guards, and the claims of a Txn are won
+// together, at one revision (their fence). When a Txn's guards fail (one
+// item was claimed meanwhile, or the map changed), its claims are made one
+// by one, so that the others are still won. Results are in claims' order.
+func (n *Node) ClaimAll(ctx context.Context, claims []Claim) []ClaimResult {
+	out := make([]ClaimResult, len(claims))
+	if len(claims) == 0 {
+		return out
+	}
+	for from := 0; from < len(claims); from += claimsPerTxn {
+		chunk := claims[from:min(from+claimsPerTxn, len(claims))]
+		res := out[from : from+len(chunk)]
+		if len(chunk) == 1 {
+			res[0].Grant, res[0].Err = n.Claim(ctx, chunk[0])
+			continue
+		}
+		if !n.claimTogether(ctx, chunk, res) {
+			for i, c := range chunk {
+				res[i].Grant, res[i].Err = n.Claim(ctx, c)
+			}
+		}
+	}
+	return out
+}
+
+// claimTogether tries chunk in one Txn and fills res; false: it did not
+// apply (a guard failed), the claims are to be made one by one.
+func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResult) bool {
+	c0 := chunk[0]
+	s, member := n.sessionFor(c0.Job)
+	if s == nil || member == 0 || s.ctx.Err() != nil {
+		for i := range res {
+			res[i].Err = ErrNotUp
+		}
+		return true
+	}
+	cmps := n.claimShared(c0, member)
+	var ops []clientv3.Op
+	parts := make([]claimParts, len(chunk))
+	for i, c := range chunk {
+		if c.Job != c0.Job || c.MapRev != c0.MapRev {
+			return false // not one job's: one by one
+		}
+		p, err := n.claimTxn(s, c)
+		if err != nil {
+			return false
+		}
+		parts[i] = p
+		cmps = append(cmps, p.cmps...)
+		ops = append(ops, p.ops...)
 	}
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(
-		clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
-		clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
-	).Commit()
+	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
 	if err != nil {
-		// Unknown outcome. If the claim applied, its marker holds the item
-		// for as long as this session lives: nobody else may run the item,
-		// and no later fire here would either. Read it back.
-		n.log.Warn("claim outcome unknown; reading it back", "job", c.Job, "item", c.Item, "fire", c.Fire, "err", err)
-		fence, rerr := n.readBackClaim(ctx, s, c, val)
-		if rerr != nil {
-			return nil, rerr
+		// Unknown outcome: read each claim back, as Claim does.
+		n.log.Warn("claims' outcome unknown; reading them back", "job", c0.Job, "items", len(chunk), "err", err)
+		for i, c := range chunk {
+			fence, rerr := n.readBackClaim(ctx, s, c, parts[i].val)
+			if rerr != nil {
+				res[i].Err = rerr
+				continue
+			}
+			n.wroteItems(fence)
+			rec := parts[i].rec
+			rec.Fence = fence
+			res[i].Grant = &Grant{Fence: fence, Ctx: s.ctx, record: rec}
 		}
-		rec.Fence = fence
-		return &Grant{Fence: fence, Ctx: s.ctx, record: rec}, nil
+		return true
 	}
 	if !resp.Succeeded {
-		return nil, ErrClaimLost
+		return false
 	}
-	rec.Fence = resp.Header.Revision
-	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
+	n.wroteItems(resp.Header.Revision)
+	for i := range chunk {
+		rec := parts[i].rec
+		rec.Fence = resp.Header.Revision
+		res[i].Grant = &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}
+	}
+	return true
 }
 
 // readBackClaim settles a claim whose transaction ended with an unknown
@@ -414,8 +543,13 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	}
 	rec.End = o.End.UTC()
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
-	for {
-		err := n.finish(ctx, rec, g.Fence, true)
+	for try := 0; ; try++ {
+		var err error
+		if try == 0 {
+			err = n.completions.do(ctx, n, rec, g.Fence) // with the outcomes of others
+		} else {
+			err = n.finish(ctx, rec, g.Fence, true)
+		}
 		if err == nil || errors.Is(err, ErrClaimLost) {
 			return err
 		}
@@ -504,27 +638,22 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 	if err != nil {
 		return false, fmt.Errorf("begin items of job %q: %w", job, err)
 	}
+	if resp.Succeeded {
+		n.wroteItems(resp.Header.Revision)
+	}
 	return resp.Succeeded, nil
 }
 
 // finish writes rec to the item and its history if the item record is still
 // at revision rev, and removes the running marker when clearRunning is set.
 func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunning bool) error {
-	k := n.keys
-	val, err := json.Marshal(rec)
+	cmp, ops, err := n.finishTxn(rec, rev, clearRunning)
 	if err != nil {
 		return err
 	}
-	ops := []clientv3.Op{
-		clientv3.OpPut(k.Item(rec.Job, rec.Item), string(val)),
-		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%HistoryPerItem), string(val)),
-	}
-	if clearRunning {
-		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
-	}
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev)).Then(ops...).Commit()
+	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Commit()
 	if err != nil {
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
 	}
@@ -532,6 +661,7 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
 	}
+	n.wroteItems(resp.Header.Revision)
 	return nil
 }
 
@@ -567,4 +697,116 @@ func sortRecords(recs []ItemRecord) {
 		}
 		return int(a.Seq - b.Seq)
 	})
+}
+
+// finishTxn is the guard and the writes of finish.
+func (n *Node) finishTxn(rec ItemRecord, rev int64, clearRunning bool) (clientv3.Cmp, []clientv3.Op, error) {
+	k := n.keys
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return clientv3.Cmp{}, nil, err
+	}
+	ops := []clientv3.Op{
+		clientv3.OpPut(k.Item(rec.Job, rec.Item), string(val)),
+		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%HistoryPerItem), string(val)),
+	}
+	if clearRunning {
+		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
+	}
+	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
+}
+
+// completer groups the outcomes of runs into shared Txns by group commit:
+// an outcome that comes while no Txn of outcomes is in flight is written at
+// once; those that come while one is are written together by the next.
+// Each keeps its own guard (its claim's fence); when a shared Txn's guards
+// fail, each outcome is written on its own, so that one taken-over item
+// does not fail the others. No timer, so no outcome waits for company.
+type completer struct {
+	mu      sync.Mutex
+	busy    bool // a flush is writing
+	pending []*completion
+}
+
+type completion struct {
+	rec   ItemRecord
+	fence int64
+	done  chan error // buffered(1)
+}
+
+// completionsPerTxn bounds a shared Txn: 3 writes per outcome within
+// etcd's default --max-txn-ops of 128.
+const completionsPerTxn = 42
+
+// do writes rec's outcome, guarded by fence, with others' if they come
+// together; it returns finish's error for it.
+func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64) error {
+	req := &completion{rec: rec, fence: fence, done: make(chan error, 1)}
+	c.mu.Lock()
+	c.pending = append(c.pending, req)
+	flusher := !c.busy
+	c.busy = true
+	c.mu.Unlock()
+	if flusher {
+		c.flush(n)
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flush writes pending outcomes until none is left.
+func (c *completer) flush(n *Node) {
+	for {
+		c.mu.Lock()
+		batch := c.pending[:min(len(c.pending), completionsPerTxn)]
+		c.pending = c.pending[len(batch):]
+		if len(batch) == 0 {
+			c.busy = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		c.write(n, batch)
+	}
+}
+
+func (c *completer) write(n *Node, batch []*completion) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.opts.TTL)
+	defer cancel()
+	if len(batch) == 1 {
+		batch[0].done <- n.finish(ctx, batch[0].rec, batch[0].fence, true)
+		return
+	}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	ok := batch[:0:0]
+	for _, r := range batch {
+		cmp, o, err := n.finishTxn(r.rec, r.fence, true)
+		if err != nil {
+			r.done <- err
+			continue
+		}
+		cmps, ops, ok = append(cmps, cmp), append(ops, o...), append(ok, r)
+	}
+	batch = ok
+	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	switch {
+	case err != nil: // unknown outcome: each retries on its own (a rewrite is harmless)
+		for _, r := range batch {
+			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
+		}
+	case resp.Succeeded:
+		n.wroteItems(resp.Header.Revision)
+		for _, r := range batch {
+			r.done <- nil
+		}
+	default: // some guard failed: each on its own
+		for _, r := range batch {
+			r.done <- n.finish(ctx, r.rec, r.fence, true)
+		}
+	}
 }

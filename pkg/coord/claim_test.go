@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,5 +53,186 @@ func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
 	}
 	if _, err := n.readBackClaim(ctx, s, c, written); !errors.Is(err, ErrClaimLost) {
 		t.Errorf("claim whose marker is gone: err = %v, want ErrClaimLost", err)
+	}
+}
+
+// ClaimAll wins the claims of one job in one Txn, at one fence; when one
+// item's guard fails, the others are still won, one by one.
+func TestClaimAll(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 4)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	claims := func() []Claim {
+		items, err := n.ReadItems(ctx, "orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cs []Claim
+		for item := range 4 {
+			cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
+		}
+		return cs
+	}
+	res := n.ClaimAll(ctx, claims()) // one Txn: one fence for all
+	for i, r := range res {
+		if r.Err != nil || r.Grant.Fence != res[0].Grant.Fence {
+			t.Fatalf("claim %d: %+v (first fence %d)", i, r, res[0].Grant.Fence)
+		}
+		if err := n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Item 2 changes between the read and the claims: the others are won.
+	cs := claims()
+	for i := range cs {
+		cs[i].Fire, cs[i].Sched = fire.Add(time.Minute), fire.Add(time.Minute)
+	}
+	if _, err := n.cli.Put(ctx, n.keys.RunningItem("orders", 2), "b"); err != nil {
+		t.Fatal(err)
+	}
+	res = n.ClaimAll(ctx, cs)
+	for i, r := range res {
+		switch {
+		case i == 2 && !errors.Is(r.Err, ErrClaimLost):
+			t.Errorf("item 2, held by b: %+v, want ErrClaimLost", r)
+		case i != 2 && (r.Err != nil || r.Grant == nil):
+			t.Errorf("item %d: %+v, want won", i, r)
+		}
+	}
+}
+
+// Outcomes that come together are written together; one whose guard fails
+// (its item was taken over) does not fail the others.
+func TestCompletionsTogether(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 8)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	items, err := n.ReadItems(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []Claim
+	for item := range 8 {
+		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
+	}
+	res := n.ClaimAll(ctx, cs)
+	// Item 5 is taken over meanwhile.
+	if _, err := n.cli.Put(ctx, n.keys.Item("orders", 5), `{"job":"orders","item":5,"state":"RUNNING","instance":"b"}`); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, 8)
+	var wg sync.WaitGroup
+	for i, r := range res {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if (i == 5) != errors.Is(err, ErrClaimLost) || (i != 5 && err != nil) {
+			t.Errorf("item %d: %v", i, err)
+		}
+	}
+	for item := range 8 {
+		st, _ := n.ReadItem(ctx, "orders", item)
+		if item != 5 && (st.Record.State != StateDone || st.RunningBy != "") {
+			t.Errorf("item %d: %+v", item, st)
+		}
+	}
+}
+
+// A batch of outcomes whose guards hold is one Txn: one revision.
+func TestCompletionsBatchIsOneTxn(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 4)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	items, err := n.ReadItems(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []Claim
+	for item := range 4 {
+		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
+	}
+	var batch []*completion
+	for _, r := range n.ClaimAll(ctx, cs) {
+		rec := r.Grant.record
+		rec.State = StateDone
+		batch = append(batch, &completion{rec: rec, fence: r.Grant.Fence, done: make(chan error, 1)})
+	}
+	before, _ := n.cli.Get(ctx, "x")
+	var c completer
+	c.write(n.Node, batch)
+	after, _ := n.cli.Get(ctx, "x")
+	for i, r := range batch {
+		if err := <-r.done; err != nil {
+			t.Errorf("outcome %d: %v", i, err)
+		}
+	}
+	if revs := after.Header.Revision - before.Header.Revision; revs != 1 {
+		t.Errorf("4 outcomes took %d revisions, want 1 Txn", revs)
+	}
+}
+
+// Item states come from the watch once a job's cache is filled: this
+// instance's own claims and outcomes show in what it reads next, another
+// writer's changes too, and reading needs no request to etcd.
+func TestItemCache(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	read := func() JobItems {
+		t.Helper()
+		items, err := n.ReadItems(ctx, "orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return items
+	}
+	read() // subscribes the cache and fills it
+	g, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: read().Items[0], Sched: fire})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := read().Items[0]; st.Record == nil || st.Record.State != StateRunning || !st.RunningMine || st.Rev != g.Fence {
+		t.Fatalf("own claim not in the next read: %+v", st)
+	}
+	if err := n.Complete(ctx, g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+		t.Fatal(err)
+	}
+	if st := read().Items[0]; st.Record == nil || st.Record.State != StateDone || st.RunningBy != "" {
+		t.Fatalf("own outcome not in the next read: %+v", st)
+	}
+	// Another writer: b's marker on item 1, and an operator's disable mark.
+	if _, err := n.cli.Put(ctx, n.keys.RunningItem("orders", 1), "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.cli.Put(ctx, n.keys.DisabledItem("orders", 0), ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "others' changes in the cache", func() bool {
+		items := read()
+		return items.Items[1].RunningBy == "b" && items.Items[0].Disabled
+	})
+	// With etcd out of reach the cache still answers, at once.
+	n.proxy.Blackhole()
+	defer n.proxy.Restore()
+	start := time.Now()
+	if st := read().Items[1]; st.RunningBy != "b" {
+		t.Errorf("cached read: %+v", st)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("a cached read took %s: it went to etcd", took)
 	}
 }

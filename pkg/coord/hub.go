@@ -44,6 +44,10 @@ type hub struct {
 
 	mu   sync.Mutex
 	subs map[string]map[*subscription]struct{} // by job
+	// delivered is the revision through which every event was delivered;
+	// advanced is closed (and replaced) when it grows.
+	delivered int64
+	advanced  chan struct{}
 }
 
 // subscription is one subscriber's interest in the keys of one job under
@@ -56,7 +60,8 @@ type subscription struct {
 }
 
 func newHub(cli *clientv3.Client, keys Keys, onErr func(string, error)) *hub {
-	return &hub{cli: cli, prefix: keys.Jobs(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
+	return &hub{cli: cli, prefix: keys.Jobs(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{},
+		advanced: make(chan struct{})}
 }
 
 // subscribe calls event for every event on a key of job starting with
@@ -107,6 +112,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 			default:
 				close(h.ready)
 			}
+			h.advance(rev)
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 		wch := h.cli.Watch(wctx, h.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
@@ -128,6 +134,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 			if wr.IsProgressNotify() && wr.Header.Revision > rev {
 				rev = wr.Header.Revision
 			}
+			h.advance(rev)
 		}
 		cancel()
 		sleep(ctx, b.next())
@@ -175,6 +182,44 @@ func (h *hub) resyncAll() {
 	h.mu.Unlock()
 	for _, s := range all {
 		s.resync()
+	}
+}
+
+// advance records that every event through rev was delivered.
+func (h *hub) advance(rev int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if rev > h.delivered {
+		h.delivered = rev
+		close(h.advanced)
+		h.advanced = make(chan struct{})
+	}
+}
+
+// waitDelivered waits until every event through rev was delivered, at most
+// for max (or until ctx is done). It returns the delivered revision and
+// whether it reached rev.
+func (h *hub) waitDelivered(ctx context.Context, rev int64, max time.Duration) (int64, bool) {
+	var timeout <-chan time.Time
+	for {
+		h.mu.Lock()
+		delivered, advanced := h.delivered, h.advanced
+		h.mu.Unlock()
+		if delivered >= rev && delivered > 0 {
+			return delivered, true
+		}
+		if timeout == nil {
+			t := time.NewTimer(max)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-advanced:
+		case <-timeout:
+			return delivered, false
+		case <-ctx.Done():
+			return delivered, false
+		}
 	}
 }
 

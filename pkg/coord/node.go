@@ -79,6 +79,13 @@ type Node struct {
 	// Each job's campaign and first map follow its registration, so the
 	// bound paces them too.
 	admission chan struct{}
+	// completions groups the outcomes of runs that end together into
+	// shared Txns (see completer).
+	completions completer
+	// itemCaches keep jobs' item keys from the hub's watch (itemcache.go);
+	// lastItemWrite is the revision of this node's last write of item keys.
+	itemCaches    map[string]*itemCache
+	lastItemWrite atomic.Int64
 }
 
 // maxRegistering is the bound of Node.admission.
@@ -139,6 +146,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		keys:       NewKeys(opts.Prefix),
 		log:        opts.Logger.With("instance", opts.ID),
 		views:      map[string]*JobView{},
+		itemCaches: map[string]*itemCache{},
 		mapSubs:    map[string]map[*int]func(){},
 		registered: map[string]string{},
 		changed:    make(chan struct{}, 1),
@@ -175,12 +183,17 @@ func (n *Node) SetJobs(jobs []*config.Job) {
 			n.views[j.Name] = &JobView{Local: j, Job: j}
 		}
 	}
+	var dropped []string
 	for name := range n.views {
 		if _, ok := n.jobs[name]; !ok {
 			delete(n.views, name)
+			dropped = append(dropped, name)
 		}
 	}
 	n.mu.Unlock()
+	for _, name := range dropped {
+		n.dropItemCache(name)
+	}
 	n.republish()
 }
 

@@ -89,7 +89,13 @@ type Engine struct {
 	// waiting are the loops that found no free concurrency slot; the next
 	// slot given back wakes them.
 	waiting map[*jobLoop]struct{}
+	// ready measures how long runs take to be ready, for the lead of
+	// claims ahead of the fire.
+	ready readyLatency
 }
+
+// lead is how long before a fire its items are claimed and prepared.
+func (e *Engine) lead() time.Duration { return e.ready.lead() }
 
 // releaseSlots gives back a run's concurrency slots and wakes the loops
 // that wanted one.

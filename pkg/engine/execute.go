@@ -22,22 +22,22 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	e, job, a := j.e, v.Job, s.a
 	log := j.log.With("item", s.item, "fire", a.fire.UTC(), "attempt", a.attempt, "source", a.source)
 	defer e.releaseSlots(s.slots...)
-	if ctx.Err() != nil {
+	if ctx.Err() != nil && s.claimed == nil { // a claim won already is run (and recorded)
 		return false
 	}
 
 	var g *coord.Grant
 	var err error
-	if a.kind == adopt {
+	switch {
+	case s.claimed != nil:
+		g, err = s.claimed.Grant, s.claimed.Err
+	case a.kind == adopt:
 		g, err = e.opts.Node.Adopt(ctx, j.name, s.item, s.st)
 		if err == nil {
 			log.Warn("a claim of this session applied after its reply was lost; running it", "fence", g.Fence)
 		}
-	} else {
-		g, err = e.opts.Node.Claim(ctx, coord.Claim{
-			Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
-			Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger,
-		})
+	default:
+		g, err = e.opts.Node.Claim(ctx, j.claimOf(v, s))
 	}
 	switch {
 	case err == nil:
@@ -54,12 +54,22 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	rc := runner.Context{
 		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
 		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: e.opts.Node.ID(), Source: a.source,
-		Skipped: a.skipped,
+		Skipped: a.skipped, StartAt: a.startAt,
+		Release: func() error {
+			if j.pastFenceDeadline(g) {
+				return errFenced
+			}
+			return nil
+		},
 	}
 	if v.Map != nil {
 		rc.Total = v.Map.Total
 	}
-	log.Info("run", "fence", g.Fence, "skipped", a.skipped)
+	if a.startAt.IsZero() {
+		log.Info("run", "fence", g.Fence, "skipped", a.skipped)
+	} else {
+		log.Info("run", "fence", g.Fence, "skipped", a.skipped, "claimed_ahead", a.startAt.Sub(time.Now()).Round(time.Microsecond))
+	}
 	if a.skipped > 0 && e.opts.OnSkipped != nil {
 		e.opts.OnSkipped(job.Name, a.skipped)
 	}
@@ -68,6 +78,9 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		e.opts.OnStart(job.Name)
 	}
 	res, out := j.work(g, job, rc)
+	if !res.Prepared.IsZero() && !s.read.IsZero() && a.source != coord.SourceManual {
+		e.ready.observe(res.Prepared.Sub(s.read))
+	}
 	if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
 		if errors.Is(err, coord.ErrClaimLost) {
 			log.Warn("outcome not recorded: another instance took the item over", "state", out.State, "fence", g.Fence)
@@ -97,6 +110,19 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		}()
 	}
 	return true
+}
+
+// errFenced is why a run prepared ahead was not started: its session
+// passed its fence deadline (shardd was paused or cut off) meanwhile.
+var errFenced = errors.New("the session's fence deadline passed before the run started")
+
+// claimOf is the claim of the run s decided on.
+func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {
+	a := s.a
+	return coord.Claim{
+		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
+		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger,
+	}
 }
 
 // pastFenceDeadline reports whether the session of g has passed (or

@@ -78,6 +78,14 @@ func (f *fakeNode) ReadItems(context.Context, string) (coord.JobItems, error) {
 	return out, nil
 }
 
+func (f *fakeNode) ClaimAll(ctx context.Context, claims []coord.Claim) []coord.ClaimResult {
+	out := make([]coord.ClaimResult, len(claims))
+	for i, c := range claims {
+		out[i].Grant, out[i].Err = f.Claim(ctx, c)
+	}
+	return out
+}
+
 func (f *fakeNode) Claim(_ context.Context, c coord.Claim) (*coord.Grant, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -267,6 +275,12 @@ func TestReconcileOnFake(t *testing.T) {
 			map[int]coord.ItemState{0: done(0), 1: done(10)}, 13, true, []string{"0 12:00:10 1 NORMAL"}},
 		{"nothing without a session", map[string][]int{"a": {0, 1}},
 			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, false, nil},
+		{"the next fire is claimed ahead, within the lead", map[string][]int{"a": {0, 1}},
+			map[int]coord.ItemState{0: done(0), 1: done(0)}, 9.98, true, []string{"0 12:00:10 1 NORMAL", "1 12:00:10 1 NORMAL"}},
+		{"not beyond the lead", map[string][]int{"a": {0, 1}},
+			map[int]coord.ItemState{0: done(0), 1: done(0)}, 9.9, true, nil},
+		{"not a fire that would coalesce others: it waits for its time", map[string][]int{"a": {0}},
+			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(0), Sched: at(0), State: coord.StateDone, Attempt: 1, End: at(10.5)}}}, 9.98, true, nil},
 		{"an item running elsewhere waits", map[string][]int{"a": {0, 1}},
 			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(0), Sched: at(0), State: coord.StateRunning, Attempt: 1}, RunningBy: "b"}, 1: done(10)}, 10.05, true, nil},
 	}
@@ -436,5 +450,33 @@ func TestReconcileKeepsATriggerWhileTheItemIsBusy(t *testing.T) {
 	wait()
 	if got := f.claimed(); len(got) != 1 || len(j.triggers) != 0 {
 		t.Fatalf("the trigger ran again or stayed pending: claims %q, pending %d", got, len(j.triggers))
+	}
+}
+
+// A run claimed ahead carries its fire as its start time; one claimed at
+// or after its fire starts at once.
+func TestClaimAheadStartsAtTheFire(t *testing.T) {
+	for _, tc := range []struct {
+		now  time.Duration
+		want time.Time
+	}{{10*time.Second - 20*time.Millisecond, noon.Add(10 * time.Second)}, {10*time.Second + 20*time.Millisecond, time.Time{}}} {
+		f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
+		f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+		clock := &fakeClock{now: noon.Add(tc.now)}
+		j, wait := loopOn(f, clock, nil)
+		var got []time.Time
+		var mu sync.Mutex
+		work := j.e.work
+		j.e.work = func(ctx context.Context, c runner.Context) runner.Result {
+			mu.Lock()
+			got = append(got, c.StartAt)
+			mu.Unlock()
+			return work(ctx, c)
+		}
+		j.reconcile(context.Background())
+		wait()
+		if len(got) != 1 || !got[0].Equal(tc.want) {
+			t.Errorf("at fire%+v: StartAt %v, want %v", tc.now-10*time.Second, got, tc.want)
+		}
 	}
 }

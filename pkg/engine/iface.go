@@ -28,6 +28,8 @@ type Cluster interface {
 type Items interface {
 	ReadItems(ctx context.Context, job string) (coord.JobItems, error)
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
+	// ClaimAll makes claims of one job together (coord.Node.ClaimAll).
+	ClaimAll(ctx context.Context, claims []coord.Claim) []coord.ClaimResult
 	Adopt(ctx context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, o coord.Outcome) error
 	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev coord.ItemState) error

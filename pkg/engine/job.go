@@ -116,6 +116,9 @@ type start struct {
 	st    coord.ItemState
 	a     action
 	slots []semaphore // taken for the run; execute gives them back
+	read  time.Time   // when the reconcile that decided on it read the items
+	// claimed is the claim's result when launch made it with others'.
+	claimed *coord.ClaimResult
 }
 
 // reconcile reads the job's items, decides for each, starts the runs and
@@ -157,9 +160,17 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		return next
 	}
 	j.clockErr = ""
+	// The next fire is claimed a lead time ahead, and its work prepared, so
+	// that it starts on time (docs/performance.md): the loop wakes at fire
+	// - lead, and at the fire for what it could not claim ahead.
+	var ahead time.Time
 	if job.Schedule != nil {
-		if f := job.Schedule.Next(now); !f.IsZero() && f.Before(next) {
-			next = f
+		if f := job.Schedule.Next(now); !f.IsZero() {
+			if lead := e.lead(); f.Sub(now) <= lead {
+				ahead, next = f, earliest(next, f)
+			} else {
+				next = earliest(next, f.Add(-lead))
+			}
 		}
 	}
 	// A run that ends while the items are read leaves a stale RUNNING
@@ -188,6 +199,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 	}
 	j.lastRead = now
+	readAt := time.Now() // real time: the lead is measured against the runner's
 	items, err := e.opts.Node.ReadItems(ctx, j.name)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -219,6 +231,13 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" {
 			a = j.manual(item, st, now)
 		}
+		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && !ahead.IsZero() {
+			// Nothing due now: claim the next fire ahead if, as of that
+			// fire, it would simply run (on time, nothing coalesced).
+			if b := decide(st, local, p, ahead); b.kind == run && b.fire.Equal(ahead) && b.source == coord.SourceNormal && b.skipped == 0 && b.attempt == 1 {
+				a, a.startAt = b, ahead
+			}
+		}
 		if a.kind == none {
 			continue
 		}
@@ -229,7 +248,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 			}
 			// A runtime route's turn applies to runs; records are written
 			// by whoever comes first.
-			if at.After(now) && a.kind == run {
+			if at.After(now) && a.kind == run && (a.startAt.IsZero() || at.After(a.fire)) {
 				next = earliest(next, at)
 				continue
 			}
@@ -242,7 +261,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 			fresh = append(fresh, item)
 			continue
 		}
-		starts = append(starts, start{item: item, st: st, a: a})
+		starts = append(starts, start{item: item, st: st, a: a, read: readAt})
 	}
 	// Concurrency slots go to the oldest fires first, so that no item
 	// starves behind lower-numbered ones.
@@ -460,6 +479,19 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 	}
 	j.runs.mu.Unlock()
 	e := j.e
+	// The claims of several items go together: one Txn, one fence.
+	var claims []coord.Claim
+	var of []int
+	for i, s := range starts {
+		if s.a.kind != adopt {
+			claims, of = append(claims, j.claimOf(v, s)), append(of, i)
+		}
+	}
+	if len(claims) > 1 && ctx.Err() == nil {
+		for k, r := range e.opts.Node.ClaimAll(ctx, claims) {
+			starts[of[k]].claimed = &r
+		}
+	}
 	one := func(s start) bool {
 		defer func() {
 			j.runs.mu.Lock()

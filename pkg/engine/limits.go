@@ -1,5 +1,10 @@
 package engine
 
+import (
+	"sync"
+	"time"
+)
+
 // semaphore bounds concurrent runs; a nil semaphore bounds nothing. A run
 // takes and gives back the same value, even when the job's maxConcurrency
 // changes (and its semaphore is replaced) while it runs.
@@ -41,4 +46,45 @@ func release(sems ...semaphore) {
 			<-s
 		}
 	}
+}
+
+// readyLatency keeps, for this instance's last runs, how long it took from
+// the reconcile that decided on the run (its read of the items) to the
+// work being ready to start (claimed, and its process waiting behind its
+// gate): the lead of claims ahead of the fire is derived from it.
+type readyLatency struct {
+	mu     sync.Mutex
+	recent [32]time.Duration
+	n      int
+}
+
+func (c *readyLatency) observe(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.recent[c.n%len(c.recent)] = d
+	c.n++
+}
+
+// Bounds of the lead: before any claim is measured it is defaultLead.
+const (
+	minLead     = 10 * time.Millisecond
+	maxLead     = 250 * time.Millisecond
+	defaultLead = 50 * time.Millisecond
+	// margin is added to the lead for what the samples may not show.
+	margin = 2 * time.Millisecond
+)
+
+// lead is how long before a fire its items are read and claimed and their
+// work prepared: twice the slowest recent time this took, plus a margin.
+func (c *readyLatency) lead() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == 0 {
+		return defaultLead
+	}
+	slowest := time.Duration(0)
+	for _, d := range c.recent[:min(c.n, len(c.recent))] {
+		slowest = max(slowest, d)
+	}
+	return min(max(2*slowest+margin, minLead), maxLead)
 }

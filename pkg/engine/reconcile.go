@@ -55,6 +55,9 @@ type action struct {
 	// oldest is the earliest fire the action accounts for (zero: fire):
 	// runs waiting longest get concurrency slots first.
 	oldest time.Time
+	// startAt is set on a run claimed ahead of its fire: its work starts
+	// then (see docs/performance.md).
+	startAt time.Time
 }
 
 // waitingSince is when the fires an action serves began to be due.

@@ -225,7 +225,8 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		res.Err = err
 		return res
 	}
-	if err := waitUntil(ctx, c.StartAt); err != nil { // prepared ahead: sent at its time
+	res.Prepared = time.Now()
+	if err := release(ctx, c); err != nil { // prepared ahead: sent at its time, if still wanted
 		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
 		return res
 	}

@@ -45,6 +45,13 @@ type Context struct {
 	// watchdog) is released then, if its context is still live and the
 	// session's fence deadline has not passed. Zero: at once.
 	StartAt time.Time `json:"-"`
+	// Release, if set, is asked right before the work starts whether it
+	// still may (nil error): the engine checks that its session's fence
+	// deadline has not passed. A pause of shardd across StartAt must not
+	// start a run whose claim another instance may have taken over; the
+	// context's cancellation by the session's timer may come a moment
+	// after the pause ends, too late to be seen.
+	Release func() error `json:"-"`
 	// Output, if set, receives the run's whole output as it comes: the
 	// script's stdout and stderr, or the hook's answer (redacted). It is
 	// where the run goes, not what it is: never sent to the work.
@@ -104,6 +111,10 @@ type Result struct {
 	// Started is when the work began: the child process existed, or the
 	// request was about to be sent. Zero when it never began.
 	Started time.Time
+	// Prepared is when the work was ready to start: a script's process
+	// waiting behind its gate, a hook's request built. For a run with a
+	// StartAt, it says how long before its time it was ready (or late).
+	Prepared time.Time
 	// OK is set when the work succeeded: exit 0, or an accepted HTTP status.
 	OK bool
 	// ExitCode of a script; -1 if it did not exit normally, and for a hook.
@@ -116,6 +127,18 @@ type Result struct {
 	Retryable bool
 	// Output is the tail of the script's output or the response body.
 	Output string
+}
+
+// release waits until c.StartAt (if set) or ctx's end, and says whether the
+// work may start: ctx is live and c.Release agrees.
+func release(ctx context.Context, c Context) error {
+	if err := waitUntil(ctx, c.StartAt); err != nil {
+		return err
+	}
+	if c.Release != nil {
+		return c.Release()
+	}
+	return nil
 }
 
 // waitUntil waits until t or ctx's end, and returns ctx's cause if it ended.

@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"strconv"
 	"strings"
@@ -62,7 +63,7 @@ func TestScriptGetsContextAsEnv(t *testing.T) {
 			}
 		}
 	}
-	if got != ctxFixture {
+	if !reflect.DeepEqual(got, ctxFixture) {
 		t.Errorf("SHARDD_CONTEXT = %+v, want %+v", got, ctxFixture)
 	}
 }
@@ -252,7 +253,7 @@ func TestHTTPHook(t *testing.T) {
 		t.Fatalf("ok: %+v", res)
 	}
 	mu.Lock()
-	if gotAuth != "Bearer s3cret" || gotBody != ctxFixture || !strings.Contains(gotSharding, `"shardingItem":2`) {
+	if gotAuth != "Bearer s3cret" || !reflect.DeepEqual(gotBody, ctxFixture) || !strings.Contains(gotSharding, `"shardingItem":2`) {
 		t.Errorf("request: auth %q, body %+v, shardingContext %q", gotAuth, gotBody, gotSharding)
 	}
 	mu.Unlock()
@@ -929,5 +930,36 @@ func TestHTTPHookStartsAtItsTime(t *testing.T) {
 	defer mu.Unlock()
 	if got.Before(c.StartAt) {
 		t.Errorf("the hook was called at %s, before StartAt %s", got, c.StartAt)
+	}
+}
+
+// Release says no at the start time (the engine's session passed its fence
+// deadline while shardd was paused): neither a script nor a hook starts.
+func TestReleaseRefusedNothingStarts(t *testing.T) {
+	fenced := errors.New("fenced")
+	c := ctxFixture
+	c.StartAt = time.Now().Add(50 * time.Millisecond)
+	c.Release = func() error { return fenced }
+	dir := t.TempDir()
+	for _, watched := range []bool{false, true} {
+		s := Script{Shell: "touch " + filepath.Join(dir, "ran")}
+		if watched {
+			s.Watchdog = startWatchdog(t)
+			s.Watchdog.SetDeadline(time.Now().Add(time.Hour))
+		}
+		res := s.Run(context.Background(), c)
+		if res.OK || !errors.Is(res.Err, ErrKilled) || !strings.Contains(res.Err.Error(), "fenced") || !res.Started.IsZero() {
+			t.Errorf("script, watched %v: %+v", watched, res)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Error("a script ran")
+	}
+	called := false
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { called = true }))
+	defer srv.Close()
+	h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", Timeout: 5 * time.Second}, TLSFiles{})
+	if res := h.Run(context.Background(), c); res.OK || !errors.Is(res.Err, ErrKilled) || called {
+		t.Errorf("hook: %+v, called %v", res, called)
 	}
 }

@@ -260,8 +260,9 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		lines.Close()
 	}
 
-	if gate == nil && !c.StartAt.IsZero() { // no gate to hold it: start it at its time
-		if err := waitUntil(ctx, c.StartAt); err != nil {
+	res.Prepared = time.Now()
+	if gate == nil { // no gate to hold it: start it at its time, if still wanted
+		if err := release(ctx, c); err != nil {
 			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
 			closeWriters()
 			waitCopied(time.Second)
@@ -296,10 +297,12 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			why = errors.New("the session's fence deadline passed")
 		}
 		defer s.Watchdog.Del(pgid)
-		if why == nil && !c.StartAt.IsZero() {
-			// Prepared ahead: released at its time, if still wanted then.
-			if why = waitUntil(ctx, c.StartAt); why == nil && s.Watchdog.Expired() {
-				why = errors.New("the session's fence deadline passed before the start time")
+		res.Prepared = time.Now()
+		if why == nil {
+			// Prepared (ahead, with a StartAt): released at its time, if
+			// still wanted then.
+			if why = release(ctx, c); why == nil && s.Watchdog.Expired() {
+				why = errors.New("the session's fence deadline passed")
 			}
 		}
 		if why == nil {

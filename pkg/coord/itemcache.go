@@ -1,0 +1,200 @@
+package coord
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The item cache keeps each job's item keys (records, running markers,
+// disable marks) as the hub's watch delivers them, so that a job's reconcile
+// need not read them from etcd before every decision ([3/8]: one read per
+// fire per instance was most of etcd's load).
+//
+// What it may serve. Decisions made on the cache are as safe as decisions
+// made on a read: every write they lead to is guarded in etcd (a claim by
+// the record's ModRevision and the marker's absence, a skip or a settle by
+// the record's ModRevision), so a stale state can only lose a claim, never
+// win a wrong one. What the cache must not do is make this instance blind
+// to its own writes, which would make it decide again on what it just did:
+// the node remembers the revision of its last write of item keys, and the
+// cache serves a job only once the hub has delivered every event up to that
+// revision (it waits up to cacheWait; else the caller reads etcd). Events
+// the hub delivers after the read that filled the cache, for revisions the
+// read already covers, fold in by each key's revision; until they all have,
+// a key deleted before the read may show again for a moment: a stale state,
+// which the guards above make safe.
+//
+// States of one job's cache:
+//
+//	(none) --first ReadItems: subscribe--> empty --ReadItems' read at R--> filled at R
+//	filled --events after R, in order, as the hub delivers them--> filled
+//	filled --hub resync (events lost to compaction)--> empty
+//
+// Each key keeps the revision of its last change, deletions included, so
+// that a read and the events that overlap it fold in any order.
+
+// cacheWait bounds how long ReadItems waits for the hub to deliver this
+// node's own last write before it reads etcd instead.
+const cacheWait = 200 * time.Millisecond
+
+// itemCache is one job's item keys.
+type itemCache struct {
+	mu     sync.Mutex
+	filled bool
+	states map[int]*cachedItem
+	cancel func() // the hub subscriptions
+}
+
+// cachedItem is an item's keys, each with the revision of its last change.
+type cachedItem struct {
+	keys [3]cachedKey // record, running marker, disable mark
+}
+
+type cachedKey struct {
+	kv  *mvccpb.KeyValue // nil: absent
+	rev int64            // last change, a deletion included
+}
+
+// cachedItems returns job's items from its cache, and whether it could.
+// The first call for a job subscribes its cache: the caller's read that
+// follows fills it (fillItemCache).
+func (n *Node) cachedItems(ctx context.Context, job string) (JobItems, bool) {
+	n.mu.Lock()
+	c := n.itemCaches[job]
+	if c == nil {
+		c = n.subscribeItemCache(job)
+		n.itemCaches[job] = c
+	}
+	n.mu.Unlock()
+	c.mu.Lock()
+	filled := c.filled
+	c.mu.Unlock()
+	if !filled {
+		return JobItems{}, false
+	}
+	rev, ok := n.hub.waitDelivered(ctx, n.lastItemWrite.Load(), cacheWait)
+	if !ok {
+		return JobItems{}, false
+	}
+	lease := n.currentLease()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.filled {
+		return JobItems{}, false
+	}
+	out := JobItems{Rev: rev, Items: map[int]ItemState{}}
+	for item, ci := range c.states {
+		var st ItemState
+		for kind, ck := range ci.keys {
+			if ck.kv != nil {
+				n.decodeItemKey(job, item, kind, ck.kv, lease, &st)
+			}
+		}
+		if st.Record != nil || st.RunningBy != "" || st.Disabled {
+			out.Items[item] = st
+		}
+	}
+	return out, true
+}
+
+// subscribeItemCache subscribes a new cache to job's item keys. n.mu is held.
+func (n *Node) subscribeItemCache(job string) *itemCache {
+	c := &itemCache{states: map[int]*cachedItem{}}
+	k := n.keys
+	apply := func(kind int) func(*clientv3.Event) {
+		return func(ev *clientv3.Event) {
+			item, err := strconv.Atoi(lastSegment(string(ev.Kv.Key)))
+			if err != nil {
+				return
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.apply(item, kind, ev.Type == clientv3.EventTypeDelete, ev.Kv)
+		}
+	}
+	resync := func() { // events were lost: the next ReadItems reads and fills again
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.filled, c.states = false, map[int]*cachedItem{}
+	}
+	cancels := []func(){
+		n.hub.subscribe(job, k.Items(job), apply(0), resync),
+		n.hub.subscribe(job, k.Running(job), apply(1), resync),
+		n.hub.subscribe(job, k.DisabledItems(job), apply(2), resync),
+	}
+	c.cancel = func() {
+		for _, cancel := range cancels {
+			cancel()
+		}
+	}
+	return c
+}
+
+// fillItemCache folds a read of job's item keys (ReadItems' three ranges)
+// into its cache, if it has one waiting to be filled.
+func (n *Node) fillItemCache(job string, resp *clientv3.TxnResponse) {
+	n.mu.Lock()
+	c := n.itemCaches[job]
+	n.mu.Unlock()
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.filled {
+		return
+	}
+	for kind, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			if item, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+				c.apply(item, kind, false, kv)
+			}
+		}
+	}
+	c.filled = true
+}
+
+// dropItemCache forgets job's cache (the job is no longer local).
+func (n *Node) dropItemCache(job string) {
+	n.mu.Lock()
+	c := n.itemCaches[job]
+	delete(n.itemCaches, job)
+	n.mu.Unlock()
+	if c != nil {
+		c.cancel()
+	}
+}
+
+// apply folds one key's change into c, unless c has a newer one (a read
+// and the events overlap). c.mu is held.
+func (c *itemCache) apply(item, kind int, deleted bool, kv *mvccpb.KeyValue) {
+	ci := c.states[item]
+	if ci == nil {
+		ci = &cachedItem{}
+		c.states[item] = ci
+	}
+	ck := &ci.keys[kind]
+	if ck.rev >= kv.ModRevision {
+		return
+	}
+	ck.kv, ck.rev = kv, kv.ModRevision
+	if deleted {
+		ck.kv = nil
+	}
+}
+
+// wroteItems records the revision of a write of this node to item keys:
+// the cache serves no decision until the hub has delivered it.
+func (n *Node) wroteItems(rev int64) {
+	for {
+		cur := n.lastItemWrite.Load()
+		if rev <= cur || n.lastItemWrite.CompareAndSwap(cur, rev) {
+			return
+		}
+	}
+}
