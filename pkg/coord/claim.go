@@ -148,7 +148,9 @@ type JobItems struct {
 // ReadItems reads every item record, running marker and item-disable mark
 // of job in one request.
 func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
-	if items, ok := n.cachedItems(ctx, job); ok {
+	c := n.itemCacheOf(job)
+	items, gen, ok := n.cachedItems(ctx, job, c)
+	if ok {
 		return items, nil
 	}
 	k := n.keys
@@ -162,7 +164,7 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 	if err != nil {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
-	n.fillItemCache(job, resp)
+	c.fill(gen, resp)
 	lease := n.currentLease()
 	out := JobItems{Rev: resp.Header.Revision, Items: map[int]ItemState{}}
 	for i, r := range resp.Responses {
@@ -298,14 +300,14 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 		if rerr != nil {
 			return nil, rerr
 		}
-		n.wroteItems(fence)
+		n.sawRevision(fence)
 		rec.Fence = fence
 		return &Grant{Fence: fence, Ctx: s.ctx, record: rec}, nil
 	}
+	n.sawRevision(resp.Header.Revision)
 	if !resp.Succeeded {
 		return nil, ErrClaimLost
 	}
-	n.wroteItems(resp.Header.Revision)
 	rec.Fence = resp.Header.Revision
 	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
 }
@@ -435,17 +437,17 @@ func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResu
 				res[i].Err = rerr
 				continue
 			}
-			n.wroteItems(fence)
+			n.sawRevision(fence)
 			rec := parts[i].rec
 			rec.Fence = fence
 			res[i].Grant = &Grant{Fence: fence, Ctx: s.ctx, record: rec}
 		}
 		return true
 	}
+	n.sawRevision(resp.Header.Revision)
 	if !resp.Succeeded {
 		return false
 	}
-	n.wroteItems(resp.Header.Revision)
 	for i := range chunk {
 		rec := parts[i].rec
 		rec.Fence = resp.Header.Revision
@@ -638,9 +640,7 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 	if err != nil {
 		return false, fmt.Errorf("begin items of job %q: %w", job, err)
 	}
-	if resp.Succeeded {
-		n.wroteItems(resp.Header.Revision)
-	}
+	n.sawRevision(resp.Header.Revision)
 	return resp.Succeeded, nil
 }
 
@@ -655,14 +655,35 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 	defer cancel()
 	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Commit()
 	if err != nil {
+		// Unknown outcome (a timeout, a member lost, or ctx ended with the
+		// request on its way): read it back, so that a record written is
+		// reported written (the caller logs the policy it applied), not
+		// left to look unwritten to everyone but etcd.
+		if n.finishApplied(ctx, rec, ops[0]) {
+			return nil
+		}
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
 	}
+	n.sawRevision(resp.Header.Revision)
 	if !resp.Succeeded {
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
 	}
-	n.wroteItems(resp.Header.Revision)
 	return nil
+}
+
+// finishApplied reports whether a finish whose outcome is unknown applied:
+// the item record holds what it wrote (each record written is unique: it
+// carries its end time). One read, even after ctx ended.
+func (n *Node) finishApplied(ctx context.Context, rec ItemRecord, put clientv3.Op) bool {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Get(rctx, n.keys.Item(rec.Job, rec.Item))
+	if err != nil || len(resp.Kvs) == 0 || !bytes.Equal(resp.Kvs[0].Value, put.ValueBytes()) {
+		return false
+	}
+	n.sawRevision(resp.Kvs[0].ModRevision)
+	return true
 }
 
 // History returns the recorded executions of job, oldest first.
@@ -800,7 +821,7 @@ func (c *completer) write(n *Node, batch []*completion) {
 			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
 		}
 	case resp.Succeeded:
-		n.wroteItems(resp.Header.Revision)
+		n.sawRevision(resp.Header.Revision)
 		for _, r := range batch {
 			r.done <- nil
 		}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/shardd/shardd/internal/etcdtest"
 )
 
@@ -234,5 +236,136 @@ func TestItemCache(t *testing.T) {
 	}
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("a cached read took %s: it went to etcd", took)
+	}
+}
+
+// A reader woken by an event sees that event in the cache: the hub
+// delivers an event to its subscribers in no set order, and a reconcile
+// woken by the first must not read the cache before the cache has it (a
+// marker's deletion missed that way is a lost wake-up: the loop waits for
+// a deletion that already came).
+func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache and fills it
+		t.Fatal(err)
+	}
+	seen := make(chan ItemState, 1)
+	// The subscriber reads as a woken reconcile would, and waits a little
+	// for its answer (the hub goes on delivering meanwhile only if the
+	// read does not wait for it).
+	cancel := n.hub.subscribe("orders", n.keys.Running("orders"), func(ev *clientv3.Event) {
+		if ev.Type != clientv3.EventTypeDelete {
+			return
+		}
+		done := make(chan ItemState, 1)
+		go func() {
+			items, err := n.ReadItems(ctx, "orders")
+			if err != nil {
+				t.Error(err)
+			}
+			done <- items.Items[1]
+		}()
+		select {
+		case st := <-done:
+			seen <- st
+		case <-time.After(50 * time.Millisecond):
+			go func() { seen <- <-done }()
+		}
+	}, func() {})
+	defer cancel()
+	for i := range 20 {
+		if _, err := n.cli.Put(ctx, n.keys.RunningItem("orders", 1), "b"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, "b's marker in the cache", func() bool {
+			items, err := n.ReadItems(ctx, "orders")
+			return err == nil && items.Items[1].RunningBy == "b"
+		})
+		if _, err := n.cli.Delete(ctx, n.keys.RunningItem("orders", 1)); err != nil {
+			t.Fatal(err)
+		}
+		if st := <-seen; st.RunningBy != "" {
+			t.Fatalf("round %d: the reader woken by the marker's deletion still saw it: %+v", i, st)
+		}
+	}
+}
+
+// A read begun before the hub lost events (a compacted watch: resync) does
+// not fill the cache: it may miss events the hub will never deliver.
+func TestItemCacheNotFilledByAReadOlderThanAResync(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache and fills it
+		t.Fatal(err)
+	}
+	c := n.itemCacheOf("orders")
+	n.hub.resyncAll()
+	c.mu.Lock()
+	gen, filled := c.gen, c.filled
+	c.mu.Unlock()
+	if filled {
+		t.Fatal("cache still filled after a resync")
+	}
+	resp, err := n.cli.Txn(ctx).Then(
+		clientv3.OpGet(n.keys.Items("orders"), clientv3.WithPrefix()),
+		clientv3.OpGet(n.keys.Running("orders"), clientv3.WithPrefix()),
+		clientv3.OpGet(n.keys.DisabledItems("orders"), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+	).Commit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.hub.resyncAll() // events lost while the read was on its way
+	c.fill(gen, resp)
+	c.mu.Lock()
+	filled = c.filled
+	c.mu.Unlock()
+	if filled {
+		t.Fatal("a read begun before a resync filled the cache")
+	}
+	c.mu.Lock()
+	gen = c.gen
+	c.mu.Unlock()
+	c.fill(gen, resp)
+	if _, _, ok := n.cachedItems(ctx, "orders", c); !ok {
+		t.Fatal("a read of the current generation did not fill the cache")
+	}
+}
+
+// A record write (an outcome, a skip, a settle) whose outcome is unknown is
+// read back: written is reported written, even when the caller's context
+// ended with the request on its way (a graceful stop), so that the engine
+// logs the policy it applied.
+func TestFinishWithUnknownOutcomeIsReadBack(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	if err := n.Skip(ctx, "orders", 0, fire, 1, SkipTooOld, ItemState{}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := n.ReadItem(ctx, "orders", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ops, err := n.finishTxn(*st.Record, st.Rev, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if !n.finishApplied(ended, *st.Record, ops[0]) {
+		t.Error("a record written was read back as not written")
+	}
+	other := *st.Record
+	other.End = other.End.Add(time.Nanosecond)
+	_, ops, _ = n.finishTxn(other, st.Rev, false)
+	if n.finishApplied(ctx, other, ops[0]) {
+		t.Error("a record never written was read back as written")
 	}
 }

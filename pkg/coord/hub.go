@@ -48,6 +48,13 @@ type hub struct {
 	// advanced is closed (and replaced) when it grows.
 	delivered int64
 	advanced  chan struct{}
+
+	// delivering is held (written) while the events of one watch response,
+	// or a resync, are handed to the subscribers, and read by whoever must
+	// see all of them or none (settled): subscribers are called in no set
+	// order, and one woken by an event must not read another's state
+	// before that one has the event too.
+	delivering sync.RWMutex
 }
 
 // subscription is one subscriber's interest in the keys of one job under
@@ -127,6 +134,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 				break
 			}
 			b.reset()
+			h.delivering.Lock()
 			for _, ev := range wr.Events {
 				h.deliver(ev)
 				rev = ev.Kv.ModRevision
@@ -135,6 +143,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 				rev = wr.Header.Revision
 			}
 			h.advance(rev)
+			h.delivering.Unlock()
 		}
 		cancel()
 		sleep(ctx, b.next())
@@ -172,6 +181,8 @@ func (h *hub) deliver(ev *clientv3.Event) {
 }
 
 func (h *hub) resyncAll() {
+	h.delivering.Lock()
+	defer h.delivering.Unlock()
 	h.mu.Lock()
 	var all []*subscription
 	for _, subs := range h.subs {
@@ -194,6 +205,13 @@ func (h *hub) advance(rev int64) {
 		close(h.advanced)
 		h.advanced = make(chan struct{})
 	}
+}
+
+// deliveredRev is the revision through which every event was delivered.
+func (h *hub) deliveredRev() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.delivered
 }
 
 // waitDelivered waits until every event through rev was delivered, at most
@@ -221,6 +239,15 @@ func (h *hub) waitDelivered(ctx context.Context, rev int64, max time.Duration) (
 			return delivered, false
 		}
 	}
+}
+
+// settled calls fn between deliveries: every subscriber has had every
+// event delivered so far, or none has had it yet. fn must not wait for the
+// hub.
+func (h *hub) settled(fn func()) {
+	h.delivering.RLock()
+	defer h.delivering.RUnlock()
+	fn()
 }
 
 // waitReady waits until the hub delivers events, or ctx is done.

@@ -19,21 +19,31 @@ import (
 // made on a read: every write they lead to is guarded in etcd (a claim by
 // the record's ModRevision and the marker's absence, a skip or a settle by
 // the record's ModRevision), so a stale state can only lose a claim, never
-// win a wrong one. What the cache must not do is make this instance blind
-// to its own writes, which would make it decide again on what it just did:
-// the node remembers the revision of its last write of item keys, and the
-// cache serves a job only once the hub has delivered every event up to that
-// revision (it waits up to cacheWait; else the caller reads etcd). Events
-// the hub delivers after the read that filled the cache, for revisions the
-// read already covers, fold in by each key's revision; until they all have,
-// a key deleted before the read may show again for a moment: a stale state,
-// which the guards above make safe.
+// win a wrong one. What the cache must not do is make this instance blind:
+//
+//   - to its own writes, which would make it decide again on what it just
+//     did, or to what a failed guard told it (it would lose the same claim
+//     again and again): the node remembers the revision of etcd's last reply
+//     to its writes of item keys, and the cache serves a job only once the
+//     hub has delivered every event up to that revision (it waits up to
+//     cacheWait; else the caller reads etcd);
+//   - to the event that woke the reader: the hub calls its subscribers in
+//     no set order, so a reconcile woken by a marker's deletion could read
+//     the cache before the cache had the deletion, and wait for a deletion
+//     that already came (a lost wake-up: a G3 miss found by the chaos
+//     suite). The cache is read between the hub's deliveries (hub.settled).
+//
+// Events the hub delivers after the read that filled the cache, for
+// revisions the read already covers, fold in by each key's revision; until
+// they all have, a key deleted before the read may show again for a moment:
+// a stale state, which the guards above make safe, and whose deletion,
+// delivered next, wakes the loop again.
 //
 // States of one job's cache:
 //
 //	(none) --first ReadItems: subscribe--> empty --ReadItems' read at R--> filled at R
 //	filled --events after R, in order, as the hub delivers them--> filled
-//	filled --hub resync (events lost to compaction)--> empty
+//	filled --hub resync (events lost to compaction)--> empty (a read begun before it does not fill)
 //
 // Each key keeps the revision of its last change, deletions included, so
 // that a read and the events that overlap it fold in any order.
@@ -46,6 +56,8 @@ const cacheWait = 200 * time.Millisecond
 type itemCache struct {
 	mu     sync.Mutex
 	filled bool
+	// gen counts the hub's resyncs: a read begun before one does not fill.
+	gen    uint64
 	states map[int]*cachedItem
 	cancel func() // the hub subscriptions
 }
@@ -60,46 +72,55 @@ type cachedKey struct {
 	rev int64            // last change, a deletion included
 }
 
-// cachedItems returns job's items from its cache, and whether it could.
-// The first call for a job subscribes its cache: the caller's read that
-// follows fills it (fillItemCache).
-func (n *Node) cachedItems(ctx context.Context, job string) (JobItems, bool) {
+// itemCacheOf returns job's cache, subscribing it on first use (the
+// caller's read that follows fills it: itemCache.fill).
+func (n *Node) itemCacheOf(job string) *itemCache {
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	c := n.itemCaches[job]
 	if c == nil {
 		c = n.subscribeItemCache(job)
 		n.itemCaches[job] = c
 	}
-	n.mu.Unlock()
+	return c
+}
+
+// cachedItems returns job's items from c, and whether it could, with the
+// generation of c a read to fill it must be made in.
+func (n *Node) cachedItems(ctx context.Context, job string, c *itemCache) (JobItems, uint64, bool) {
 	c.mu.Lock()
-	filled := c.filled
+	filled, gen := c.filled, c.gen
 	c.mu.Unlock()
 	if !filled {
-		return JobItems{}, false
+		return JobItems{}, gen, false
 	}
-	rev, ok := n.hub.waitDelivered(ctx, n.lastItemWrite.Load(), cacheWait)
+	rev, ok := n.hub.waitDelivered(ctx, n.lastSeenRev.Load(), cacheWait)
 	if !ok {
-		return JobItems{}, false
+		return JobItems{}, gen, false
 	}
 	lease := n.currentLease()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !c.filled {
-		return JobItems{}, false
-	}
-	out := JobItems{Rev: rev, Items: map[int]ItemState{}}
-	for item, ci := range c.states {
-		var st ItemState
-		for kind, ck := range ci.keys {
-			if ck.kv != nil {
-				n.decodeItemKey(job, item, kind, ck.kv, lease, &st)
+	out := JobItems{Items: map[int]ItemState{}}
+	// Between deliveries: a reconcile woken by an event sees that event.
+	n.hub.settled(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if ok, gen = c.filled, c.gen; !ok {
+			return
+		}
+		out.Rev = max(rev, n.hub.deliveredRev())
+		for item, ci := range c.states {
+			var st ItemState
+			for kind, ck := range ci.keys {
+				if ck.kv != nil {
+					n.decodeItemKey(job, item, kind, ck.kv, lease, &st)
+				}
+			}
+			if st.Record != nil || st.RunningBy != "" || st.Disabled {
+				out.Items[item] = st
 			}
 		}
-		if st.Record != nil || st.RunningBy != "" || st.Disabled {
-			out.Items[item] = st
-		}
-	}
-	return out, true
+	})
+	return out, gen, ok
 }
 
 // subscribeItemCache subscribes a new cache to job's item keys. n.mu is held.
@@ -121,6 +142,7 @@ func (n *Node) subscribeItemCache(job string) *itemCache {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		c.filled, c.states = false, map[int]*cachedItem{}
+		c.gen++ // a read begun before may miss events the hub skipped
 	}
 	cancels := []func(){
 		n.hub.subscribe(job, k.Items(job), apply(0), resync),
@@ -135,18 +157,12 @@ func (n *Node) subscribeItemCache(job string) *itemCache {
 	return c
 }
 
-// fillItemCache folds a read of job's item keys (ReadItems' three ranges)
-// into its cache, if it has one waiting to be filled.
-func (n *Node) fillItemCache(job string, resp *clientv3.TxnResponse) {
-	n.mu.Lock()
-	c := n.itemCaches[job]
-	n.mu.Unlock()
-	if c == nil {
-		return
-	}
+// fill folds a read of the job's item keys (ReadItems' three ranges),
+// begun in generation gen, into c if c waits to be filled.
+func (c *itemCache) fill(gen uint64, resp *clientv3.TxnResponse) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.filled {
+	if c.filled || c.gen != gen {
 		return
 	}
 	for kind, r := range resp.Responses {
@@ -188,12 +204,15 @@ func (c *itemCache) apply(item, kind int, deleted bool, kv *mvccpb.KeyValue) {
 	}
 }
 
-// wroteItems records the revision of a write of this node to item keys:
-// the cache serves no decision until the hub has delivered it.
-func (n *Node) wroteItems(rev int64) {
+// sawRevision records the revision of a reply of etcd to a write of this
+// node to item keys, applied or refused by its guards: the cache serves no
+// decision until the hub has delivered it (this node is never blind to
+// what it wrote, nor decides again on what a failed guard told it is
+// stale).
+func (n *Node) sawRevision(rev int64) {
 	for {
-		cur := n.lastItemWrite.Load()
-		if rev <= cur || n.lastItemWrite.CompareAndSwap(cur, rev) {
+		cur := n.lastSeenRev.Load()
+		if rev <= cur || n.lastSeenRev.CompareAndSwap(cur, rev) {
 			return
 		}
 	}

@@ -83,9 +83,10 @@ type Node struct {
 	// shared Txns (see completer).
 	completions completer
 	// itemCaches keep jobs' item keys from the hub's watch (itemcache.go);
-	// lastItemWrite is the revision of this node's last write of item keys.
-	itemCaches    map[string]*itemCache
-	lastItemWrite atomic.Int64
+	// lastSeenRev is the revision of etcd's last reply to a write of this
+	// node to item keys (sawRevision).
+	itemCaches  map[string]*itemCache
+	lastSeenRev atomic.Int64
 }
 
 // maxRegistering is the bound of Node.admission.
