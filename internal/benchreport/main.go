@@ -46,6 +46,8 @@ type resourceResult struct {
 	ConvergeSecs  float64 `json:"convergeSeconds"`
 	Error         string  `json:"error,omitempty"`
 	RSSMiBPerInst float64 `json:"rssMiBPerInstance"`
+	// StatusSecs is how long `shardd status` took once the maps converged.
+	StatusSecs    float64 `json:"statusSeconds,omitempty"`
 	CPUPctPerInst float64 `json:"cpuPercentPerInstance"`
 	WindowSecs    float64 `json:"windowSeconds"`
 }
@@ -319,6 +321,12 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 		time.Sleep(500 * time.Millisecond)
 	}
 	r.ConvergeSecs = time.Since(start).Seconds()
+	st := time.Now()
+	status := exec.Command(filepath.Join(bin, "shardd"), "status", "--etcd", client)
+	if out, err := status.CombinedOutput(); err != nil {
+		return r, fmt.Errorf("shardd status: %v: %s", err, firstLine(out))
+	}
+	r.StatusSecs = time.Since(st).Seconds()
 	time.Sleep(5 * time.Second) // warm-up: leadership hand-overs settle
 	cpu0 := make([]float64, n)
 	for i, p := range procs {
@@ -332,6 +340,11 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 	}
 	r.RSSMiBPerInst, r.CPUPctPerInst = rss/float64(n), cpu/float64(n)
 	return r, nil
+}
+
+func firstLine(b []byte) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+	return line
 }
 
 func converged(cli *coord.Client, jobs, n int) bool {
@@ -390,6 +403,8 @@ func machine() string {
 func markdown(r report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured %s on %s, %s, benchmarks with -benchtime %s.\n\n", r.Date, r.Machine, r.GoVersion, r.BenchTime)
+	b.WriteString(goalsTable(r))
+	b.WriteString("\nAll figures:\n\n")
 	b.WriteString("| benchmark | trials | p50 ms | p99 ms | max ms | other |\n|---|---|---|---|---|---|\n")
 	for _, x := range r.Benchmarks {
 		var other []string
@@ -408,13 +423,13 @@ func markdown(r report) string {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %.2f | %.2f | %.2f | %s |\n", x.Scenario, x.Samples, x.P50ms, x.P99ms, x.MaxMs, x.Command)
 	}
-	b.WriteString("\n| resources | jobs | instances | maps converged in | RSS per instance | CPU per instance (idle) |\n|---|---|---|---|---|---|\n")
+	b.WriteString("\n| resources | jobs | instances | maps converged in | RSS per instance | CPU per instance (idle) | `shardd status` |\n|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Resources {
 		if x.Error != "" {
-			fmt.Fprintf(&b, "| %s | %d | %d | **%s** | | |\n", x.Scenario, x.Jobs, x.Instances, x.Error)
+			fmt.Fprintf(&b, "| %s | %d | %d | **%s** | | | |\n", x.Scenario, x.Jobs, x.Instances, x.Error)
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f s | %.1f MiB | %.2f %% over %.0f s |\n", x.Scenario, x.Jobs, x.Instances, x.ConvergeSecs, x.RSSMiBPerInst, x.CPUPctPerInst, x.WindowSecs)
+		fmt.Fprintf(&b, "| %s | %d | %d | %.1f s | %.1f MiB | %.2f %% over %.0f s | %.2f s |\n", x.Scenario, x.Jobs, x.Instances, x.ConvergeSecs, x.RSSMiBPerInst, x.CPUPctPerInst, x.WindowSecs, x.StatusSecs)
 	}
 	return b.String()
 }

@@ -1,0 +1,140 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+// goal is one figure of the performance goals (docs/performance.md):
+// what is measured, how, and the bound it must meet.
+type goal struct {
+	figure  string
+	command string
+	// measure returns the measured values (each "<= its bound" to meet the
+	// goal), as text, and whether the figure was measured at all.
+	measure func(report) (got []float64, text string, ok bool)
+	bounds  []float64
+	goal    string
+}
+
+// bench returns the metrics of the benchmark named name.
+func (r report) bench(name string) (map[string]float64, bool) {
+	for _, x := range r.Benchmarks {
+		if x.Name == name {
+			return x.Metrics, x.Metrics["p50-ms"] > 0
+		}
+	}
+	return nil, false
+}
+
+// resource returns the resource scenario of jobs jobs.
+func (r report) resource(jobs int) (resourceResult, bool) {
+	for _, x := range r.Resources {
+		if x.Jobs == jobs && x.Error == "" {
+			return x, true
+		}
+	}
+	return resourceResult{}, false
+}
+
+func benchGoal(figure, name string, bounds ...float64) goal {
+	return goal{figure: figure, command: "go test -run '^$' -bench 'FireDelay/" + name + "' -benchtime 20x ./pkg/engine",
+		bounds: bounds,
+		measure: func(r report) ([]float64, string, bool) {
+			m, ok := r.bench("FireDelay/" + name)
+			if !ok {
+				return nil, "", false
+			}
+			if len(bounds) == 1 {
+				return []float64{m["p99-ms"]}, fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", m["p50-ms"], m["p99-ms"]), true
+			}
+			return []float64{m["p50-ms"], m["p99-ms"]}, fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", m["p50-ms"], m["p99-ms"]), true
+		}}
+}
+
+// goals are the figures of [3/8]'s table, in its order.
+var goals = []goal{
+	{figure: "1 job, fire -> script's first instruction (outside view, embedded etcd)", command: "go run ./internal/benchreport -delay 60",
+		goal: "p50 <= 2 ms, p99 <= 5 ms", bounds: []float64{2, 5},
+		measure: func(r report) ([]float64, string, bool) {
+			if len(r.Delays) == 0 || r.Delays[0].Error != "" {
+				return nil, "", false
+			}
+			d := r.Delays[0]
+			return []float64{d.P50ms, d.P99ms}, fmt.Sprintf("p50 %.1f ms, p99 %.1f ms", d.P50ms, d.P99ms), true
+		}},
+	withGoal(benchGoal("100 script jobs/s, 3 instances (fire -> child started)", "100jobs-script", 25), "p99 <= 25 ms"),
+	withGoal(benchGoal("1,000 HTTP jobs/s, 3 instances (fire -> request sent)", "1000jobs-http", 50), "p99 <= 50 ms"),
+	{figure: "etcd requests per item execution, 1 job of 6 items", command: "go test -run '^$' -bench 'FireDelay/1job-script' -benchtime 20x ./pkg/engine",
+		goal: "<= 1.5", bounds: []float64{1.5},
+		measure: func(r report) ([]float64, string, bool) {
+			m, ok := r.bench("FireDelay/1job-script")
+			if !ok {
+				return nil, "", false
+			}
+			var per []string
+			for _, x := range r.Benchmarks {
+				if v, ok := x.Metrics["etcd-req/exec"]; ok {
+					per = append(per, fmt.Sprintf("%s %.2f", x.Name, v))
+				}
+			}
+			return []float64{m["etcd-req/exec"]}, fmt.Sprintf("%.2f (per scenario: %s)", m["etcd-req/exec"], strings.Join(per, "; ")), true
+		}},
+	resourceGoal("10,000 jobs over 3 instances: cold start to converged maps", 10000, "<= 20 s", []float64{20},
+		func(x resourceResult) ([]float64, string) {
+			return []float64{x.ConvergeSecs}, fmt.Sprintf("%.1f s", x.ConvergeSecs)
+		}),
+	resourceGoal("same: RSS per instance / idle CPU", 10000, "<= 150 MiB / <= 1 %", []float64{150, 1},
+		func(x resourceResult) ([]float64, string) {
+			return []float64{x.RSSMiBPerInst, x.CPUPctPerInst}, fmt.Sprintf("%.0f MiB / %.2f %%", x.RSSMiBPerInst, x.CPUPctPerInst)
+		}),
+	resourceGoal("idle daemon with 100 jobs: RSS", 100, "<= 30 MiB", []float64{30},
+		func(x resourceResult) ([]float64, string) {
+			return []float64{x.RSSMiBPerInst}, fmt.Sprintf("%.1f MiB", x.RSSMiBPerInst)
+		}),
+	resourceGoal("`shardd status` with 10,000 jobs", 10000, "<= 2 s", []float64{2},
+		func(x resourceResult) ([]float64, string) {
+			return []float64{x.StatusSecs}, fmt.Sprintf("%.2f s", x.StatusSecs)
+		}),
+}
+
+func withGoal(g goal, text string) goal { g.goal = text; return g }
+
+func resourceGoal(figure string, jobs int, text string, bounds []float64, f func(resourceResult) ([]float64, string)) goal {
+	n := 3
+	if jobs == 100 {
+		n = 1
+	}
+	return goal{figure: figure, command: fmt.Sprintf("go run ./internal/benchreport -resources %dx%d", jobs, n), goal: text, bounds: bounds,
+		measure: func(r report) ([]float64, string, bool) {
+			x, ok := r.resource(jobs)
+			if !ok {
+				return nil, "", false
+			}
+			got, text := f(x)
+			return got, text, true
+		}}
+}
+
+// goalsTable is the markdown table of the goals: each figure measured,
+// its goal, whether it is met, and the command that measures it alone.
+func goalsTable(r report) string {
+	var b strings.Builder
+	b.WriteString("| figure | measured | goal | met | command |\n|---|---|---|---|---|\n")
+	for _, g := range goals {
+		got, text, ok := g.measure(r)
+		met := "yes"
+		switch {
+		case !ok:
+			text, met = "not measured (see below)", "-"
+		default:
+			for i, v := range got {
+				if v > g.bounds[i] {
+					met = "**no**"
+				}
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | `%s` |\n", g.figure, text, g.goal, met, g.command)
+	}
+	return b.String()
+}
