@@ -22,7 +22,13 @@ type delayResult struct {
 	P50ms    float64 `json:"p50Ms"`
 	P99ms    float64 `json:"p99Ms"`
 	MaxMs    float64 `json:"maxMs"`
-	Error    string  `json:"error,omitempty"`
+	// FloorP50ms and FloorP99ms are the same delay with nothing of shardd
+	// in it: from just before Go starts the same bash command to its
+	// $EPOCHREALTIME (fork, exec, bash's start-up). A cron daemon cannot
+	// go below it; the rest is shardd's.
+	FloorP50ms float64 `json:"floorP50Ms"`
+	FloorP99ms float64 `json:"floorP99Ms"`
+	Error      string  `json:"error,omitempty"`
 }
 
 // fireDelay runs the shardd binary in bin on its embedded etcd (its own
@@ -72,7 +78,33 @@ func fireDelay(bin string, samples int) (delayResult, error) {
 	}
 	slices.Sort(delays)
 	r.P50ms, r.P99ms, r.MaxMs = pct(delays, 0.50), pct(delays, 0.99), delays[len(delays)-1]
+	floor, err := execFloor(samples)
+	if err != nil {
+		return r, err
+	}
+	r.FloorP50ms, r.FloorP99ms = pct(floor, 0.50), pct(floor, 0.99)
 	return r, nil
+}
+
+// execFloor measures, samples times, from just before starting the
+// script's bash command to its first instruction, with no shardd.
+func execFloor(samples int) ([]float64, error) {
+	var out []float64
+	for range samples {
+		t0 := time.Now()
+		b, err := exec.Command("/bin/bash", "-c", `echo "$EPOCHREALTIME"`).Output()
+		if err != nil {
+			return nil, fmt.Errorf("bash: %w", err)
+		}
+		began, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		if err != nil {
+			return nil, fmt.Errorf("bash's EPOCHREALTIME %q: %w", b, err)
+		}
+		out = append(out, (began-float64(t0.UnixNano())/1e9)*1000)
+		time.Sleep(100 * time.Millisecond)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // readDelays reads the script's lines: each is its start and its fire.
