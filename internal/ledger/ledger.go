@@ -330,7 +330,7 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 		// A fire that comes while a run of its item is still going cannot
 		// start before that run ends (G1): its bound counts from the end
 		// (for a run cut short, from the start of the run after it).
-		if busy := busyUntil(rs, due, o.Bound); !busy.IsZero() {
+		if busy := busyUntil(rs, due, o.Bound, o.Failures); !busy.IsZero() {
 			if d, in := deadline(busy); d.After(dl) {
 				dl, inFault = d, inFault || in
 			}
@@ -389,8 +389,12 @@ func (r *Report) checkFires(job string, item int, sched interface{ Next(time.Tim
 // and a run that ended but whose instance was cut off before it could
 // record the end (G2's one exception: nobody can tell the two apart);
 // checkCutRuns judges, separately, that each re-run of a cut run came in
-// time.
-func busyUntil(rs []*run, t time.Time, bound time.Duration) time.Time {
+// time. A run that ended before t, unrecorded because its instance failed
+// (a failure of its instance, or of all, from its start to the re-run),
+// goes on the same way in a re-run that starts after t: from the start
+// of the run to the end of its re-run, the system could not tell the item
+// free (its marker held it until the lease expired, then the re-run did).
+func busyUntil(rs []*run, t time.Time, bound time.Duration, failures []Failure) time.Time {
 	endOf := func(i int) (time.Time, bool) {
 		switch {
 		case rs[i].end != nil:
@@ -405,12 +409,18 @@ func busyUntil(rs []*run, t time.Time, bound time.Duration) time.Time {
 			break
 		}
 		end, ok := endOf(i)
-		if !ok || !end.After(t) {
+		if !ok {
+			continue
+		}
+		rerun := func(j int, end time.Time) bool { // rs[j+1] is rs[j]'s failover re-run
+			next := rs[j+1].start
+			return next.Fire.Equal(rs[j].start.Fire) && next.Attempt > rs[j].start.Attempt && !next.At.After(end.Add(bound))
+		}
+		if !end.After(t) && !(rn.end != nil && i+1 < len(rs) && rerun(i, end) && rs[i+1].start.At.After(t) && cutOff(rn.start, rs[i+1].start.At, failures)) {
 			continue
 		}
 		for j := i; j+1 < len(rs); j++ {
-			next := rs[j+1].start
-			if !next.Fire.Equal(rs[j].start.Fire) || next.Attempt <= rs[j].start.Attempt || next.At.After(end.Add(bound)) {
+			if !rerun(j, end) {
 				break
 			}
 			e, ok := endOf(j + 1)
@@ -422,6 +432,21 @@ func busyUntil(rs []*run, t time.Time, bound time.Duration) time.Time {
 		return end
 	}
 	return time.Time{}
+}
+
+// cutOff reports whether the instance of the run started by s failed (a
+// failure of it, or of all) between about its start and until.
+func cutOff(s *Event, until time.Time, failures []Failure) bool {
+	from := s.At.Add(-500 * time.Millisecond)
+	for _, f := range failures {
+		if f.At.Before(from) || f.At.After(until) || (!f.StartedBefore.IsZero() && !s.At.Before(f.StartedBefore)) {
+			continue
+		}
+		if f.Instance == s.Instance || f.Instance == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // checkCutRuns checks that every run cut by a failure (a start with no

@@ -300,12 +300,17 @@ func TestFireDuringTheRerunOfAnEndedRun(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		rerunAt int // ms
+		endAt   int // ms
 		misses  int
 	}{
-		{"re-run at once after the unrecorded end", 22000, 0}, // the end at 20.03s went unrecorded
-		{"re-run long after", 24500, 1},
+		{"re-run at once after the unrecorded end", 22000, 20030, 0}, // the end at 20.03s went unrecorded
+		{"re-run long after", 24500, 20030, 1},
+		// The run ended before the fire, unrecorded (its instance failed
+		// at 19s), and its re-run began after the fire: the item was held
+		// throughout (the marker, then the re-run).
+		{"ended before the fire, re-run after it", 22000, 19900, 0},
 	} {
-		runs := line("start", 0, 10, 1, 10, "a", "NORMAL", 10005) + line("end", 0, 10, 1, 10, "a", "NORMAL", 20030) +
+		runs := line("start", 0, 10, 1, 10, "a", "NORMAL", 10005) + line("end", 0, 10, 1, 10, "a", "NORMAL", tc.endAt) +
 			line("start", 0, 10, 2, 11, "b", "FAILOVER", tc.rerunAt) + line("end", 0, 10, 2, 11, "b", "FAILOVER", tc.rerunAt+4000) +
 			line("start", 0, 20, 1, 20, "b", "MISFIRE", tc.rerunAt+4050) + line("end", 0, 20, 1, 20, "b", "MISFIRE", tc.rerunAt+4500)
 		ev, err := Parse(strings.NewReader(runs + tail))
@@ -315,6 +320,26 @@ func TestFireDuringTheRerunOfAnEndedRun(t *testing.T) {
 		if r := Check(ev, o); r.Misses != tc.misses {
 			t.Errorf("%s: %d misses, want %d: %s %v", tc.name, r.Misses, tc.misses, r, r.Violations)
 		}
+	}
+}
+
+// A run that ended before a fire, whose instance did not fail, and a
+// "re-run" of it after the fire: nothing held the item at the fire, so the
+// fire's bound counts from its due time (a miss).
+func TestEndedRunWithoutFailureDoesNotExcuse(t *testing.T) {
+	every10, _ := schedule.Parse("@every 10s", nil)
+	o := Options{Jobs: map[string]Job{"orders": {Items: 1, Schedule: every10, Failover: true}}, Bound: 3 * time.Second, From: t0, To: t0.Add(41 * time.Second)}
+	runs := line("start", 0, 10, 1, 10, "a", "NORMAL", 10005) + line("end", 0, 10, 1, 10, "a", "NORMAL", 19900) +
+		line("start", 0, 10, 2, 11, "b", "FAILOVER", 22000) + line("end", 0, 10, 2, 11, "b", "FAILOVER", 26000) +
+		line("start", 0, 20, 1, 20, "b", "MISFIRE", 26050) + line("end", 0, 20, 1, 20, "b", "MISFIRE", 26500) +
+		line("start", 0, 30, 1, 30, "b", "NORMAL", 30005) + line("end", 0, 30, 1, 30, "b", "NORMAL", 31000) +
+		line("start", 0, 40, 1, 40, "b", "NORMAL", 40005) + line("end", 0, 40, 1, 40, "b", "NORMAL", 41000)
+	ev, err := Parse(strings.NewReader(runs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := Check(ev, o); r.Misses != 1 {
+		t.Errorf("%d misses, want 1 (the fire of 20s): %s %v", r.Misses, r, r.Violations)
 	}
 }
 
