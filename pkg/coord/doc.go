@@ -37,11 +37,15 @@
 // # Per-job leader
 //
 // Under each session, every local job has a campaign loop on
-// concurrency.Election at jobs/<job>/leader/<lease>. Campaign may return after the
-// lease has expired (etcd #11051), so a won campaign is checked against the
-// session and the election key before acting, and every leader write is a
-// Txn whose If compares the election key's CreateRevision: a deposed leader's
-// write fails, and the leader steps down.
+// concurrency.Election's keys, jobs/<job>/leader/<lease>: the oldest
+// candidate key leads. A candidate waits for the keys ahead of it to go on
+// the instance's one watch (elect.go), not on a watch of its own as
+// concurrency.Election's Campaign would; the won election is a
+// concurrency.Election (ResumeElection) from then on. A campaign may be
+// won after the lease has expired (etcd #11051), so a won campaign is
+// checked against the session and the election key before acting, and
+// every leader write is a Txn whose If compares the election key's
+// CreateRevision: a deposed leader's write fails, and the leader steps down.
 //
 // The leader's reconcile is level-triggered: read members, disabled markers,
 // the registered config and the stored map at one revision; compute the
@@ -83,10 +87,11 @@
 // ordering makes complete; when the watch resumes at a compacted revision
 // every subscriber re-reads. The watch uses WithRequireLeader. One watch
 // per job and purpose, as an earlier version had, put ~40,000 watchers per
-// instance on etcd for 10,000 jobs. Besides it, an instance watches the
-// instances/ prefix to log joins and leaves, and each campaign that waits
-// behind another candidate holds the watch concurrency.Election uses to
-// wait for the key ahead of it to go.
+// instance on etcd for 10,000 jobs; campaigns waiting with
+// concurrency.Election's Campaign put one more per job on every instance
+// that did not lead it. Besides it, an instance watches the instances/
+// prefix to log joins and leaves: two watchers per instance, whatever the
+// number of jobs (TestWatchersDoNotGrowWithJobs).
 //
 // # Failure cases
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,7 +174,10 @@ func watchers(t *testing.T, srv *etcdtest.Server) int {
 }
 
 // An instance holds one watch of the jobs keyspace however many jobs it
-// runs and leads: etcd's watcher count does not grow with the jobs.
+// runs, leads or waits to lead: etcd's watcher count does not grow with
+// the jobs. A candidate waiting behind another one waits on that watch
+// (elect.go), not on a watch of its own as concurrency.Election's Campaign
+// does; when the leader leaves, it leads.
 func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	srv := etcdtest.Start(t)
 	var yaml strings.Builder
@@ -183,15 +187,41 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 		yaml.WriteString(job(fmt.Sprintf("j%02d", i), 2))
 	}
 	before := watchers(t, srv)
-	n := startNode(t, srv, "solo", jobs(t, yaml.String()))
+	first := startNode(t, srv, "first", jobs(t, yaml.String()))
 	cli := srv.Client()
 	defer cli.Close()
-	waitFor(t, 30*time.Second, "every job's map", func() bool {
-		maps, err := ReadMaps(context.Background(), cli, n.Keys())
-		return err == nil && len(maps) == count
-	})
+	mapsOf := func(want ...string) func() bool {
+		return func() bool {
+			maps, err := ReadMaps(context.Background(), cli, first.Keys())
+			if err != nil || len(maps) != count {
+				return false
+			}
+			for _, m := range maps {
+				if !slices.Equal(m.Instances, want) {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	waitFor(t, 30*time.Second, "every job's map", mapsOf("first"))
 	// Leader of every job, map watcher of every job: still one watcher.
 	if got := watchers(t, srv) - before; got > 2 {
-		t.Errorf("etcd has %d watchers for one instance with %d jobs; want at most 2 (the jobs watch, and a campaign's)", got, count)
+		t.Errorf("etcd has %d watchers for one instance with %d jobs; want at most 2 (the jobs watch, the instances watch)", got, count)
 	}
+	startNode(t, srv, "second", jobs(t, yaml.String()))
+	waitFor(t, 30*time.Second, "every job's map of both", mapsOf("first", "second"))
+	if got := watchers(t, srv) - before; got > 4 {
+		t.Errorf("etcd has %d watchers for two instances with %d jobs, one waiting to lead each; want at most 4", got, count)
+	}
+	led := map[string]int{}
+	for i := range count {
+		led[leaderOf(t, cli, fmt.Sprintf("j%02d", i))]++
+	}
+	if led["first"] == 0 || led["first"]+led["second"] != count {
+		t.Fatalf("leaders of the %d jobs: %v; want first to lead some, and every job led", count, led)
+	}
+	first.stop(t)
+	waitFor(t, 30*time.Second, "the waiting candidate to lead every job and drop the first", mapsOf("second"))
+
 }

@@ -18,7 +18,7 @@ const DefaultPrefix = "/shardd"
 //	<prefix>/jobs/<job>/disabled/job           none      the job is disabled
 //	<prefix>/jobs/<job>/disabled/instances/<id> none     the instance is disabled for the job
 //	<prefix>/jobs/<job>/disabled/items/<n>     none      the item is disabled
-//	<prefix>/jobs/<job>/leader/<lease>         session   a candidate's id; the oldest leads (concurrency.Election)
+//	<prefix>/jobs/<job>/leader/<lease>         session   a candidate's id; the oldest leads (concurrency.Election's layout)
 //	<prefix>/jobs/<job>/shards                 none      shard map (JSON), leader only, fenced
 //	<prefix>/jobs/<job>/items/<n>              none      last claimed fire of the item (JSON), fenced claims
 //	<prefix>/jobs/<job>/running/<n>            session   the instance running the item

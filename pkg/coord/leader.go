@@ -29,8 +29,8 @@ func (n *Node) campaign(ctx context.Context, s *session, local *config.Job) {
 			<-ctx.Done()
 			return
 		}
-		e := concurrency.NewElection(s.conc, n.keys.Election(job))
-		if err := e.Campaign(ctx, n.opts.ID); err != nil {
+		e, err := n.elect(ctx, s, job)
+		if err != nil {
 			if ctx.Err() == nil {
 				log.Debug("campaign", "err", err)
 				sleep(ctx, b.next())
@@ -48,7 +48,7 @@ func (n *Node) campaign(ctx context.Context, s *session, local *config.Job) {
 		log.Info("leading job", "leader_rev", e.Rev())
 		n.updateView(job, func(v *JobView) { v.Leading = true })
 		lctx, cancel := context.WithCancel(ctx)
-		err := n.lead(lctx, local, e.Key(), e.Rev())
+		err = n.lead(lctx, local, e.Key(), e.Rev())
 		cancel()
 		n.updateView(job, func(v *JobView) { v.Leading = false })
 		if s.ctx.Err() == nil {

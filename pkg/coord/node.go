@@ -359,10 +359,10 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 				n.opts.OnSessionLost(err)
 			}
 			if left := workers.stopWithin(n.opts.TTL); left > 0 {
-				// concurrency.Election cleans up a cancelled campaign with
-				// a call that has no deadline: with etcd unreachable it
-				// waits for etcd. Those workers can do no harm (their
-				// session is gone); reconnecting must not wait for them.
+				// A worker may be in an etcd call (bounded by the TTL)
+				// with etcd unreachable. Those workers can do no harm
+				// (their session is gone); reconnecting must not wait
+				// for them.
 				n.log.Warn("job workers still finishing an etcd call; reconnecting without them", "workers", left)
 			}
 			s.close(false)

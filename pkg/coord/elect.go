@@ -1,0 +1,104 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+)
+
+// Elections are concurrency.Election's: each candidate puts the key
+// jobs/<job>/leader/<lease in hex> under its session's lease, and the
+// candidate whose key is oldest (lowest CreateRevision) leads; the key's
+// CreateRevision fences every write of the leader. What differs is the
+// wait. concurrency.Election.Campaign waits behind the candidate ahead of
+// it with an etcd watch of its own: one watcher per job on every instance
+// that does not lead it (thousands with thousands of jobs). Here a
+// candidate waits on the instance's one watch (the hub): a deletion under
+// the job's election prefix, or a resync, wakes it to look again.
+//
+//	put the key (or find it there, same lease) --rev--> waiting
+//	waiting --no key older than rev--> elected: checkElected (etcd #11051), lead
+//	waiting --a deletion under the prefix, a resync--> look again
+//	waiting --ctx done--> delete the key (guarded by rev), return
+//
+// Instances of older versions, campaigning with concurrency.Election on the
+// same keys, agree on the leader: it is the same rule.
+
+// elect campaigns for job's leadership under s, and returns the election
+// once this node's candidate key is the oldest, or an error when ctx ends
+// or etcd fails (the caller retries).
+func (n *Node) elect(ctx context.Context, s *session, job string) (*concurrency.Election, error) {
+	prefix := n.keys.Leader(job)
+	key := fmt.Sprintf("%s%x", prefix, s.lease)
+	wake := make(chan struct{}, 1)
+	unsubscribe := n.hub.subscribe(job, prefix, func(ev *clientv3.Event) {
+		if ev.Type == clientv3.EventTypeDelete {
+			poke(wake)
+		}
+	}, func() { poke(wake) })
+	defer unsubscribe()
+
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	resp, err := n.opts.Client.Txn(rctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, n.opts.ID, clientv3.WithLease(s.lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	rev := resp.Header.Revision
+	if !resp.Succeeded { // ours from an earlier campaign of this session
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return nil, fmt.Errorf("election key %s vanished", key)
+		}
+		rev = kvs[0].CreateRevision
+	}
+	for {
+		older, err := n.olderCandidates(ctx, prefix, rev)
+		switch {
+		case ctx.Err() != nil:
+			n.withdraw(ctx, key, rev)
+			return nil, ctx.Err()
+		case err == nil && !older:
+			return concurrency.ResumeElection(s.conc, n.keys.Election(job), key, rev), nil
+		case err != nil:
+			n.log.Debug("election: look for older candidates; retrying", "job", job, "err", err)
+			if !sleep(ctx, 200*time.Millisecond) {
+				n.withdraw(ctx, key, rev)
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+		}
+	}
+}
+
+// olderCandidates reports whether a candidate key under prefix is older
+// than rev.
+func (n *Node) olderCandidates(ctx context.Context, prefix string, rev int64) (bool, error) {
+	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	// Not WithCountOnly: etcd counts the range before the revision filter.
+	resp, err := n.opts.Client.Get(gctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1), clientv3.WithKeysOnly())...)
+	if err != nil {
+		return false, err
+	}
+	return len(resp.Kvs) > 0, nil
+}
+
+// withdraw deletes this node's candidate key, if it is still the one of
+// rev, once a campaign is given up; one try, bounded (the lease's end
+// removes it anyway).
+func (n *Node) withdraw(ctx context.Context, key string, rev int64) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	n.opts.Client.Txn(dctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
+}
