@@ -27,11 +27,16 @@ func (n *Node) runJob(ctx context.Context, s *session, local *config.Job, remove
 	defer stopConfig()
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
-		if !n.admit(ctx) {
+		if !n.registering.acquire(ctx) {
 			return
 		}
+		begun := time.Now()
 		err := n.registerJob(ctx, s, local)
-		n.release()
+		if ctx.Err() != nil {
+			n.registering.release(begun, nil) // stopped, not slowed
+		} else {
+			n.registering.release(begun, err)
+		}
 		if err == nil {
 			break
 		}

@@ -72,13 +72,10 @@ type Node struct {
 	started    time.Time
 	changed    chan struct{}              // buffered(1): the job set changed
 	mapSubs    map[string]map[*int]func() // OnChange callbacks by job, called on a newer map
-	// admission bounds how many jobs register at once. Thousands of jobs
-	// registering together put etcd's apply queue thousands of entries
-	// behind ("too many requests"), the queue delays lease keepalives,
-	// and every instance fenced itself, re-registered and started over.
-	// Each job's campaign and first map follow its registration, so the
-	// bound paces them too.
-	admission chan struct{}
+	// registering paces how many jobs register at once by etcd's answers
+	// (pacer.go). Each job's campaign and first map follow its
+	// registration, so it paces them too.
+	registering *pacer
 	// completions groups the outcomes of runs that end together into
 	// shared Txns (see completer).
 	completions completer
@@ -88,20 +85,6 @@ type Node struct {
 	itemCaches  map[string]*itemCache
 	lastSeenRev atomic.Int64
 }
-
-// maxRegistering is the bound of Node.admission.
-const maxRegistering = 32
-
-func (n *Node) admit(ctx context.Context) bool {
-	select {
-	case n.admission <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-func (n *Node) release() { <-n.admission }
 
 // JobView is what an instance knows about one of its jobs.
 type JobView struct {
@@ -143,16 +126,16 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		opts.Now = time.Now
 	}
 	n := &Node{
-		opts:       opts,
-		keys:       NewKeys(opts.Prefix),
-		log:        opts.Logger.With("instance", opts.ID),
-		views:      map[string]*JobView{},
-		itemCaches: map[string]*itemCache{},
-		mapSubs:    map[string]map[*int]func(){},
-		registered: map[string]string{},
-		changed:    make(chan struct{}, 1),
-		admission:  make(chan struct{}, maxRegistering),
-		started:    opts.Now(),
+		opts:        opts,
+		keys:        NewKeys(opts.Prefix),
+		log:         opts.Logger.With("instance", opts.ID),
+		views:       map[string]*JobView{},
+		itemCaches:  map[string]*itemCache{},
+		mapSubs:     map[string]map[*int]func(){},
+		registered:  map[string]string{},
+		changed:     make(chan struct{}, 1),
+		registering: newPacer(opts.TTL / 10),
+		started:     opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
 	n.SetJobs(jobs)

@@ -1,0 +1,85 @@
+package coord
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// pacer bounds how many jobs register at once, by etcd's answers rather
+// than a fixed number. Thousands of jobs registering together put etcd's
+// apply queue thousands of entries behind ("too many requests"); the queue
+// delays lease keepalives, and every instance fenced itself, re-registered
+// and started over. A fixed bound (32) avoided that on one machine and
+// wasted etcd's capacity on a faster one.
+//
+// The bound is additive-increase, multiplicative-decrease, like TCP's
+// congestion window: each registration etcd answers within slow raises it
+// by 1/bound (one per round of registrations), each slower one or failure
+// halves it (at most once per round: the registrations already in flight
+// answered late for the same reason). It stays between minPace and
+// maxPace and starts at startPace.
+type pacer struct {
+	slow time.Duration
+
+	mu       sync.Mutex
+	bound    float64
+	inFlight int
+	cut      time.Time     // when the bound was last halved
+	freed    chan struct{} // closed (and replaced) when a slot frees or the bound grows
+}
+
+const (
+	minPace   = 1
+	startPace = 8
+	maxPace   = 512
+)
+
+func newPacer(slow time.Duration) *pacer {
+	return &pacer{slow: slow, bound: startPace, freed: make(chan struct{})}
+}
+
+// acquire waits for a slot, or until ctx is done (false).
+func (p *pacer) acquire(ctx context.Context) bool {
+	for ctx.Err() == nil {
+		p.mu.Lock()
+		if float64(p.inFlight) < p.bound {
+			p.inFlight++
+			p.mu.Unlock()
+			return true
+		}
+		freed := p.freed
+		p.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+		}
+	}
+	return false
+}
+
+// release gives a slot back with how the registration went: begun at
+// start, failed with err (nil: answered).
+func (p *pacer) release(start time.Time, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inFlight--
+	switch took := time.Since(start); {
+	case err != nil || took > p.slow:
+		if start.After(p.cut) { // once per round: those begun before the cut knew no better
+			p.bound = max(minPace, p.bound/2)
+			p.cut = time.Now()
+		}
+	default:
+		p.bound = min(maxPace, p.bound+1/p.bound)
+	}
+	close(p.freed)
+	p.freed = make(chan struct{})
+}
+
+// limit is the current bound (for tests and logs).
+func (p *pacer) limit() float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bound
+}

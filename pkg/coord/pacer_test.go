@@ -1,0 +1,74 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestPacer(t *testing.T) {
+	fast := func(p *pacer) { p.release(time.Now(), nil) }
+	slow := func(p *pacer) { p.release(time.Now().Add(-time.Hour), nil) }
+	failed := func(p *pacer) { p.release(time.Now(), errors.New("etcd: too many requests")) }
+	for _, tc := range []struct {
+		name  string
+		steps []func(*pacer)
+		min   float64
+		max   float64
+	}{
+		{"a round of fast answers adds one", repeat(fast, startPace), startPace + 0.9, startPace + 1},
+		{"many fast answers grow it, to the cap", repeat(fast, 1_000_000), maxPace, maxPace},
+		{"a slow answer halves it", []func(*pacer){slow}, startPace / 2, startPace / 2},
+		{"a failure halves it", []func(*pacer){failed}, startPace / 2, startPace / 2},
+		{"answers of one round halve it once", repeat(slow, 4), startPace / 2, startPace / 2},
+		{"rounds of failures halve it each, never below one", repeat(func(p *pacer) { time.Sleep(time.Millisecond); failed(p) }, 10), minPace, minPace},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPacer(time.Second)
+			for _, step := range tc.steps {
+				p.inFlight++
+				step(p)
+			}
+			if got := p.limit(); got < tc.min || got > tc.max {
+				t.Errorf("bound %.2f, want in [%.2f, %.2f]", got, tc.min, tc.max)
+			}
+		})
+	}
+}
+
+func repeat(f func(*pacer), n int) []func(*pacer) {
+	out := make([]func(*pacer), n)
+	for i := range out {
+		out[i] = f
+	}
+	return out
+}
+
+// acquire takes at most bound slots; a release lets a waiter in; a waiter
+// whose context ends gives up.
+func TestPacerBoundsRegistrations(t *testing.T) {
+	p := newPacer(time.Second)
+	ctx := context.Background()
+	for range startPace {
+		if !p.acquire(ctx) {
+			t.Fatal("acquire under the bound failed")
+		}
+	}
+	got := make(chan bool, 1)
+	go func() { got <- p.acquire(ctx) }()
+	select {
+	case <-got:
+		t.Fatal("acquired beyond the bound")
+	case <-time.After(50 * time.Millisecond):
+	}
+	p.release(time.Now(), nil)
+	if !<-got {
+		t.Fatal("the waiter did not get the slot given back")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if p.acquire(cctx) {
+		t.Error("acquired with an ended context")
+	}
+}
