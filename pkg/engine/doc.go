@@ -2,13 +2,16 @@
 //
 // It ties the job's schedule, coord's shard maps and fenced claims, and the
 // runner together. Like the leader's map work, item work is
-// level-triggered: for each job one goroutine (job.go) reconciles what
-// should be true of every item with what etcd says, whenever something may
-// have changed, and never relies on having seen every event.
+// level-triggered: each job's reconcile (job.go) makes what should be true
+// of every item match what etcd says, whenever something may have changed,
+// and never relies on having seen every event. The engine's scheduler
+// (sched.go) runs the reconciles: one timer heap for all jobs, a goroutine
+// per reconcile in progress and none per idle job, and a job's reconciles
+// never overlap.
 //
 // # The reconcile
 //
-// A job's loop wakes on: its schedule's next fire, a newer shard map, a
+// A job's reconcile runs on: its schedule's next fire, a newer shard map, a
 // running marker deleted (a run ended or a lease expired), an item disabled
 // or enabled, a manual trigger, the session coming up again, a run of its
 // own ending, a lost claim or a failed read or write (after a short

@@ -92,6 +92,8 @@ type Engine struct {
 	// ready measures how long runs take to be ready, for the lead of
 	// claims ahead of the fire.
 	ready readyLatency
+	// sched runs the jobs' reconciles (sched.go).
+	sched *scheduler
 }
 
 // lead is how long before a fire its items are claimed and prepared.
@@ -145,6 +147,7 @@ func New(opts Options) *Engine {
 	}
 	e := &Engine{opts: opts, log: opts.Logger, global: newSemaphore(opts.MaxConcurrency),
 		resync: make(chan struct{}, 1), jobs: map[string]*jobLoop{}, local: map[string]*localRuns{}, waiting: map[*jobLoop]struct{}{}}
+	e.sched = newScheduler(opts.Now)
 	e.killCtx, e.kill = context.WithCancelCause(context.Background())
 	e.recordCtx, e.stopRecording = context.WithCancel(context.Background())
 	return e
@@ -157,8 +160,12 @@ var errShutdown = errors.New("engine: killed at shutdown")
 // ShutdownGrace for the running items, kills those still running, waits
 // for their outcomes to be recorded, and returns.
 func (e *Engine) Run(ctx context.Context) error {
-	var loops sync.WaitGroup
 	loopCtx, stopLoops := context.WithCancel(ctx)
+	schedDone := make(chan struct{})
+	go func() {
+		defer close(schedDone)
+		e.sched.run(loopCtx)
+	}()
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	feedDone := make(chan struct{})
 	go func() {
@@ -166,40 +173,35 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.followSession(feedCtx)
 	}()
 
-	cancels := map[string]context.CancelFunc{}
-	dones := map[string]chan struct{}{}
+	unfollow := map[string]func(){}
 	matchJobs := func() {
 		want := map[string]bool{}
 		for _, name := range e.opts.Node.Jobs() {
 			want[name] = true
-			if _, ok := cancels[name]; ok {
+			if _, ok := unfollow[name]; ok {
 				continue
 			}
-			jctx, cancel := context.WithCancel(loopCtx)
 			j := newJobLoop(e, name)
 			e.mu.Lock()
 			e.jobs[name] = j
 			e.mu.Unlock()
-			done := make(chan struct{})
-			cancels[name], dones[name] = cancel, done
-			loops.Add(1)
-			go func() {
-				defer loops.Done()
-				defer close(done)
-				j.run(jctx)
-			}()
+			// Subscribed first, reconciled second: every change after the
+			// first reconcile's read wakes it.
+			j.slot = e.sched.newSlot(loopCtx, j.reconcile)
+			unfollow[name] = j.follow()
+			e.sched.add(j.slot)
 		}
-		for name, cancel := range cancels {
+		for name, stop := range unfollow {
 			if want[name] {
 				continue
 			}
-			cancel() // its running items go on; they finish or die with the session
-			<-dones[name]
-			delete(cancels, name)
-			delete(dones, name)
+			stop()
 			e.mu.Lock()
+			j := e.jobs[name]
 			delete(e.jobs, name)
 			e.mu.Unlock()
+			e.sched.remove(j.slot) // its running items go on; they finish or die with the session
+			delete(unfollow, name)
 		}
 	}
 	matchJobs()
@@ -211,7 +213,10 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 	}
 	stopLoops()
-	loops.Wait()
+	<-schedDone
+	for _, stop := range unfollow {
+		stop()
+	}
 
 	// No new runs. Give the running ones their grace, then kill them.
 	finished := make(chan struct{})

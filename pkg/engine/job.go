@@ -12,14 +12,15 @@ import (
 	"github.com/shardd/shardd/pkg/shard"
 )
 
-// jobLoop is one job's reconcile loop and the local state it keeps: which
-// items run in this process, the manual triggers not yet served, the job's
-// concurrency limit and runner.
+// jobLoop is one job's reconcile, run by the engine's scheduler, and the
+// local state it keeps: which items run in this process, the manual
+// triggers not yet served, the job's concurrency limit and runner. It is
+// plain data: no goroutine of its own while idle.
 type jobLoop struct {
 	e    *Engine
 	name string
 	log  *slog.Logger
-	wake chan struct{} // buffered(1)
+	slot *slot // its place in the scheduler (the scheduler's to change)
 	// baseline is when this loop started: the watermark of items never
 	// claimed (see policy.baseline); seen when each item was first in a
 	// map this loop read, for items added later (a larger
@@ -67,26 +68,22 @@ func (l *localRuns) busy() bool {
 }
 
 func newJobLoop(e *Engine, name string) *jobLoop {
-	return &jobLoop{e: e, name: name, log: e.log.With("job", name), wake: make(chan struct{}, 1),
+	return &jobLoop{e: e, name: name, log: e.log.With("job", name),
 		baseline: e.opts.Now(), seen: map[int]time.Time{}, runs: e.localRuns(name)}
 }
 
-// poke wakes the loop; it never blocks.
-func (j *jobLoop) poke() {
-	select {
-	case j.wake <- struct{}{}:
-	default:
-	}
-}
+// poke makes the job reconcile at once (after the one in progress, if
+// any); it never blocks.
+func (j *jobLoop) poke() { j.e.sched.wakeAt(j.slot, time.Time{}) }
 
-// pokeAfter wakes the loop after d.
-func (j *jobLoop) pokeAfter(d time.Duration) { time.AfterFunc(d, j.poke) }
+// pokeAfter makes the job reconcile within d.
+func (j *jobLoop) pokeAfter(d time.Duration) { j.e.sched.wakeAt(j.slot, j.e.opts.Now().Add(d)) }
 
-// run reconciles until ctx is done.
-func (j *jobLoop) run(ctx context.Context) {
+// follow subscribes the job to what wakes it (see OnChange) and to its
+// manual triggers; the returned stop ends both.
+func (j *jobLoop) follow() (stop func()) {
 	node := j.e.opts.Node
 	stopChanges := node.OnChange(j.name, j.poke)
-	defer stopChanges()
 	stopTriggers := node.OnTrigger(j.name, func(tr coord.Trigger) {
 		j.mu.Lock()
 		j.triggers = append(j.triggers, pendingTrigger{tr: tr, received: j.e.opts.Now()})
@@ -94,19 +91,9 @@ func (j *jobLoop) run(ctx context.Context) {
 		j.log.Info("manual trigger", "trigger", tr.ID, "items", tr.Items, "by", tr.By)
 		j.poke()
 	})
-	defer stopTriggers()
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-j.wake:
-		case <-t.C:
-		}
-		next := j.reconcile(ctx)
-		t.Stop()
-		t.Reset(max(next.Sub(j.e.opts.Now()), time.Millisecond))
+	return func() {
+		stopChanges()
+		stopTriggers()
 	}
 }
 

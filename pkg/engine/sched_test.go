@@ -1,0 +1,148 @@
+package engine
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The scheduler runs each slot's reconcile at once, then when it asks, or
+// when woken; one slot's reconciles never overlap, and a wake during one
+// runs it again after; remove waits for a reconcile in progress; an idle
+// slot has no goroutine.
+func TestScheduler(t *testing.T) {
+	s := newScheduler(time.Now)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	var runs, overlaps atomic.Int32
+	var in atomic.Bool
+	release := make(chan struct{})
+	entered := make(chan struct{}, 16)
+	busy := s.newSlot(ctx, func(context.Context) time.Time {
+		if in.Swap(true) {
+			overlaps.Add(1)
+		}
+		runs.Add(1)
+		entered <- struct{}{}
+		<-release
+		in.Store(false)
+		return time.Now().Add(time.Hour)
+	})
+	s.add(busy)
+	<-entered // the first reconcile, at once
+	s.wakeAt(busy, time.Time{})
+	s.wakeAt(busy, time.Time{}) // woken twice during it: once more after it
+	release <- struct{}{}
+	<-entered
+	release <- struct{}{}
+	select {
+	case <-entered:
+		t.Fatal("two wakes during a reconcile ran it twice after")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if overlaps.Load() != 0 {
+		t.Errorf("%d reconciles of one slot overlapped", overlaps.Load())
+	}
+
+	// Asked times, in order, from one timer.
+	var mu sync.Mutex
+	var order []int
+	for i, d := range []time.Duration{60, 20, 40} {
+		first := true
+		sl := s.newSlot(ctx, func(context.Context) time.Time {
+			if first {
+				first = false
+				return time.Now().Add(d * time.Millisecond)
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			return time.Now().Add(time.Hour)
+		})
+		s.add(sl)
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	if len(order) != 3 || order[0] != 1 || order[1] != 2 || order[2] != 0 {
+		t.Errorf("slots ran in the order %v, want [1 2 0] (20, 40, 60 ms)", order)
+	}
+	mu.Unlock()
+
+	// remove waits for the reconcile in progress, and no reconcile follows.
+	s.wakeAt(busy, time.Time{})
+	<-entered
+	removed := make(chan struct{})
+	go func() { s.remove(busy); close(removed) }()
+	select {
+	case <-removed:
+		t.Fatal("remove returned during a reconcile")
+	case <-time.After(50 * time.Millisecond):
+	}
+	release <- struct{}{}
+	<-removed
+	n := runs.Load()
+	s.wakeAt(busy, time.Time{})
+	time.Sleep(50 * time.Millisecond)
+	if runs.Load() != n {
+		t.Error("a removed slot ran again")
+	}
+}
+
+// Idle slots cost no goroutine.
+func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
+	s := newScheduler(time.Now)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var ran sync.WaitGroup
+	ran.Add(1000)
+	for range 1000 {
+		first := true
+		s.add(s.newSlot(ctx, func(context.Context) time.Time {
+			if first {
+				first = false
+				ran.Done()
+			}
+			return time.Now().Add(time.Hour)
+		}))
+	}
+	ran.Wait()
+	time.Sleep(50 * time.Millisecond)
+	s.mu.Lock()
+	waiting := len(s.waiting)
+	s.mu.Unlock()
+	if waiting != 1000 {
+		t.Fatalf("%d slots waiting, want 1000", waiting)
+	}
+	if g := goroutinesIn("engine.(*scheduler).reconcile"); g != 0 {
+		t.Errorf("%d reconcile goroutines for 1,000 idle slots, want 0", g)
+	}
+}
+
+// goroutinesIn counts the goroutines whose stack has fn.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			count++
+		}
+	}
+	return count
+}
