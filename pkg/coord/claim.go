@@ -164,7 +164,9 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 	if err != nil {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
-	c.fill(gen, resp)
+	if c != nil {
+		c.fill(gen, resp)
+	}
 	lease := n.currentLease()
 	out := JobItems{Rev: resp.Header.Revision, Items: map[int]ItemState{}}
 	for i, r := range resp.Responses {
@@ -298,16 +300,18 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 		n.log.Warn("claim outcome unknown; reading it back", "job", c.Job, "item", c.Item, "fire", c.Fire, "err", err)
 		fence, rerr := n.readBackClaim(ctx, s, c, val)
 		if rerr != nil {
+			n.refused(c.Job)
 			return nil, rerr
 		}
-		n.sawRevision(fence)
+		n.wroteItems(fence)
 		rec.Fence = fence
 		return &Grant{Fence: fence, Ctx: s.ctx, record: rec}, nil
 	}
-	n.sawRevision(resp.Header.Revision)
 	if !resp.Succeeded {
+		n.refused(c.Job)
 		return nil, ErrClaimLost
 	}
+	n.wroteItems(resp.Header.Revision)
 	rec.Fence = resp.Header.Revision
 	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
 }
@@ -427,33 +431,58 @@ func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResu
 	}
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
+	// Else: the shared guards' keys, to tell a failed shared guard (no claim
+	// of this job can be won: not one by one either) from an item's.
+	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).
+		Else(clientv3.OpGet(n.keys.Member(c0.Job, n.opts.ID)), clientv3.OpGet(n.keys.Shards(c0.Job))).Commit()
 	if err != nil {
 		// Unknown outcome: read each claim back, as Claim does.
 		n.log.Warn("claims' outcome unknown; reading them back", "job", c0.Job, "items", len(chunk), "err", err)
 		for i, c := range chunk {
 			fence, rerr := n.readBackClaim(ctx, s, c, parts[i].val)
 			if rerr != nil {
+				n.refused(c.Job)
 				res[i].Err = rerr
 				continue
 			}
-			n.sawRevision(fence)
+			n.wroteItems(fence)
 			rec := parts[i].rec
 			rec.Fence = fence
 			res[i].Grant = &Grant{Fence: fence, Ctx: s.ctx, record: rec}
 		}
 		return true
 	}
-	n.sawRevision(resp.Header.Revision)
 	if !resp.Succeeded {
+		n.refused(c0.Job)
+		if !sharedGuardsHold(resp, member, c0.MapRev) {
+			for i := range res {
+				res[i].Err = ErrClaimLost
+			}
+			return true
+		}
 		return false
 	}
+	n.wroteItems(resp.Header.Revision)
 	for i := range chunk {
 		rec := parts[i].rec
 		rec.Fence = resp.Header.Revision
 		res[i].Grant = &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}
 	}
 	return true
+}
+
+// sharedGuardsHold reports whether the shared guards of a refused claim
+// Txn (the member key's CreateRevision, the map's ModRevision when mapRev
+// is set) held, from its Else reads: then an item's guard failed.
+func sharedGuardsHold(resp *clientv3.TxnResponse, member, mapRev int64) bool {
+	if len(resp.Responses) < 2 {
+		return true // no Else reads: try one by one
+	}
+	memberKV, shardsKV := resp.Responses[0].GetResponseRange().GetKvs(), resp.Responses[1].GetResponseRange().GetKvs()
+	if len(memberKV) == 0 || memberKV[0].CreateRevision != member {
+		return false
+	}
+	return mapRev == 0 || (len(shardsKV) > 0 && shardsKV[0].ModRevision == mapRev)
 }
 
 // readBackClaim settles a claim whose transaction ended with an unknown
@@ -640,7 +669,11 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 	if err != nil {
 		return false, fmt.Errorf("begin items of job %q: %w", job, err)
 	}
-	n.sawRevision(resp.Header.Revision)
+	if resp.Succeeded {
+		n.wroteItems(resp.Header.Revision)
+	} else {
+		n.refused(job)
+	}
 	return resp.Succeeded, nil
 }
 
@@ -664,11 +697,12 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 		}
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
 	}
-	n.sawRevision(resp.Header.Revision)
 	if !resp.Succeeded {
+		n.refused(rec.Job)
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
 	}
+	n.wroteItems(resp.Header.Revision)
 	return nil
 }
 
@@ -682,7 +716,7 @@ func (n *Node) finishApplied(ctx context.Context, rec ItemRecord, put clientv3.O
 	if err != nil || len(resp.Kvs) == 0 || !bytes.Equal(resp.Kvs[0].Value, put.ValueBytes()) {
 		return false
 	}
-	n.sawRevision(resp.Kvs[0].ModRevision)
+	n.wroteItems(resp.Kvs[0].ModRevision)
 	return true
 }
 
@@ -760,7 +794,11 @@ type completion struct {
 const completionsPerTxn = 42
 
 // do writes rec's outcome, guarded by fence, with others' if they come
-// together; it returns finish's error for it.
+// together; it returns finish's error for it. The caller that finds no
+// flush in progress writes the first batch (its own outcome is in it:
+// the queue was empty) and returns; outcomes that queued meanwhile are
+// written by a goroutine that lives only while there are some, so that no
+// run's caller is held by others' outcomes.
 func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64) error {
 	req := &completion{rec: rec, fence: fence, done: make(chan error, 1)}
 	c.mu.Lock()
@@ -768,8 +806,8 @@ func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64
 	flusher := !c.busy
 	c.busy = true
 	c.mu.Unlock()
-	if flusher {
-		c.flush(n)
+	if flusher && c.flushOne(n) {
+		go c.drain(n)
 	}
 	select {
 	case err := <-req.done:
@@ -779,19 +817,28 @@ func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64
 	}
 }
 
-// flush writes pending outcomes until none is left.
-func (c *completer) flush(n *Node) {
-	for {
-		c.mu.Lock()
-		batch := c.pending[:min(len(c.pending), completionsPerTxn)]
-		c.pending = c.pending[len(batch):]
-		if len(batch) == 0 {
-			c.busy = false
-			c.mu.Unlock()
-			return
-		}
-		c.mu.Unlock()
+// flushOne writes the next batch of pending outcomes and says whether more
+// are pending (else the completer is idle again).
+func (c *completer) flushOne(n *Node) (more bool) {
+	c.mu.Lock()
+	batch := c.pending[:min(len(c.pending), completionsPerTxn)]
+	c.pending = c.pending[len(batch):]
+	c.mu.Unlock()
+	if len(batch) > 0 {
 		c.write(n, batch)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 {
+		c.busy = false
+		return false
+	}
+	return true
+}
+
+// drain writes pending outcomes until none is left.
+func (c *completer) drain(n *Node) {
+	for c.flushOne(n) {
 	}
 }
 
@@ -816,12 +863,16 @@ func (c *completer) write(n *Node, batch []*completion) {
 	batch = ok
 	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
 	switch {
-	case err != nil: // unknown outcome: each retries on its own (a rewrite is harmless)
+	case err != nil: // unknown outcome: read back; those not written retry on their own
 		for _, r := range batch {
+			if _, o, _ := n.finishTxn(r.rec, r.fence, true); n.finishApplied(ctx, r.rec, o[0]) {
+				r.done <- nil
+				continue
+			}
 			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
 		}
 	case resp.Succeeded:
-		n.sawRevision(resp.Header.Revision)
+		n.wroteItems(resp.Header.Revision)
 		for _, r := range batch {
 			r.done <- nil
 		}

@@ -22,11 +22,15 @@ import (
 // win a wrong one. What the cache must not do is make this instance blind:
 //
 //   - to its own writes, which would make it decide again on what it just
-//     did, or to what a failed guard told it (it would lose the same claim
-//     again and again): the node remembers the revision of etcd's last reply
-//     to its writes of item keys, and the cache serves a job only once the
-//     hub has delivered every event up to that revision (it waits up to
-//     cacheWait; else the caller reads etcd);
+//     did: the node remembers the revision of its last write of item keys
+//     that applied, and the cache serves a job only once the hub has
+//     delivered every event up to that revision (it waits up to cacheWait;
+//     else the caller reads etcd);
+//   - to what a refused write told it (it would lose the same claim again
+//     and again): a refused write empties the job's cache (refused), so
+//     that the next decision is made on a read of etcd. Not a wait for the
+//     refusal's revision: it may be a write outside jobs/, which the jobs
+//     watch never delivers;
 //   - to the event that woke the reader: the hub calls its subscribers in
 //     no set order, so a reconcile woken by a marker's deletion could read
 //     the cache before the cache had the deletion, and wait for a deletion
@@ -77,6 +81,9 @@ type cachedKey struct {
 func (n *Node) itemCacheOf(job string) *itemCache {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if _, ok := n.jobs[job]; !ok {
+		return nil // not (or no longer) a local job: no cache to leave behind
+	}
 	c := n.itemCaches[job]
 	if c == nil {
 		c = n.subscribeItemCache(job)
@@ -88,13 +95,16 @@ func (n *Node) itemCacheOf(job string) *itemCache {
 // cachedItems returns job's items from c, and whether it could, with the
 // generation of c a read to fill it must be made in.
 func (n *Node) cachedItems(ctx context.Context, job string, c *itemCache) (JobItems, uint64, bool) {
+	if c == nil {
+		return JobItems{}, 0, false
+	}
 	c.mu.Lock()
 	filled, gen := c.filled, c.gen
 	c.mu.Unlock()
 	if !filled {
 		return JobItems{}, gen, false
 	}
-	rev, ok := n.hub.waitDelivered(ctx, n.lastSeenRev.Load(), cacheWait)
+	rev, ok := n.hub.waitDelivered(ctx, n.lastItemWrite.Load(), cacheWait)
 	if !ok {
 		return JobItems{}, gen, false
 	}
@@ -138,12 +148,7 @@ func (n *Node) subscribeItemCache(job string) *itemCache {
 			c.apply(item, kind, ev.Type == clientv3.EventTypeDelete, ev.Kv)
 		}
 	}
-	resync := func() { // events were lost: the next ReadItems reads and fills again
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.filled, c.states = false, map[int]*cachedItem{}
-		c.gen++ // a read begun before may miss events the hub skipped
-	}
+	resync := c.invalidate // events were lost: the next ReadItems reads and fills again
 	cancels := []func(){
 		n.hub.subscribe(job, k.Items(job), apply(0), resync),
 		n.hub.subscribe(job, k.Running(job), apply(1), resync),
@@ -175,6 +180,30 @@ func (c *itemCache) fill(gen uint64, resp *clientv3.TxnResponse) {
 	c.filled = true
 }
 
+// refused invalidates job's cache after etcd refused a write of this node
+// to its items (a guard failed): the state it was decided on is stale, and
+// the next read goes to etcd (and fills the cache again) rather than
+// decide again on the same state. Not a wait for the reply's revision: a
+// refused Txn's revision may be a write outside jobs/, which the jobs
+// watch never delivers.
+func (n *Node) refused(job string) {
+	n.mu.Lock()
+	c := n.itemCaches[job]
+	n.mu.Unlock()
+	if c != nil {
+		c.invalidate()
+	}
+}
+
+// invalidate empties c: the next ReadItems reads etcd and fills it; a read
+// begun before does not fill it.
+func (c *itemCache) invalidate() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.filled, c.states = false, map[int]*cachedItem{}
+	c.gen++
+}
+
 // dropItemCache forgets job's cache (the job is no longer local).
 func (n *Node) dropItemCache(job string) {
 	n.mu.Lock()
@@ -204,15 +233,14 @@ func (c *itemCache) apply(item, kind int, deleted bool, kv *mvccpb.KeyValue) {
 	}
 }
 
-// sawRevision records the revision of a reply of etcd to a write of this
-// node to item keys, applied or refused by its guards: the cache serves no
-// decision until the hub has delivered it (this node is never blind to
-// what it wrote, nor decides again on what a failed guard told it is
-// stale).
-func (n *Node) sawRevision(rev int64) {
+// wroteItems records the revision of a write of this node to item keys
+// that applied: the cache serves no decision until the hub has delivered
+// it (this node is never blind to what it wrote). The write is under
+// jobs/, so the jobs watch delivers it.
+func (n *Node) wroteItems(rev int64) {
 	for {
-		cur := n.lastSeenRev.Load()
-		if rev <= cur || n.lastSeenRev.CompareAndSwap(cur, rev) {
+		cur := n.lastItemWrite.Load()
+		if rev <= cur || n.lastItemWrite.CompareAndSwap(cur, rev) {
 			return
 		}
 	}

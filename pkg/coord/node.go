@@ -80,10 +80,10 @@ type Node struct {
 	// shared Txns (see completer).
 	completions completer
 	// itemCaches keep jobs' item keys from the hub's watch (itemcache.go);
-	// lastSeenRev is the revision of etcd's last reply to a write of this
-	// node to item keys (sawRevision).
-	itemCaches  map[string]*itemCache
-	lastSeenRev atomic.Int64
+	// lastItemWrite is the revision of this node's last write of item keys
+	// (wroteItems).
+	itemCaches    map[string]*itemCache
+	lastItemWrite atomic.Int64
 }
 
 // JobView is what an instance knows about one of its jobs.

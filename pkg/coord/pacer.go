@@ -14,15 +14,20 @@ import (
 // wasted etcd's capacity on a faster one.
 //
 // The bound is additive-increase, multiplicative-decrease, like TCP's
-// congestion window: each registration etcd answers within slow raises it
-// by 1/bound (one per round of registrations), each slower one or failure
+// congestion window: each registration answered in time raises it by
+// 1/bound (one per round of registrations), each slower one or failure
 // halves it (at most once per round: the registrations already in flight
 // answered late for the same reason). It stays between minPace and
-// maxPace and starts at startPace.
+// maxPace and starts at startPace. In time is within the larger of slow
+// and twice the base latency (the fastest answer seen, drifting up slowly
+// with later ones): an etcd whose every answer takes longer than slow
+// (a slow disk, a far member) is not etcd falling behind, and must not pin
+// the bound at one.
 type pacer struct {
 	slow time.Duration
 
 	mu       sync.Mutex
+	base     time.Duration // 0: no answer yet
 	bound    float64
 	inFlight int
 	cut      time.Time     // when the bound was last halved
@@ -64,8 +69,17 @@ func (p *pacer) release(start time.Time, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.inFlight--
-	switch took := time.Since(start); {
-	case err != nil || took > p.slow:
+	took := time.Since(start)
+	late := took > max(p.slow, 2*p.base)
+	if err == nil {
+		if p.base == 0 || took < p.base {
+			p.base = took
+		} else {
+			p.base += (took - p.base) / 64
+		}
+	}
+	switch {
+	case err != nil || late:
 		if start.After(p.cut) { // once per round: those begun before the cut knew no better
 			p.bound = max(minPace, p.bound/2)
 			p.cut = time.Now()

@@ -182,12 +182,12 @@ func (e *Engine) Run(ctx context.Context) error {
 				continue
 			}
 			j := newJobLoop(e, name)
+			j.slot = e.sched.newSlot(loopCtx, j.reconcile)
 			e.mu.Lock()
 			e.jobs[name] = j
 			e.mu.Unlock()
 			// Subscribed first, reconciled second: every change after the
 			// first reconcile's read wakes it.
-			j.slot = e.sched.newSlot(loopCtx, j.reconcile)
 			unfollow[name] = j.follow()
 			e.sched.add(j.slot)
 		}

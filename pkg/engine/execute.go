@@ -41,9 +41,16 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	}
 	switch {
 	case err == nil:
-	case errors.Is(err, coord.ErrClaimLost) || errors.Is(err, coord.ErrNotUp):
+	case errors.Is(err, coord.ErrClaimLost):
+		// The job's item cache was emptied: the next decision reads etcd.
 		log.Debug("claim not won; deciding again", "err", err)
 		j.pokeAfter(100 * time.Millisecond)
+		return false
+	case errors.Is(err, coord.ErrNotUp):
+		// No session, or the job not registered under it yet: a new
+		// session and the job's map wake the job; this is a backstop.
+		log.Debug("claim not made: not up for this job; deciding again", "err", err)
+		j.pokeAfter(time.Second)
 		return false
 	default:
 		log.Warn("claim; deciding again", "err", err)

@@ -228,6 +228,12 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		if a.kind == none {
 			continue
 		}
+		if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && a.source != coord.SourceManual && a.fire.After(now) {
+			// A fire claimed ahead before (a claim whose reply was lost, or
+			// one that never started) runs again or is adopted: not before
+			// its time either.
+			a.startAt = a.fire
+		}
 		if a.kind != adopt { // a claim already held is run whoever owns the item now
 			mine, at := own(item, a.fire, a.source)
 			if !mine {
@@ -480,14 +486,18 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 		}
 	}
 	one := func(s start) bool {
+		ran := false
 		defer func() {
 			j.runs.mu.Lock()
 			delete(j.runs.running, s.item)
 			j.runs.ended[s.item]++
 			j.runs.mu.Unlock()
-			j.poke() // decide again: fires may have come meanwhile
+			if ran {
+				j.poke() // decide again: fires may have come meanwhile
+			} // else execute asked for a later look: at once would spin on a claim that cannot be won
 		}()
-		return j.execute(ctx, v, s)
+		ran = j.execute(ctx, v, s)
+		return ran
 	}
 	ls := v.Job.Listeners
 	groups := map[time.Time][]start{}

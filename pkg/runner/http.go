@@ -231,6 +231,9 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		return res
 	}
 	res.Started = time.Now()
+	if !c.StartAt.IsZero() {
+		res.Start = res.Started // prepared ahead: the run starts when it is let go, not before its fire
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		res.Err = err

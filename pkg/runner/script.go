@@ -318,6 +318,9 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		}
 	}
 	res.Started = time.Now()
+	if !c.StartAt.IsZero() {
+		res.Start = res.Started // prepared ahead: the run starts when it is let go, not before its fire
+	}
 
 	var timeout <-chan time.Time
 	if s.Timeout > 0 {
