@@ -192,6 +192,19 @@ func TestCommandGivesUpOnAnUnreachableEtcd(t *testing.T) {
 	}
 }
 
+// A --timeout that leaves no time at all is refused as a usage error, not
+// reported as etcd not answering.
+func TestNonPositiveTimeoutIsRefused(t *testing.T) {
+	for _, v := range []string{"0", "-1s"} {
+		var out, errOut bytes.Buffer
+		code := run([]string{"status", "--etcd", "http://127.0.0.1:1", "--timeout", v},
+			&env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }})
+		if code != exitUsage || !strings.Contains(errOut.String(), "--timeout must be positive") {
+			t.Errorf("--timeout %s: exit %d, stderr %q", v, code, errOut.String())
+		}
+	}
+}
+
 func TestCommandLine(t *testing.T) {
 	if code, out, _ := shardd(t, "version"); code != 0 || !strings.HasPrefix(out, "shardd ") {
 		t.Errorf("version: %d %q", code, out)

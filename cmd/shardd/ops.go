@@ -27,7 +27,7 @@ type opsFlags struct {
 }
 
 func (o *opsFlags) register(fs *flag.FlagSet) {
-	o.ef.register(fs, "etcd endpoint `URLs`, comma-separated (default "+defaultEmbedURL+", the embedded default)")
+	o.ef.register(fs, "etcd endpoint `URLs`, comma-separated (default: the embedded etcd of --data-dir, at the URL it recorded; "+defaultEmbedURL+" unless --embed-client-url chose another)")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on etcd after this long")
 }
 
@@ -66,6 +66,9 @@ func (o *opsFlags) cluster() string {
 
 // connect returns a client and a context bounded by --timeout.
 func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
+	if o.timeout <= 0 {
+		return nil, nil, nil, usageError("--timeout must be positive, got %s", o.timeout)
+	}
 	dir, implicit := o.ef.dir(true)
 	copts, err := o.ef.clientOptions(o.ef.list(), dir, implicit)
 	if err != nil {

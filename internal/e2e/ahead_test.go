@@ -43,7 +43,7 @@ func TestClaimAheadNotUsedAfterItsFenceIsGone(t *testing.T) {
 	if owner == "a" {
 		other = procs["b"]
 	}
-	claimedAhead := func(r map[string]any) bool { return r["msg"] == "run" && r["claimed_ahead"] != nil }
+	claimedAhead := func(r map[string]any) bool { return r["msg"] == "run" && r["starts_in"] != nil }
 
 	// Pause the owner between its claim and the fire. The claim is made
 	// 10-250 ms ahead; a pause that comes too late (the work began) is

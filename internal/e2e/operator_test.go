@@ -70,7 +70,7 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 		{nil, []string{"trigger", "off"}, 1, `job "off" is disabled in its definition (disabled: true, registered by a`},
 		{nil, []string{"disable", "nope"}, 1, `no job "nope"`},
 		{nil, []string{"disable", "j", "--item", "5"}, 1, "there is no item 5"},
-		{nil, []string{"disable", "j", "--instance", "ghost"}, 1, "instance ghost does not run job j (its instances: a); force disables it ahead of its start (--force"},
+		{nil, []string{"disable", "j", "--instance", "ghost"}, 1, "instance ghost does not run job j (its instances: a); to disable it before it starts, force it (--force"},
 		{nil, []string{"enable", "off"}, 1, `job "off" stays disabled: its definition says disabled: true`},
 		{nil, []string{"enable", "j", "--item", "1"}, 0, "item 1 of job j was already enabled; nothing changed"},
 		{nil, []string{"history", "nope"}, 1, `no job "nope"`},

@@ -368,7 +368,7 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target,
 			}
 			hint := ""
 			if on {
-				hint = "; force disables it ahead of its start (--force; force=true in the API)"
+				hint = "; to disable it before it starts, force it (--force; force=true in the API)"
 			}
 			return Disabling{}, opErr(ErrBadTarget, "instance %s does not run job %s (%s)%s", t.Instance, t.Job, members, hint)
 		}

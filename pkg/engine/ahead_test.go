@@ -31,7 +31,7 @@ func (l *runLog) Handle(_ context.Context, r slog.Record) error {
 	}
 	ahead := false
 	r.Attrs(func(a slog.Attr) bool {
-		ahead = ahead || a.Key == "claimed_ahead"
+		ahead = ahead || a.Key == "starts_in"
 		return true
 	})
 	l.mu.Lock()

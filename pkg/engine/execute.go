@@ -75,7 +75,8 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	if a.startAt.IsZero() {
 		log.Info("run", "fence", g.Fence, "skipped", a.skipped)
 	} else {
-		log.Info("run", "fence", g.Fence, "skipped", a.skipped, "claimed_ahead", a.startAt.Sub(time.Now()).Round(time.Microsecond))
+		// Claimed ahead: the work starts at the fire, not now.
+		log.Info("run", "fence", g.Fence, "skipped", a.skipped, "starts_in", a.startAt.Sub(time.Now()).Round(time.Microsecond))
 	}
 	if a.skipped > 0 && e.opts.OnSkipped != nil {
 		e.opts.OnSkipped(job.Name, a.skipped)
@@ -97,11 +98,11 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	}
 	if e.opts.Observe != nil {
 		e.opts.Observe(Run{Job: job.Name, Item: s.item, Fire: a.fire, Source: a.source, Started: res.Started, Result: res,
-			Killed: out.State == coord.StateKilled && out.Reason != coord.ReasonTimeout, Duration: time.Since(start)})
+			Killed: out.State == coord.StateKilled && out.Reason != coord.ReasonTimeout, Duration: runDuration(start, res)})
 	}
 	switch out.State {
 	case coord.StateDone:
-		log.Info("done", "fence", g.Fence, "duration", res.End.Sub(start).Round(time.Millisecond))
+		log.Info("done", "fence", g.Fence, "duration", res.Duration().Round(time.Millisecond))
 	case coord.StateKilled:
 		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "skipped", a.skipped, "err", res.Err)
 	default:
@@ -117,6 +118,15 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		}()
 	}
 	return true
+}
+
+// runDuration is how long a run took from its start (for a run prepared
+// ahead, from when it was let go), else since begun.
+func runDuration(begun time.Time, res runner.Result) time.Duration {
+	if !res.Start.IsZero() && res.Start.After(begun) {
+		return time.Since(res.Start)
+	}
+	return time.Since(begun)
 }
 
 // errFenced is why a run prepared ahead was not started: its session
@@ -238,7 +248,7 @@ func (j *jobLoop) openRunLog(job *config.Job, rc runner.Context) *runlog.Log {
 	}
 	r := job.LogRetention
 	lg, err := j.e.opts.RunLogs.Create(runlog.Header{
-		Job: rc.Job, Item: rc.Item, Fence: rc.Fence, Fire: rc.Fire, Attempt: rc.Attempt, Source: rc.Source, Instance: rc.Instance,
+		Job: rc.Job, Item: rc.Item, Fence: rc.Fence, Fire: rc.Fire, Attempt: rc.Attempt, Source: rc.Source, Instance: rc.Instance, StartAt: rc.StartAt,
 	}, runlog.Retention{MaxAge: time.Duration(r.MaxAge), MaxBytesPerRun: int64(r.MaxBytesPerRun), MaxTotalBytes: int64(r.MaxTotalBytes)})
 	if err != nil {
 		j.log.Warn("run without a run log; its output's tail is in its history", "item", rc.Item, "err", err)

@@ -187,6 +187,9 @@ type Header struct {
 	Attempt  int
 	Source   string
 	Instance string
+	// StartAt is when a run prepared ahead of its fire is let go (zero:
+	// at once): its header is written before then.
+	StartAt time.Time
 }
 
 // Create opens the log of the run h for writing (appending, when the run
@@ -223,8 +226,12 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 		l.size = fi.Size() // a retry's log goes on from its earlier tries
 	}
 	l.mu.Lock()
-	l.write(record(nil, l.stamp(), "shardd", fmt.Appendf(nil, "run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
-		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339), h.Attempt, oneLine(h.Source), oneLine(h.Instance))))
+	head := fmt.Appendf(nil, "run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
+		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339), h.Attempt, oneLine(h.Source), oneLine(h.Instance))
+	if !h.StartAt.IsZero() {
+		head = fmt.Appendf(head, " starts_at=%s", h.StartAt.UTC().Format(time.RFC3339Nano))
+	}
+	l.write(record(nil, l.stamp(), "shardd", head))
 	l.mu.Unlock()
 	l.checkSpace()
 	return l, nil

@@ -470,3 +470,18 @@ func TestParseRunID(t *testing.T) {
 		}
 	}
 }
+
+// A run prepared ahead of its fire says, in its header (written before
+// the run starts), when it is let go.
+func TestHeaderOfARunPreparedAhead(t *testing.T) {
+	s := newStore(t)
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	l, err := s.Create(Header{Job: "j", Fence: 1, Fire: at, StartAt: at}, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close("end")
+	if n := notes(read(t, s, "j", 1)); len(n) == 0 || !strings.HasSuffix(n[0], " starts_at=2026-11-30T12:00:00Z") {
+		t.Errorf("header = %q, want it to end with starts_at", n)
+	}
+}
