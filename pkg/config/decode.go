@@ -374,6 +374,18 @@ func unknownField(t reflect.Type, prefix, key string) string {
 }
 
 // editDistance is the Levenshtein distance between a and b, in bytes.
+// Nearest returns the candidate nearest to name by edit distance, case
+// aside, when one is near enough to be a typo of it ("did you mean").
+func Nearest(name string, candidates []string) (string, bool) {
+	best, bestDist := "", 0
+	for _, c := range candidates {
+		if d := editDistance(strings.ToLower(name), strings.ToLower(c)); best == "" || d < bestDist {
+			best, bestDist = c, d
+		}
+	}
+	return best, best != "" && bestDist <= max(1, min(len(name), len(best))/4)
+}
+
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)

@@ -139,10 +139,13 @@ func knownJobs(ctx context.Context, cli *clientv3.Client, keys Keys) []string {
 // jobs it does.
 func unknownJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string) error {
 	known := knownJobs(ctx, cli, keys)
-	switch {
-	case len(known) == 0:
+	if len(known) == 0 {
 		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s: it has no jobs", job, keys.Prefix())
-	case len(known) > 20:
+	}
+	if near, ok := config.Nearest(job, known); ok {
+		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s (did you mean %s?)", job, keys.Prefix(), near)
+	}
+	if len(known) > 20 {
 		known = append(known[:20], fmt.Sprintf("and %d more", len(known)-20))
 	}
 	return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s (jobs: %s)", job, keys.Prefix(), strings.Join(known, ", "))

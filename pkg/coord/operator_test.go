@@ -42,6 +42,10 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 			_, err := RequestTrigger(ctx, cli, keys, "nope", nil, "t")
 			return err
 		}},
+		{"trigger a typo of a job", ErrUnknownJob, `no job "order" in the cluster at prefix /shardd (did you mean orders?)`, func() error {
+			_, err := RequestTrigger(ctx, cli, keys, "order", nil, "t")
+			return err
+		}},
 		{"trigger item 7 of 3", ErrBadTarget, `job "orders" has items 0-2; there is no item 7`, func() error {
 			_, err := RequestTrigger(ctx, cli, keys, "orders", []int{7}, "t")
 			return err
