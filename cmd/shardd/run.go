@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -57,6 +58,7 @@ func cmdRun(e *env, args []string) error {
 		readFile  = fs.String("api-read-token-file", "", "`file` with a read-only bearer token; when set, API reads need a token")
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
+		pprofAddr = fs.String("pprof-listen", "", "loopback `address` to serve Go's profiles on (/debug/pprof/), for performance work; empty: off")
 		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd); https")
 		tlsCert   = fs.String("tls-cert", "", "certificate `file` (PEM) of the HTTP server: serve --listen over TLS")
 		tlsKey    = fs.String("tls-key", "", "private key `file` (PEM) of --tls-cert")
@@ -340,6 +342,20 @@ func cmdRun(e *env, args []string) error {
 		})
 		log.Info("serving HTTP", "addr", apiAddr, "tls", tlsCfg != nil, "client_certs", tlsCfg != nil && tlsCfg.ClientCAs != nil)
 	}
+	if *pprofAddr != "" {
+		pln, err := listenPprof(*pprofAddr)
+		if err != nil {
+			return err
+		}
+		psrv := &http.Server{Handler: pprofMux(), ReadHeaderTimeout: 10 * time.Second}
+		g.Add(func() error {
+			if err := psrv.Serve(pln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}, func(error) { psrv.Close() })
+		log.Info("serving Go's profiles", "addr", pln.Addr().String(), "path", "/debug/pprof/")
+	}
 	{ // systemd: READY when the session is up, watchdog pings
 		sctx, scancel := context.WithCancel(ctx)
 		g.Add(func() error { runSystemd(sctx, node.Up); return nil }, func(error) { scancel() })
@@ -434,6 +450,34 @@ func readToken(path string) (string, error) {
 		return "", fmt.Errorf("%s: the token must be at least 16 characters", path)
 	}
 	return tok, nil
+}
+
+// listenPprof listens on addr for the profiles, which must be a loopback
+// address: profiles show the process's internals to whoever can ask.
+func listenPprof(addr string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, usageError("--pprof-listen %q: %v", addr, err)
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return nil, usageError("--pprof-listen %q: only a loopback address (127.0.0.1:PORT, [::1]:PORT)", addr)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--pprof-listen: %w", err)
+	}
+	return ln, nil
+}
+
+// pprofMux serves net/http/pprof's handlers.
+func pprofMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
 
 // isLoopback reports whether addr is a loopback address.

@@ -126,7 +126,8 @@ type ItemRecord struct {
 
 // ItemState is what etcd says about one item at one revision.
 type ItemState struct {
-	// Record is nil when the item was never claimed.
+	// Record is nil when the item was never claimed. It may be shared
+	// with the item cache: read it; copy it to change it.
 	Record *ItemRecord
 	// Rev is the ModRevision of the record, 0 when there is none.
 	Rev int64

@@ -11,26 +11,28 @@ func TestPacer(t *testing.T) {
 	fast := func(p *pacer) { p.release(time.Now(), nil) }
 	slow := func(p *pacer) { p.release(time.Now().Add(-time.Hour), nil) }
 	failed := func(p *pacer) { p.release(time.Now(), errors.New("etcd: too many requests")) }
+	const from = 4 * minPace // grown well above the floor
 	for _, tc := range []struct {
 		name  string
 		steps []func(*pacer)
 		min   float64
 		max   float64
 	}{
-		{"a round of fast answers adds one", repeat(fast, startPace), startPace + 0.9, startPace + 1},
+		{"a round of fast answers adds one", repeat(fast, from), from + 0.9, from + 1},
 		{"many fast answers grow it, to the cap", repeat(fast, 1_000_000), maxPace, maxPace},
 		// After a first fast answer: the base latency is known (microseconds).
-		{"a slow answer halves it", []func(*pacer){fast, slow}, startPace / 2, startPace/2 + 0.1},
-		{"a failure halves it", []func(*pacer){fast, failed}, startPace / 2, startPace/2 + 0.1},
-		{"answers of one round halve it once", append([]func(*pacer){fast}, repeat(slow, 4)...), startPace / 2, startPace/2 + 0.1},
+		{"a slow answer halves it", []func(*pacer){fast, slow}, from / 2, from/2 + 0.1},
+		{"a failure halves it", []func(*pacer){fast, failed}, from / 2, from/2 + 0.1},
+		{"answers of one round halve it once", append([]func(*pacer){fast}, repeat(slow, 4)...), from / 2, from/2 + 0.1},
 		// An etcd whose every answer is slower than the threshold but steady
 		// (a slow disk) is not falling behind: the first answer, with no base
 		// to compare with, halves the bound; the next ones grow it.
-		{"steady slow answers do not pin it", repeat(func(p *pacer) { p.release(time.Now().Add(-2*time.Second), nil) }, 16), startPace/2 + 2.5, startPace/2 + 3.5},
-		{"rounds of failures halve it each, never below one", repeat(func(p *pacer) { time.Sleep(time.Millisecond); failed(p) }, 10), minPace, minPace},
+		{"steady slow answers do not pin it", repeat(func(p *pacer) { p.release(time.Now().Add(-2*time.Second), nil) }, 16), from/2 + 0.2, from/2 + 0.3},
+		{"rounds of failures halve it each, never below the floor", repeat(func(p *pacer) { time.Sleep(time.Millisecond); failed(p) }, 10), minPace, minPace},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPacer(time.Second)
+			p.bound = from
 			for _, step := range tc.steps {
 				p.inFlight++
 				step(p)

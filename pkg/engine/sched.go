@@ -25,7 +25,22 @@ type scheduler struct {
 	waiting wakeHeap
 	changed chan struct{} // buffered(1): the heap's head may be earlier
 	running sync.WaitGroup
+
+	// work hands due slots to idle workers. A worker that finished waits
+	// for more for a while (at most maxIdleWorkers wait), so that a steady
+	// stream of reconciles reuses a few goroutines and their grown stacks
+	// instead of starting one each (stack growth was a tenth of an idle
+	// instance's CPU with 10,000 jobs); a burst starts as many as it needs.
+	work chan *slot
+	quit chan struct{} // closed when run returns
+	idle int           // workers waiting on work (under mu)
 }
+
+// Workers: at most maxIdleWorkers wait for work, each at most workerIdle.
+const (
+	maxIdleWorkers = 8
+	workerIdle     = 10 * time.Second
+)
 
 // slot is a job's place in the scheduler; its fields are the scheduler's
 // (under its mu).
@@ -42,7 +57,7 @@ type slot struct {
 }
 
 func newScheduler(now func() time.Time) *scheduler {
-	return &scheduler{now: now, changed: make(chan struct{}, 1)}
+	return &scheduler{now: now, changed: make(chan struct{}, 1), work: make(chan *slot), quit: make(chan struct{})}
 }
 
 // newSlot is a slot for reconcile (which returns when to run it again);
@@ -115,7 +130,7 @@ func (s *scheduler) run(ctx context.Context) {
 			sl := heap.Pop(&s.waiting).(*slot)
 			sl.busy = true
 			s.running.Add(1)
-			go s.reconcile(sl)
+			s.dispatch(sl)
 		}
 		wait := time.Hour
 		if len(s.waiting) > 0 {
@@ -126,11 +141,56 @@ func (s *scheduler) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			s.running.Wait()
+			close(s.quit)
 			return
 		case <-s.changed:
 		case <-t.C:
 		}
 		t.Stop()
+	}
+}
+
+// dispatch hands sl to an idle worker, or starts one. s.mu is held (a
+// send to a worker waiting on work never blocks).
+func (s *scheduler) dispatch(sl *slot) {
+	select {
+	case s.work <- sl:
+	default:
+		go s.worker(sl)
+	}
+}
+
+// worker reconciles sl, then waits for more work while few others do.
+func (s *scheduler) worker(sl *slot) {
+	var t *time.Timer
+	for {
+		s.reconcile(sl)
+		s.mu.Lock()
+		if s.idle >= maxIdleWorkers {
+			s.mu.Unlock()
+			return
+		}
+		s.idle++
+		s.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(workerIdle)
+			defer t.Stop()
+		} else {
+			t.Reset(workerIdle)
+		}
+		select {
+		case sl = <-s.work:
+			s.mu.Lock()
+			s.idle--
+			s.mu.Unlock()
+			continue
+		case <-t.C:
+		case <-s.quit:
+		}
+		s.mu.Lock()
+		s.idle--
+		s.mu.Unlock()
+		return
 	}
 }
 

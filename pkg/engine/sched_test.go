@@ -125,6 +125,9 @@ func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
 	if g := goroutinesIn("engine.(*scheduler).reconcile"); g != 0 {
 		t.Errorf("%d reconcile goroutines for 1,000 idle slots, want 0", g)
 	}
+	if g := goroutinesIn("engine.(*scheduler).worker"); g > maxIdleWorkers {
+		t.Errorf("%d workers left waiting after a burst of 1,000 reconciles, want at most %d", g, maxIdleWorkers)
+	}
 }
 
 // goroutinesIn counts the goroutines whose stack has fn.
