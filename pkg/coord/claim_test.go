@@ -12,14 +12,35 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 )
 
+// ordersNode starts instance a with one job, orders, of items items, and
+// waits for its membership.
+func ordersNode(t *testing.T, items int) *testNode {
+	t.Helper()
+	n := startNode(t, etcdtest.Start(t), "a", jobs(t, "jobs:\n"+job("orders", items)))
+	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	return n
+}
+
+// claimsOf are the claims of items' fire of orders, on n's current read.
+func claimsOf(t *testing.T, n *testNode, items int, fire time.Time) []Claim {
+	t.Helper()
+	read, err := n.ReadItems(context.Background(), "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cs []Claim
+	for item := range items {
+		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: read.Items[item], Sched: fire})
+	}
+	return cs
+}
+
 // A claim whose transaction ended with an unknown outcome is read back: if
 // it applied, the caller gets its fence and runs it (else its running
 // marker would hold the item for as long as the session lives); if it did
 // not, the claim is lost and the caller decides again.
 func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 2)
 	ctx := context.Background()
 	s, _ := n.sessionFor("orders")
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
@@ -61,23 +82,10 @@ func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
 // ClaimAll wins the claims of one job in one Txn, at one fence; when one
 // item's guard fails, the others are still won, one by one.
 func TestClaimAll(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 4)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 4)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	claims := func() []Claim {
-		items, err := n.ReadItems(ctx, "orders")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var cs []Claim
-		for item := range 4 {
-			cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
-		}
-		return cs
-	}
-	res := n.ClaimAll(ctx, claims()) // one Txn: one fence for all
+	res := n.ClaimAll(ctx, claimsOf(t, n, 4, fire)) // one Txn: one fence for all
 	for i, r := range res {
 		if r.Err != nil || r.Grant.Fence != res[0].Grant.Fence {
 			t.Fatalf("claim %d: %+v (first fence %d)", i, r, res[0].Grant.Fence)
@@ -88,7 +96,7 @@ func TestClaimAll(t *testing.T) {
 	}
 
 	// Item 2 changes between the read and the claims: the others are won.
-	cs := claims()
+	cs := claimsOf(t, n, 4, fire)
 	for i := range cs {
 		cs[i].Fire, cs[i].Sched = fire.Add(time.Minute), fire.Add(time.Minute)
 	}
@@ -109,19 +117,10 @@ func TestClaimAll(t *testing.T) {
 // Outcomes that come together are written together; one whose guard fails
 // (its item was taken over) does not fail the others.
 func TestCompletionsTogether(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 8)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 8)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	items, err := n.ReadItems(ctx, "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cs []Claim
-	for item := range 8 {
-		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
-	}
+	cs := claimsOf(t, n, 8, fire)
 	res := n.ClaimAll(ctx, cs)
 	// Item 5 is taken over meanwhile.
 	if _, err := n.cli.Put(ctx, n.keys.Item("orders", 5), `{"job":"orders","item":5,"state":"RUNNING","instance":"b"}`); err != nil {
@@ -152,19 +151,10 @@ func TestCompletionsTogether(t *testing.T) {
 
 // A batch of outcomes whose guards hold is one Txn: one revision.
 func TestCompletionsBatchIsOneTxn(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 4)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 4)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	items, err := n.ReadItems(ctx, "orders")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cs []Claim
-	for item := range 4 {
-		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: items.Items[item], Sched: fire})
-	}
+	cs := claimsOf(t, n, 4, fire)
 	var batch []*completion
 	for _, r := range n.ClaimAll(ctx, cs) {
 		rec := r.Grant.record
@@ -197,9 +187,7 @@ func TestCompletionsBatchIsOneTxn(t *testing.T) {
 // instance's own claims and outcomes show in what it reads next, another
 // writer's changes too, and reading needs no request to etcd.
 func TestItemCache(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	read := func() JobItems {
@@ -253,9 +241,7 @@ func TestItemCache(t *testing.T) {
 // marker's deletion missed that way is a lost wake-up: the loop waits for
 // a deletion that already came).
 func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 2)
 	ctx := context.Background()
 	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache and fills it
 		t.Fatal(err)
@@ -304,9 +290,7 @@ func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
 // A read begun before the hub lost events (a compacted watch: resync) does
 // not fill the cache: it may miss events the hub will never deliver.
 func TestItemCacheNotFilledByAReadOlderThanAResync(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 2)
 	ctx := context.Background()
 	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache and fills it
 		t.Fatal(err)
@@ -349,9 +333,7 @@ func TestItemCacheNotFilledByAReadOlderThanAResync(t *testing.T) {
 // ended with the request on its way (a graceful stop), so that the engine
 // logs the policy it applied.
 func TestFinishWithUnknownOutcomeIsReadBack(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	if err := n.Skip(ctx, "orders", 0, fire, 1, SkipTooOld, ItemState{}); err != nil {

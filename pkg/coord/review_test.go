@@ -20,9 +20,7 @@ import (
 // goroutine, which holds its item "running" and its concurrency slots)
 // does not return.
 func TestCompleteIsNotHeldByOthersOutcomes(t *testing.T) {
-	srv := etcdtest.Start(t)
-	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 1)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	n := ordersNode(t, 1)
 	ctx := context.Background()
 	var c completer
 	rec := func(item int) ItemRecord {
