@@ -8,8 +8,8 @@ import (
 )
 
 // scheduler runs the jobs' reconciles: one timer for all jobs (a heap of
-// their next wake-ups) and a goroutine per reconcile in progress, none per
-// idle job ([3/8]: with 10,000 jobs, a goroutine and a timer per job were
+// their next wake-ups) and a worker per reconcile in progress (a few
+// finished ones wait to be reused), none per idle job ([3/8]: with 10,000 jobs, a goroutine and a timer per job were
 // most of an idle instance's memory). A job's reconciles never overlap: a
 // poke during one makes it run again at once after.
 //
