@@ -45,9 +45,9 @@ type hub struct {
 	mu   sync.Mutex
 	subs map[string]map[*subscription]struct{} // by job
 	// delivered is the revision through which every event was delivered;
-	// advanced is closed (and replaced) when it grows.
+	// advanced wakes those waiting for it to grow.
 	delivered int64
-	advanced  chan struct{}
+	advanced  broadcast
 
 	// delivering is held (written) while the events of one watch response,
 	// or a resync, are handed to the subscribers, and read by whoever must
@@ -67,8 +67,7 @@ type subscription struct {
 }
 
 func newHub(cli *clientv3.Client, keys Keys, onErr func(string, error)) *hub {
-	return &hub{cli: cli, prefix: keys.Jobs(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{},
-		advanced: make(chan struct{})}
+	return &hub{cli: cli, prefix: keys.Jobs(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
 }
 
 // subscribe calls event for every event on a key of job starting with
@@ -202,8 +201,7 @@ func (h *hub) advance(rev int64) {
 	defer h.mu.Unlock()
 	if rev > h.delivered {
 		h.delivered = rev
-		close(h.advanced)
-		h.advanced = make(chan struct{})
+		h.advanced.notify()
 	}
 }
 
@@ -221,7 +219,7 @@ func (h *hub) waitDelivered(ctx context.Context, rev int64, max time.Duration) (
 	var timeout <-chan time.Time
 	for {
 		h.mu.Lock()
-		delivered, advanced := h.delivered, h.advanced
+		delivered, advanced := h.delivered, h.advanced.C()
 		h.mu.Unlock()
 		if delivered >= rev && delivered > 0 {
 			return delivered, true

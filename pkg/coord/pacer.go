@@ -30,8 +30,8 @@ type pacer struct {
 	base     time.Duration // 0: no answer yet
 	bound    float64
 	inFlight int
-	cut      time.Time     // when the bound was last halved
-	freed    chan struct{} // closed (and replaced) when a slot frees or the bound grows
+	cut      time.Time // when the bound was last halved
+	freed    broadcast // a slot freed or the bound grew
 }
 
 // The bound never goes below minPace: the fixed bound of earlier versions,
@@ -46,7 +46,7 @@ const (
 )
 
 func newPacer(slow time.Duration) *pacer {
-	return &pacer{slow: slow, bound: startPace, freed: make(chan struct{})}
+	return &pacer{slow: slow, bound: startPace}
 }
 
 // acquire waits for a slot, or until ctx is done (false).
@@ -58,7 +58,7 @@ func (p *pacer) acquire(ctx context.Context) bool {
 			p.mu.Unlock()
 			return true
 		}
-		freed := p.freed
+		freed := p.freed.C()
 		p.mu.Unlock()
 		select {
 		case <-freed:
@@ -92,8 +92,7 @@ func (p *pacer) release(start time.Time, err error) {
 	default:
 		p.bound = min(maxPace, p.bound+1/p.bound)
 	}
-	close(p.freed)
-	p.freed = make(chan struct{})
+	p.freed.notify()
 }
 
 // limit is the current bound (for tests and logs).
