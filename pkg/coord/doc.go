@@ -26,18 +26,19 @@
 //	    keepalive that etcd acknowledged; the lease cannot expire on the server
 //	    before sent+TTL. At sent+TTL-margin with no newer acknowledgement the
 //	    session fences itself: Fenced() closes, every leadership and every
-//	    worker started under the session is cancelled. It does not wait for the
+//	    job task started under the session is stopped. It does not wait for the
 //	    client's Session.Done(), which fires late.
 //	  - fenced: keep no state; retry with backoff until etcd answers, then
 //	    back to connecting with a fresh lease. A session loss never stops a job
 //	    for good.
-//	  - leaving (SIGTERM): stop workers, resign leaderships, revoke the lease,
+//	  - leaving (SIGTERM): stop the job tasks, resign leaderships, revoke the lease,
 //	    so the other instances reshard at once instead of after the TTL.
 //
 // # Per-job leader
 //
-// Under each session, every local job has a campaign loop on
-// concurrency.Election's keys, jobs/<job>/leader/<lease>: the oldest
+// Under each session, every local job has a task (task.go: plain data
+// stepped by the node's scheduler, no goroutine while it waits) that
+// registers it and campaigns on concurrency.Election's keys, jobs/<job>/leader/<lease>: the oldest
 // candidate key leads. A candidate waits for the keys ahead of it to go on
 // the instance's one watch (elect.go), not on a watch of its own as
 // concurrency.Election's Campaign would; the won election is a
@@ -52,7 +53,7 @@
 // desired map with the job's strategy over the eligible instances (members
 // not disabled, sorted by id); write it with epoch+1 when it differs, guarded
 // by the election key and the map's ModRevision. Changes of those keys only
-// wake the reconcile (a buffered(1) channel); a ticker every
+// wake the reconcile (the task's next step); a step every
 // reconcileIntervalMinutes bounds what a missed event could cost. A
 // malformed stored map is logged and replaced.
 //

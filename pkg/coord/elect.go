@@ -2,11 +2,9 @@ package coord
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // Elections are concurrency.Election's: each candidate puts the key
@@ -22,64 +20,13 @@ import (
 //	put the key (or find it there, same lease) --rev--> waiting
 //	waiting --no key older than rev--> elected: checkElected (etcd #11051), lead
 //	waiting --a deletion under the prefix, a resync--> look again
-//	waiting --ctx done--> delete the key (guarded by rev), return
+//	waiting --the task stops--> delete the key (guarded by rev)
+//
+// The steps are jobTask.campaign's (task.go); the task holds no goroutine
+// while it waits.
 //
 // Instances of older versions, campaigning with concurrency.Election on the
 // same keys, agree on the leader: it is the same rule.
-
-// elect campaigns for job's leadership under s, and returns the election
-// once this node's candidate key is the oldest, or an error when ctx ends
-// or etcd fails (the caller retries).
-func (n *Node) elect(ctx context.Context, s *session, job string) (*concurrency.Election, error) {
-	prefix := n.keys.Leader(job)
-	key := fmt.Sprintf("%s%x", prefix, s.lease)
-	wake := make(chan struct{}, 1)
-	unsubscribe := n.hub.subscribe(job, prefix, func(ev *clientv3.Event) {
-		if ev.Type == clientv3.EventTypeDelete {
-			poke(wake)
-		}
-	}, func() { poke(wake) })
-	defer unsubscribe()
-
-	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-	resp, err := n.opts.Client.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, n.opts.ID, clientv3.WithLease(s.lease))).
-		Else(clientv3.OpGet(key)).Commit()
-	cancel()
-	if err != nil {
-		return nil, err
-	}
-	rev := resp.Header.Revision
-	if !resp.Succeeded { // ours from an earlier campaign of this session
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 {
-			return nil, fmt.Errorf("election key %s vanished", key)
-		}
-		rev = kvs[0].CreateRevision
-	}
-	for {
-		older, err := n.olderCandidates(ctx, prefix, rev)
-		switch {
-		case ctx.Err() != nil:
-			n.withdraw(ctx, key, rev)
-			return nil, ctx.Err()
-		case err == nil && !older:
-			return concurrency.ResumeElection(s.conc, n.keys.Election(job), key, rev), nil
-		case err != nil:
-			n.log.Debug("election: look for older candidates; retrying", "job", job, "err", err)
-			if !sleep(ctx, 200*time.Millisecond) {
-				n.withdraw(ctx, key, rev)
-				return nil, ctx.Err()
-			}
-			continue
-		}
-		select {
-		case <-wake:
-		case <-ctx.Done():
-		}
-	}
-}
 
 // olderCandidates reports whether a candidate key under prefix is older
 // than rev.

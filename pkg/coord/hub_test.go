@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -214,6 +215,17 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	if got := watchers(t, srv) - before; got > 4 {
 		t.Errorf("etcd has %d watchers for two instances with %d jobs, one waiting to lead each; want at most 4", got, count)
 	}
+	// No goroutine per job either: the jobs' tasks are stepped by each
+	// node's scheduler, and an idle one holds none (a goroutine per job
+	// was 80 more here). Left: per node, Run's session loop, the hub, the
+	// scheduler's loop, the membership log and the session's keepalive;
+	// and this test's own two.
+	var inCoord int
+	waitFor(t, 10*time.Second, "the nodes' goroutines to settle", func() bool {
+		inCoord = goroutinesWith("shardd/pkg/coord.")
+		return inCoord <= 2*5+2
+	})
+	t.Logf("goroutines in coord for 2 nodes with %d jobs each: %d", count, inCoord)
 	led := map[string]int{}
 	for i := range count {
 		led[leaderOf(t, cli, fmt.Sprintf("j%02d", i))]++
@@ -224,4 +236,25 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	first.stop(t)
 	waitFor(t, 30*time.Second, "the waiting candidate to lead every job and drop the first", mapsOf("second"))
 
+}
+
+// goroutinesWith counts the goroutines whose stack has a frame of fn (a
+// prefix of a function's full name).
+func goroutinesWith(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			count++
+		}
+	}
+	return count
 }

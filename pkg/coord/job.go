@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -15,52 +14,6 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 )
-
-// runJob is one job's worker under session s: register the job's config and
-// membership, then watch its map and campaign for its leadership until ctx
-// is done.
-func (n *Node) runJob(ctx context.Context, s *session, local *config.Job, removed *atomic.Bool) {
-	log := n.log.With("job", local.Name)
-	// Follow the registered definition first, then register: every
-	// change after the registration's read reaches the view.
-	stopConfig := n.followConfig(ctx, local.Name)
-	defer stopConfig()
-	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
-	for {
-		if !n.registering.acquire(ctx) {
-			return
-		}
-		begun := time.Now()
-		err := n.registerJob(ctx, s, local)
-		if ctx.Err() != nil {
-			n.registering.release(begun, nil) // stopped, not slowed
-		} else {
-			n.registering.release(begun, err)
-		}
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		log.Warn("register job", "err", err)
-		if !sleep(ctx, b.next()) {
-			return
-		}
-	}
-	defer func() {
-		if removed.Load() && s.ctx.Err() == nil { // the job left the config: leave it now
-			dctx, cancel := context.WithTimeout(s.ctx, time.Second)
-			n.opts.Client.Delete(dctx, n.keys.Member(local.Name, n.opts.ID))
-			cancel()
-			n.log.Info("left job", "job", local.Name)
-		}
-	}()
-
-	stopFollowing := n.followMap(ctx, local.Name)
-	defer stopFollowing()
-	n.campaign(ctx, s, local)
-}
 
 // registerJob registers the job's definition (see registerConfig) and then
 // the membership key.

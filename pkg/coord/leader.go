@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -15,59 +14,6 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/shard"
 )
-
-// campaign competes for job's leadership under s and leads while elected,
-// until ctx is done.
-func (n *Node) campaign(ctx context.Context, s *session, local *config.Job) {
-	job := local.Name
-	log := n.log.With("job", job)
-	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
-	for ctx.Err() == nil {
-		if n.isLeaving() {
-			// Withdrawn from every job: no new leadership; the worker
-			// keeps following the job until it stops.
-			<-ctx.Done()
-			return
-		}
-		e, err := n.elect(ctx, s, job)
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Debug("campaign", "err", err)
-				sleep(ctx, b.next())
-			}
-			continue
-		}
-		// Campaign can succeed after the lease expired (etcd #11051): check
-		// the session and that the election key is still ours.
-		if err := n.checkElected(ctx, s, e); err != nil {
-			log.Warn("campaign won on a stale session; campaigning again", "err", err)
-			sleep(ctx, b.next())
-			continue
-		}
-		b.reset()
-		log.Info("leading job", "leader_rev", e.Rev())
-		n.updateView(job, func(v *JobView) { v.Leading = true })
-		lctx, cancel := context.WithCancel(ctx)
-		err = n.lead(lctx, local, e.Key(), e.Rev())
-		cancel()
-		n.updateView(job, func(v *JobView) { v.Leading = false })
-		if s.ctx.Err() == nil {
-			// Resign so that another instance leads at once; when the
-			// session is gone, the lease's end removes the key.
-			rctx, rcancel := context.WithTimeout(s.ctx, time.Second)
-			e.Resign(rctx)
-			rcancel()
-		}
-		switch {
-		case errors.Is(err, errYield):
-			log.Info("handed leadership over", "reason", err)
-		case errors.Is(err, errNotLeader):
-			log.Warn("lost leadership", "err", err)
-		case ctx.Err() != nil:
-			log.Info("stopped leading job")
-		}
-	}
-}
 
 // checkElected verifies that s is up and the election key e holds is still
 // there, created at e.Rev() under s's lease.
@@ -85,52 +31,6 @@ func (n *Node) checkElected(ctx context.Context, s *session, e *concurrency.Elec
 		return fmt.Errorf("election key %s is gone or not ours", e.Key())
 	}
 	return nil
-}
-
-// lead runs the leader's reconcile loop for job until ctx is done or a
-// fenced write shows that this instance no longer leads.
-func (n *Node) lead(ctx context.Context, local *config.Job, leaderKey string, leaderRev int64) error {
-	job := local.Name
-	l := &leader{n: n, job: job, local: local, key: leaderKey, rev: leaderRev}
-	wake := make(chan struct{}, 1)
-
-	// Subscribe first, then read: every change after the read wakes the
-	// reconcile. A new candidate may be the preferred leader, so the
-	// election prefix counts too.
-	for _, prefix := range []string{n.keys.Members(job), n.keys.Disabled(job), n.keys.Config(job), n.keys.Shards(job), n.keys.Leader(job)} {
-		unsubscribe := n.hub.subscribe(job, prefix, func(*clientv3.Event) { poke(wake) }, func() { poke(wake) })
-		defer unsubscribe()
-	}
-	st, err := l.read(ctx)
-	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
-	for {
-		if st == nil {
-			st, err = l.read(ctx)
-		}
-		if err == nil {
-			err = l.reconcile(ctx, st)
-		}
-		st = nil
-		interval := time.Duration(l.interval) * time.Minute
-		switch {
-		case errors.Is(err, errNotLeader), errors.Is(err, errYield):
-			return err
-		case err != nil && ctx.Err() == nil:
-			n.log.Warn("reconcile shard map", "job", job, "err", err)
-			interval = b.next()
-		default:
-			b.reset()
-		}
-		t := time.NewTimer(interval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-wake:
-		case <-t.C:
-		}
-		t.Stop()
-	}
 }
 
 // leader holds one leadership of one job.

@@ -16,6 +16,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/config"
 )
 
@@ -57,6 +58,9 @@ type Node struct {
 	keys Keys
 	log  *slog.Logger
 	hub  *hub // the one watch of the jobs keyspace
+	// steps runs the jobs' tasks (task.go): registration, campaign,
+	// leadership.
+	steps *sched.Scheduler
 
 	mu      sync.Mutex
 	jobs    map[string]*config.Job // local definitions
@@ -135,6 +139,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		registered:  map[string]string{},
 		changed:     make(chan struct{}, 1),
 		registering: newPacer(opts.TTL / 10),
+		steps:       sched.New(time.Now),
 		started:     opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
@@ -257,6 +262,12 @@ func (n *Node) Run(ctx context.Context) error {
 		n.hub.run(hctx)
 	}()
 	defer func() { stopHub(); <-hubDone }()
+	stepsDone := make(chan struct{})
+	go func() {
+		defer close(stepsDone)
+		n.steps.Run(hctx)
+	}()
+	defer func() { stopHub(); <-stepsDone }()
 	membersDone := make(chan struct{})
 	go func() {
 		defer close(membersDone)
@@ -487,89 +498,82 @@ func (n *Node) register(s *session) error {
 	return fmt.Errorf("%w: %s is registered by pid %d on host %q since %s", ErrDuplicateID, key, other.PID, other.Host, other.Started.Format(time.RFC3339))
 }
 
-// workerSet runs one worker per job under a session.
+// workerSet holds the jobs' tasks under a session (task.go): plain data,
+// stepped by the node's scheduler.
 type workerSet struct {
 	s       *session
-	running map[string]*worker
-}
-
-type worker struct {
-	job     *config.Job
-	cancel  context.CancelFunc
-	done    chan struct{}
-	removed atomic.Bool // set before cancel when the job left the config
+	running map[string]*jobTask
 }
 
 func newWorkerSet(s *session) *workerSet {
-	return &workerSet{s: s, running: map[string]*worker{}}
+	return &workerSet{s: s, running: map[string]*jobTask{}}
 }
 
-// sync starts workers for new or changed jobs and stops the others. A
+// sync starts tasks for new or changed jobs and stops the others. A
 // removed job's membership is withdrawn; a changed job keeps it, so that
 // its items do not move away and back.
 func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
-	var stopping []*worker
-	for name, w := range ws.running {
+	var stopping []*jobTask
+	for name, t := range ws.running {
 		j, ok := jobs[name]
-		if ok && j.Hash() == w.job.Hash() && j.Overwrite == w.job.Overwrite {
+		if ok && j.Hash() == t.local.Hash() && j.Overwrite == t.local.Overwrite {
 			continue
 		}
-		w.removed.Store(!ok)
-		w.cancel()
-		stopping = append(stopping, w)
+		t.removed.Store(!ok)
+		stopping = append(stopping, t)
 		delete(ws.running, name)
 	}
-	for _, w := range stopping { // cancelled together, so they stop in parallel
-		<-w.done
+	stopAll(stopping)
+	for _, t := range stopping {
+		<-t.done
 	}
 	for name, j := range jobs {
 		if _, ok := ws.running[name]; ok {
 			continue
 		}
-		ctx, cancel := context.WithCancel(ws.s.ctx)
-		w := &worker{job: j, cancel: cancel, done: make(chan struct{})}
-		ws.running[name] = w
-		go func() {
-			defer close(w.done)
-			n.runJob(ctx, ws.s, j, &w.removed)
-		}()
+		t := n.newJobTask(ws.s, j)
+		ws.running[name] = t
+		n.steps.Add(t.slot)
 	}
 }
 
-// stop stops every worker and waits for them: all are cancelled first, so
-// that thousands of leaderships resign in parallel, not one by one.
+// stopAll stops tasks in parallel (thousands of leaderships resign at once,
+// not one by one); each closes its done when finished.
+func stopAll(tasks []*jobTask) {
+	for _, t := range tasks {
+		go t.stop()
+	}
+}
+
+// stop stops every task and waits for them.
 func (ws *workerSet) stop() { ws.stopWithin(math.MaxInt64) }
 
-// stopWithin is stop, waiting at most d for the workers to return; it
+// stopWithin is stop, waiting at most d for the tasks to finish; it
 // returns how many had not. They go on finishing in the background.
 func (ws *workerSet) stopWithin(d time.Duration) int {
-	for _, w := range ws.running {
-		w.cancel()
+	tasks := make([]*jobTask, 0, len(ws.running))
+	for _, t := range ws.running {
+		tasks = append(tasks, t)
 	}
+	ws.running = map[string]*jobTask{}
+	stopAll(tasks)
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
-	left, expired := 0, false
-	for name, w := range ws.running {
-		if expired {
+	left := 0
+	for i, t := range tasks {
+		select {
+		case <-t.done:
+			continue
+		case <-deadline.C:
+		}
+		for _, t := range tasks[i:] {
 			select {
-			case <-w.done:
+			case <-t.done:
 			default:
 				left++
-				continue
-			}
-		} else {
-			select {
-			case <-w.done:
-			case <-deadline.C:
-				expired = true
-				left++
-				continue
 			}
 		}
-		delete(ws.running, name)
-	}
-	if left > 0 {
-		ws.running = map[string]*worker{}
+		break
 	}
 	return left
 }

@@ -1,7 +1,6 @@
 package coord
 
 import (
-	"context"
 	"sync"
 	"time"
 )
@@ -23,6 +22,10 @@ import (
 // with later ones): an etcd whose every answer takes longer than slow
 // (a slow disk, a far member) is not etcd falling behind, and must not pin
 // the bound at one.
+//
+// Registrations wait in line without a goroutine: a job's registration
+// step takes a ticket; a ticket granted later is handed its slot and its
+// wake is called, which makes the job's step run again.
 type pacer struct {
 	slow time.Duration
 
@@ -31,7 +34,16 @@ type pacer struct {
 	bound    float64
 	inFlight int
 	cut      time.Time // when the bound was last halved
-	freed    broadcast // a slot freed or the bound grew
+	line     []*ticket // waiting for a slot, in order
+}
+
+// ticket is one registration's place in the pacer's line. A dropped
+// ticket is not taken again.
+type ticket struct {
+	wake    func() // called, outside the pacer's lock, once a queued ticket is granted a slot
+	queued  bool
+	granted bool // holds a slot
+	dropped bool
 }
 
 // The bound never goes below minPace: the fixed bound of earlier versions,
@@ -49,30 +61,36 @@ func newPacer(slow time.Duration) *pacer {
 	return &pacer{slow: slow, bound: startPace}
 }
 
-// acquire waits for a slot, or until ctx is done (false).
-func (p *pacer) acquire(ctx context.Context) bool {
-	for ctx.Err() == nil {
-		p.mu.Lock()
-		if float64(p.inFlight) < p.bound {
-			p.inFlight++
-			p.mu.Unlock()
-			return true
-		}
-		freed := p.freed.C()
-		p.mu.Unlock()
-		select {
-		case <-freed:
-		case <-ctx.Done():
-		}
+// take reports whether t holds a slot: granted now, or earlier while it
+// waited in line. Otherwise t waits in line and t.wake is called once it is
+// granted one.
+func (p *pacer) take(t *ticket) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case t.granted:
+		return true
+	case t.queued || t.dropped:
+		return false
+	case len(p.line) == 0 && float64(p.inFlight) < p.bound:
+		t.granted = true
+		p.inFlight++
+		return true
 	}
+	t.queued = true
+	p.line = append(p.line, t)
 	return false
 }
 
-// release gives a slot back with how the registration went: begun at
+// release gives t's slot back with how the registration went: begun at
 // start, failed with err (nil: answered).
-func (p *pacer) release(start time.Time, err error) {
+func (p *pacer) release(t *ticket, start time.Time, err error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	if !t.granted {
+		p.mu.Unlock()
+		return
+	}
+	t.granted = false
 	p.inFlight--
 	took := time.Since(start)
 	late := took > max(p.slow, 2*p.base)
@@ -92,7 +110,51 @@ func (p *pacer) release(start time.Time, err error) {
 	default:
 		p.bound = min(maxPace, p.bound+1/p.bound)
 	}
-	p.freed.notify()
+	wakes := p.grant()
+	p.mu.Unlock()
+	for _, w := range wakes {
+		w()
+	}
+}
+
+// drop takes t out of the line for good, and gives back a slot it holds
+// unused (no answer to learn from).
+func (p *pacer) drop(t *ticket) {
+	p.mu.Lock()
+	t.dropped, t.queued = true, false // grant skips it
+	var wakes []func()
+	if t.granted {
+		t.granted = false
+		p.inFlight--
+		wakes = p.grant()
+	}
+	p.mu.Unlock()
+	for _, w := range wakes {
+		w()
+	}
+}
+
+// grant hands free slots to the tickets at the head of the line and
+// returns their wakes. p.mu is held.
+func (p *pacer) grant() []func() {
+	var wakes []func()
+	for len(p.line) > 0 && float64(p.inFlight) < p.bound {
+		t := p.line[0]
+		p.line[0] = nil
+		p.line = p.line[1:]
+		if t.dropped {
+			continue
+		}
+		t.queued, t.granted = false, true
+		p.inFlight++
+		if t.wake != nil {
+			wakes = append(wakes, t.wake)
+		}
+	}
+	if len(p.line) == 0 {
+		p.line = nil // let a drained line's array go
+	}
+	return wakes
 }
 
 // limit is the current bound (for tests and logs).

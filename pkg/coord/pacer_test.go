@@ -1,16 +1,23 @@
 package coord
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 )
 
 func TestPacer(t *testing.T) {
-	fast := func(p *pacer) { p.release(time.Now(), nil) }
-	slow := func(p *pacer) { p.release(time.Now().Add(-time.Hour), nil) }
-	failed := func(p *pacer) { p.release(time.Now(), errors.New("etcd: too many requests")) }
+	// answer gives back a slot taken at start, with err.
+	answer := func(p *pacer, start time.Time, err error) {
+		t := &ticket{}
+		if !p.take(t) {
+			panic("no slot for the test's registration")
+		}
+		p.release(t, start, err)
+	}
+	fast := func(p *pacer) { answer(p, time.Now(), nil) }
+	slow := func(p *pacer) { answer(p, time.Now().Add(-time.Hour), nil) }
+	failed := func(p *pacer) { answer(p, time.Now(), errors.New("etcd: too many requests")) }
 	const from = 4 * minPace // grown well above the floor
 	for _, tc := range []struct {
 		name  string
@@ -27,14 +34,13 @@ func TestPacer(t *testing.T) {
 		// An etcd whose every answer is slower than the threshold but steady
 		// (a slow disk) is not falling behind: the first answer, with no base
 		// to compare with, halves the bound; the next ones grow it.
-		{"steady slow answers do not pin it", repeat(func(p *pacer) { p.release(time.Now().Add(-2*time.Second), nil) }, 16), from/2 + 0.2, from/2 + 0.3},
+		{"steady slow answers do not pin it", repeat(func(p *pacer) { answer(p, time.Now().Add(-2*time.Second), nil) }, 16), from/2 + 0.2, from/2 + 0.3},
 		{"rounds of failures halve it each, never below the floor", repeat(func(p *pacer) { time.Sleep(time.Millisecond); failed(p) }, 10), minPace, minPace},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPacer(time.Second)
 			p.bound = from
 			for _, step := range tc.steps {
-				p.inFlight++
 				step(p)
 			}
 			if got := p.limit(); got < tc.min || got > tc.max {
@@ -52,30 +58,49 @@ func repeat(f func(*pacer), n int) []func(*pacer) {
 	return out
 }
 
-// acquire takes at most bound slots; a release lets a waiter in; a waiter
-// whose context ends gives up.
-func TestPacerBoundsRegistrations(t *testing.T) {
+// take grants at most bound slots; the others wait in line, in order,
+// with no goroutine; a release grants the head of the line and calls its
+// wake; a dropped ticket is skipped, and a slot it held is given back.
+func TestPacerLine(t *testing.T) {
 	p := newPacer(time.Second)
-	ctx := context.Background()
-	for range startPace {
-		if !p.acquire(ctx) {
-			t.Fatal("acquire under the bound failed")
+	held := make([]*ticket, startPace)
+	for i := range held {
+		held[i] = &ticket{}
+		if !p.take(held[i]) {
+			t.Fatal("take under the bound failed")
 		}
 	}
-	got := make(chan bool, 1)
-	go func() { got <- p.acquire(ctx) }()
-	select {
-	case <-got:
-		t.Fatal("acquired beyond the bound")
-	case <-time.After(50 * time.Millisecond):
+	var woken []int
+	line := make([]*ticket, 3)
+	for i := range line {
+		line[i] = &ticket{wake: func() { woken = append(woken, i) }}
+		if p.take(line[i]) {
+			t.Fatal("took a slot beyond the bound")
+		}
 	}
-	p.release(time.Now(), nil)
-	if !<-got {
-		t.Fatal("the waiter did not get the slot given back")
+	if p.take(line[0]) {
+		t.Fatal("a ticket in line took a slot on asking again")
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	if p.acquire(cctx) {
-		t.Error("acquired with an ended context")
+	p.drop(line[0]) // gone before its turn
+	// A failed answer: the bound stays at its floor (a fast one would grow
+	// it past 32 and let two in).
+	failed := errors.New("etcd: too many requests")
+	p.release(held[0], time.Now(), failed)
+	if len(woken) != 1 || woken[0] != 1 {
+		t.Fatalf("woken %v after one release, want [1] (0 was dropped)", woken)
+	}
+	if !p.take(line[1]) {
+		t.Fatal("a granted ticket does not hold its slot")
+	}
+	p.drop(line[1]) // granted, then dropped unused: its slot goes to the next
+	if len(woken) != 2 || woken[1] != 2 {
+		t.Fatalf("woken %v, want [1 2]: a dropped ticket's slot goes to the next in line", woken)
+	}
+	p.release(held[1], time.Now(), failed)
+	p.release(line[2], time.Now(), failed)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.inFlight != startPace-2 || len(p.line) != 0 {
+		t.Errorf("%d in flight, %d in line; want %d and 0", p.inFlight, len(p.line), startPace-2)
 	}
 }

@@ -138,8 +138,10 @@ func TestPacerNotPinnedBySteadyLatency(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if !p.acquire(context.Background()) {
-				return
+			granted := make(chan struct{}, 1)
+			tk := &ticket{wake: func() { granted <- struct{}{} }}
+			if !p.take(tk) {
+				<-granted
 			}
 			if v := inFlight.Add(1); v > peak.Load() {
 				peak.Store(v)
@@ -147,7 +149,7 @@ func TestPacerNotPinnedBySteadyLatency(t *testing.T) {
 			begun := time.Now()
 			time.Sleep(25 * time.Millisecond) // an idle etcd with a 25 ms answer
 			inFlight.Add(-1)
-			p.release(begun, nil)
+			p.release(tk, begun, nil)
 		}()
 	}
 	wg.Wait()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/runner"
@@ -92,8 +93,8 @@ type Engine struct {
 	// ready measures how long runs take to be ready, for the lead of
 	// claims ahead of the fire.
 	ready readyLatency
-	// sched runs the jobs' reconciles (sched.go).
-	sched *scheduler
+	// sched runs the jobs' reconciles (internal/sched).
+	sched *sched.Scheduler
 }
 
 // lead is how long before a fire its items are claimed and prepared.
@@ -147,7 +148,7 @@ func New(opts Options) *Engine {
 	}
 	e := &Engine{opts: opts, log: opts.Logger, global: newSemaphore(opts.MaxConcurrency),
 		resync: make(chan struct{}, 1), jobs: map[string]*jobLoop{}, local: map[string]*localRuns{}, waiting: map[*jobLoop]struct{}{}}
-	e.sched = newScheduler(opts.Now)
+	e.sched = sched.New(opts.Now)
 	e.killCtx, e.kill = context.WithCancelCause(context.Background())
 	e.recordCtx, e.stopRecording = context.WithCancel(context.Background())
 	return e
@@ -164,7 +165,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	schedDone := make(chan struct{})
 	go func() {
 		defer close(schedDone)
-		e.sched.run(loopCtx)
+		e.sched.Run(loopCtx)
 	}()
 	feedCtx, stopFeed := context.WithCancel(context.Background())
 	feedDone := make(chan struct{})
@@ -182,14 +183,14 @@ func (e *Engine) Run(ctx context.Context) error {
 				continue
 			}
 			j := newJobLoop(e, name)
-			j.slot = e.sched.newSlot(loopCtx, j.reconcile)
+			j.slot = e.sched.NewSlot(loopCtx, j.reconcile)
 			e.mu.Lock()
 			e.jobs[name] = j
 			e.mu.Unlock()
 			// Subscribed first, reconciled second: every change after the
 			// first reconcile's read wakes it.
 			unfollow[name] = j.follow()
-			e.sched.add(j.slot)
+			e.sched.Add(j.slot)
 		}
 		for name, stop := range unfollow {
 			if want[name] {
@@ -200,7 +201,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			j := e.jobs[name]
 			delete(e.jobs, name)
 			e.mu.Unlock()
-			e.sched.remove(j.slot) // its running items go on; they finish or die with the session
+			e.sched.Remove(j.slot) // its running items go on; they finish or die with the session
 			delete(unfollow, name)
 		}
 	}

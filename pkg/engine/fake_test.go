@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"io"
@@ -244,8 +243,8 @@ func loopWith(f *fakeNode, clock *fakeClock, hold, started chan struct{}) (*jobL
 	}
 	j := newJobLoop(e, f.view.Job.Name)
 	j.baseline = clock.Now().Add(-time.Hour)
-	j.slot = e.sched.newSlot(context.Background(), j.reconcile)
-	e.sched.add(j.slot) // not run: the test reconciles, and sees what woke the job (poked)
+	j.slot = e.sched.NewSlot(context.Background(), j.reconcile)
+	e.sched.Add(j.slot) // not run: the test reconciles, and sees what woke the job (poked)
 	poked(j)
 	return j, e.runs.Wait
 }
@@ -253,13 +252,8 @@ func loopWith(f *fakeNode, clock *fakeClock, hold, started chan struct{}) (*jobL
 // poked reports whether j was woken (its scheduler slot made due) since
 // the last call.
 func poked(j *jobLoop) bool {
-	s := j.e.sched
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	due := !j.slot.at.After(j.e.opts.Now())
-	j.slot.at = j.e.opts.Now().Add(24 * time.Hour)
-	heap.Fix(&s.waiting, j.slot.index)
-	return due
+	now := j.e.opts.Now()
+	return j.e.sched.Postpone(j.slot, now, now.Add(24*time.Hour))
 }
 
 var noon = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)

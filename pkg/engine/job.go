@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/schedule"
 	"github.com/shardd/shardd/pkg/shard"
@@ -20,7 +21,7 @@ type jobLoop struct {
 	e    *Engine
 	name string
 	log  *slog.Logger
-	slot *slot // its place in the scheduler (the scheduler's to change)
+	slot *sched.Slot // its place in the scheduler (the scheduler's to change)
 	// baseline is when this loop started: the watermark of items never
 	// claimed (see policy.baseline); seen when each item was first in a
 	// map this loop read, for items added later (a larger
@@ -74,10 +75,10 @@ func newJobLoop(e *Engine, name string) *jobLoop {
 
 // poke makes the job reconcile at once (after the one in progress, if
 // any); it never blocks.
-func (j *jobLoop) poke() { j.e.sched.wakeAt(j.slot, time.Time{}) }
+func (j *jobLoop) poke() { j.e.sched.WakeAt(j.slot, time.Time{}) }
 
 // pokeAfter makes the job reconcile within d.
-func (j *jobLoop) pokeAfter(d time.Duration) { j.e.sched.wakeAt(j.slot, j.e.opts.Now().Add(d)) }
+func (j *jobLoop) pokeAfter(d time.Duration) { j.e.sched.WakeAt(j.slot, j.e.opts.Now().Add(d)) }
 
 // follow subscribes the job to what wakes it (see OnChange) and to its
 // manual triggers; the returned stop ends both.

@@ -69,7 +69,7 @@ func TestClaimNotUpDoesNotSpin(t *testing.T) {
 	j, _ := loopOn(f, clock, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); j.e.sched.run(ctx) }()
+	go func() { defer close(done); j.e.sched.Run(ctx) }()
 	j.poke()
 	time.Sleep(500 * time.Millisecond)
 	cancel()

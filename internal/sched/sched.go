@@ -1,4 +1,6 @@
-package engine
+// Package sched runs many slots' steps from one timer heap and a few
+// reused goroutines.
+package sched
 
 import (
 	"container/heap"
@@ -7,18 +9,20 @@ import (
 	"time"
 )
 
-// scheduler runs the jobs' reconciles: one timer for all jobs (a heap of
-// their next wake-ups) and a worker per reconcile in progress (a few
-// finished ones wait to be reused), none per idle job ([3/8]: with 10,000 jobs, a goroutine and a timer per job were
-// most of an idle instance's memory). A job's reconciles never overlap: a
-// poke during one makes it run again at once after.
+// Scheduler runs the steps of many slots (a job's reconcile in the engine,
+// a job's registration, campaign or leadership in coord): one timer for all
+// (a heap of their next wake-ups) and a worker per step in progress (a few
+// finished ones wait to be reused), none per idle slot ([3/8]: with 10,000
+// jobs, a goroutine and a timer per job were most of an idle instance's
+// memory). A slot's steps never overlap: a wake during one makes it run
+// again at once after.
 //
-// A job's states:
+// A slot's states:
 //
-//	waiting (in the heap, at its next wake-up) --due or poked--> reconciling (a goroutine)
-//	reconciling --returns next--> waiting at next (at once if poked meanwhile)
-//	waiting or reconciling --remove--> removed (remove waits for a reconcile in progress)
-type scheduler struct {
+//	waiting (in the heap, at its next wake-up) --due or woken--> stepping (a goroutine)
+//	stepping --returns next--> waiting at next (at once if woken meanwhile)
+//	waiting or stepping --Remove--> removed (Remove waits for a step in progress)
+type Scheduler struct {
 	now func() time.Time
 
 	mu      sync.Mutex
@@ -28,10 +32,10 @@ type scheduler struct {
 
 	// work hands due slots to idle workers. A worker that finished waits
 	// for more for a while (at most maxIdleWorkers wait), so that a steady
-	// stream of reconciles reuses a few goroutines and their grown stacks
+	// stream of steps reuses a few goroutines and their grown stacks
 	// instead of starting one each (stack growth was a tenth of an idle
 	// instance's CPU with 10,000 jobs); a burst starts as many as it needs.
-	work chan *slot
+	work chan *Slot
 	quit chan struct{} // closed when run returns
 	idle int           // workers waiting on work (under mu)
 }
@@ -42,33 +46,36 @@ const (
 	workerIdle     = 10 * time.Second
 )
 
-// slot is a job's place in the scheduler; its fields are the scheduler's
-// (under its mu).
-type slot struct {
-	fn      func(context.Context) time.Time // the reconcile: returns when to run it again
+// Slot is one unit of work's place in the scheduler (a job's); its fields
+// are the scheduler's (under its mu).
+type Slot struct {
+	fn      func(context.Context) time.Time // the step: returns when to run it again
 	ctx     context.Context
 	cancel  context.CancelFunc
 	at      time.Time
 	index   int  // in the heap; -1 when not in it
-	busy    bool // a reconcile is in progress
-	again   bool // poked while busy
+	busy    bool // a step is in progress
+	again   bool // woken while busy
 	removed bool
-	idle    chan struct{} // closed when a removed slot's reconcile ended
+	idle    chan struct{} // closed when a removed slot's step ended
 }
 
-func newScheduler(now func() time.Time) *scheduler {
-	return &scheduler{now: now, changed: make(chan struct{}, 1), work: make(chan *slot), quit: make(chan struct{})}
+func New(now func() time.Time) *Scheduler {
+	return &Scheduler{now: now, changed: make(chan struct{}, 1), work: make(chan *Slot), quit: make(chan struct{})}
 }
 
-// newSlot is a slot for reconcile (which returns when to run it again);
-// ctx bounds its runs. add schedules it.
-func (s *scheduler) newSlot(ctx context.Context, reconcile func(context.Context) time.Time) *slot {
+// Never, returned by a step, runs the slot again only when woken.
+var Never = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// NewSlot is a slot for step, which returns when to run it again (Never:
+// only when woken); ctx bounds its steps. Add schedules it.
+func (s *Scheduler) NewSlot(ctx context.Context, step func(context.Context) time.Time) *Slot {
 	jctx, cancel := context.WithCancel(ctx)
-	return &slot{fn: reconcile, ctx: jctx, cancel: cancel, index: -1, idle: make(chan struct{})}
+	return &Slot{fn: step, ctx: jctx, cancel: cancel, index: -1, idle: make(chan struct{})}
 }
 
-// add schedules sl's first reconcile, at once.
-func (s *scheduler) add(sl *slot) {
+// Add schedules sl's first step, at once.
+func (s *Scheduler) Add(sl *Slot) {
 	s.mu.Lock()
 	sl.at = s.now()
 	heap.Push(&s.waiting, sl)
@@ -76,8 +83,8 @@ func (s *scheduler) add(sl *slot) {
 	s.notify()
 }
 
-// remove stops sl's reconciles, waiting for one in progress to end.
-func (s *scheduler) remove(sl *slot) {
+// Remove stops sl's steps, waiting for one in progress to end.
+func (s *Scheduler) Remove(sl *Slot) {
 	s.mu.Lock()
 	sl.removed = true
 	sl.cancel()
@@ -91,9 +98,9 @@ func (s *scheduler) remove(sl *slot) {
 	}
 }
 
-// wakeAt makes sl reconcile at t, or earlier if it was to already; a
-// zero t is at once (after the reconcile in progress, if any).
-func (s *scheduler) wakeAt(sl *slot, t time.Time) {
+// WakeAt makes sl step at t, or earlier if it was to already; a
+// zero t is at once (after the step in progress, if any).
+func (s *Scheduler) WakeAt(sl *Slot, t time.Time) {
 	s.mu.Lock()
 	switch {
 	case sl == nil || sl.removed:
@@ -101,7 +108,7 @@ func (s *scheduler) wakeAt(sl *slot, t time.Time) {
 		if !t.After(s.now()) {
 			sl.again = true
 		} else {
-			time.AfterFunc(t.Sub(s.now()), func() { s.wakeAt(sl, time.Time{}) })
+			time.AfterFunc(t.Sub(s.now()), func() { s.WakeAt(sl, time.Time{}) })
 		}
 	case sl.index >= 0 && t.Before(sl.at):
 		sl.at = t
@@ -111,23 +118,38 @@ func (s *scheduler) wakeAt(sl *slot, t time.Time) {
 	s.notify()
 }
 
-func (s *scheduler) notify() {
+// Postpone moves sl's next step (if it is waiting) to t, and reports
+// whether it was due at now: a test steps a slot by hand and sees what
+// woke it.
+func (s *Scheduler) Postpone(sl *Slot, now, t time.Time) (wasDue bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl.index < 0 {
+		return false
+	}
+	wasDue = !sl.at.After(now)
+	sl.at = t
+	heap.Fix(&s.waiting, sl.index)
+	return wasDue
+}
+
+func (s *Scheduler) notify() {
 	select {
 	case s.changed <- struct{}{}:
 	default:
 	}
 }
 
-// run starts the reconciles that are due until ctx is done, then waits for
+// Run starts the steps that are due until ctx is done, then waits for
 // those in progress.
-func (s *scheduler) run(ctx context.Context) {
+func (s *Scheduler) Run(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
 		s.mu.Lock()
 		now := s.now()
 		for len(s.waiting) > 0 && !s.waiting[0].at.After(now) {
-			sl := heap.Pop(&s.waiting).(*slot)
+			sl := heap.Pop(&s.waiting).(*Slot)
 			sl.busy = true
 			s.running.Add(1)
 			s.dispatch(sl)
@@ -152,7 +174,7 @@ func (s *scheduler) run(ctx context.Context) {
 
 // dispatch hands sl to an idle worker, or starts one. s.mu is held (a
 // send to a worker waiting on work never blocks).
-func (s *scheduler) dispatch(sl *slot) {
+func (s *Scheduler) dispatch(sl *Slot) {
 	select {
 	case s.work <- sl:
 	default:
@@ -160,11 +182,11 @@ func (s *scheduler) dispatch(sl *slot) {
 	}
 }
 
-// worker reconciles sl, then waits for more work while few others do.
-func (s *scheduler) worker(sl *slot) {
+// worker steps sl, then waits for more work while few others do.
+func (s *Scheduler) worker(sl *Slot) {
 	var t *time.Timer
 	for {
-		s.reconcile(sl)
+		s.step(sl)
 		s.mu.Lock()
 		if s.idle >= maxIdleWorkers {
 			s.mu.Unlock()
@@ -194,8 +216,8 @@ func (s *scheduler) worker(sl *slot) {
 	}
 }
 
-// reconcile runs one reconcile of sl's job and schedules the next.
-func (s *scheduler) reconcile(sl *slot) {
+// step runs one step of sl and schedules the next.
+func (s *Scheduler) step(sl *Slot) {
 	defer s.running.Done()
 	next := sl.fn(sl.ctx)
 	s.mu.Lock()
@@ -203,7 +225,7 @@ func (s *scheduler) reconcile(sl *slot) {
 	switch {
 	case sl.removed:
 		close(sl.idle)
-	case sl.ctx.Err() != nil: // the engine stops: no more reconciles
+	case sl.ctx.Err() != nil: // the slot's context ended: no more steps
 	default:
 		sl.at = next
 		if sl.again {
@@ -216,7 +238,7 @@ func (s *scheduler) reconcile(sl *slot) {
 }
 
 // wakeHeap orders slots by their wake-up time.
-type wakeHeap []*slot
+type wakeHeap []*Slot
 
 func (h wakeHeap) Len() int           { return len(h) }
 func (h wakeHeap) Less(a, b int) bool { return h[a].at.Before(h[b].at) }
@@ -225,7 +247,7 @@ func (h wakeHeap) Swap(a, b int) {
 	h[a].index, h[b].index = a, b
 }
 func (h *wakeHeap) Push(x any) {
-	sl := x.(*slot)
+	sl := x.(*Slot)
 	sl.index = len(*h)
 	*h = append(*h, sl)
 }

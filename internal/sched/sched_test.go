@@ -1,4 +1,4 @@
-package engine
+package sched
 
 import (
 	"context"
@@ -10,22 +10,22 @@ import (
 	"time"
 )
 
-// The scheduler runs each slot's reconcile at once, then when it asks, or
-// when woken; one slot's reconciles never overlap, and a wake during one
-// runs it again after; remove waits for a reconcile in progress; an idle
+// The scheduler runs each slot's step at once, then when it asks, or
+// when woken; one slot's steps never overlap, and a wake during one
+// runs it again after; remove waits for a step in progress; an idle
 // slot has no goroutine.
 func TestScheduler(t *testing.T) {
-	s := newScheduler(time.Now)
+	s := New(time.Now)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); s.run(ctx) }()
+	go func() { defer close(done); s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 
 	var runs, overlaps atomic.Int32
 	var in atomic.Bool
 	release := make(chan struct{})
 	entered := make(chan struct{}, 16)
-	busy := s.newSlot(ctx, func(context.Context) time.Time {
+	busy := s.NewSlot(ctx, func(context.Context) time.Time {
 		if in.Swap(true) {
 			overlaps.Add(1)
 		}
@@ -35,20 +35,20 @@ func TestScheduler(t *testing.T) {
 		in.Store(false)
 		return time.Now().Add(time.Hour)
 	})
-	s.add(busy)
-	<-entered // the first reconcile, at once
-	s.wakeAt(busy, time.Time{})
-	s.wakeAt(busy, time.Time{}) // woken twice during it: once more after it
+	s.Add(busy)
+	<-entered // the first step, at once
+	s.WakeAt(busy, time.Time{})
+	s.WakeAt(busy, time.Time{}) // woken twice during it: once more after it
 	release <- struct{}{}
 	<-entered
 	release <- struct{}{}
 	select {
 	case <-entered:
-		t.Fatal("two wakes during a reconcile ran it twice after")
+		t.Fatal("two wakes during a step ran it twice after")
 	case <-time.After(100 * time.Millisecond):
 	}
 	if overlaps.Load() != 0 {
-		t.Errorf("%d reconciles of one slot overlapped", overlaps.Load())
+		t.Errorf("%d steps of one slot overlapped", overlaps.Load())
 	}
 
 	// Asked times, in order, from one timer.
@@ -56,7 +56,7 @@ func TestScheduler(t *testing.T) {
 	var order []int
 	for i, d := range []time.Duration{60, 20, 40} {
 		first := true
-		sl := s.newSlot(ctx, func(context.Context) time.Time {
+		sl := s.NewSlot(ctx, func(context.Context) time.Time {
 			if first {
 				first = false
 				return time.Now().Add(d * time.Millisecond)
@@ -66,7 +66,7 @@ func TestScheduler(t *testing.T) {
 			mu.Unlock()
 			return time.Now().Add(time.Hour)
 		})
-		s.add(sl)
+		s.Add(sl)
 	}
 	time.Sleep(200 * time.Millisecond)
 	mu.Lock()
@@ -75,20 +75,20 @@ func TestScheduler(t *testing.T) {
 	}
 	mu.Unlock()
 
-	// remove waits for the reconcile in progress, and no reconcile follows.
-	s.wakeAt(busy, time.Time{})
+	// remove waits for the step in progress, and no step follows.
+	s.WakeAt(busy, time.Time{})
 	<-entered
 	removed := make(chan struct{})
-	go func() { s.remove(busy); close(removed) }()
+	go func() { s.Remove(busy); close(removed) }()
 	select {
 	case <-removed:
-		t.Fatal("remove returned during a reconcile")
+		t.Fatal("remove returned during a step")
 	case <-time.After(50 * time.Millisecond):
 	}
 	release <- struct{}{}
 	<-removed
 	n := runs.Load()
-	s.wakeAt(busy, time.Time{})
+	s.WakeAt(busy, time.Time{})
 	time.Sleep(50 * time.Millisecond)
 	if runs.Load() != n {
 		t.Error("a removed slot ran again")
@@ -97,16 +97,16 @@ func TestScheduler(t *testing.T) {
 
 // Idle slots cost no goroutine.
 func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
-	s := newScheduler(time.Now)
+	s := New(time.Now)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); s.run(ctx) }()
+	go func() { defer close(done); s.Run(ctx) }()
 	defer func() { cancel(); <-done }()
 	var ran sync.WaitGroup
 	ran.Add(1000)
 	for range 1000 {
 		first := true
-		s.add(s.newSlot(ctx, func(context.Context) time.Time {
+		s.Add(s.NewSlot(ctx, func(context.Context) time.Time {
 			if first {
 				first = false
 				ran.Done()
@@ -122,11 +122,11 @@ func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
 	if waiting != 1000 {
 		t.Fatalf("%d slots waiting, want 1000", waiting)
 	}
-	if g := goroutinesIn("engine.(*scheduler).reconcile"); g != 0 {
-		t.Errorf("%d reconcile goroutines for 1,000 idle slots, want 0", g)
+	if g := goroutinesIn("engine.(*Scheduler).step"); g != 0 {
+		t.Errorf("%d step goroutines for 1,000 idle slots, want 0", g)
 	}
-	if g := goroutinesIn("engine.(*scheduler).worker"); g > maxIdleWorkers {
-		t.Errorf("%d workers left waiting after a burst of 1,000 reconciles, want at most %d", g, maxIdleWorkers)
+	if g := goroutinesIn("engine.(*Scheduler).worker"); g > maxIdleWorkers {
+		t.Errorf("%d workers left waiting after a burst of 1,000 steps, want at most %d", g, maxIdleWorkers)
 	}
 }
 

@@ -1,0 +1,291 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/shardd/shardd/internal/sched"
+	"github.com/shardd/shardd/pkg/config"
+)
+
+// jobTask is one job's coordination under one session, as plain data: its
+// steps are run by the node's scheduler (internal/sched), so that a job
+// that waits (for a registration slot, for an older candidate to go, for
+// its next reconcile as leader) holds no goroutine; with 10,000 jobs a
+// goroutine per job was most of an idle instance's memory. Events of the
+// instance's one watch (the hub) and the pacer wake it.
+//
+//	registering --pacer slot, registerJob ok--> candidate
+//	registering --registerJob failed--> registering, after a backoff
+//	candidate --put (or find) the election key, no older key, checkElected ok--> leading
+//	candidate --an older key--> candidate, woken by a deletion under the election prefix or a resync
+//	candidate --checkElected failed (etcd #11051)--> candidate with a new key, after a backoff
+//	leading --read, reconcile; next at the reconcile interval or when woken--> leading
+//	leading --errNotLeader, errYield--> resign, candidate
+//	candidate --Leave called--> idle (its key goes with the lease)
+//	any --removed (job left the config or changed, session ended)--> stopped: resign or
+//	    withdraw the key, unsubscribe; a job that left the config deletes its member key
+//
+// Steps never overlap (the scheduler's rule), so the fields below the
+// slot are the steps' own, and stop reads them after the last step.
+type jobTask struct {
+	n       *Node
+	s       *session
+	local   *config.Job
+	slot    *sched.Slot
+	removed atomic.Bool   // set before stop when the job left the config
+	done    chan struct{} // closed when stop has finished
+
+	phase      taskPhase
+	ticket     ticket // the registration's place in the pacer's line
+	b          backoff
+	stopConfig func() // following the registered definition
+	stopMap    func() // following the shard map (once registered)
+	unsub      []func()
+	key        string // the election key, "" until put
+	rev        int64  // its CreateRevision
+	e          *concurrency.Election
+	l          *leader
+}
+
+type taskPhase int
+
+const (
+	registering taskPhase = iota
+	candidate
+	leading
+	idle // Leave was called: no new leadership
+)
+
+func (n *Node) newJobTask(s *session, local *config.Job) *jobTask {
+	t := &jobTask{n: n, s: s, local: local, done: make(chan struct{}), b: backoff{min: 100 * time.Millisecond, max: 2 * time.Second}}
+	t.slot = n.steps.NewSlot(s.ctx, t.step)
+	t.ticket.wake = t.wake
+	return t
+}
+
+// wake makes the task step at once (after a step in progress).
+func (t *jobTask) wake() { t.n.steps.WakeAt(t.slot, time.Time{}) }
+
+// step does the task's next piece of work and says when to do the one
+// after (sched.Never: when woken).
+func (t *jobTask) step(ctx context.Context) time.Time {
+	if ctx.Err() != nil {
+		return sched.Never
+	}
+	if t.stopConfig == nil {
+		// Follow the registered definition first, then register: every
+		// change after the registration's read reaches the view.
+		t.stopConfig = t.n.followConfig(ctx, t.local.Name)
+	}
+	switch t.phase {
+	case registering:
+		return t.register(ctx)
+	case candidate:
+		return t.campaign(ctx)
+	case leading:
+		return t.lead(ctx)
+	}
+	return sched.Never
+}
+
+// register registers the job's definition and membership, in a slot of the
+// pacer.
+func (t *jobTask) register(ctx context.Context) time.Time {
+	n := t.n
+	if !n.registering.take(&t.ticket) {
+		return sched.Never // the pacer wakes the task with a slot
+	}
+	begun := time.Now()
+	err := n.registerJob(ctx, t.s, t.local)
+	if ctx.Err() != nil {
+		return sched.Never // stopped, not slowed: stop gives the slot back
+	}
+	n.registering.release(&t.ticket, begun, err)
+	if err != nil {
+		n.log.Warn("register job", "job", t.local.Name, "err", err)
+		return time.Now().Add(t.b.next())
+	}
+	t.b.reset()
+	t.stopMap = n.followMap(ctx, t.local.Name)
+	t.phase = candidate
+	return time.Now()
+}
+
+// campaign puts (or finds) this session's candidate key and leads once no
+// candidate key is older: concurrency.Election's keys and rule, waiting on
+// the hub instead of a watcher of its own (see elect.go).
+func (t *jobTask) campaign(ctx context.Context) time.Time {
+	n, job := t.n, t.local.Name
+	if n.isLeaving() {
+		t.phase = idle
+		return sched.Never
+	}
+	prefix := n.keys.Leader(job)
+	if t.key == "" {
+		if t.unsub == nil {
+			// Subscribe first: a deletion after the put wakes the task.
+			t.unsub = append(t.unsub, n.hub.subscribe(job, prefix, func(ev *clientv3.Event) {
+				if ev.Type == clientv3.EventTypeDelete {
+					t.wake()
+				}
+			}, t.wake))
+		}
+		key, rev, err := n.candidate(ctx, t.s, job)
+		if err != nil {
+			if ctx.Err() == nil {
+				n.log.Debug("campaign", "job", job, "err", err)
+			}
+			return time.Now().Add(t.b.next())
+		}
+		t.key, t.rev = key, rev
+	}
+	older, err := n.olderCandidates(ctx, prefix, t.rev)
+	switch {
+	case ctx.Err() != nil:
+		return sched.Never
+	case err != nil:
+		n.log.Debug("election: look for older candidates; retrying", "job", job, "err", err)
+		return time.Now().Add(200 * time.Millisecond)
+	case older:
+		return sched.Never // woken by a deletion under the prefix, or a resync
+	}
+	e := concurrency.ResumeElection(t.s.conc, n.keys.Election(job), t.key, t.rev)
+	// Campaign can succeed after the lease expired (etcd #11051): check
+	// the session and that the election key is still ours.
+	if err := n.checkElected(ctx, t.s, e); err != nil {
+		if ctx.Err() != nil {
+			return sched.Never
+		}
+		n.log.Warn("campaign won on a stale session; campaigning again", "job", job, "err", err)
+		t.key = "" // put (or find) it again
+		return time.Now().Add(t.b.next())
+	}
+	t.b.reset()
+	n.log.Info("leading job", "job", job, "leader_rev", e.Rev())
+	n.updateView(job, func(v *JobView) { v.Leading = true })
+	t.unsubscribe()
+	t.e, t.l = e, &leader{n: n, job: job, local: t.local, key: e.Key(), rev: e.Rev()}
+	// Subscribe first, then read (the next step): every change after the
+	// read wakes the reconcile. A new candidate may be the preferred
+	// leader, so the election prefix counts too.
+	for _, p := range []string{n.keys.Members(job), n.keys.Disabled(job), n.keys.Config(job), n.keys.Shards(job), prefix} {
+		t.unsub = append(t.unsub, n.hub.subscribe(job, p, func(*clientv3.Event) { t.wake() }, t.wake))
+	}
+	t.phase = leading
+	return time.Now()
+}
+
+// lead is one reconcile of the leader: read the job's state, write the map
+// it should have.
+func (t *jobTask) lead(ctx context.Context) time.Time {
+	st, err := t.l.read(ctx)
+	if err == nil {
+		err = t.l.reconcile(ctx, st)
+	}
+	switch {
+	case ctx.Err() != nil:
+		return sched.Never
+	case errors.Is(err, errNotLeader), errors.Is(err, errYield):
+		t.endLeadership(err)
+		return time.Now()
+	case err != nil:
+		t.n.log.Warn("reconcile shard map", "job", t.local.Name, "err", err)
+		return time.Now().Add(t.b.next())
+	}
+	t.b.reset()
+	if t.l.interval <= 0 {
+		return sched.Never
+	}
+	return time.Now().Add(time.Duration(t.l.interval) * time.Minute)
+}
+
+// endLeadership resigns (so that another instance leads at once; when the
+// session is gone, the lease's end removes the key) and goes back to being
+// a candidate, with a new key.
+func (t *jobTask) endLeadership(why error) {
+	n, job := t.n, t.local.Name
+	n.updateView(job, func(v *JobView) { v.Leading = false })
+	if t.s.ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(t.s.ctx, time.Second)
+		t.e.Resign(rctx)
+		cancel()
+	}
+	switch {
+	case errors.Is(why, errYield):
+		n.log.Info("handed leadership over", "job", job, "reason", why)
+	case errors.Is(why, errNotLeader):
+		n.log.Warn("lost leadership", "job", job, "err", why)
+	default:
+		n.log.Info("stopped leading job", "job", job)
+	}
+	t.unsubscribe()
+	t.e, t.l, t.key, t.rev = nil, nil, "", 0
+	t.phase = candidate
+}
+
+func (t *jobTask) unsubscribe() {
+	for _, u := range t.unsub {
+		u()
+	}
+	t.unsub = nil
+}
+
+// stop ends the task: no more steps, then its leadership resigned or its
+// candidate key withdrawn, its subscriptions cancelled and, when the job
+// left the config, its member key deleted.
+func (t *jobTask) stop() {
+	defer close(t.done)
+	n, job := t.n, t.local.Name
+	n.steps.Remove(t.slot)
+	n.registering.drop(&t.ticket)
+	switch {
+	case t.phase == leading:
+		t.endLeadership(nil)
+	case t.key != "":
+		n.withdraw(t.s.ctx, t.key, t.rev)
+	}
+	t.unsubscribe()
+	if t.stopMap != nil {
+		t.stopMap()
+	}
+	if t.removed.Load() && t.s.ctx.Err() == nil { // the job left the config: leave it now
+		dctx, cancel := context.WithTimeout(t.s.ctx, time.Second)
+		n.opts.Client.Delete(dctx, n.keys.Member(job, n.opts.ID))
+		cancel()
+		n.log.Info("left job", "job", job)
+	}
+	if t.stopConfig != nil {
+		t.stopConfig()
+	}
+}
+
+// candidate puts this session's candidate key for job's leadership, or
+// finds it there from an earlier campaign of the session, and returns it
+// with its CreateRevision.
+func (n *Node) candidate(ctx context.Context, s *session, job string) (key string, rev int64, err error) {
+	key = fmt.Sprintf("%s%x", n.keys.Leader(job), s.lease)
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(rctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, n.opts.ID, clientv3.WithLease(s.lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		return "", 0, err
+	}
+	if resp.Succeeded {
+		return key, resp.Header.Revision, nil
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return "", 0, fmt.Errorf("election key %s vanished", key)
+	}
+	return key, kvs[0].CreateRevision, nil
+}
