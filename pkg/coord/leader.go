@@ -44,6 +44,15 @@ type leader struct {
 	// unreadable is the generation of a registered definition this
 	// version cannot read, once logged.
 	unreadable int64
+	// parsed is the registered definition last read, by its ModRevision:
+	// a leadership reconciles many times (every member that joins) on one
+	// definition, and parsing and hashing it was a tenth of a cold start's
+	// CPU with 10,000 jobs.
+	parsed struct {
+		rev int64
+		job *config.Job
+		err error
+	}
 }
 
 // state is what one reconcile reads, at one revision.
@@ -96,7 +105,11 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 	}
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
 		st.configRev = kvs[0].ModRevision
-		st.config, st.configBad = l.n.parseRegistered(k.Config(l.job), l.job, kvs[0].Value)
+		if l.parsed.rev != st.configRev {
+			l.parsed.job, l.parsed.err = l.n.parseRegistered(k.Config(l.job), l.job, kvs[0].Value)
+			l.parsed.rev = st.configRev
+		}
+		st.config, st.configBad = l.parsed.job, l.parsed.err
 	}
 	if kvs := resp.Responses[3].GetResponseRange().Kvs; len(kvs) > 0 {
 		st.shardsRev = kvs[0].ModRevision
