@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -20,7 +21,7 @@ import (
 //	put the key (or find it there, same lease) --rev--> waiting
 //	waiting --no key older than rev--> elected: checkElected (etcd #11051), lead
 //	waiting --a deletion under the prefix, a resync--> look again
-//	waiting --the task stops--> delete the key (guarded by rev)
+//	waiting --the task stops, or the instance leaves--> delete the key (if still under the lease)
 //
 // The steps are jobTask.campaign's (task.go); the task holds no goroutine
 // while it waits.
@@ -41,11 +42,18 @@ func (n *Node) olderCandidates(ctx context.Context, prefix string, rev int64) (b
 	return len(resp.Kvs) > 0, nil
 }
 
-// withdraw deletes this node's candidate key, if it is still the one of
-// rev, once a campaign is given up; one try, bounded (the lease's end
-// removes it anyway).
-func (n *Node) withdraw(ctx context.Context, key string, rev int64) {
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+// withdraw deletes s's candidate key for job, if it is still under s's
+// lease, once a campaign is given up; one try, bounded (the lease's end
+// removes it anyway). The key's name is the lease's, so it is found even
+// when the put's reply was lost.
+func (n *Node) withdraw(s *session, job string) {
+	key := n.candidateKey(s, job)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), time.Second)
 	defer cancel()
-	n.opts.Client.Txn(dctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).Then(clientv3.OpDelete(key)).Commit()
+	n.opts.Client.Txn(dctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", s.lease)).Then(clientv3.OpDelete(key)).Commit()
+}
+
+// candidateKey is s's election key for job: jobs/<job>/leader/<lease in hex>.
+func (n *Node) candidateKey(s *session, job string) string {
+	return fmt.Sprintf("%s%x", n.keys.Leader(job), s.lease)
 }

@@ -39,7 +39,15 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	if n.session == s && len(kvs) == 1 {
 		n.members[local.Name] = kvs[0].CreateRevision // the guard of this session's claims
 	}
+	leaving = n.leaving
 	n.mu.Unlock()
+	if leaving {
+		// Leave deleted the member keys while this put was on its way:
+		// take it back, or the instance would stay a member of the job.
+		if _, err := n.opts.Client.Delete(rctx, key); err != nil {
+			return fmt.Errorf("withdraw member key put during Leave: %w", err)
+		}
+	}
 	return nil
 }
 

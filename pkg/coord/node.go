@@ -333,19 +333,28 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 
 	workers := newWorkerSet(s)
 	defer workers.stop()
+	leave := func() {
+		workers.stop() // resigns leaderships while the session is still up
+		if err := s.close(true); err != nil {
+			n.log.Warn("leaving: lease not revoked; others reshard after the TTL", "err", err)
+		} else {
+			n.log.Info("left the cluster: leaderships resigned, lease revoked")
+		}
+		*prevLease = clientv3.NoLease
+	}
 	for {
 		workers.sync(n, n.currentJobs())
 		select {
 		case <-ctx.Done():
-			workers.stop() // resigns leaderships while the session is still up
-			if err := s.close(true); err != nil {
-				n.log.Warn("leaving: lease not revoked; others reshard after the TTL", "err", err)
-			} else {
-				n.log.Info("left the cluster: leaderships resigned, lease revoked")
-			}
-			*prevLease = clientv3.NoLease
+			leave()
 			return true, nil
 		case <-s.Fenced():
+			if ctx.Err() != nil {
+				// The session's context is ctx's child: a shutdown
+				// ends it too, and select may pick this case.
+				leave()
+				return true, nil
+			}
 			err := s.Err()
 			n.setSession(nil)
 			n.log.Error("session lost: stopping leaderships and work", "err", err)

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/shardd/shardd/internal/etcdtest"
 )
 
@@ -157,4 +159,49 @@ func TestPacerNotPinnedBySteadyLatency(t *testing.T) {
 	if p.limit() <= startPace {
 		t.Errorf("bound %.2f: steady answers slower than the threshold did not let it grow past %d", p.limit(), startPace)
 	}
+}
+
+// A candidate waiting behind an older key when Leave is called withdraws
+// its key: once the older key goes (the leader, another process, resigns
+// or dies), the next candidate leads. A leaving candidate that kept its key
+// blocked the election until it stopped (review of the job tasks).
+func TestLeavingCandidateDoesNotBlockTheElection(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	keys := NewKeys("")
+	ctx := context.Background()
+	lg, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost := keys.Leader("orders") + "ghost"
+	if _, err := cli.Put(ctx, ghost, "ghost", clientv3.WithLease(lg.ID)); err != nil {
+		t.Fatal(err)
+	}
+	js := jobs(t, "jobs:\n"+job("orders", 4))
+	a := startNode(t, srv, "a", js)
+	candidates := func(n int) func() bool {
+		return func() bool {
+			r, err := cli.Get(ctx, keys.Leader("orders"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+			return err == nil && r.Count == int64(n)
+		}
+	}
+	waitFor(t, 5*time.Second, "a's candidate key", candidates(2))
+	c := startNode(t, srv, "c", js)
+	waitFor(t, 5*time.Second, "c's candidate key", candidates(3))
+	if err := a.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	cli.Delete(ctx, ghost) // the leader (another process) resigns
+	d := 5 * time.Second
+	start := time.Now()
+	for time.Since(start) < d {
+		if agreed(t, cli, "orders", map[string][]int{"c": {0, 1, 2, 3}}, c) {
+			t.Logf("c owns every item %s after the old leader resigned; leader %s", time.Since(start), leaderOf(t, cli, "orders"))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("no map for c %s after the old leader resigned; oldest candidate %q, a leading=%v", d, leaderOf(t, cli, "orders"), func() bool { v, _ := a.View("orders"); return v.Leading }())
 }

@@ -28,7 +28,7 @@ import (
 //	candidate --checkElected failed (etcd #11051)--> candidate with a new key, after a backoff
 //	leading --read, reconcile; next at the reconcile interval or when woken--> leading
 //	leading --errNotLeader, errYield--> resign, candidate
-//	candidate --Leave called--> idle (its key goes with the lease)
+//	candidate --Leave called (its member key's deletion wakes it)--> idle, its key withdrawn
 //	any --removed (job left the config or changed, session ended)--> stopped: resign or
 //	    withdraw the key, unsubscribe; a job that left the config deletes its member key
 //
@@ -124,15 +124,25 @@ func (t *jobTask) register(ctx context.Context) time.Time {
 func (t *jobTask) campaign(ctx context.Context) time.Time {
 	n, job := t.n, t.local.Name
 	if n.isLeaving() {
+		// A candidate that stays would block the election once its key
+		// is the oldest: no one would lead the job (and move the items of
+		// a leader that died) until this instance is gone.
+		n.withdraw(t.s, job)
+		t.key, t.rev = "", 0
 		t.phase = idle
 		return sched.Never
 	}
-	prefix := n.keys.Leader(job)
+	prefix, member := n.keys.Leader(job), n.keys.Member(job, n.opts.ID)
 	if t.key == "" {
 		if t.unsub == nil {
 			// Subscribe first: a deletion after the put wakes the task.
+			// So does the deletion of this instance's member key (Leave).
 			t.unsub = append(t.unsub, n.hub.subscribe(job, prefix, func(ev *clientv3.Event) {
 				if ev.Type == clientv3.EventTypeDelete {
+					t.wake()
+				}
+			}, t.wake), n.hub.subscribe(job, member, func(ev *clientv3.Event) {
+				if ev.Type == clientv3.EventTypeDelete && string(ev.Kv.Key) == member {
 					t.wake()
 				}
 			}, t.wake))
@@ -169,7 +179,7 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	}
 	t.b.reset()
 	n.log.Info("leading job", "job", job, "leader_rev", e.Rev())
-	n.updateView(job, func(v *JobView) { v.Leading = true })
+	t.setLeading(true)
 	t.unsubscribe()
 	t.e, t.l = e, &leader{n: n, job: job, local: t.local, key: e.Key(), rev: e.Rev()}
 	// Subscribe first, then read (the next step): every change after the
@@ -200,10 +210,11 @@ func (t *jobTask) lead(ctx context.Context) time.Time {
 		return time.Now().Add(t.b.next())
 	}
 	t.b.reset()
-	if t.l.interval <= 0 {
-		return sched.Never
+	interval := t.l.interval
+	if interval <= 0 { // no definition this version reads yet
+		interval = config.DefaultReconcileIntervalMinutes
 	}
-	return time.Now().Add(time.Duration(t.l.interval) * time.Minute)
+	return time.Now().Add(time.Duration(interval) * time.Minute)
 }
 
 // endLeadership resigns (so that another instance leads at once; when the
@@ -211,7 +222,7 @@ func (t *jobTask) lead(ctx context.Context) time.Time {
 // a candidate, with a new key.
 func (t *jobTask) endLeadership(why error) {
 	n, job := t.n, t.local.Name
-	n.updateView(job, func(v *JobView) { v.Leading = false })
+	t.setLeading(false)
 	if t.s.ctx.Err() == nil {
 		rctx, cancel := context.WithTimeout(t.s.ctx, time.Second)
 		t.e.Resign(rctx)
@@ -228,6 +239,17 @@ func (t *jobTask) endLeadership(why error) {
 	t.unsubscribe()
 	t.e, t.l, t.key, t.rev = nil, nil, "", 0
 	t.phase = candidate
+}
+
+// setLeading sets the job view's Leading while the task's session is the
+// node's: a task of an ended session that finishes late must not clear
+// the flag a newer session's leadership set.
+func (t *jobTask) setLeading(on bool) {
+	t.n.updateView(t.local.Name, func(v *JobView) {
+		if t.n.session == t.s { // updateView holds n.mu
+			v.Leading = on
+		}
+	})
 }
 
 func (t *jobTask) unsubscribe() {
@@ -248,8 +270,10 @@ func (t *jobTask) stop() {
 	switch {
 	case t.phase == leading:
 		t.endLeadership(nil)
-	case t.key != "":
-		n.withdraw(t.s.ctx, t.key, t.rev)
+	case t.phase != registering && t.s.ctx.Err() == nil:
+		// Also when t.key is "": a put whose reply was lost may have
+		// applied.
+		n.withdraw(t.s, job)
 	}
 	t.unsubscribe()
 	if t.stopMap != nil {
@@ -270,7 +294,7 @@ func (t *jobTask) stop() {
 // finds it there from an earlier campaign of the session, and returns it
 // with its CreateRevision.
 func (n *Node) candidate(ctx context.Context, s *session, job string) (key string, rev int64, err error) {
-	key = fmt.Sprintf("%s%x", n.keys.Leader(job), s.lease)
+	key = n.candidateKey(s, job)
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	resp, err := n.opts.Client.Txn(rctx).
