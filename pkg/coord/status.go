@@ -4,15 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/pkg/config"
 )
 
 // Job statuses, after ElasticJob's.
@@ -151,6 +155,7 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 	if err != nil {
 		return nil, err
 	}
+	decoded := decodeJobKeys(keys, names, perJob)
 	for i, name := range names {
 		jk := byJob[name]
 		js := JobStatus{Name: name, Eligible: []string{}, Items: []ItemStatus{}, DisabledInstances: jk.disabledList}
@@ -168,8 +173,8 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		}
 		configDisabled := false
 		if kvs := r[1].GetResponseRange().Kvs; len(kvs) > 0 {
-			var rc registeredConfig
-			if def, err := decodeRegistered(keys.Config(name), name, kvs[0].Value, &rc); err != nil {
+			rc, def, err := decoded[i].rc, decoded[i].def, decoded[i].defErr
+			if err != nil {
 				what := "registered definition is malformed: "
 				if stateOf(err) == regUnreadable {
 					what = "registered definition cannot be read by this shardd version (written by a newer one?): "
@@ -183,11 +188,9 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		} else {
 			js.Problems = append(js.Problems, "no registered definition: no instance defines the job any more (shardd remove deletes what is left)")
 		}
-		var m *ShardMap
-		if kvs := r[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			if m, err = decodeShardMap(kvs[0].Value); err != nil {
-				js.Problems = append(js.Problems, err.Error())
-			}
+		m := decoded[i].m
+		if decoded[i].mErr != nil {
+			js.Problems = append(js.Problems, decoded[i].mErr.Error())
 		}
 		for _, in := range cs.Instances {
 			if slices.Contains(in.Conflicts, name) {
@@ -217,6 +220,41 @@ func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterS
 		cs.Jobs = append(cs.Jobs, js)
 	}
 	return cs, nil
+}
+
+// decodedJob is a job's definition and map as status decodes them.
+type decodedJob struct {
+	rc     registeredConfig
+	def    *config.Job
+	defErr error
+	m      *ShardMap
+	mErr   error
+}
+
+// decodeJobKeys decodes each job's definition and map (the responses of
+// readJobKeys), on every CPU: with 10,000 jobs, parsing the definitions
+// was most of shardd status's own CPU.
+func decodeJobKeys(keys Keys, names []string, perJob [][]*etcdserverpb.ResponseOp) []decodedJob {
+	out := make([]decodedJob, len(names))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range runtime.GOMAXPROCS(0) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < len(names); i = int(next.Add(1) - 1) {
+				d, r, name := &out[i], perJob[i], names[i]
+				if kvs := r[1].GetResponseRange().Kvs; len(kvs) > 0 {
+					d.def, d.defErr = decodeRegistered(keys.Config(name), name, kvs[0].Value, &d.rc)
+				}
+				if kvs := r[0].GetResponseRange().Kvs; len(kvs) > 0 {
+					d.m, d.mErr = decodeShardMap(kvs[0].Value)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // statusOpsPerJob are the reads of one job in readJobKeys: its map, its
