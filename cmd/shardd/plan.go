@@ -55,7 +55,7 @@ func cmdPlan(e *env, args []string) error {
 	}
 	s, err := shard.Lookup(*strategy)
 	if err != nil {
-		return usageError("--strategy: %v", err)
+		return usageError("--strategy: unknown strategy %s", strings.TrimPrefix(err.Error(), shard.ErrUnknown.Error()+": "))
 	}
 	a, err := s.Assign(shard.Input{Instances: ids, Job: *job, Total: *total, Fire: fire})
 	if err != nil {

@@ -109,7 +109,7 @@ func TestLoadBad(t *testing.T) {
 		{"log-retention-order", `log-retention-order.bad.yaml:4: job "orders": logRetention.maxBytesPerRun (1GiB) must be at most logRetention.maxTotalBytes (256MiB)`},
 		{"malformed-url", `malformed-url.bad.yaml:4: job "hook": http.url "http//missing-colon/run" must start with http:// or https://`},
 		{"name-with-slash", `name-with-slash.bad.yaml:2: job "billing/eu": name "billing/eu" has '/'`},
-		{"unknown-strategy", `unknown-strategy.bad.yaml:3: job "orders": strategy "AVERAGE" (one of AVG_ALLOCATION, BROADCAST,`},
+		{"unknown-strategy", `unknown-strategy.bad.yaml:3: job "orders": unknown strategy "AVERAGE" (one of AVG_ALLOCATION, BROADCAST,`},
 		{"strategy-and-alias", `strategy-and-alias.bad.yaml:4: job "orders": strategy and jobShardingStrategyType are the same field; set only one`},
 		{"broadcast-total", `broadcast-total.bad.yaml:4: job "cache-warm": shardingTotalCount must not be set with strategy BROADCAST`},
 		{"defaults-name", `defaults-name.bad.yaml:2: defaults: script cannot be set in defaults`},
@@ -416,4 +416,30 @@ func FuzzParseByteSize(f *testing.F) {
 			t.Fatalf("%q = %d, written %q, read back %d (%v)", s, b, b.String(), back, err)
 		}
 	})
+}
+
+// Nearest suggests a near name (a typo) or the only name a prefix begins,
+// and nothing for a name that is neither.
+func TestNearest(t *testing.T) {
+	fields := []string{"timeout", "retries", "retryBackoff", "script", "shardingTotalCount", "cron"}
+	for _, tc := range []struct {
+		name, want string
+	}{
+		{"timout", "timeout"},                   // one letter left out
+		{"retrys", "retries"},                   // two letters apart in seven
+		{"Script", "script"},                    // case aside
+		{"shardingTotal", "shardingTotalCount"}, // the only one it begins
+		{"retr", ""},                            // begins two: no guess
+		{"cmd", ""},                             // nothing near
+		{"cro", "cron"},                         // one letter left out of a short one
+		{"xyz", ""},
+	} {
+		got, ok := Nearest(tc.name, fields)
+		if !ok {
+			got = ""
+		}
+		if got != tc.want {
+			t.Errorf("Nearest(%q) = %q, want %q", tc.name, got, tc.want)
+		}
+	}
 }

@@ -349,8 +349,7 @@ func fieldByTag(v reflect.Value, name string) reflect.Value {
 // unknownField words the error for key, suggesting the field (or alias)
 // nearest to it by edit distance, case aside, when one is near enough.
 func unknownField(t reflect.Type, prefix, key string) string {
-	var names []string
-	best, bestDist := "", 0
+	var names, candidates []string
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
@@ -358,24 +357,21 @@ func unknownField(t reflect.Type, prefix, key string) string {
 			continue
 		}
 		names = append(names, tag)
-		for _, cand := range []string{tag, f.Tag.Get("alias")} {
-			if cand == "" {
-				continue
-			}
-			if d := editDistance(strings.ToLower(key), strings.ToLower(cand)); best == "" || d < bestDist {
-				best, bestDist = cand, d
-			}
+		candidates = append(candidates, tag)
+		if alias := f.Tag.Get("alias"); alias != "" {
+			candidates = append(candidates, alias)
 		}
 	}
-	if best != "" && bestDist <= max(1, min(len(key), len(best))/4) {
+	if best, ok := Nearest(key, candidates); ok {
 		return fmt.Sprintf("unknown field %s%s (did you mean %s?)", prefix, key, best)
 	}
 	return fmt.Sprintf("unknown field %s%s (known: %s)", prefix, key, strings.Join(names, ", "))
 }
 
-// editDistance is the Levenshtein distance between a and b, in bytes.
 // Nearest returns the candidate nearest to name by edit distance, case
-// aside, when one is near enough to be a typo of it ("did you mean").
+// aside, when one is near enough to be a typo of it ("did you mean"): at
+// most a third of the shorter name's letters apart (at least 1), or the
+// only candidate that name (3 letters or more) begins.
 func Nearest(name string, candidates []string) (string, bool) {
 	best, bestDist := "", 0
 	for _, c := range candidates {
@@ -383,9 +379,23 @@ func Nearest(name string, candidates []string) (string, bool) {
 			best, bestDist = c, d
 		}
 	}
-	return best, best != "" && bestDist <= max(1, min(len(name), len(best))/4)
+	if best != "" && bestDist <= max(1, min(len(name), len(best))/3) {
+		return best, true
+	}
+	// A unique prefix of at least 3 letters: "retr" for retries.
+	var prefixed []string
+	for _, c := range candidates {
+		if len(name) >= 3 && strings.HasPrefix(strings.ToLower(c), strings.ToLower(name)) {
+			prefixed = append(prefixed, c)
+		}
+	}
+	if len(prefixed) == 1 {
+		return prefixed[0], true
+	}
+	return best, false
 }
 
+// editDistance is the Levenshtein distance between a and b, in bytes.
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)

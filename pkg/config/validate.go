@@ -53,7 +53,7 @@ func validate(s scope, j *Job, f *fields) bool {
 
 	strategy, err := shard.Lookup(j.Strategy)
 	if err != nil {
-		bad("strategy", "strategy %s", strings.TrimPrefix(err.Error(), shard.ErrUnknown.Error()+": "))
+		bad("strategy", "unknown strategy %s", strings.TrimPrefix(err.Error(), shard.ErrUnknown.Error()+": "))
 	}
 	j.Shard = strategy
 

@@ -407,6 +407,11 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target,
 		if on && t.Item < 0 && t.Instance == "" && f.def != nil && f.def.Disabled {
 			res.Message += " (its definition disables it too: disabled: true)"
 		}
+		if on && t.Instance != "" && len(f.members) > 0 && !slices.ContainsFunc(f.members, func(id string) bool {
+			return id != t.Instance && !f.offInst[id]
+		}) {
+			res.Message += fmt.Sprintf("; warning: no enabled instance is left to run job %s, so its fires are not run until one is (shardd enable %s --instance %s)", t.Job, t.Job, t.Instance)
+		}
 	} else {
 		res.Message = fmt.Sprintf("%s was already %s; nothing changed", t, verb)
 	}

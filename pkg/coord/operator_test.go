@@ -108,8 +108,17 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 		t.Errorf("trigger every item with item 1 disabled: %+v %v", tr, err)
 	}
 	// --force disables an instance before it first starts.
-	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "ghost"}, true, true); err != nil || !res.Changed {
+	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "ghost"}, true, true); err != nil || !res.Changed || strings.Contains(res.Message, "warning") {
 		t.Errorf("forced disable of ghost: %+v %v", res, err)
+	}
+	// Disabling the job's last enabled instance works, and warns that the
+	// job's fires are not run.
+	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "a"}, true, false); err != nil || !res.Changed ||
+		!strings.Contains(res.Message, "warning: no enabled instance is left to run job orders") {
+		t.Errorf("disable of the last instance: %+v %v", res, err)
+	}
+	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "a"}, false, false); err != nil || !res.Changed {
+		t.Errorf("enable a again: %+v %v", res, err)
 	}
 
 	// Once no instance defines the job, it can be removed, and is gone.

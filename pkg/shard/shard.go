@@ -165,6 +165,16 @@ func Lookup(name string) (Strategy, error) {
 	if s, ok := strategies[strings.ToUpper(name)]; ok {
 		return Strategy{}, fmt.Errorf("%w: %q (did you mean %s?)", ErrUnknown, name, s.name)
 	}
+	// A unique prefix: AVG for AVG_ALLOCATION.
+	var prefixed []string
+	for _, n := range Names() {
+		if len(name) >= 2 && strings.HasPrefix(n, strings.ToUpper(name)) {
+			prefixed = append(prefixed, n)
+		}
+	}
+	if len(prefixed) == 1 {
+		return Strategy{}, fmt.Errorf("%w: %q (did you mean %s?)", ErrUnknown, name, prefixed[0])
+	}
 	return Strategy{}, fmt.Errorf("%w: %q (one of %s)", ErrUnknown, name, strings.Join(Names(), ", "))
 }
 

@@ -214,3 +214,24 @@ func TestPick(t *testing.T) {
 		}
 	}
 }
+
+// Lookup's refusals suggest the strategy meant: another case, or the only
+// name the given one begins.
+func TestLookupSuggests(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"avg_allocation", "did you mean AVG_ALLOCATION?"},
+		{"AVG", "did you mean AVG_ALLOCATION?"},
+		{"avg", "did you mean AVG_ALLOCATION?"},
+		{"ROUND", ""},     // a strategy of its own
+		{"RO", "one of "}, // begins ROUND and ROUND_ROBIN
+		{"NOPE", "one of "},
+	} {
+		_, err := Lookup(tc.name)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("Lookup(%q): %v", tc.name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("Lookup(%q) = %v, want an error with %q", tc.name, err, tc.want)
+		}
+	}
+}
