@@ -2,12 +2,12 @@ package sched
 
 import (
 	"context"
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/shardd/shardd/internal/stacks"
 )
 
 // The scheduler runs each slot's step at once, then when it asks, or
@@ -122,30 +122,10 @@ func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
 	if waiting != 1000 {
 		t.Fatalf("%d slots waiting, want 1000", waiting)
 	}
-	if g := goroutinesIn("engine.(*Scheduler).step"); g != 0 {
+	if g := stacks.Count("internal/sched.(*Scheduler).step"); g != 0 {
 		t.Errorf("%d step goroutines for 1,000 idle slots, want 0", g)
 	}
-	if g := goroutinesIn("engine.(*Scheduler).worker"); g > maxIdleWorkers {
+	if g := stacks.Count("internal/sched.(*Scheduler).worker"); g > maxIdleWorkers {
 		t.Errorf("%d workers left waiting after a burst of 1,000 steps, want at most %d", g, maxIdleWorkers)
 	}
-}
-
-// goroutinesIn counts the goroutines whose stack has fn.
-func goroutinesIn(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, fn) {
-			count++
-		}
-	}
-	return count
 }

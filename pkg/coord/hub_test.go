@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/stacks"
 )
 
 // recorder collects what a subscription sees.
@@ -222,7 +222,7 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	// and this test's own two.
 	var inCoord int
 	waitFor(t, 10*time.Second, "the nodes' goroutines to settle", func() bool {
-		inCoord = goroutinesWith("shardd/pkg/coord.")
+		inCoord = stacks.Count("shardd/pkg/coord.")
 		return inCoord <= 2*5+2
 	})
 	t.Logf("goroutines in coord for 2 nodes with %d jobs each: %d", count, inCoord)
@@ -236,25 +236,4 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	first.stop(t)
 	waitFor(t, 30*time.Second, "the waiting candidate to lead every job and drop the first", mapsOf("second"))
 
-}
-
-// goroutinesWith counts the goroutines whose stack has a frame of fn (a
-// prefix of a function's full name).
-func goroutinesWith(fn string) int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, fn) {
-			count++
-		}
-	}
-	return count
 }

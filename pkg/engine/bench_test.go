@@ -3,8 +3,11 @@ package engine
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -24,20 +27,61 @@ import (
 // (make bench: -benchtime 20x).
 
 // rpcCounter counts the etcd requests of the clients it is installed in:
-// unary calls and opened streams (watches, keepalives).
-type rpcCounter struct{ n atomic.Int64 }
+// unary calls and opened streams (watches, keepalives). With
+// SHARDD_BENCH_RPC_SITES=1 it also counts them by method and by the
+// innermost shardd function that made them, and the benchmark logs the
+// counts of its timed part (where an execution's requests go).
+type rpcCounter struct {
+	n atomic.Int64
+
+	mu    sync.Mutex
+	sites map[string]int64 // nil unless SHARDD_BENCH_RPC_SITES is set
+}
 
 func (c *rpcCounter) dialOptions() []grpc.DialOption {
+	if os.Getenv("SHARDD_BENCH_RPC_SITES") != "" {
+		c.sites = map[string]int64{}
+	}
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			c.n.Add(1)
+			c.count(method)
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			c.n.Add(1)
+			c.count(method)
 			return streamer(ctx, desc, cc, method, opts...)
 		}),
 	}
+}
+
+func (c *rpcCounter) count(method string) {
+	c.n.Add(1)
+	if c.sites == nil {
+		return
+	}
+	site := "?"
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	for {
+		f, more := frames.Next()
+		if strings.Contains(f.Function, "github.com/shardd/shardd/pkg/") {
+			site = strings.TrimPrefix(f.Function, "github.com/shardd/shardd/pkg/")
+			break
+		}
+		if !more {
+			break
+		}
+	}
+	c.mu.Lock()
+	c.sites[method[strings.LastIndex(method, "/")+1:]+" "+site]++
+	c.mu.Unlock()
+}
+
+// snapshotSites returns the counts by method and call site so far.
+func (c *rpcCounter) snapshotSites() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.sites)
 }
 
 // runs collects observed runs.
@@ -117,7 +161,7 @@ func cluster(b *testing.B, yaml string, jobs int, r *runs, cnt *rpcCounter) bool
 // of the runs started in them.
 func measure(b *testing.B, r *runs, cnt *rpcCounter) {
 	doneBefore, before := r.snapshot()
-	reqBefore := cnt.n.Load()
+	reqBefore, sitesBefore := cnt.n.Load(), cnt.snapshotSites()
 	start := time.Now()
 	b.ResetTimer()
 	time.Sleep(time.Duration(b.N) * time.Second)
@@ -128,6 +172,17 @@ func measure(b *testing.B, r *runs, cnt *rpcCounter) {
 	b.ReportMetric(float64(executions)/time.Since(start).Seconds(), "exec/s")
 	if executions > 0 {
 		b.ReportMetric(float64(cnt.n.Load()-reqBefore)/float64(executions), "etcd-req/exec")
+	}
+	if sites := cnt.snapshotSites(); sites != nil && executions > 0 {
+		var lines []string
+		for site, n := range sites {
+			if d := n - sitesBefore[site]; d > 0 {
+				lines = append(lines, fmt.Sprintf("%8.3f  %s", float64(d)/float64(executions), site))
+			}
+		}
+		slices.Sort(lines)
+		slices.Reverse(lines)
+		b.Logf("etcd requests per execution, by method and call site:\n%s", strings.Join(lines, "\n"))
 	}
 }
 

@@ -1,0 +1,30 @@
+// Package stacks looks at the goroutines of the running process, for tests
+// that check what holds a goroutine (an idle job must not).
+package stacks
+
+import (
+	"runtime"
+	"strings"
+)
+
+// Count returns how many goroutines have a frame whose function name
+// contains fn (a package path and function prefix such as
+// "shardd/pkg/coord.").
+func Count(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, fn) {
+			count++
+		}
+	}
+	return count
+}
