@@ -408,7 +408,7 @@ func markdown(r report) string {
 	b.WriteString("| benchmark | trials | p50 ms | p99 ms | max ms | other |\n|---|---|---|---|---|---|\n")
 	for _, x := range r.Benchmarks {
 		var other []string
-		for _, k := range []string{"exec/s", "etcd-req/exec", "runs", "map-bytes"} {
+		for _, k := range []string{"exec/s", "etcd-req/exec", "keepalive-req/exec", "runs", "map-bytes"} {
 			if v, ok := x.Metrics[k]; ok {
 				other = append(other, fmt.Sprintf("%s %.4g", k, v))
 			}

@@ -183,6 +183,50 @@ func TestCompletionsBatchIsOneTxn(t *testing.T) {
 	}
 }
 
+// The runs of one claim Txn (siblings) that end a moment apart have their
+// outcomes written in one Txn: the first waits for the others (at most
+// siblingLinger). Without it, each was written on its own (an outcome Txn
+// per execution in make bench).
+func TestSiblingOutcomesAreOneTxn(t *testing.T) {
+	n := ordersNode(t, 2)
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	res := n.ClaimAll(ctx, claimsOf(t, n, 2, fire))
+	if res[0].Grant == nil || res[1].Grant == nil || res[0].Grant.Fence != res[1].Grant.Fence {
+		t.Fatalf("claims: %+v", res)
+	}
+	errs := make(chan error, 2)
+	for i, r := range res {
+		go func() {
+			time.Sleep(time.Duration(i) * time.Millisecond) // the second run ends 1 ms after the first
+			errs <- n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire})
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := n.cli.Get(ctx, n.keys.Items("orders"), clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 2 || resp.Kvs[0].ModRevision != resp.Kvs[1].ModRevision {
+		t.Errorf("2 sibling outcomes: %d records, at revisions %d and %d; want one Txn", len(resp.Kvs), resp.Kvs[0].ModRevision, resp.Kvs[len(resp.Kvs)-1].ModRevision)
+	}
+	// A lone outcome does not wait for siblings it does not have.
+	res = n.ClaimAll(ctx, claimsOf(t, n, 1, fire.Add(time.Minute)))
+	if res[0].Grant == nil {
+		t.Fatalf("claim: %+v", res[0])
+	}
+	n.completions.mu.Lock()
+	tracked := len(n.completions.siblings)
+	n.completions.mu.Unlock()
+	if tracked != 0 {
+		t.Errorf("%d fences tracked after every sibling reported; want 0", tracked)
+	}
+}
+
 // Item states come from the watch once a job's cache is filled: this
 // instance's own claims and outcomes show in what it reads next, another
 // writer's changes too, and reading needs no request to etcd.

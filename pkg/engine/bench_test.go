@@ -33,6 +33,9 @@ import (
 // counts of its timed part (where an execution's requests go).
 type rpcCounter struct {
 	n atomic.Int64
+	// keepalives are the lease keepalives among n: a session's, every
+	// TTL/3 whatever runs (KeepAliveOnce opens a stream each).
+	keepalives atomic.Int64
 
 	mu    sync.Mutex
 	sites map[string]int64 // nil unless SHARDD_BENCH_RPC_SITES is set
@@ -56,6 +59,9 @@ func (c *rpcCounter) dialOptions() []grpc.DialOption {
 
 func (c *rpcCounter) count(method string) {
 	c.n.Add(1)
+	if strings.HasSuffix(method, "/LeaseKeepAlive") {
+		c.keepalives.Add(1)
+	}
 	if c.sites == nil {
 		return
 	}
@@ -161,7 +167,7 @@ func cluster(b *testing.B, yaml string, jobs int, r *runs, cnt *rpcCounter) bool
 // of the runs started in them.
 func measure(b *testing.B, r *runs, cnt *rpcCounter) {
 	doneBefore, before := r.snapshot()
-	reqBefore, sitesBefore := cnt.n.Load(), cnt.snapshotSites()
+	reqBefore, kaBefore, sitesBefore := cnt.n.Load(), cnt.keepalives.Load(), cnt.snapshotSites()
 	start := time.Now()
 	b.ResetTimer()
 	time.Sleep(time.Duration(b.N) * time.Second)
@@ -172,6 +178,7 @@ func measure(b *testing.B, r *runs, cnt *rpcCounter) {
 	b.ReportMetric(float64(executions)/time.Since(start).Seconds(), "exec/s")
 	if executions > 0 {
 		b.ReportMetric(float64(cnt.n.Load()-reqBefore)/float64(executions), "etcd-req/exec")
+		b.ReportMetric(float64(cnt.keepalives.Load()-kaBefore)/float64(executions), "keepalive-req/exec")
 	}
 	if sites := cnt.snapshotSites(); sites != nil && executions > 0 {
 		var lines []string
