@@ -15,11 +15,7 @@ import (
 // runs it again after; remove waits for a step in progress; an idle
 // slot has no goroutine.
 func TestScheduler(t *testing.T) {
-	s := New(time.Now)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	s, ctx := running(t)
 
 	var runs, overlaps atomic.Int32
 	var in atomic.Bool
@@ -97,11 +93,7 @@ func TestScheduler(t *testing.T) {
 
 // Idle slots cost no goroutine.
 func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
-	s := New(time.Now)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	s, ctx := running(t)
 	var ran sync.WaitGroup
 	ran.Add(1000)
 	for range 1000 {
@@ -128,4 +120,15 @@ func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
 	if g := stacks.Count("internal/sched.(*Scheduler).worker"); g > maxIdleWorkers {
 		t.Errorf("%d workers left waiting after a burst of 1,000 steps, want at most %d", g, maxIdleWorkers)
 	}
+}
+
+// running returns a scheduler that runs until the test ends, and the
+// context its slots should use.
+func running(t *testing.T) (*Scheduler, context.Context) {
+	s := New(time.Now)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s, ctx
 }

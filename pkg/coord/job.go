@@ -455,11 +455,4 @@ func (n *Node) notifyChange(job string) {
 	}
 }
 
-func poke(c chan<- struct{}) {
-	select {
-	case c <- struct{}{}:
-	default:
-	}
-}
-
 var errNotLeader = errors.New("coord: not the leader")
