@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os/user"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -166,6 +167,8 @@ func cmdTrigger(e *env, args []string) error {
 	o.register(fs)
 	var item itemFlag
 	fs.Var(&item, "item", "run only this `item` (default every item)")
+	param := fs.String("param", "", "a one-off `text` for this run: SHARDD_TRIGGER_PARAMETER (and triggerParameter in SHARDD_CONTEXT)")
+	fire := fs.String("fire", "", "run this past scheduled fire of the job again, as MANUAL with a fence of its own: `TIME` in RFC 3339, or 'YYYY-MM-DD HH:MM[:SS]' in the job's time zone")
 	job, err := o.parseJob(e, fs, args)
 	if err != nil {
 		return err
@@ -179,19 +182,56 @@ func cmdTrigger(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	tr, err := coord.RequestTrigger(ctx, cli, coord.NewKeys(o.ef.prefix), job, items, hostname())
+	req := coord.TriggerRequest{Job: job, Items: items, Param: *param, Fire: *fire, By: cliActor()}
+	tr, err := coord.RequestTrigger(ctx, cli, coord.NewKeys(o.ef.prefix), req)
+	target := "job " + job
+	if item.set {
+		target = fmt.Sprintf("item %d of job %s", item.n, job)
+	}
+	detail := req.Detail()
 	if err != nil {
+		o.audit(ctx, cli, coord.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail}, err)
 		return o.opError(err)
 	}
 	what := "every item (" + joinInts(tr.Runs) + ")"
 	if item.set {
 		what = "item " + strconv.Itoa(item.n)
 	}
-	fmt.Fprintf(e.stdout, "triggered %s of job %s (trigger %s, revision %d); its owners run it now, see `shardd history %s`\n", what, job, tr.ID, tr.Rev, job)
+	how := "now"
+	if !tr.Rerun.IsZero() {
+		how = "for its fire " + tr.Rerun.Format(time.RFC3339)
+	}
+	if *param != "" {
+		how += fmt.Sprintf(" with parameter %q", *param)
+	}
+	msg := fmt.Sprintf("triggered %s of job %s %s (trigger %s, revision %d); its owners run it now, see `shardd history %s`", what, job, how, tr.ID, tr.Rev, job)
+	fmt.Fprintln(e.stdout, msg)
 	if len(tr.Disabled) > 0 {
 		fmt.Fprintf(e.stdout, "not triggered: disabled item(s) %s\n", joinInts(tr.Disabled))
 	}
+	o.audit(ctx, cli, coord.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail, Message: msg}, nil)
 	return nil
+}
+
+// cliActor names the user of the CLI in the audit log: the OS user and
+// the host.
+func cliActor() string {
+	name := "unknown"
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	return "cli:" + name + "@" + hostname()
+}
+
+// audit records a write command in the cluster's audit log with its
+// outcome (err). A failure to record it does not change the command's
+// result (etcd that refused the command may refuse the record too).
+func (o *opsFlags) audit(ctx context.Context, cli *coord.Client, a coord.AuditEntry, err error) {
+	a.Actor, a.Outcome = cliActor(), coord.AuditOutcome(err)
+	if err != nil {
+		a.Message = err.Error()
+	}
+	coord.AppendAudit(ctx, cli, coord.NewKeys(o.ef.prefix), a)
 }
 
 func cmdDisable(e *env, args []string) error { return setDisabled(e, "disable", args, true) }
@@ -227,7 +267,9 @@ func setDisabled(e *env, name string, args []string, on bool) error {
 		return err
 	}
 	defer done()
-	res, err := coord.SetDisabled(ctx, cli, coord.NewKeys(o.ef.prefix), coord.Target{Job: job, Item: item.value(), Instance: *instance}, on, *force)
+	t := coord.Target{Job: job, Item: item.value(), Instance: *instance}
+	res, err := coord.SetDisabled(ctx, cli, coord.NewKeys(o.ef.prefix), t, on, *force)
+	o.audit(ctx, cli, coord.AuditEntry{Action: name, Job: job, Target: t.String(), Detail: forceDetail(*force), Message: res.Message}, err)
 	if err != nil {
 		if res.Changed {
 			fmt.Fprintln(e.stdout, res.Message)
@@ -252,10 +294,15 @@ func cmdRemove(e *env, args []string) error {
 	}
 	defer done()
 	n, err := coord.RemoveJob(ctx, cli, coord.NewKeys(o.ef.prefix), job)
+	msg := fmt.Sprintf("removed job %s: deleted its %d keys from %s", job, n, o.cluster())
+	if err != nil {
+		msg = ""
+	}
+	o.audit(ctx, cli, coord.AuditEntry{Action: "remove", Job: job, Target: "job " + job, Message: msg}, err)
 	if err != nil {
 		return o.opError(err)
 	}
-	fmt.Fprintf(e.stdout, "removed job %s: deleted its %d keys from %s\n", job, n, o.cluster())
+	fmt.Fprintln(e.stdout, msg)
 	return nil
 }
 
@@ -339,6 +386,14 @@ func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 			start, dur, result, code, r.Skipped, dash(out))
 	}
 	return tw.Flush()
+}
+
+// forceDetail is the audit detail of disable's --force.
+func forceDetail(force bool) string {
+	if force {
+		return "force"
+	}
+	return ""
 }
 
 func joinInts(ns []int) string {

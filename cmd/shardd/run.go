@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -54,7 +55,7 @@ func cmdRun(e *env, args []string) error {
 		ttl       = fs.Duration("ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
 		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
 		grace     = fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long running items may finish before they are killed (recorded KILLED)")
-		tokenFile = fs.String("api-token-file", "", "`file` whose first line is the bearer token (at least 16 characters) of the API's write endpoints (and reads); without it the write endpoints are disabled")
+		tokenFile = fs.String("api-token-file", "", "`file` of the API's and console's bearer tokens: lines 'NAME ROLE SECRET' (ROLE read or write, SECRET at least 16 characters), or one bare SECRET (named default, role write); without a write token the write endpoints are disabled")
 		readFile  = fs.String("api-read-token-file", "", "`file` with a read-only bearer token; when set, API reads need a token")
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
@@ -101,13 +102,9 @@ func cmdRun(e *env, args []string) error {
 	if len(cfg.Jobs) == 0 {
 		return &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml)", *cfgPath)}
 	}
-	writeToken, err := readToken(*tokenFile)
+	tokens, err := loadTokens(*tokenFile, *readFile)
 	if err != nil {
-		return &exitError{exitFailure, fmt.Errorf("--api-token-file: %w", err)}
-	}
-	readOnlyToken, err := readToken(*readFile)
-	if err != nil {
-		return &exitError{exitFailure, fmt.Errorf("--api-read-token-file: %w", err)}
+		return &exitError{exitFailure, err}
 	}
 	tlsCfg, err := serverTLS{*tlsCert, *tlsKey, *tlsCA}.config()
 	if err != nil {
@@ -217,7 +214,7 @@ func cmdRun(e *env, args []string) error {
 				files = append(files, f)
 			}
 		}
-		warnAPI(log, ln.Addr(), tlsCfg != nil, writeToken != "", readOnlyToken != "", files...)
+		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, api.RoleWrite), hasRole(tokens, api.RoleRead), files...)
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
@@ -328,7 +325,7 @@ func cmdRun(e *env, args []string) error {
 	if ln != nil {
 		srv := newHTTPServer(api.Handler(api.Options{
 			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
-			WriteToken: writeToken, ReadToken: readOnlyToken, Loopback: isLoopback(ln.Addr()),
+			Tokens: tokens, TLS: tlsCfg != nil, Loopback: isLoopback(ln.Addr()),
 		}), tlsCfg, log)
 		g.Add(func() error {
 			if err := serve(srv, ln); !errors.Is(err, http.ErrServerClosed) {
@@ -436,20 +433,43 @@ func nodeState(node *coord.Node) (bool, []metrics.JobState) {
 	return node.Up(), jobs
 }
 
-// readToken reads a token file ("" for none); the token is its first line.
-func readToken(path string) (string, error) {
-	if path == "" {
-		return "", nil
+// loadTokens reads the API's token files ("" for none): the write file's
+// bare token is named "default" with the write role, the read file's
+// "read" with the read role; named lines give their own (api.ParseTokens).
+func loadTokens(writeFile, readFile string) ([]api.Token, error) {
+	var all []api.Token
+	for _, f := range []struct{ flag, path, name, role string }{
+		{"--api-token-file", writeFile, "default", api.RoleWrite},
+		{"--api-read-token-file", readFile, "read", api.RoleRead},
+	} {
+		if f.path == "" {
+			continue
+		}
+		b, err := os.ReadFile(f.path)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.flag, err)
+		}
+		ts, err := api.ParseTokens(string(b), f.path, f.name, f.role)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f.flag, err)
+		}
+		if len(ts) == 0 {
+			return nil, fmt.Errorf("%s: %s holds no token", f.flag, f.path)
+		}
+		for _, t := range ts {
+			for _, o := range all {
+				if o.Name == t.Name || o.Secret == t.Secret {
+					return nil, fmt.Errorf("%s: token %q of %s has the name or secret of token %q of the other token file", f.flag, t.Name, f.path, o.Name)
+				}
+			}
+		}
+		all = append(all, ts...)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return "", err
-	}
-	tok := strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0])
-	if len(tok) < 16 {
-		return "", fmt.Errorf("%s: the token must be at least 16 characters", path)
-	}
-	return tok, nil
+	return all, nil
+}
+
+func hasRole(ts []api.Token, role string) bool {
+	return slices.ContainsFunc(ts, func(t api.Token) bool { return t.Role == role })
 }
 
 // listenPprof listens on addr for the profiles, which must be a loopback

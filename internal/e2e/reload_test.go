@@ -149,7 +149,7 @@ func TestSIGHUPAtStartAndStop(t *testing.T) {
 	// A run in progress, SIGTERM, then SIGHUP during the graceful stop.
 	cli := e.client()
 	waitFor(t, 10*time.Second, "a trigger of slow to be accepted", func() bool {
-		_, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), "slow", nil, "test")
+		_, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), coord.TriggerRequest{Job: "slow", By: "test"})
 		return err == nil // refused until slow is registered and has its map
 	})
 	waitFor(t, 10*time.Second, "the run", func() bool { return len(p.find(msg("run"))) > 0 })

@@ -28,7 +28,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,9 +49,13 @@ type Cluster interface {
 	View(job string) (coord.JobView, bool)
 	Status(ctx context.Context) (*coord.ClusterStatus, error)
 	JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error)
-	Trigger(ctx context.Context, job string, items []int) (coord.Triggered, error)
+	Trigger(ctx context.Context, r coord.TriggerRequest) (coord.Triggered, error)
+	Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error)
+	WaitKill(ctx context.Context, job string, k coord.Kill) ([]coord.KillResult, error)
 	SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error)
 	Remove(ctx context.Context, job string) (int64, error)
+	Audit(ctx context.Context, f coord.AuditFilter) ([]coord.AuditEntry, error)
+	RecordAudit(ctx context.Context, e coord.AuditEntry) error
 }
 
 // Options configure the handler.
@@ -62,8 +65,13 @@ type Options struct {
 	Metrics http.Handler
 	// ConfigError returns the last configuration reload's error, nil if it succeeded.
 	ConfigError func() error
-	// WriteToken and ReadToken are the bearer tokens; empty means none.
-	WriteToken, ReadToken string
+	// Tokens are the named bearer tokens (see ParseTokens); without a
+	// write token the write endpoints are refused.
+	Tokens []Token
+	// SessionTTL is how long an idle console login lasts; default 12h.
+	SessionTTL time.Duration
+	// TLS says the server is served over TLS: session cookies are Secure.
+	TLS bool
 	// Loopback says the server listens on loopback addresses only: then a
 	// request whose Host is not a loopback address or localhost is refused,
 	// so that a web page cannot reach the API by rebinding its own name to
@@ -78,7 +86,10 @@ func Handler(o Options) http.Handler {
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Second
 	}
-	a := &api{o: o}
+	if o.SessionTTL == 0 {
+		o.SessionTTL = 12 * time.Hour
+	}
+	a := &api{o: o, tokens: tokens(o.Tokens), sessions: newSessions(o.SessionTTL)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", a.readyz)
@@ -99,6 +110,8 @@ func Handler(o Options) http.Handler {
 		{"GET", "/api/v1/jobs/{job}/history", a.read(a.history)},
 		{"GET", "/api/v1/instances", a.read(a.instances)},
 		{"POST", "/api/v1/jobs/{job}/trigger", a.write(a.trigger)},
+		{"POST", "/api/v1/jobs/{job}/kill", a.write(a.kill)},
+		{"GET", "/api/v1/audit", a.read(a.audit)},
 		{"POST", "/api/v1/jobs/{job}/disable", a.write(a.disable(true))},
 		{"POST", "/api/v1/jobs/{job}/enable", a.write(a.disable(false))},
 	} {
@@ -164,7 +177,11 @@ func opStatus(err error) int {
 	return http.StatusServiceUnavailable
 }
 
-type api struct{ o Options }
+type api struct {
+	o        Options
+	tokens   tokens
+	sessions *sessions
+}
 
 type apiError struct {
 	Error string `json:"error"`
@@ -182,60 +199,61 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 	writeJSON(w, status, apiError{Error: fmt.Sprintf(format, args...)})
 }
 
-// bearer returns the request's bearer token, "" if none.
-func bearer(r *http.Request) string {
-	h := r.Header.Get("Authorization")
-	if t, ok := strings.CutPrefix(h, "Bearer "); ok {
-		return strings.TrimSpace(t)
-	}
-	return ""
-}
-
-func tokenIs(got, want string) bool {
-	return want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
-}
-
-// read guards a read endpoint.
+// read guards a read endpoint: open unless some token has the read role,
+// then any token (or console session) reads.
 func (a *api) read(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if a.o.ReadToken != "" {
-			t := bearer(r)
-			if t == "" {
-				writeError(w, http.StatusUnauthorized, "a bearer token is required")
-				return
-			}
-			if !tokenIs(t, a.o.ReadToken) && !tokenIs(t, a.o.WriteToken) {
-				writeError(w, http.StatusUnauthorized, "invalid token")
-				return
-			}
+		c, err := a.identify(r)
+		switch {
+		case err != nil:
+			writeError(w, http.StatusUnauthorized, "%v", err)
+			return
+		case c == nil && a.tokens.has(RoleRead):
+			writeError(w, http.StatusUnauthorized, "a bearer token is required")
+			return
 		}
-		h(w, r)
+		h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	}
 }
 
-// write guards a write endpoint.
+// write guards a write endpoint: a token of the write role, from a page of
+// no other origin (and, through a console session, with its CSRF token).
 func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if crossOrigin(r) {
 			writeError(w, http.StatusForbidden, "cross-origin request refused: a web page of %s may not change this cluster", r.Header.Get("Origin"))
 			return
 		}
-		if a.o.WriteToken == "" {
-			writeError(w, http.StatusForbidden, "write endpoints are disabled: this instance has no write token (--api-token-file); the CLI (shardd trigger, disable, enable, remove) works through etcd")
+		if !a.tokens.has(RoleWrite) {
+			writeError(w, http.StatusForbidden, "write endpoints are disabled: this instance has no write token (--api-token-file); the CLI (shardd trigger, kill, disable, enable, remove) works through etcd")
 			return
 		}
-		t := bearer(r)
+		c, err := a.identify(r)
 		switch {
-		case t == "":
+		case err != nil:
+			writeError(w, http.StatusUnauthorized, "%v", err)
+		case c == nil:
 			writeError(w, http.StatusUnauthorized, "a bearer token is required")
-		case tokenIs(t, a.o.WriteToken):
-			h(w, r)
-		case tokenIs(t, a.o.ReadToken):
-			writeError(w, http.StatusForbidden, "the read-only token cannot change anything")
+		case c.Token.Role != RoleWrite:
+			writeError(w, http.StatusForbidden, "token %q has the read role: it cannot change anything", c.Token.Name)
+		case !csrfOK(r, c):
+			writeError(w, http.StatusForbidden, "missing or wrong %s header: a console session acts only from the console's own pages", csrfHeader)
 		default:
-			writeError(w, http.StatusUnauthorized, "invalid token")
+			h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 		}
 	}
+}
+
+// record appends a write action to the audit log (and the instance's
+// log) with its outcome.
+func (a *api) record(r *http.Request, e coord.AuditEntry, err error) {
+	e.Actor, e.Outcome = CallerOf(r.Context()).Actor(), coord.AuditOutcome(err)
+	if err != nil {
+		e.Message = err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), a.o.Timeout)
+	defer cancel()
+	a.o.Cluster.RecordAudit(ctx, e)
 }
 
 // readyz is 200 while the instance holds an etcd session, 503 otherwise.
@@ -394,23 +412,125 @@ func jobAndItem(w http.ResponseWriter, r *http.Request) (string, int, bool) {
 	return name, item, ok
 }
 
+// triggerBody is a trigger's optional JSON body; the query's item, param
+// and fire work too.
+type triggerBody struct {
+	Item  *int   `json:"item"`
+	Param string `json:"param"`
+	Fire  string `json:"fire"`
+}
+
 func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 	name, item, ok := jobAndItem(w, r)
 	if !ok {
 		return
 	}
-	var items []int
+	q := r.URL.Query()
+	req := coord.TriggerRequest{Job: name, Param: q.Get("param"), Fire: q.Get("fire"), By: CallerOf(r.Context()).Actor()}
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+		var b triggerBody
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*coord.MaxTriggerParam))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&b); err != nil {
+			writeError(w, http.StatusBadRequest, "trigger body: %v (want {\"item\": N, \"param\": \"...\", \"fire\": \"RFC 3339\"}, every field optional)", err)
+			return
+		}
+		if b.Item != nil {
+			if *b.Item < 0 {
+				writeError(w, http.StatusBadRequest, "item must be a non-negative integer, got %d", *b.Item)
+				return
+			}
+			item = *b.Item
+		}
+		if b.Param != "" {
+			req.Param = b.Param
+		}
+		if b.Fire != "" {
+			req.Fire = b.Fire
+		}
+	}
 	if item >= 0 {
-		items = []int{item}
+		req.Items = []int{item}
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	tr, err := a.o.Cluster.Trigger(ctx, name, items)
+	tr, err := a.o.Cluster.Trigger(ctx, req)
+	a.record(r, coord.AuditEntry{Action: "trigger", Job: name, Target: coord.Target{Job: name, Item: item}.String(), Detail: req.Detail()}, err)
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, tr)
+}
+
+// killOut is a kill's answer: what was asked to stop and, when the
+// request waited, how each run ended.
+type killOut struct {
+	coord.Killing
+	Results []coord.KillResult `json:"results,omitempty"`
+	Message string             `json:"message"`
+}
+
+func (a *api) kill(w http.ResponseWriter, r *http.Request) {
+	name, item, ok := jobAndItem(w, r)
+	if !ok {
+		return
+	}
+	var wait time.Duration
+	if s := r.URL.Query().Get("wait"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 || d > time.Minute {
+			writeError(w, http.StatusBadRequest, "wait must be a duration from 0 to 1m, got %q", s)
+			return
+		}
+		wait = d
+	}
+	req := coord.KillRequest{Job: name, By: CallerOf(r.Context()).Actor()}
+	if item >= 0 {
+		req.Items = []int{item}
+	}
+	ctx, cancel := a.ctx(r)
+	defer cancel()
+	k, err := a.o.Cluster.Kill(ctx, req)
+	target := coord.Target{Job: name, Item: item}.String()
+	if err != nil {
+		a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target}, err)
+		writeError(w, opStatus(err), "%v", err)
+		return
+	}
+	runs := make([]string, len(k.Runs))
+	for i, run := range k.Runs {
+		runs[i] = fmt.Sprintf("item %d (fence %d on %s)", run.Item, run.Fence, run.Instance)
+	}
+	out := killOut{Killing: k, Message: "asked to kill " + strings.Join(runs, ", ") + " of job " + name}
+	a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target, Message: out.Message}, nil)
+	if wait > 0 {
+		wctx, wcancel := context.WithTimeout(r.Context(), wait)
+		out.Results, _ = a.o.Cluster.WaitKill(wctx, name, k.Kill)
+		wcancel()
+	}
+	writeJSON(w, http.StatusAccepted, out)
+}
+
+func (a *api) audit(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := coord.AuditFilter{Job: q.Get("job"), Actor: q.Get("actor"), Limit: 100}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			writeError(w, http.StatusBadRequest, "limit must be a positive integer, got %q", s)
+			return
+		}
+		f.Limit = n
+	}
+	ctx, cancel := a.ctx(r)
+	defer cancel()
+	entries, err := a.o.Cluster.Audit(ctx, f)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, entries)
 }
 
 func (a *api) remove(w http.ResponseWriter, r *http.Request) {
@@ -421,6 +541,7 @@ func (a *api) remove(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := a.ctx(r)
 	defer cancel()
 	n, err := a.o.Cluster.Remove(ctx, name)
+	a.record(r, coord.AuditEntry{Action: "remove", Job: name, Target: "job " + name}, err)
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
 		return
@@ -445,7 +566,17 @@ func (a *api) disable(on bool) http.HandlerFunc {
 		}
 		ctx, cancel := a.ctx(r)
 		defer cancel()
-		res, err := a.o.Cluster.SetDisabled(ctx, coord.Target{Job: name, Item: item, Instance: instance}, on, force)
+		t := coord.Target{Job: name, Item: item, Instance: instance}
+		res, err := a.o.Cluster.SetDisabled(ctx, t, on, force)
+		action := "enable"
+		if on {
+			action = "disable"
+		}
+		detail := ""
+		if force {
+			detail = "force"
+		}
+		a.record(r, coord.AuditEntry{Action: action, Job: name, Target: t.String(), Detail: detail, Message: res.Message}, err)
 		if err != nil {
 			writeError(w, opStatus(err), "%v", err)
 			return

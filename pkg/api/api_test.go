@@ -21,6 +21,21 @@ type fakeCluster struct {
 	trigger     []string
 	disabled    []string
 	historyItem []int
+	triggers    []coord.TriggerRequest
+	audit       []coord.AuditEntry
+}
+
+// toks returns a write token named writer and a read token named reader
+// with the given secrets ("" for none).
+func toks(write, read string) []Token {
+	var out []Token
+	if write != "" {
+		out = append(out, Token{Name: "writer", Role: RoleWrite, Secret: write})
+	}
+	if read != "" {
+		out = append(out, Token{Name: "reader", Role: RoleRead, Secret: read})
+	}
+	return out
 }
 
 func (f *fakeCluster) ID() string { return "a" }
@@ -56,7 +71,8 @@ func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]c
 	f.historyItem = append(f.historyItem, item)
 	return []coord.ItemRecord{{Job: job, Item: 0, State: coord.StateDone}}, nil
 }
-func (f *fakeCluster) Trigger(ctx context.Context, job string, items []int) (coord.Triggered, error) {
+func (f *fakeCluster) Trigger(ctx context.Context, r coord.TriggerRequest) (coord.Triggered, error) {
+	job, items := r.Job, r.Items
 	for _, i := range append(items, 0) {
 		if err := f.check(job, i); err != nil {
 			return coord.Triggered{}, err
@@ -66,7 +82,26 @@ func (f *fakeCluster) Trigger(ctx context.Context, job string, items []int) (coo
 		return coord.Triggered{}, fmt.Errorf("%w: job %q is disabled", coord.ErrRefused, job)
 	}
 	f.trigger = append(f.trigger, job)
-	return coord.Triggered{Trigger: coord.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0)}, Runs: items}, nil
+	f.triggers = append(f.triggers, r)
+	return coord.Triggered{Trigger: coord.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0), Param: r.Param, By: r.By}, Runs: items}, nil
+}
+func (f *fakeCluster) Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error) {
+	for _, i := range append(r.Items, 0) {
+		if err := f.check(r.Job, i); err != nil {
+			return coord.Killing{}, err
+		}
+	}
+	return coord.Killing{Kill: coord.Kill{ID: "k1", By: r.By, Runs: []coord.KillRun{{Item: 0, Fence: 42, Instance: "a"}}}}, nil
+}
+func (f *fakeCluster) WaitKill(ctx context.Context, job string, k coord.Kill) ([]coord.KillResult, error) {
+	return []coord.KillResult{{KillRun: k.Runs[0], State: coord.StateKilled, Reason: coord.ReasonOperator}}, nil
+}
+func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]coord.AuditEntry, error) {
+	return f.audit, nil
+}
+func (f *fakeCluster) RecordAudit(ctx context.Context, e coord.AuditEntry) error {
+	f.audit = append(f.audit, e)
+	return nil
 }
 func (f *fakeCluster) SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error) {
 	if err := f.check(t.Job, t.Item); err != nil {
@@ -120,7 +155,7 @@ func TestAuthorization(t *testing.T) {
 		{"health is open", w, r, "GET", "/healthz", "", 200},
 	}
 	for _, tt := range tests {
-		h := Handler(Options{Cluster: &fakeCluster{up: true}, WriteToken: tt.writeTok, ReadToken: tt.readTok,
+		h := Handler(Options{Cluster: &fakeCluster{up: true}, Tokens: toks(tt.writeTok, tt.readTok),
 			Metrics: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})})
 		code, body := do(t, h, tt.method, tt.path, tt.token)
 		if code != tt.want {
@@ -138,7 +173,7 @@ func TestAuthorization(t *testing.T) {
 func TestEndpoints(t *testing.T) {
 	fc := &fakeCluster{up: true}
 	const token = "endpoints-write-token"
-	inner := Handler(Options{Cluster: fc, WriteToken: token})
+	inner := Handler(Options{Cluster: fc, Tokens: toks(token, "")})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("Authorization", "Bearer "+token)
 		inner.ServeHTTP(w, r)
@@ -245,7 +280,7 @@ func TestReadyz(t *testing.T) {
 // or without a token, and a loopback server answers only to loopback names.
 func TestBrowserSafe(t *testing.T) {
 	const tok = "browser-test-token-123"
-	h := Handler(Options{Cluster: &fakeCluster{up: true}, WriteToken: tok, Loopback: true})
+	h := Handler(Options{Cluster: &fakeCluster{up: true}, Tokens: toks(tok, ""), Loopback: true})
 	req := func(method, host, origin, token string) int {
 		r := httptest.NewRequest(method, "http://"+host+"/api/v1/jobs/orders/trigger", nil)
 		if method == "GET" {

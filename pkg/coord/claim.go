@@ -122,6 +122,11 @@ type ItemRecord struct {
 	// Trigger is the etcd revision of the last manual trigger this item
 	// ran; a trigger at or below it has been served.
 	Trigger int64 `json:"trigger,omitempty"`
+	// Param is the operator's one-off parameter of a MANUAL run (kept by
+	// its failover re-runs).
+	Param string `json:"param,omitempty"`
+	// KilledBy names who stopped a run KILLED with reason operator.
+	KilledBy string `json:"killedBy,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
@@ -265,6 +270,8 @@ type Claim struct {
 	// trigger's revision (0 for scheduled runs, which carry the previous one).
 	Sched   time.Time
 	Trigger int64
+	// Param is the run's one-off parameter (manual runs and their re-runs).
+	Param string
 }
 
 // Grant is a won claim.
@@ -333,7 +340,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	rec := ItemRecord{
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
-		Sched: c.Sched.UTC(), Trigger: c.Trigger,
+		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param,
 	}
 	if c.Prev.Record != nil {
 		rec.Seq = c.Prev.Record.Seq + 1
@@ -560,6 +567,8 @@ type Outcome struct {
 	Err        string
 	Output     string
 	Start, End time.Time
+	// KilledBy names who stopped a run killed by an operator.
+	KilledBy string
 }
 
 // Complete records the outcome of a granted run, removes its running marker
@@ -571,6 +580,7 @@ type Outcome struct {
 func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	rec := g.record
 	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
+	rec.KilledBy = o.KilledBy
 	if !o.Start.IsZero() {
 		rec.Start = o.Start.UTC()
 	}

@@ -164,6 +164,10 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 				return err
 			}
 			ops = append(ops, clientv3.OpPut(key, string(val)))
+			if state != regMissing { // a change of the cluster's definition
+				ops = append(ops, auditOp(n.keys, &AuditEntry{Actor: "instance:" + n.opts.ID, Action: "definition", Job: local.Name,
+					Target: "job " + local.Name, Detail: "hash " + hash, Outcome: AuditOK, Message: why}))
+			}
 		}
 		if loaded.hash != hash {
 			rec := loadedRecord{Hash: hash, At: n.opts.Now().UTC(), Seen: configRev}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -226,11 +227,50 @@ type Triggered struct {
 	Disabled []int `json:"disabled,omitempty"`
 }
 
-// RequestTrigger asks the cluster to run job's items (every item when items
-// is empty) once now, as source MANUAL. It refuses an unknown job or item,
-// a disabled job or item, and a job no instance can run. The owners of the
-// items run them; the request expires after TriggerTTL.
-func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job string, items []int, by string) (Triggered, error) {
+// TriggerRequest is a manual run an operator asks for.
+type TriggerRequest struct {
+	Job string
+	// Items to run; empty runs every item.
+	Items []int
+	// Param is a one-off parameter for the run (at most MaxTriggerParam
+	// bytes of UTF-8, no NUL: it goes into the run's environment).
+	Param string
+	// Fire, if set, is a past scheduled fire of the job to run again: RFC
+	// 3339 ("2026-12-01T02:00:00Z", "...+08:00"), or a date and time
+	// without an offset ("2026-12-01 02:00[:00]", "2026-12-01T02:00:00"),
+	// read in the job's time zone.
+	Fire string
+	// By names who asks (see Trigger.By).
+	By string
+}
+
+// Detail is what the audit log keeps of the request's arguments.
+func (r TriggerRequest) Detail() string {
+	var d []string
+	if r.Fire != "" {
+		d = append(d, "fire="+r.Fire)
+	}
+	if r.Param != "" {
+		d = append(d, "param="+strconv.Quote(r.Param))
+	}
+	return strings.Join(d, " ")
+}
+
+// MaxTriggerParam bounds a trigger's parameter: it travels in the item's
+// record and history and in the run's environment.
+const MaxTriggerParam = 16 << 10
+
+// RequestTrigger asks the cluster to run the job's items (every item when
+// none is named) once, as source MANUAL: now, or for a past scheduled fire
+// (r.Rerun). It refuses an unknown job or item, a disabled job or item, a
+// job no instance can run, a bad parameter, and a rerun time that is not a
+// past fire of the job's schedule. The owners of the items run them; the
+// request expires after TriggerTTL.
+func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r TriggerRequest) (Triggered, error) {
+	job, items := r.Job, r.Items
+	if err := checkParam(r.Param); err != nil {
+		return Triggered{}, err
+	}
 	f, err := requireJob(ctx, cli, keys, job)
 	if err != nil {
 		return Triggered{}, err
@@ -275,15 +315,22 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job st
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.DisabledItem(job, item)), "=", 0))
 		res.Runs = append(res.Runs, item)
 	}
+	var rerun time.Time
+	if r.Fire != "" {
+		if rerun, err = f.checkRerun(r.Fire, time.Now()); err != nil {
+			return Triggered{}, err
+		}
+	}
 	lease, err := cli.Grant(ctx, int64(TriggerTTL/time.Second))
 	if err != nil {
 		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
-	var nonce [4]byte
-	rand.Read(nonce[:])
 	// A key of its own: two triggers in one millisecond must not share one.
-	tr := Trigger{ID: strconv.FormatInt(now.UnixNano(), 36) + "-" + hex.EncodeToString(nonce[:]), Items: items, Fire: now, By: by}
+	tr := Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param}
+	if !rerun.IsZero() {
+		tr.Rerun = rerun.UTC()
+	}
 	val, _ := json.Marshal(tr)
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.Trigger(job, tr.ID)), "=", 0))
 	resp, err := cli.Txn(ctx).If(cmps...).
@@ -297,6 +344,90 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, job st
 	tr.Rev = resp.Header.Revision
 	res.Trigger = tr
 	return res, nil
+}
+
+// newRequestID names an operator request's key: time-ordered, with a
+// random part so that two requests in one millisecond do not share a key.
+func newRequestID(now time.Time) string {
+	var nonce [4]byte
+	rand.Read(nonce[:])
+	return strconv.FormatInt(now.UnixNano(), 36) + "-" + hex.EncodeToString(nonce[:])
+}
+
+// checkParam validates a trigger's parameter.
+func checkParam(p string) error {
+	switch {
+	case len(p) > MaxTriggerParam:
+		return opErr(ErrBadTarget, "the parameter is %d bytes; at most %d are allowed", len(p), MaxTriggerParam)
+	case !utf8.ValidString(p):
+		return opErr(ErrBadTarget, "the parameter is not valid UTF-8")
+	case strings.IndexByte(p, 0) >= 0:
+		return opErr(ErrBadTarget, "the parameter contains a NUL byte, which no environment variable can hold")
+	}
+	return nil
+}
+
+// fireLayouts are the layouts of a rerun's fire without an offset, read
+// in the job's time zone.
+var fireLayouts = []string{"2006-01-02T15:04:05", "2006-01-02 15:04:05", "2006-01-02T15:04", "2006-01-02 15:04"}
+
+// checkRerun reads and validates a rerun's fire: a scheduled fire of the
+// job that is not in the future. A wrong time is refused naming the fires
+// around it.
+func (f *jobFacts) checkRerun(text string, now time.Time) (time.Time, error) {
+	if f.def == nil {
+		return time.Time{}, opErr(ErrRefused, "job %q has no readable definition in etcd; cannot check the fire %s", f.name, text)
+	}
+	if f.def.Schedule == nil {
+		return time.Time{}, opErr(ErrBadTarget, "job %q has no cron schedule: it has no fires to run again (trigger it without a fire)", f.name)
+	}
+	loc := f.def.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	fire, err := time.Parse(time.RFC3339Nano, text)
+	for _, layout := range fireLayouts {
+		if err == nil {
+			break
+		}
+		fire, err = time.ParseInLocation(layout, text, loc)
+	}
+	if err != nil {
+		return time.Time{}, opErr(ErrBadTarget, "fire %q: want RFC 3339 (2026-12-01T02:00:00Z) or a date and time in the job's time zone %s (2026-12-01 02:00:00)", text, loc)
+	}
+	return fire, f.checkFire(fire, loc, now)
+}
+
+// checkFire validates fire as a past scheduled fire of the job.
+func (f *jobFacts) checkFire(fire time.Time, loc *time.Location, now time.Time) error {
+	if fire.After(now) {
+		return opErr(ErrBadTarget, "fire %s of job %q is in the future; --fire runs a past fire again", fire.In(loc).Format(time.RFC3339), f.name)
+	}
+	if next := f.def.Schedule.Next(fire.Add(-time.Nanosecond)); !next.Equal(fire) {
+		prev := previousFire(f.def.Schedule, fire)
+		near := "next " + next.In(loc).Format(time.RFC3339)
+		if !prev.IsZero() {
+			near = "previous " + prev.In(loc).Format(time.RFC3339) + ", " + near
+		}
+		return opErr(ErrBadTarget, "%s is not a fire of job %q (cron %q, time zone %s); the fires around it: %s",
+			fire.In(loc).Format(time.RFC3339), f.name, f.def.Cron, loc, near)
+	}
+	return nil
+}
+
+// previousFire is the schedule's last fire before t, searched back up to
+// a year; zero when none.
+func previousFire(s interface{ Next(time.Time) time.Time }, t time.Time) time.Time {
+	for span := time.Minute; span <= 366*24*time.Hour; span *= 4 {
+		var last time.Time
+		for next := s.Next(t.Add(-span)); !next.IsZero() && next.Before(t); next = s.Next(next) {
+			last = next
+		}
+		if !last.IsZero() {
+			return last
+		}
+	}
+	return time.Time{}
 }
 
 // noInstancesWhy explains an empty eligible set.
@@ -479,8 +610,11 @@ func JobHistory(ctx context.Context, cli *clientv3.Client, keys Keys, job string
 }
 
 // Trigger requests a one-off run of job (see RequestTrigger).
-func (n *Node) Trigger(ctx context.Context, job string, items []int) (Triggered, error) {
-	return RequestTrigger(ctx, n.opts.Client, n.keys, job, items, n.opts.ID)
+func (n *Node) Trigger(ctx context.Context, r TriggerRequest) (Triggered, error) {
+	if r.By == "" {
+		r.By = n.opts.ID
+	}
+	return RequestTrigger(ctx, n.opts.Client, n.keys, r)
 }
 
 // SetDisabled disables or enables a job, item or instance (see SetDisabled).

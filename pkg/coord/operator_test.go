@@ -39,23 +39,23 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 		do   func() error
 	}{
 		{"trigger an unknown job", ErrUnknownJob, `no job "nope" in the cluster at prefix /shardd (jobs: off, orders)`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, "nope", nil, "t")
+			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "nope", By: "t"})
 			return err
 		}},
 		{"trigger a typo of a job", ErrUnknownJob, `no job "order" in the cluster at prefix /shardd (did you mean orders?)`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, "order", nil, "t")
+			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "order", By: "t"})
 			return err
 		}},
 		{"trigger item 7 of 3", ErrBadTarget, `job "orders" has items 0-2; there is no item 7`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, "orders", []int{7}, "t")
+			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", Items: []int{7}, By: "t"})
 			return err
 		}},
 		{"trigger item -3", ErrBadTarget, "items are numbered from 0", func() error {
-			_, err := RequestTrigger(ctx, cli, keys, "orders", []int{-3}, "t")
+			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", Items: []int{-3}, By: "t"})
 			return err
 		}},
 		{"trigger a job disabled in its definition", ErrRefused, `job "off" is disabled in its definition (disabled: true, registered by a`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, "off", nil, "t")
+			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "off", By: "t"})
 			return err
 		}},
 		{"disable an unknown job", ErrUnknownJob, `no job "nope"`, func() error {
@@ -100,10 +100,10 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: 1}, true, false); err != nil || res.Changed || !strings.Contains(res.Message, "already disabled") {
 		t.Errorf("disable item 1 again: %+v %v", res, err)
 	}
-	if _, err := RequestTrigger(ctx, cli, keys, "orders", []int{1}, "t"); !errors.Is(err, ErrRefused) {
+	if _, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", Items: []int{1}, By: "t"}); !errors.Is(err, ErrRefused) {
 		t.Errorf("trigger of a disabled item: %v", err)
 	}
-	tr, err := RequestTrigger(ctx, cli, keys, "orders", nil, "t")
+	tr, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", By: "t"})
 	if err != nil || !slices.Equal(tr.Runs, []int{0, 2}) || !slices.Equal(tr.Disabled, []int{1}) || tr.Rev == 0 {
 		t.Errorf("trigger every item with item 1 disabled: %+v %v", tr, err)
 	}
@@ -132,7 +132,7 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 			t.Errorf("orders with no instance: %+v", j)
 		}
 	}
-	if _, err := RequestTrigger(ctx, cli, keys, "orders", nil, "t"); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no live instance") {
+	if _, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", By: "t"}); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no live instance") {
 		t.Errorf("trigger with no instance: %v", err)
 	}
 	if n, err := RemoveJob(ctx, cli, keys, "orders"); err != nil || n == 0 {

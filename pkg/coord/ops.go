@@ -15,7 +15,16 @@ type Trigger struct {
 	Items []int `json:"items,omitempty"`
 	// Fire is the run's fire time: when it was requested.
 	Fire time.Time `json:"fire"`
-	By   string    `json:"by,omitempty"`
+	// By names who asked: a token's name (API, console) or user@host (CLI).
+	By string `json:"by,omitempty"`
+	// Param is the operator's one-off parameter, given to the run as
+	// SHARDD_TRIGGER_PARAMETER (and in SHARDD_CONTEXT).
+	Param string `json:"param,omitempty"`
+	// Rerun, when set, is a past scheduled fire to run again: the run's
+	// fire is Rerun instead of the time it is served. It is still a MANUAL
+	// run with a claim (and fence) of its own; it does not move the item's
+	// watermark, so it is never taken for the original fire.
+	Rerun time.Time `json:"rerun,omitzero"`
 	// Rev is the etcd revision that created the request: the identity of
 	// the manual fire, ordered cluster-wide without trusting any host's
 	// clock (Fire is only the requester's note of when it asked).

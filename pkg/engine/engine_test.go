@@ -329,7 +329,7 @@ func TestHTTPRetries(t *testing.T) {
 		v, _ := node.View("hooked")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), "hooked", nil, "test"); err != nil {
+	if _, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), coord.TriggerRequest{Job: "hooked", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	var recs []coord.ItemRecord

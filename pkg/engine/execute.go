@@ -61,7 +61,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	rc := runner.Context{
 		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
 		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: e.opts.Node.ID(), Source: a.source,
-		Skipped: a.skipped, StartAt: a.startAt,
+		Skipped: a.skipped, StartAt: a.startAt, TriggerParameter: a.param,
 		Release: func() error {
 			if j.pastFenceDeadline(g) {
 				return errFenced
@@ -138,7 +138,7 @@ func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {
 	a := s.a
 	return coord.Claim{
 		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
-		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger,
+		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger, Param: a.param,
 	}
 }
 
@@ -172,6 +172,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	}
 	runCtx, cancel := context.WithCancelCause(g.Ctx)
 	defer cancel(nil)
+	defer j.runs.register(rc.Item, g.Fence, cancel, e.opts.Now())()
 	stop := context.AfterFunc(e.killCtx, func() { cancel(context.Cause(e.killCtx)) })
 	defer stop()
 	lg := j.openRunLog(job, rc)
@@ -215,8 +216,13 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 		case <-time.After(time.Second):
 		}
 	}
+	by, byOperator := killedBy(context.Cause(runCtx))
 	switch {
 	case res.OK: // the work ended by itself: whatever happened since, it is done
+	case byOperator:
+		// Stopped on purpose, started or not: never run again for it.
+		out.State, out.Reason, out.KilledBy = coord.StateKilled, coord.ReasonOperator, by
+		out.Err = operatorKill{by: by}.Error()
 	case runCtx.Err() != nil || errors.Is(res.Err, runner.ErrKilled):
 		out.State, out.Reason = coord.StateKilled, coord.ReasonFence
 		if errors.Is(context.Cause(runCtx), errShutdown) {

@@ -180,6 +180,7 @@ func (f *fakeNode) Settle(_ context.Context, job string, item int, st coord.Item
 func (f *fakeNode) History(context.Context, string) ([]coord.ItemRecord, error) { return nil, nil }
 func (f *fakeNode) OnChange(string, func()) func()                              { return func() {} }
 func (f *fakeNode) OnTrigger(string, func(coord.Trigger)) func()                { return func() {} }
+func (f *fakeNode) OnKill(string, func(coord.Kill)) func()                      { return func() {} }
 
 // set replaces an item's state in the fake's etcd.
 func (f *fakeNode) set(item int, st coord.ItemState) {

@@ -44,6 +44,7 @@ type Events interface {
 	// or enabled, or events possibly lost.
 	OnChange(job string, fn func()) (cancel func())
 	OnTrigger(job string, fn func(coord.Trigger)) (cancel func())
+	OnKill(job string, fn func(coord.Kill)) (cancel func())
 }
 
 // Node is everything the engine needs of coord.Node.

@@ -54,6 +54,10 @@ type localRuns struct {
 	mu      sync.Mutex
 	running map[int]bool
 	ended   map[int]uint64 // per item, runs that have ended, ever
+	// handles are the runs an operator's kill can stop, by item; kills
+	// those that came before their run registered (kill.go).
+	handles map[int]runHandle
+	kills   []pendingKill
 }
 
 func (l *localRuns) snapshot(item int) (running bool, ended uint64) {
@@ -80,8 +84,8 @@ func (j *jobLoop) poke() { j.e.sched.WakeAt(j.slot, time.Time{}) }
 // pokeAfter makes the job reconcile within d.
 func (j *jobLoop) pokeAfter(d time.Duration) { j.e.sched.WakeAt(j.slot, j.e.opts.Now().Add(d)) }
 
-// follow subscribes the job to what wakes it (see OnChange) and to its
-// manual triggers; the returned stop ends both.
+// follow subscribes the job to what wakes it (see OnChange), to its
+// manual triggers and to operators' kills; the returned stop ends them.
 func (j *jobLoop) follow() (stop func()) {
 	node := j.e.opts.Node
 	stopChanges := node.OnChange(j.name, j.poke)
@@ -92,9 +96,11 @@ func (j *jobLoop) follow() (stop func()) {
 		j.log.Info("manual trigger", "trigger", tr.ID, "items", tr.Items, "by", tr.By)
 		j.poke()
 	})
+	stopKills := node.OnKill(j.name, j.onKill)
 	return func() {
 		stopChanges()
 		stopTriggers()
+		stopKills()
 	}
 }
 
@@ -327,8 +333,9 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// manual returns the run of the newest pending trigger that item has not
-// served, or none.
+// manual returns the run of the oldest pending trigger that item has not
+// served, or none: triggers are served in the order they were made, one
+// run each (each may carry its own parameter or fire), so none is lost.
 func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 	var served int64
 	sched := j.baseline
@@ -337,16 +344,21 @@ func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	var rev int64
-	for _, pt := range j.triggers {
-		if pt.tr.Rev > served && pt.tr.Rev > rev && (len(pt.tr.Items) == 0 || slices.Contains(pt.tr.Items, item)) {
-			rev = pt.tr.Rev
+	var tr *coord.Trigger
+	for i := range j.triggers {
+		t := &j.triggers[i].tr
+		if t.Rev > served && (tr == nil || t.Rev < tr.Rev) && (len(t.Items) == 0 || slices.Contains(t.Items, item)) {
+			tr = t
 		}
 	}
-	if rev == 0 {
+	if tr == nil {
 		return action{}
 	}
-	return action{kind: run, fire: now, attempt: 1, source: coord.SourceManual, sched: sched, trigger: rev}
+	fire := now
+	if !tr.Rerun.IsZero() {
+		fire = tr.Rerun
+	}
+	return action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, param: tr.Param}
 }
 
 // hasTriggers reports whether manual triggers wait to be served.

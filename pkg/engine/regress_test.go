@@ -144,7 +144,7 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 
 	// Trigger a run now rather than waiting for the cron.
 	waitFor(t, 20*time.Second, "a map", func() bool { v, ok := node.View("j"); return ok && v.Map != nil && len(v.Map.Instances) == 1 })
-	if _, err := node.Trigger(context.Background(), "j", nil); err != nil {
+	if _, err := node.Trigger(context.Background(), coord.TriggerRequest{Job: "j"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "a first start", func() bool { return starts(path) >= 1 })

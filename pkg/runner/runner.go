@@ -39,6 +39,9 @@ type Context struct {
 	// Skipped counts the fires before Fire that this run stands for
 	// (coalesced by the misfire policy); they do not run on their own.
 	Skipped int `json:"skipped,omitempty"`
+	// TriggerParameter is the one-off parameter an operator gave a manual
+	// run (`shardd trigger --param`); "" otherwise.
+	TriggerParameter string `json:"triggerParameter,omitempty"`
 
 	// StartAt, if set, is when the work starts: a run prepared ahead (a
 	// script's process waits behind its gate, registered with the
@@ -87,6 +90,7 @@ func (c Context) Env() []string {
 		"SHARDD_INSTANCE=" + c.Instance,
 		"SHARDD_SOURCE=" + c.Source,
 		"SHARDD_SKIPPED=" + strconv.Itoa(c.Skipped),
+		"SHARDD_TRIGGER_PARAMETER=" + c.TriggerParameter,
 		"SHARDD_CONTEXT=" + string(c.JSON()),
 	}
 }

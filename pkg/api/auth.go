@@ -1,0 +1,264 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+)
+
+// Who may do what. A request is made by one of the named tokens of the
+// token files, given as a bearer token (API) or through a console session
+// (a cookie made at login from a token). A token's role is read (see
+// everything) or write (also act). Reads need a token only when some token
+// has the read role; writes always need a write token, and are refused by
+// an instance that has none.
+
+// Roles of a token.
+const (
+	RoleRead  = "read"
+	RoleWrite = "write"
+)
+
+// Token is one named bearer token.
+type Token struct {
+	Name   string
+	Role   string
+	Secret string
+}
+
+// MinSecret is the shortest secret a token may have.
+const MinSecret = 16
+
+// ParseTokens reads a token file. Each line that is not blank or a
+// comment (#) is either
+//
+//	NAME ROLE SECRET     a named token: ROLE is read or write
+//	SECRET               a token of the file's default name and role
+//
+// (the second form is the one-token file of earlier versions: only its
+// first such line counts, as before). Names are job-name-like and unique;
+// secrets are at least MinSecret characters and unique.
+func ParseTokens(text, file, defaultName, defaultRole string) ([]Token, error) {
+	var out []Token
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(make([]byte, 64<<10), 64<<10)
+	bare := false
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		var t Token
+		switch len(f) {
+		case 1:
+			if bare {
+				continue // the old format: the first line is the token
+			}
+			bare, t = true, Token{Name: defaultName, Role: defaultRole, Secret: f[0]}
+		case 3:
+			t = Token{Name: f[0], Role: f[1], Secret: f[2]}
+		default:
+			return nil, fmt.Errorf("%s:%d: want NAME ROLE SECRET (or a lone SECRET), got %d fields", file, n, len(f))
+		}
+		if err := config.CheckName(t.Name); err != nil {
+			return nil, fmt.Errorf("%s:%d: token name %v", file, n, err)
+		}
+		if t.Role != RoleRead && t.Role != RoleWrite {
+			return nil, fmt.Errorf("%s:%d: token %q: role must be read or write, got %q", file, n, t.Name, t.Role)
+		}
+		if len(t.Secret) < MinSecret {
+			return nil, fmt.Errorf("%s:%d: token %q: the secret must be at least %d characters", file, n, t.Name, MinSecret)
+		}
+		for _, o := range out {
+			if o.Name == t.Name {
+				return nil, fmt.Errorf("%s:%d: token name %q is used twice", file, n, t.Name)
+			}
+			if o.Secret == t.Secret {
+				return nil, fmt.Errorf("%s:%d: token %q has the same secret as token %q", file, n, t.Name, o.Name)
+			}
+		}
+		out = append(out, t)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return out, nil
+}
+
+// tokens finds the token of a secret.
+type tokens []Token
+
+// lookup returns the token whose secret is s, comparing in constant time
+// against every token.
+func (ts tokens) lookup(s string) (Token, bool) {
+	var found Token
+	ok := 0
+	for _, t := range ts {
+		if subtle.ConstantTimeCompare([]byte(s), []byte(t.Secret)) == 1 {
+			found, ok = t, 1
+		}
+	}
+	return found, ok == 1 && s != ""
+}
+
+func (ts tokens) has(role string) bool {
+	return slices.ContainsFunc(ts, func(t Token) bool { return t.Role == role })
+}
+
+// session is a console login: a token, for a while.
+type session struct {
+	token   Token
+	csrf    string
+	expires time.Time
+}
+
+// sessions are the console's logins on this instance (in memory: a
+// restart logs everyone out).
+type sessions struct {
+	mu   sync.Mutex
+	byID map[string]*session
+	ttl  time.Duration
+	now  func() time.Time
+}
+
+// sessionCookie is the console session's cookie.
+const sessionCookie = "shardd_session"
+
+// maxSessions bounds the logins kept; the oldest-expiring goes first.
+const maxSessions = 1000
+
+func newSessions(ttl time.Duration) *sessions {
+	return &sessions{byID: map[string]*session{}, ttl: ttl, now: time.Now}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// create logs t in and returns the session's id.
+func (s *sessions) create(t Token) (string, *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for id, ss := range s.byID {
+		if !now.Before(ss.expires) {
+			delete(s.byID, id)
+		}
+	}
+	if len(s.byID) >= maxSessions {
+		var oldest string
+		for id, ss := range s.byID {
+			if oldest == "" || ss.expires.Before(s.byID[oldest].expires) {
+				oldest = id
+			}
+		}
+		delete(s.byID, oldest)
+	}
+	id := randomHex(32)
+	ss := &session{token: t, csrf: randomHex(16), expires: now.Add(s.ttl)}
+	s.byID[id] = ss
+	return id, ss
+}
+
+// get returns the live session of id, extending it.
+func (s *sessions) get(id string) (*session, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss, ok := s.byID[id]
+	if !ok {
+		return nil, false
+	}
+	if now := s.now(); !now.Before(ss.expires) {
+		delete(s.byID, id)
+		return nil, false
+	} else {
+		ss.expires = now.Add(s.ttl)
+	}
+	return ss, true
+}
+
+func (s *sessions) remove(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.byID, id)
+}
+
+// Caller is who made a request.
+type Caller struct {
+	Token Token
+	// Session is set when the request came with a console session
+	// cookie; CSRF is that session's anti-forgery token.
+	Session bool
+	CSRF    string
+}
+
+// Actor names the caller in the audit log.
+func (c *Caller) Actor() string {
+	if c == nil {
+		return "anonymous"
+	}
+	return "token:" + c.Token.Name
+}
+
+type callerKey struct{}
+
+// CallerOf returns who made r, nil when no token or session came with it.
+func CallerOf(ctx context.Context) *Caller {
+	c, _ := ctx.Value(callerKey{}).(*Caller)
+	return c
+}
+
+// identify finds the caller of r: its bearer token, else its console
+// session. A bearer token that matches none is an error (401), a cookie
+// that matches none is ignored (an expired login).
+func (a *api) identify(r *http.Request) (*Caller, error) {
+	if h := r.Header.Get("Authorization"); h != "" {
+		t, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok {
+			return nil, fmt.Errorf("the Authorization header must be \"Bearer TOKEN\"")
+		}
+		tok, ok := a.tokens.lookup(strings.TrimSpace(t))
+		if !ok {
+			return nil, fmt.Errorf("invalid token")
+		}
+		return &Caller{Token: tok}, nil
+	}
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		if ss, ok := a.sessions.get(c.Value); ok {
+			return &Caller{Token: ss.token, Session: true, CSRF: ss.csrf}, nil
+		}
+	}
+	return nil, nil
+}
+
+// csrfHeader carries a console session's anti-forgery token on its API
+// writes (the console's forms carry it as the field csrf).
+const csrfHeader = "X-Shardd-CSRF"
+
+// csrfOK reports whether a write request made with a session proves it
+// came from the console's own page: the session's CSRF token in the
+// header or the form. (The cookie is SameSite=Strict, and cross-origin
+// writes are refused before this, too.)
+func csrfOK(r *http.Request, c *Caller) bool {
+	if !c.Session {
+		return true // a bearer token is not sent by browsers on their own
+	}
+	got := r.Header.Get(csrfHeader)
+	if got == "" {
+		got = r.PostFormValue("csrf")
+	}
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(c.CSRF)) == 1
+}

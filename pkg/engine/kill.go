@@ -1,0 +1,102 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// An operator's kill (coord.Kill) names runs by fence. The job's loop
+// hands each to its localRuns: a run of that item with that fence is
+// cancelled at once, with an operatorKill as the cause, and work records
+// it KILLED, reason operator. A kill that finds no such run is kept for
+// the request's lifetime (coord.KillTTL): its run may be between its claim
+// and the registration of its cancel, and is then cancelled as it
+// registers. A kill never touches another fence: the item's next run is
+// not the one the operator saw.
+
+// operatorKill is the cause of a run cancelled by an operator.
+type operatorKill struct{ by string }
+
+func (k operatorKill) Error() string {
+	if k.by == "" {
+		return "killed by an operator"
+	}
+	return "killed by " + k.by
+}
+
+// runHandle is a run in progress that a kill can stop.
+type runHandle struct {
+	fence  int64
+	cancel context.CancelCauseFunc
+}
+
+// pendingKill is a kill whose run was not (yet) registered here.
+type pendingKill struct {
+	fence int64
+	by    string
+	until time.Time
+}
+
+// register makes the run of item with fence killable until the returned
+// func is called. A kill of it that came first cancels it at once.
+func (l *localRuns) register(item int, fence int64, cancel context.CancelCauseFunc, now time.Time) (unregister func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.handles == nil {
+		l.handles = map[int]runHandle{}
+	}
+	l.handles[item] = runHandle{fence: fence, cancel: cancel}
+	for i, k := range l.kills {
+		if k.fence == fence && now.Before(k.until) {
+			cancel(operatorKill{by: k.by})
+			l.kills = append(l.kills[:i], l.kills[i+1:]...)
+			break
+		}
+	}
+	return func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if h, ok := l.handles[item]; ok && h.fence == fence {
+			delete(l.handles, item)
+		}
+	}
+}
+
+// kill stops the run of item with fence, or keeps the kill for a run
+// still registering; it reports whether a run was stopped.
+func (l *localRuns) kill(item int, fence int64, by string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if h, ok := l.handles[item]; ok && h.fence == fence {
+		h.cancel(operatorKill{by: by})
+		return true
+	}
+	kept := l.kills[:0]
+	for _, k := range l.kills {
+		if now.Before(k.until) {
+			kept = append(kept, k)
+		}
+	}
+	l.kills = append(kept, pendingKill{fence: fence, by: by, until: now.Add(coord.KillTTL)})
+	return false
+}
+
+// onKill serves an operator's kill of this instance's runs of the job.
+func (j *jobLoop) onKill(k coord.Kill) {
+	now := j.e.opts.Now()
+	for _, r := range k.Runs {
+		stopped := j.runs.kill(r.Item, r.Fence, k.By, now)
+		j.log.Info("kill requested", "item", r.Item, "fence", r.Fence, "by", k.By, "stopped", stopped)
+	}
+}
+
+// killedBy returns who killed a run cancelled with cause, if an operator did.
+func killedBy(cause error) (string, bool) {
+	k, ok := cause.(operatorKill)
+	if !ok {
+		return "", false
+	}
+	return k.by, true
+}
