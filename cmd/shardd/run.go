@@ -23,6 +23,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/console"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/engine"
@@ -323,9 +324,11 @@ func cmdRun(e *env, args []string) error {
 		})
 	}
 	if ln != nil {
+		auth := api.NewAuth(tokens, 0, tlsCfg != nil)
+		ui := console.New(console.Options{Cluster: node, Auth: auth, Endpoints: copts.Endpoints, Version: version.String(), Logger: log})
 		srv := newHTTPServer(api.Handler(api.Options{
 			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
-			Tokens: tokens, TLS: tlsCfg != nil, Loopback: isLoopback(ln.Addr()),
+			Auth: auth, UI: ui, Loopback: isLoopback(ln.Addr()),
 		}), tlsCfg, log)
 		g.Add(func() error {
 			if err := serve(srv, ln); !errors.Is(err, http.ErrServerClosed) {

@@ -65,13 +65,13 @@ type Options struct {
 	Metrics http.Handler
 	// ConfigError returns the last configuration reload's error, nil if it succeeded.
 	ConfigError func() error
-	// Tokens are the named bearer tokens (see ParseTokens); without a
-	// write token the write endpoints are refused.
+	// Auth knows the named bearer tokens and console sessions (NewAuth);
+	// without a write token the write endpoints are refused. Nil: Tokens.
+	Auth *Auth
+	// Tokens, when Auth is nil, are the bearer tokens (see ParseTokens).
 	Tokens []Token
-	// SessionTTL is how long an idle console login lasts; default 12h.
-	SessionTTL time.Duration
-	// TLS says the server is served over TLS: session cookies are Secure.
-	TLS bool
+	// UI, if set, serves every path the API does not (the console).
+	UI http.Handler
 	// Loopback says the server listens on loopback addresses only: then a
 	// request whose Host is not a loopback address or localhost is refused,
 	// so that a web page cannot reach the API by rebinding its own name to
@@ -86,10 +86,10 @@ func Handler(o Options) http.Handler {
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Second
 	}
-	if o.SessionTTL == 0 {
-		o.SessionTTL = 12 * time.Hour
+	if o.Auth == nil {
+		o.Auth = NewAuth(o.Tokens, 0, false)
 	}
-	a := &api{o: o, tokens: tokens(o.Tokens), sessions: newSessions(o.SessionTTL)}
+	a := &api{o: o, auth: o.Auth}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", a.readyz)
@@ -129,6 +129,9 @@ func Handler(o Options) http.Handler {
 		}
 		writeError(w, http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path)
 	})
+	if o.UI != nil {
+		mux.Handle("/", o.UI)
+	}
 	if !o.Loopback {
 		return mux
 	}
@@ -178,9 +181,8 @@ func opStatus(err error) int {
 }
 
 type api struct {
-	o        Options
-	tokens   tokens
-	sessions *sessions
+	o    Options
+	auth *Auth
 }
 
 type apiError struct {
@@ -203,16 +205,16 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 // then any token (or console session) reads.
 func (a *api) read(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		c, err := a.identify(r)
+		c, err := a.auth.Identify(r)
 		switch {
 		case err != nil:
 			writeError(w, http.StatusUnauthorized, "%v", err)
 			return
-		case c == nil && a.tokens.has(RoleRead):
+		case c == nil && !a.auth.ReadsOpen():
 			writeError(w, http.StatusUnauthorized, "a bearer token is required")
 			return
 		}
-		h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+		h(w, r.WithContext(WithCaller(r.Context(), c)))
 	}
 }
 
@@ -224,11 +226,11 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusForbidden, "cross-origin request refused: a web page of %s may not change this cluster", r.Header.Get("Origin"))
 			return
 		}
-		if !a.tokens.has(RoleWrite) {
+		if !a.auth.Writable() {
 			writeError(w, http.StatusForbidden, "write endpoints are disabled: this instance has no write token (--api-token-file); the CLI (shardd trigger, kill, disable, enable, remove) works through etcd")
 			return
 		}
-		c, err := a.identify(r)
+		c, err := a.auth.Identify(r)
 		switch {
 		case err != nil:
 			writeError(w, http.StatusUnauthorized, "%v", err)
@@ -239,7 +241,7 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 		case !csrfOK(r, c):
 			writeError(w, http.StatusForbidden, "missing or wrong %s header: a console session acts only from the console's own pages", csrfHeader)
 		default:
-			h(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+			h(w, r.WithContext(WithCaller(r.Context(), c)))
 		}
 	}
 }

@@ -221,10 +221,34 @@ func CallerOf(ctx context.Context) *Caller {
 	return c
 }
 
-// identify finds the caller of r: its bearer token, else its console
+// Auth decides who makes a request: the named tokens, and the console's
+// sessions made from them. The API and the console share one.
+type Auth struct {
+	tokens   tokens
+	sessions *sessions
+	secure   bool // cookies only over TLS
+}
+
+// NewAuth returns the authority of tokens; console logins last ttl while
+// idle (default 12h); secure marks cookies Secure (the server is TLS).
+func NewAuth(ts []Token, ttl time.Duration, secure bool) *Auth {
+	if ttl <= 0 {
+		ttl = 12 * time.Hour
+	}
+	return &Auth{tokens: tokens(slices.Clone(ts)), sessions: newSessions(ttl), secure: secure}
+}
+
+// ReadsOpen reports whether reading needs no token (no token has the read
+// role).
+func (a *Auth) ReadsOpen() bool { return !a.tokens.has(RoleRead) }
+
+// Writable reports whether any token may write.
+func (a *Auth) Writable() bool { return a.tokens.has(RoleWrite) }
+
+// Identify finds the caller of r: its bearer token, else its console
 // session. A bearer token that matches none is an error (401), a cookie
-// that matches none is ignored (an expired login).
-func (a *api) identify(r *http.Request) (*Caller, error) {
+// that matches none is ignored (an expired login): nil, nil.
+func (a *Auth) Identify(r *http.Request) (*Caller, error) {
 	if h := r.Header.Get("Authorization"); h != "" {
 		t, ok := strings.CutPrefix(h, "Bearer ")
 		if !ok {
@@ -242,6 +266,42 @@ func (a *api) identify(r *http.Request) (*Caller, error) {
 		}
 	}
 	return nil, nil
+}
+
+// Login starts a console session for the token whose secret is given and
+// sets its cookie (HttpOnly, SameSite=Strict, Secure over TLS).
+func (a *Auth) Login(w http.ResponseWriter, secret string) (*Caller, error) {
+	tok, ok := a.tokens.lookup(strings.TrimSpace(secret))
+	if !ok {
+		return nil, fmt.Errorf("no token of this instance has that secret")
+	}
+	id, ss := a.sessions.create(tok)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: a.secure,
+		SameSite: http.SameSiteStrictMode, MaxAge: int(a.sessions.ttl / time.Second)})
+	return &Caller{Token: tok, Session: true, CSRF: ss.csrf}, nil
+}
+
+// Logout ends r's console session and clears its cookie.
+func (a *Auth) Logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		a.sessions.remove(c.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", HttpOnly: true, Secure: a.secure,
+		SameSite: http.SameSiteStrictMode, MaxAge: -1})
+}
+
+// Secret returns the bearer secret of a caller, to act for it on another
+// instance (the console's proxied log reads).
+func (a *Auth) Secret(c *Caller) string {
+	if c == nil {
+		return ""
+	}
+	return c.Token.Secret
+}
+
+// WithCaller returns ctx carrying c (see CallerOf).
+func WithCaller(ctx context.Context, c *Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
 }
 
 // csrfHeader carries a console session's anti-forgery token on its API

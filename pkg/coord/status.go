@@ -94,9 +94,20 @@ type InstanceStatus struct {
 
 // ReadStatus reads the cluster's state from etcd at one revision.
 func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterStatus, error) {
+	return readStatus(ctx, cli, keys, keys.Jobs())
+}
+
+// ReadJobStatus reads the instances and one job, as ReadStatus does; the
+// job is missing from Jobs when etcd has no key of it.
+func ReadJobStatus(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (*ClusterStatus, error) {
+	return readStatus(ctx, cli, keys, keys.job(job))
+}
+
+// readStatus reads the instances and the jobs with keys under jobsPrefix.
+func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix string) (*ClusterStatus, error) {
 	resp, err := cli.Txn(ctx).Then(
 		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix()),
-		clientv3.OpGet(keys.Jobs(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(jobsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", keys.Prefix(), err)
@@ -346,4 +357,79 @@ func ReadMaps(ctx context.Context, cli *Client, keys Keys) (map[string]*ShardMap
 		}
 	}
 	return maps, nil
+}
+
+// JobRuns is what a job's items did last: each item's latest record and
+// the instance running it now, if any.
+type JobRuns struct {
+	Records map[int]ItemRecord
+	Running map[int]string
+}
+
+// runsPerTxn bounds the jobs of one ReadJobRuns Txn (2 reads each, within
+// etcd's default --max-txn-ops of 128).
+const runsPerTxn = 60
+
+// ReadJobRuns reads the latest record and running marker of every item of
+// jobs, in Txns of runsPerTxn jobs, four at a time. A RUNNING record's
+// Fence is set to its claim's revision.
+func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys Keys, jobs []string) (map[string]JobRuns, error) {
+	out := make(map[string]JobRuns, len(jobs))
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		first error
+		slots = make(chan struct{}, 4)
+	)
+	for from := 0; from < len(jobs); from += runsPerTxn {
+		chunk := jobs[from:min(from+runsPerTxn, len(jobs))]
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			ops := make([]clientv3.Op, 0, 2*len(chunk))
+			for _, job := range chunk {
+				ops = append(ops, clientv3.OpGet(keys.Items(job), clientv3.WithPrefix()), clientv3.OpGet(keys.Running(job), clientv3.WithPrefix()))
+			}
+			resp, err := cli.Txn(ctx).Then(ops...).Commit()
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if first == nil {
+					first = fmt.Errorf("read the items of %d jobs: %w", len(chunk), err)
+				}
+				return
+			}
+			for i, job := range chunk {
+				jr := JobRuns{Records: map[int]ItemRecord{}, Running: map[int]string{}}
+				for _, kv := range resp.Responses[2*i].GetResponseRange().Kvs {
+					var rec ItemRecord
+					if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil && json.Unmarshal(kv.Value, &rec) == nil {
+						if rec.State == StateRunning {
+							rec.Fence = kv.ModRevision // the claim's revision
+						}
+						jr.Records[n] = rec
+					}
+				}
+				for _, kv := range resp.Responses[2*i+1].GetResponseRange().Kvs {
+					if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+						jr.Running[n] = string(kv.Value)
+					}
+				}
+				out[job] = jr
+			}
+		}()
+	}
+	wg.Wait()
+	return out, first
+}
+
+// JobStatus reads one job's status (see ReadJobStatus).
+func (n *Node) JobStatus(ctx context.Context, job string) (*ClusterStatus, error) {
+	return ReadJobStatus(ctx, n.opts.Client, n.keys, job)
+}
+
+// JobRuns reads what jobs' items did last (see ReadJobRuns).
+func (n *Node) JobRuns(ctx context.Context, jobs []string) (map[string]JobRuns, error) {
+	return ReadJobRuns(ctx, n.opts.Client, n.keys, jobs)
 }

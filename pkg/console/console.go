@@ -1,0 +1,854 @@
+// Package console is shardd's web console: server-rendered pages, served
+// by every instance at / on its --listen address, over the same data as
+// the API and acting through the API's own endpoints.
+//
+// # Pages
+//
+//	/                  overview: cluster health, job counts, recent failures
+//	/jobs              jobs, searched and filtered server-side, 50 a page
+//	/jobs/{job}        one job: items, instances, history, a run's log, actions
+//	/instances         live instances: version, start, jobs, items, leaderships
+//	/audit             who did what (the audit log)
+//	/login, /logout    a token pasted once becomes a session cookie
+//
+// # Reading
+//
+// The overview, the job list and the instances page read a snapshot of the
+// cluster (coord.ReadStatus and coord.ReadJobRuns) kept for a few seconds:
+// with 10,000 jobs one read takes seconds, a page must not. A page served
+// from a snapshot older than Options.MaxAge starts one refresh in the
+// background (never two) and shows the age of what it shows. The job page
+// reads its job fresh (one job's keys, its items and history).
+//
+// # Acting
+//
+// Actions are forms that the page's script sends to the API
+// (/api/v1/jobs/{job}/trigger, kill, disable, enable) with the session's
+// cookie and its CSRF token in a header, after a confirmation; the API
+// checks, does and records them in the audit log exactly as for any other
+// caller. The console itself changes nothing: one mechanism, one audit.
+//
+// # Who
+//
+// api.Auth decides: when some token has the read role, every page needs a
+// login; otherwise pages are open and a login is needed only to act. A
+// read-role login sees everything and no action. Sessions are HttpOnly,
+// SameSite=Strict cookies (Secure over TLS) of the instance that made them;
+// login and logout refuse cross-origin posts.
+package console
+
+import (
+	"context"
+	"embed"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// Cluster is what the console reads; *coord.Node implements it.
+type Cluster interface {
+	ID() string
+	Status(ctx context.Context) (*coord.ClusterStatus, error)
+	JobStatus(ctx context.Context, job string) (*coord.ClusterStatus, error)
+	JobRuns(ctx context.Context, jobs []string) (map[string]coord.JobRuns, error)
+	JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error)
+	Audit(ctx context.Context, f coord.AuditFilter) ([]coord.AuditEntry, error)
+}
+
+// Options configure the console.
+type Options struct {
+	Cluster Cluster
+	Auth    *api.Auth
+	// Endpoints are the etcd endpoints this instance uses; Version its
+	// version.
+	Endpoints []string
+	Version   string
+	Logger    *slog.Logger
+	// MaxAge is how old a snapshot may be before a page refreshes it in
+	// the background; default 5s. Timeout bounds one read; default 30s.
+	MaxAge, Timeout time.Duration
+	Now             func() time.Time
+}
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// PageSize is how many jobs a page of the job list shows.
+const PageSize = 50
+
+type console struct {
+	o     Options
+	pages map[string]*template.Template
+	snap  snapshots
+}
+
+// New returns the console's handler.
+func New(o Options) http.Handler {
+	if o.MaxAge <= 0 {
+		o.MaxAge = 5 * time.Second
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	c := &console{o: o, pages: parsePages()}
+	c.snap.c = c
+	mux := http.NewServeMux()
+	static, _ := fs.Sub(staticFS, "static")
+	mux.Handle("GET /static/", http.StripPrefix("/static/", cacheFor(time.Hour, http.FileServerFS(static))))
+	mux.HandleFunc("GET /login", c.loginPage)
+	mux.HandleFunc("POST /login", c.login)
+	mux.HandleFunc("POST /logout", c.logout)
+	mux.HandleFunc("GET /{$}", c.page(c.overview))
+	mux.HandleFunc("GET /jobs", c.page(c.jobs))
+	mux.HandleFunc("GET /jobs/{job}", c.page(c.job))
+	mux.HandleFunc("GET /instances", c.page(c.instances))
+	mux.HandleFunc("GET /audit", c.page(c.audit))
+	mux.HandleFunc("/", c.page(func(r *http.Request, v *view) (string, error) {
+		v.Status = http.StatusNotFound
+		v.Error = "no page " + r.URL.Path + " here"
+		return "error", nil
+	}))
+	return secureHeaders(mux)
+}
+
+func cacheFor(d time.Duration, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "private, max-age="+strconv.Itoa(int(d/time.Second)))
+		h.ServeHTTP(w, r)
+	})
+}
+
+// secureHeaders: no framing, no inline or foreign script, no sniffing.
+func secureHeaders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'")
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("X-Frame-Options", "DENY")
+		hd.Set("Referrer-Policy", "same-origin")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// view is what every page's template gets.
+type view struct {
+	Title    string
+	Nav      string
+	Caller   *api.Caller
+	CanWrite bool
+	CSRF     string
+	Instance string
+	Version  string
+	Now      time.Time
+	Status   int
+	Error    string
+	// Age is how old the snapshot shown is; zero when read fresh.
+	Age  time.Duration
+	Data any
+}
+
+// page wraps a page's handler: who is asking, the login when reads need
+// one, the layout, and errors shown as a page.
+func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		caller, err := c.o.Auth.Identify(r)
+		if err != nil {
+			caller = nil
+		}
+		if caller == nil && !c.o.Auth.ReadsOpen() {
+			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		v := &view{Caller: caller, Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK}
+		if caller != nil {
+			v.CSRF = caller.CSRF
+			v.CanWrite = caller.Token.Role == api.RoleWrite && caller.Session
+		}
+		name, err := h(r, v)
+		if err != nil {
+			v.Status, v.Error, name = http.StatusServiceUnavailable, err.Error(), "error"
+		}
+		c.render(w, name, v)
+	}
+}
+
+func (c *console) render(w http.ResponseWriter, name string, v *view) {
+	t := c.pages[name]
+	var b strings.Builder
+	if err := t.ExecuteTemplate(&b, "layout", v); err != nil {
+		c.o.Logger.Error("console page", "page", name, "err", err)
+		http.Error(w, "the page could not be rendered: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(v.Status)
+	w.Write([]byte(b.String()))
+}
+
+func (c *console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), c.o.Timeout)
+}
+
+// ---- login
+
+type loginData struct {
+	Next     string
+	Problem  string
+	Writable bool
+}
+
+func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
+	v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK,
+		Data: loginData{Next: safeNext(r.URL.Query().Get("next")), Writable: c.o.Auth.Writable()}}
+	v.Caller, _ = c.o.Auth.Identify(r)
+	c.render(w, "login", v)
+}
+
+func (c *console) login(w http.ResponseWriter, r *http.Request) {
+	if crossOrigin(r) {
+		http.Error(w, "cross-origin login refused", http.StatusForbidden)
+		return
+	}
+	next := safeNext(r.PostFormValue("next"))
+	caller, err := c.o.Auth.Login(w, r.PostFormValue("token"))
+	if err != nil {
+		v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusUnauthorized,
+			Data: loginData{Next: next, Problem: "That token is not one of this instance's tokens (--api-token-file): check it and paste it again.", Writable: c.o.Auth.Writable()}}
+		c.render(w, "login", v)
+		return
+	}
+	c.o.Logger.Info("console login", "token", caller.Token.Name, "role", caller.Token.Role, "remote", r.RemoteAddr)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (c *console) logout(w http.ResponseWriter, r *http.Request) {
+	caller, _ := c.o.Auth.Identify(r)
+	if crossOrigin(r) || (caller != nil && caller.Session && r.PostFormValue("csrf") != caller.CSRF) {
+		http.Error(w, "logout refused: not from this console's page", http.StatusForbidden)
+		return
+	}
+	c.o.Auth.Logout(w, r)
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}
+
+// safeNext keeps a post-login redirect on this site.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+		return "/"
+	}
+	return next
+}
+
+// crossOrigin reports whether r comes from a page of another origin.
+func crossOrigin(r *http.Request) bool {
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return false
+	}
+	u, err := url.Parse(o)
+	return err != nil || !strings.EqualFold(u.Host, r.Host)
+}
+
+// ---- snapshots
+
+// snapshot is the cluster as read at one time.
+type snapshot struct {
+	at   time.Time
+	st   *coord.ClusterStatus
+	runs map[string]coord.JobRuns
+	rows []jobRow // by name
+}
+
+// snapshots keeps the latest snapshot and refreshes it, one read at a time.
+type snapshots struct {
+	c          *console
+	mu         sync.Mutex
+	cur        *snapshot
+	refreshing chan struct{} // closed when the read in progress ends; nil if none
+	err        error         // the last read's
+}
+
+// get returns a snapshot: the current one if young enough, else (starting a
+// refresh) the current one anyway if there is one, else the first read's.
+func (s *snapshots) get(ctx context.Context) (*snapshot, error) {
+	s.mu.Lock()
+	cur := s.cur
+	if cur != nil && s.c.o.Now().Sub(cur.at) < s.c.o.MaxAge {
+		s.mu.Unlock()
+		return cur, nil
+	}
+	done := s.refresh()
+	s.mu.Unlock()
+	if cur != nil {
+		return cur, nil
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == nil {
+		return nil, s.err
+	}
+	return s.cur, nil
+}
+
+// refresh starts a read unless one is in progress; s.mu is held.
+func (s *snapshots) refresh() chan struct{} {
+	if s.refreshing != nil {
+		return s.refreshing
+	}
+	done := make(chan struct{})
+	s.refreshing = done
+	go func() { // ends with the read, bounded by Timeout
+		defer close(done)
+		snap, err := s.c.read()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.refreshing, s.err = nil, err
+		if err == nil {
+			s.cur = snap
+		} else {
+			s.c.o.Logger.Warn("console: read the cluster", "err", err)
+		}
+	}()
+	return done
+}
+
+// read reads a snapshot.
+func (c *console) read() (*snapshot, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
+	defer cancel()
+	at := c.o.Now()
+	st, err := c.o.Cluster.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(st.Jobs))
+	for i, j := range st.Jobs {
+		names[i] = j.Name
+	}
+	runs, err := c.o.Cluster.JobRuns(ctx, names)
+	if err != nil {
+		return nil, err
+	}
+	snap := &snapshot{at: at, st: st, runs: runs, rows: make([]jobRow, len(st.Jobs))}
+	for i := range st.Jobs {
+		snap.rows[i] = newJobRow(&st.Jobs[i], runs[st.Jobs[i].Name])
+	}
+	return snap, nil
+}
+
+// ---- job rows
+
+// jobRow is a job as the job list shows it.
+type jobRow struct {
+	job     *coord.JobStatus
+	Name    string
+	Status  string
+	Leader  string
+	Total   int
+	Running int
+	// Last is the latest ended run's result over the job's items, LastEnd
+	// when it ended; Failing counts items whose latest run failed.
+	Last    string
+	LastEnd time.Time
+	Failing int
+	// FailedAt is the end of the latest failed run, zero when none.
+	FailedAt time.Time
+	cron     string
+	def      []byte
+}
+
+func newJobRow(j *coord.JobStatus, runs coord.JobRuns) jobRow {
+	row := jobRow{job: j, Name: j.Name, Status: j.Status, Leader: j.Leader, Total: j.Total, Running: len(runs.Running)}
+	for _, rec := range runs.Records {
+		if rec.State == coord.StateRunning || rec.End.IsZero() {
+			continue
+		}
+		if rec.End.After(row.LastEnd) {
+			row.Last, row.LastEnd = result(rec), rec.End
+		}
+		if failed(rec) {
+			row.Failing++
+			if rec.End.After(row.FailedAt) {
+				row.FailedAt = rec.End
+			}
+		}
+	}
+	if j.Definition != nil {
+		row.def = j.Definition.Job
+	}
+	return row
+}
+
+// failed reports whether a run's record is a failure an operator should see.
+func failed(rec coord.ItemRecord) bool {
+	return rec.State == coord.StateFailed || (rec.State == coord.StateKilled && rec.Reason == coord.ReasonTimeout)
+}
+
+// result is a record's state with its reason (KILLED/operator).
+func result(rec coord.ItemRecord) string {
+	if rec.Reason != "" {
+		return rec.State + "/" + rec.Reason
+	}
+	return rec.State
+}
+
+// definition parses a job's registered definition; nil when it cannot.
+func definition(raw []byte, name string) *config.Job {
+	if len(raw) == 0 {
+		return nil
+	}
+	j, err := config.ParseJobJSON("registered definition of "+name, raw)
+	if err != nil {
+		return nil
+	}
+	return j
+}
+
+// schedule describes a job's cron and its next fires.
+type schedule struct {
+	Cron     string
+	TimeZone string
+	Next     []time.Time
+}
+
+func scheduleOf(j *config.Job, now time.Time, n int) schedule {
+	if j == nil {
+		return schedule{}
+	}
+	s := schedule{Cron: j.Cron, TimeZone: j.TimeZone}
+	if j.Schedule == nil {
+		return s
+	}
+	t := now
+	for range n {
+		t = j.Schedule.Next(t)
+		if t.IsZero() {
+			break
+		}
+		loc := j.Location
+		if loc == nil {
+			loc = time.UTC
+		}
+		s.Next = append(s.Next, t.In(loc))
+	}
+	return s
+}
+
+// ---- overview
+
+type overviewData struct {
+	Endpoints  []string
+	Prefix     string
+	Revision   int64
+	Instances  int
+	Jobs       int
+	OK         int
+	Running    int
+	FailedHour int
+	Disabled   int
+	Troubled   int
+	Failures   []coord.ItemRecord
+}
+
+func (c *console) overview(r *http.Request, v *view) (string, error) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	snap, err := c.snap.get(ctx)
+	if err != nil {
+		return "", err
+	}
+	v.Title, v.Nav, v.Age = "Overview", "overview", v.Now.Sub(snap.at)
+	d := overviewData{Endpoints: c.o.Endpoints, Prefix: snap.st.Prefix, Revision: snap.st.Revision, Instances: len(snap.st.Instances), Jobs: len(snap.rows)}
+	hourAgo := v.Now.Add(-time.Hour)
+	for _, row := range snap.rows {
+		switch row.Status {
+		case coord.StatusOK:
+			d.OK++
+		case coord.StatusDisabled:
+			d.Disabled++
+		default:
+			d.Troubled++
+		}
+		if row.Running > 0 {
+			d.Running++
+		}
+		if row.FailedAt.After(hourAgo) {
+			d.FailedHour++
+		}
+	}
+	for _, runs := range snap.runs {
+		for _, rec := range runs.Records {
+			if failed(rec) && rec.End.After(v.Now.Add(-24*time.Hour)) {
+				d.Failures = append(d.Failures, rec)
+			}
+		}
+	}
+	slices.SortFunc(d.Failures, func(a, b coord.ItemRecord) int { return b.End.Compare(a.End) })
+	if len(d.Failures) > 20 {
+		d.Failures = d.Failures[:20]
+	}
+	v.Data = d
+	return "overview", nil
+}
+
+// ---- jobs
+
+// Filters of the job list.
+var jobFilters = []string{"", "ok", "running", "failing", "disabled", "troubled"}
+
+type jobsData struct {
+	Query, Filter string
+	Filters       []string
+	Rows          []jobListRow
+	Matched       int
+	Page, Pages   int
+	PrevURL       string
+	NextURL       string
+}
+
+type jobListRow struct {
+	jobRow
+	Schedule schedule
+}
+
+func (c *console) jobs(r *http.Request, v *view) (string, error) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	snap, err := c.snap.get(ctx)
+	if err != nil {
+		return "", err
+	}
+	v.Title, v.Nav, v.Age = "Jobs", "jobs", v.Now.Sub(snap.at)
+	q := r.URL.Query()
+	d := jobsData{Query: strings.TrimSpace(q.Get("q")), Filter: q.Get("filter"), Filters: jobFilters, Page: 1}
+	if !slices.Contains(jobFilters, d.Filter) {
+		d.Filter = ""
+	}
+	if p, err := strconv.Atoi(q.Get("page")); err == nil && p > 1 {
+		d.Page = p
+	}
+	needle := strings.ToLower(d.Query)
+	var match []jobRow
+	for _, row := range snap.rows {
+		if needle != "" && !strings.Contains(strings.ToLower(row.Name), needle) {
+			continue
+		}
+		ok := true
+		switch d.Filter {
+		case "ok":
+			ok = row.Status == coord.StatusOK
+		case "running":
+			ok = row.Running > 0
+		case "failing":
+			ok = row.Failing > 0
+		case "disabled":
+			ok = row.Status == coord.StatusDisabled
+		case "troubled":
+			ok = row.Status != coord.StatusOK && row.Status != coord.StatusDisabled
+		}
+		if ok {
+			match = append(match, row)
+		}
+	}
+	d.Matched = len(match)
+	d.Pages = max(1, (len(match)+PageSize-1)/PageSize)
+	d.Page = min(d.Page, d.Pages)
+	from := (d.Page - 1) * PageSize
+	for _, row := range match[from:min(from+PageSize, len(match))] {
+		d.Rows = append(d.Rows, jobListRow{jobRow: row, Schedule: scheduleOf(definition(row.def, row.Name), v.Now, 1)})
+	}
+	link := func(page int) string {
+		u := url.Values{}
+		if d.Query != "" {
+			u.Set("q", d.Query)
+		}
+		if d.Filter != "" {
+			u.Set("filter", d.Filter)
+		}
+		u.Set("page", strconv.Itoa(page))
+		return "/jobs?" + u.Encode()
+	}
+	if d.Page > 1 {
+		d.PrevURL = link(d.Page - 1)
+	}
+	if d.Page < d.Pages {
+		d.NextURL = link(d.Page + 1)
+	}
+	v.Data = d
+	return "jobs", nil
+}
+
+// ---- job
+
+type jobData struct {
+	Job       coord.JobStatus
+	Schedule  schedule
+	Failover  bool
+	Items     []itemRow
+	Instances []instanceFor
+	History   []coord.ItemRecord
+	// Filters of the history.
+	Item, Result, Source, Since string
+	Results, Sources            []string
+	HistoryNote                 string
+	// Run is the run whose log is shown ("FENCE-ITEM"), "" for none.
+	Run string
+}
+
+type itemRow struct {
+	coord.ItemStatus
+	Disabled  bool
+	RunningOn string
+	Last      *coord.ItemRecord
+	Result    string
+	LogRun    string
+}
+
+type instanceFor struct {
+	ID       string
+	Eligible bool
+	Disabled bool
+}
+
+func (c *console) job(r *http.Request, v *view) (string, error) {
+	name := r.PathValue("job")
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	st, err := c.o.Cluster.JobStatus(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	idx := slices.IndexFunc(st.Jobs, func(j coord.JobStatus) bool { return j.Name == name })
+	if idx < 0 {
+		v.Status, v.Error = http.StatusNotFound, "no job "+strconv.Quote(name)+" in the cluster; the job list has every job"
+		return "error", nil
+	}
+	js := st.Jobs[idx]
+	runs, err := c.o.Cluster.JobRuns(ctx, []string{name})
+	if err != nil {
+		return "", err
+	}
+	q := r.URL.Query()
+	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"), Run: q.Get("run"),
+		Results: []string{"", coord.StateDone, coord.StateFailed, coord.StateKilled, coord.StateSkipped, coord.StateRunning},
+		Sources: []string{"", coord.SourceNormal, coord.SourceMisfire, coord.SourceFailover, coord.SourceManual}}
+	def := []byte(nil)
+	if js.Definition != nil {
+		def = js.Definition.Job
+	}
+	if j := definition(def, name); j != nil {
+		d.Schedule, d.Failover = scheduleOf(j, v.Now, 3), j.Failover
+	}
+	off := map[int]bool{}
+	for _, i := range js.DisabledItems {
+		off[i] = true
+	}
+	jr := runs[name]
+	for _, it := range js.Items {
+		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
+		if rec, ok := jr.Records[it.Item]; ok {
+			row.Last, row.Result = &rec, result(rec)
+			if rec.Fence > 0 {
+				row.LogRun = strconv.FormatInt(rec.Fence, 10) + "-" + strconv.Itoa(it.Item)
+			}
+		}
+		d.Items = append(d.Items, row)
+	}
+	ids := map[string]*instanceFor{}
+	for _, id := range js.Eligible {
+		ids[id] = &instanceFor{ID: id, Eligible: true}
+	}
+	for _, id := range js.DisabledInstances {
+		if ids[id] == nil {
+			ids[id] = &instanceFor{ID: id}
+		}
+		ids[id].Disabled = true
+	}
+	for _, in := range ids {
+		d.Instances = append(d.Instances, *in)
+	}
+	slices.SortFunc(d.Instances, func(a, b instanceFor) int { return strings.Compare(a.ID, b.ID) })
+
+	item := -1
+	if d.Item != "" {
+		if n, err := strconv.Atoi(d.Item); err == nil && n >= 0 {
+			item = n
+		} else {
+			d.HistoryNote = "item must be a number; showing every item"
+			d.Item = ""
+		}
+	}
+	hist, err := c.o.Cluster.JobHistory(ctx, name, item)
+	if err != nil {
+		d.HistoryNote = err.Error()
+	}
+	var since time.Time
+	if d.Since != "" {
+		if dur, err := time.ParseDuration(d.Since); err == nil && dur > 0 {
+			since = v.Now.Add(-dur)
+		} else {
+			d.HistoryNote, d.Since = "since must be a duration like 1h or 30m; showing all", ""
+		}
+	}
+	for _, rec := range hist {
+		if (d.Result != "" && rec.State != d.Result) || (d.Source != "" && rec.Source != d.Source) || (!since.IsZero() && rec.Fire.Before(since)) {
+			continue
+		}
+		d.History = append(d.History, rec)
+	}
+	slices.SortStableFunc(d.History, func(a, b coord.ItemRecord) int {
+		if c := b.Fire.Compare(a.Fire); c != 0 {
+			return c
+		}
+		return a.Item - b.Item
+	})
+	v.Title, v.Nav, v.Data = name, "jobs", d
+	return "job", nil
+}
+
+// ---- instances
+
+type instanceRow struct {
+	coord.InstanceStatus
+	Items   int
+	Leading int
+}
+
+func (c *console) instances(r *http.Request, v *view) (string, error) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	snap, err := c.snap.get(ctx)
+	if err != nil {
+		return "", err
+	}
+	v.Title, v.Nav, v.Age = "Instances", "instances", v.Now.Sub(snap.at)
+	items, leading := map[string]int{}, map[string]int{}
+	for _, j := range snap.st.Jobs {
+		leading[j.Leader]++
+		for _, it := range j.Items {
+			items[it.Instance]++
+		}
+	}
+	var rows []instanceRow
+	for _, in := range snap.st.Instances {
+		rows = append(rows, instanceRow{InstanceStatus: in, Items: items[in.ID], Leading: leading[in.ID]})
+	}
+	slices.SortFunc(rows, func(a, b instanceRow) int { return strings.Compare(a.ID, b.ID) })
+	v.Data = rows
+	return "instances", nil
+}
+
+// ---- audit
+
+type auditData struct {
+	Job, Actor string
+	Entries    []coord.AuditEntry
+}
+
+func (c *console) audit(r *http.Request, v *view) (string, error) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	q := r.URL.Query()
+	d := auditData{Job: strings.TrimSpace(q.Get("job")), Actor: strings.TrimSpace(q.Get("actor"))}
+	entries, err := c.o.Cluster.Audit(ctx, coord.AuditFilter{Job: d.Job, Actor: d.Actor, Limit: 200})
+	if err != nil {
+		return "", err
+	}
+	d.Entries = entries
+	v.Title, v.Nav, v.Data = "Audit", "audit", d
+	return "audit", nil
+}
+
+// ---- templates
+
+// parsePages parses each page with the layout; a bad template is a bug
+// the tests catch, so it panics.
+func parsePages() map[string]*template.Template {
+	funcs := template.FuncMap{
+		"when": func(t time.Time) string {
+			if t.IsZero() {
+				return "-"
+			}
+			return t.UTC().Format("2006-01-02 15:04:05Z")
+		},
+		"whenIn": func(t time.Time) string { return t.Format("2006-01-02 15:04:05 MST") },
+		"took": func(a, b time.Time) string {
+			if a.IsZero() || b.IsZero() {
+				return "-"
+			}
+			return b.Sub(a).Round(time.Millisecond).String()
+		},
+		"age":    func(d time.Duration) string { return d.Round(100 * time.Millisecond).String() },
+		"join":   strings.Join,
+		"jobURL": func(job string) string { return "/jobs/" + url.PathEscape(job) },
+		"apiURL": func(job, action string) string { return "/api/v1/jobs/" + url.PathEscape(job) + "/" + action },
+		"logURL": func(job, run string) string {
+			return "/jobs/" + url.PathEscape(job) + "?run=" + url.QueryEscape(run) + "#log"
+		},
+		"runID":  func(r coord.ItemRecord) string { return strconv.FormatInt(r.Fence, 10) + "-" + strconv.Itoa(r.Item) },
+		"result": result,
+		"failed": failed,
+		"lower":  strings.ToLower,
+		"code":   code,
+		"tail":   tail,
+		"deref":  func(r *coord.ItemRecord) coord.ItemRecord { return *r },
+	}
+	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
+	pages := map[string]*template.Template{}
+	for _, name := range []string{"overview", "jobs", "job", "instances", "audit", "login", "error"} {
+		pages[name] = template.Must(template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+name+".html"))
+	}
+	return pages
+}
+
+// code is a record's exit code or HTTP status ("exit 1", "http 503").
+func code(r coord.ItemRecord) string {
+	switch {
+	case r.HTTPStatus > 0:
+		return "http " + strconv.Itoa(r.HTTPStatus)
+	case r.ExitCode >= 0:
+		return "exit " + strconv.Itoa(r.ExitCode)
+	}
+	return "-"
+}
+
+// tail is a record's error, else its output's last line, cut.
+func tail(r coord.ItemRecord) string {
+	out := strings.TrimSpace(r.Output)
+	if i := strings.LastIndexByte(out, '\n'); i >= 0 {
+		out = out[i+1:]
+	}
+	if r.Error != "" {
+		out = r.Error
+	}
+	if len(out) > 120 {
+		out = strings.ToValidUTF8(out[:117], "") + "..."
+	}
+	return out
+}

@@ -1,0 +1,159 @@
+// shardd console: sends the pages' action forms to the API (with the
+// session's CSRF token), and streams a run's log. No framework, no
+// innerHTML of data: text goes in as text.
+"use strict";
+
+(function () {
+  const csrf = (document.querySelector('meta[name="csrf"]') || {}).content || "";
+  const flash = document.getElementById("flash");
+
+  function say(text, ok) {
+    if (!flash) return;
+    flash.textContent = text;
+    flash.className = ok ? "ok" : "bad";
+    flash.focus && flash.setAttribute("tabindex", "-1");
+  }
+
+  // A message kept across the reload that shows an action's effect.
+  const kept = sessionStorage.getItem("shardd-flash");
+  if (kept) {
+    sessionStorage.removeItem("shardd-flash");
+    const m = JSON.parse(kept);
+    say(m.text, m.ok);
+  }
+  function sayAndReload(text) {
+    sessionStorage.setItem("shardd-flash", JSON.stringify({ text: text, ok: true }));
+    setTimeout(() => location.reload(), 700);
+    say(text, true);
+  }
+
+  async function post(url, body) {
+    const opts = { method: "POST", headers: { "X-Shardd-CSRF": csrf }, credentials: "same-origin" };
+    if (body !== undefined) {
+      opts.headers["Content-Type"] = "application/json";
+      opts.body = JSON.stringify(body);
+    }
+    const resp = await fetch(url, opts);
+    let data = {};
+    try { data = await resp.json(); } catch (e) { /* not JSON */ }
+    if (!resp.ok) throw new Error(data.error || resp.status + " " + resp.statusText);
+    return data;
+  }
+
+  // What an action's answer says, in a sentence.
+  function describe(data) {
+    if (data.message) {
+      let text = data.message;
+      for (const r of data.results || []) {
+        text += "\nitem " + r.item + ": " + (r.state ? r.state + (r.reason ? "/" + r.reason : "") : "still running");
+      }
+      return text;
+    }
+    if (data.id && data.runs) {
+      let text = "Triggered item(s) " + data.runs.join(", ") + " (trigger " + data.id + ")";
+      if (data.rerun) text += " for fire " + data.rerun;
+      if (data.param) text += " with parameter " + JSON.stringify(data.param);
+      return text + ". Their owners run them now.";
+    }
+    return "Done.";
+  }
+
+  for (const form of document.querySelectorAll("form.act")) {
+    form.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const fields = new FormData(form);
+      let question = form.dataset.confirm || "Are you sure?";
+      question = question.replace("{fire}", fields.get("fire") || "");
+      if (!confirm(question)) return;
+      let body;
+      if ("json" in form.dataset) {
+        body = {};
+        for (const [k, v] of fields.entries()) {
+          if (v === "") continue;
+          body[k] = k === "item" ? Number(v) : v;
+        }
+      }
+      const buttons = form.querySelectorAll("button");
+      buttons.forEach((b) => (b.disabled = true));
+      try {
+        sayAndReload(describe(await post(form.dataset.url, body)));
+      } catch (e) {
+        say("Refused: " + e.message, false);
+      } finally {
+        buttons.forEach((b) => (b.disabled = false));
+      }
+    });
+  }
+
+  for (const button of document.querySelectorAll("button.bulk-act")) {
+    button.addEventListener("click", async () => {
+      const jobs = [...document.querySelectorAll('#bulk input[name="job"]:checked')].map((c) => c.value);
+      if (jobs.length === 0) { say("Select jobs first (the boxes in the first column).", false); return; }
+      if (!confirm(button.dataset.confirm + "\n\n" + jobs.join(", "))) return;
+      const lines = [];
+      let failed = 0;
+      for (const job of jobs) {
+        try {
+          const data = await post("/api/v1/jobs/" + encodeURIComponent(job) + "/" + button.dataset.action);
+          lines.push(job + ": " + (data.message || "done"));
+        } catch (e) {
+          failed++;
+          lines.push(job + ": refused: " + e.message);
+        }
+      }
+      if (failed) say(lines.join("\n"), false);
+      else sayAndReload(lines.join("\n"));
+    });
+  }
+
+  // The run log: records "<time> <tag> <text>", streamed while the run lives.
+  const pre = document.getElementById("log-text");
+  if (pre) {
+    const state = document.getElementById("log-state");
+    const follow = document.getElementById("log-follow");
+    let ctl;
+    function line(rec) {
+      const sp = rec.indexOf(" "), sp2 = rec.indexOf(" ", sp + 1);
+      if (sp < 0 || sp2 < 0) return;
+      const time = rec.slice(11, 19), tag = rec.slice(sp + 1, sp2), text = rec.slice(sp2 + 1);
+      const span = document.createElement("span");
+      span.className = tag.replace("+", "");
+      span.textContent = time + " " + (tag === "shardd" ? "[shardd] " : tag.startsWith("err") ? "[err] " : "") + text + (tag.endsWith("+") ? "" : "\n");
+      pre.appendChild(span);
+    }
+    async function load() {
+      if (ctl) ctl.abort();
+      ctl = new AbortController();
+      pre.textContent = "";
+      state.textContent = follow.checked ? "following…" : "loading…";
+      try {
+        const resp = await fetch(pre.dataset.src + (follow.checked ? "?follow=1" : ""), { credentials: "same-origin", signal: ctl.signal });
+        if (!resp.ok) {
+          let msg = resp.status + " " + resp.statusText;
+          try { msg = (await resp.json()).error || msg; } catch (e) { /* not JSON */ }
+          state.textContent = "No log: " + msg;
+          return;
+        }
+        const reader = resp.body.getReader();
+        const dec = new TextDecoder();
+        let buf = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += dec.decode(value, { stream: true });
+          let i;
+          while ((i = buf.indexOf("\n")) >= 0) {
+            line(buf.slice(0, i));
+            buf = buf.slice(i + 1);
+          }
+          pre.scrollTop = pre.scrollHeight;
+        }
+        state.textContent = "End of the log" + (follow.checked ? ": the run has ended." : ".");
+      } catch (e) {
+        if (e.name !== "AbortError") state.textContent = "The log stream broke: " + e.message;
+      }
+    }
+    follow.addEventListener("change", load);
+    load();
+  }
+})();
