@@ -94,7 +94,10 @@ type console struct {
 	o     Options
 	pages map[string]*template.Template
 	snap  snapshots
+	h     http.Handler
 }
+
+func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.h.ServeHTTP(w, r) }
 
 // New returns the console's handler.
 func New(o Options) http.Handler {
@@ -128,7 +131,8 @@ func New(o Options) http.Handler {
 		v.Error = "no page " + r.URL.Path + " here"
 		return "error", nil
 	}))
-	return secureHeaders(mux)
+	c.h = secureHeaders(mux)
+	return c
 }
 
 func cacheFor(d time.Duration, h http.Handler) http.Handler {

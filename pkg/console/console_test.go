@@ -1,0 +1,327 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// fakeCluster is a cluster of n jobs named job-00000...; job-00001's item 0
+// runs now and job-00002's item 1 failed. The console's reads of etcd are
+// coord's, tested against etcd; here, the pages.
+type fakeCluster struct {
+	n        int
+	statuses atomic.Int32
+	slow     chan struct{} // when set, Status waits for it
+}
+
+func (f *fakeCluster) ID() string { return "a" }
+
+func (f *fakeCluster) status(names ...string) *coord.ClusterStatus {
+	st := &coord.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []coord.InstanceStatus{{InstanceInfo: coord.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}}}
+	// As config.Job.JSON writes it.
+	def := []byte(`{"name":"%s","cron":"0 */5 * * * ?","timeZone":"UTC","shardingTotalCount":2,"strategy":"AVG_ALLOCATION","failover":true,"misfire":true,"monitorExecution":true,"disabled":false,"overwrite":false,"maxTimeDiffSeconds":-1,"reconcileIntervalMinutes":10,"timeout":"0s","retries":0,"retryBackoff":"1s","maxConcurrency":0,"script":{"command":{"shell":"true"}},"logRetention":{"maxAge":"168h0m0s","maxBytesPerRun":"16MiB","maxTotalBytes":"256MiB"}}`)
+	for _, name := range names {
+		js := coord.JobStatus{Name: name, Status: coord.StatusOK, Leader: "a", Total: 2, Strategy: "AVG_ALLOCATION",
+			Items: []coord.ItemStatus{{Item: 0, Instance: "a"}, {Item: 1, Instance: "a"}}, Eligible: []string{"a"},
+			Definition: &coord.DefinitionStatus{Generation: 7, Writer: "a", Job: []byte(fmt.Sprintf(string(def), name))}}
+		if name == "job-00003" {
+			js.Status = coord.StatusDisabled
+		}
+		st.Jobs = append(st.Jobs, js)
+	}
+	return st
+}
+
+func (f *fakeCluster) names() []string {
+	names := make([]string, f.n)
+	for i := range names {
+		names[i] = fmt.Sprintf("job-%05d", i)
+	}
+	return names
+}
+
+func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) {
+	f.statuses.Add(1)
+	if f.slow != nil {
+		<-f.slow
+	}
+	return f.status(f.names()...), nil
+}
+
+func (f *fakeCluster) JobStatus(ctx context.Context, job string) (*coord.ClusterStatus, error) {
+	if !strings.HasPrefix(job, "job-") {
+		return f.status(), nil
+	}
+	return f.status(job), nil
+}
+
+func (f *fakeCluster) JobRuns(ctx context.Context, jobs []string) (map[string]coord.JobRuns, error) {
+	out := map[string]coord.JobRuns{}
+	now := time.Now()
+	for _, j := range jobs {
+		jr := coord.JobRuns{Records: map[int]coord.ItemRecord{}, Running: map[int]string{}}
+		switch j {
+		case "job-00001":
+			jr.Running[0] = "a"
+			jr.Records[0] = coord.ItemRecord{Job: j, State: coord.StateRunning, Fence: 90, Fire: now}
+		case "job-00002":
+			jr.Records[1] = coord.ItemRecord{Job: j, Item: 1, State: coord.StateFailed, Fence: 91, Fire: now, End: now, ExitCode: 3, Error: "exit status 3"}
+		}
+		out[j] = jr
+	}
+	return out, nil
+}
+
+func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error) {
+	return []coord.ItemRecord{
+		{Job: job, Item: 0, State: coord.StateDone, Source: coord.SourceNormal, Fence: 80, Fire: time.Now().Add(-time.Minute)},
+		{Job: job, Item: 1, State: coord.StateKilled, Reason: coord.ReasonOperator, KilledBy: "token:alice", Source: coord.SourceManual, Param: "p<1>", Fence: 81, Fire: time.Now()},
+	}, nil
+}
+
+func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]coord.AuditEntry, error) {
+	return []coord.AuditEntry{{Time: time.Now(), Actor: "token:alice", Action: "kill", Job: "job-00001", Target: "item 0 of job job-00001", Outcome: coord.AuditOK}}, nil
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+const (
+	writeSecret = "write-secret-0123456789"
+	readSecret  = "read-secret-0123456789"
+)
+
+func newTestConsole(f *fakeCluster, ts ...api.Token) http.Handler {
+	return New(Options{Cluster: f, Auth: api.NewAuth(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet})
+}
+
+// login returns the session cookie of a login with secret.
+func login(t *testing.T, h http.Handler, secret string) *http.Cookie {
+	t.Helper()
+	req := httptest.NewRequest("POST", "/login", strings.NewReader(url.Values{"token": {secret}, "next": {"/jobs"}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/jobs" {
+		t.Fatalf("login: %d to %q, want 303 to /jobs", rec.Code, rec.Header().Get("Location"))
+	}
+	for _, c := range rec.Result().Cookies() {
+		if c.Name == sessionCookieName {
+			if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode {
+				t.Errorf("session cookie %+v: want HttpOnly and SameSite=Strict", c)
+			}
+			return c
+		}
+	}
+	t.Fatal("login set no session cookie")
+	return nil
+}
+
+const sessionCookieName = "shardd_session"
+
+func get(h http.Handler, path string, c *http.Cookie) (int, string, http.Header) {
+	req := httptest.NewRequest("GET", path, nil)
+	if c != nil {
+		req.AddCookie(c)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String(), rec.Header()
+}
+
+func TestPages(t *testing.T) {
+	f := &fakeCluster{n: 120}
+	h := newTestConsole(f, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret}, api.Token{Name: "bob", Role: api.RoleRead, Secret: readSecret})
+	alice := login(t, h, writeSecret)
+	tests := []struct {
+		path string
+		code int
+		want []string
+	}{
+		{"/", 200, []string{"120</strong> jobs", "1</strong> running now", "1</strong> failed in the last hour", "1</strong> disabled", "exit status 3"}},
+		{"/jobs", 200, []string{"120 job(s), page 1 of 3", `href="/jobs/job-00000"`, "1 running", "(1 failing)", `rel="next"`, "Disable selected"}},
+		{"/jobs?page=3", 200, []string{"page 3 of 3", `href="/jobs/job-00119"`, `rel="prev"`}},
+		{"/jobs?q=0011", 200, []string{"11 job(s)", `href="/jobs/job-00110"`}},
+		{"/jobs?filter=running", 200, []string{"1 job(s)", `href="/jobs/job-00001"`}},
+		{"/jobs?filter=failing", 200, []string{"1 job(s)", `href="/jobs/job-00002"`}},
+		{"/jobs?q=nothing-like-this", 200, []string{"No job matches."}},
+		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `id="run-now"`, `id="rerun"`, "KILLED/operator", "token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
+		{"/jobs/job-00002?run=91-1", 200, []string{`data-src="/api/v1/jobs/job-00002/runs/91-1/log"`, "Log of run 91-1"}},
+		{"/jobs/job-00002?result=KILLED", 200, []string{"KILLED/operator"}},
+		{"/jobs/job-00002?item=x", 200, []string{"item must be a number"}},
+		{"/jobs/nope", 404, []string{`no job &#34;nope&#34;`}},
+		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>"}},
+		{"/audit", 200, []string{"token:alice", "item 0 of job job-00001"}},
+		{"/no/such/page", 404, []string{"no page /no/such/page"}},
+	}
+	for _, tt := range tests {
+		code, body, hdr := get(h, tt.path, alice)
+		if code != tt.code {
+			t.Errorf("GET %s = %d, want %d", tt.path, code, tt.code)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(body, w) {
+				t.Errorf("GET %s: no %q in the page", tt.path, w)
+			}
+		}
+		if csp := hdr.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "frame-ancestors 'none'") {
+			t.Errorf("GET %s: CSP %q", tt.path, csp)
+		}
+	}
+	if code, body, _ := get(h, "/static/console.js", nil); code != 200 || !strings.Contains(body, "X-Shardd-CSRF") {
+		t.Errorf("GET /static/console.js = %d", code)
+	}
+}
+
+// A read-role login sees every page and no action; without a login, pages
+// redirect to the login when some token has the read role.
+func TestRolesAndLogin(t *testing.T) {
+	f := &fakeCluster{n: 5}
+	h := newTestConsole(f, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret}, api.Token{Name: "bob", Role: api.RoleRead, Secret: readSecret})
+	if code, _, hdr := get(h, "/jobs/job-00001?item=1", nil); code != http.StatusSeeOther || hdr.Get("Location") != "/login?next="+url.QueryEscape("/jobs/job-00001?item=1") {
+		t.Errorf("anonymous GET = %d to %q, want a redirect to the login", code, hdr.Get("Location"))
+	}
+	bob := login(t, h, readSecret)
+	for _, p := range []string{"/jobs", "/jobs/job-00001"} {
+		code, body, _ := get(h, p, bob)
+		if code != 200 || !strings.Contains(body, "bob") {
+			t.Errorf("GET %s as bob = %d", p, code)
+		}
+		for _, no := range []string{`class="act`, "bulk-act", `id="kill-0"`, `id="run-now"`} {
+			if strings.Contains(body, no) {
+				t.Errorf("GET %s as a read-role login shows %q", p, no)
+			}
+		}
+	}
+	// A wrong token is refused, saying so; no cookie is set.
+	req := httptest.NewRequest("POST", "/login", strings.NewReader("token=not-a-token-at-all"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), "not one of this instance") || len(rec.Result().Cookies()) != 0 {
+		t.Errorf("wrong token login: %d, cookies %v", rec.Code, rec.Result().Cookies())
+	}
+	// A login from another site's page is refused.
+	req = httptest.NewRequest("POST", "/login", strings.NewReader("token="+writeSecret))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "http://evil.example")
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusForbidden {
+		t.Errorf("cross-origin login: %d, want 403", rec.Code)
+	}
+	// Logout needs the page's CSRF token, then ends the session.
+	req = httptest.NewRequest("POST", "/logout", nil)
+	req.AddCookie(bob)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusForbidden {
+		t.Errorf("logout without the CSRF token: %d, want 403", rec.Code)
+	}
+	_, page, _ := get(h, "/jobs", bob)
+	csrf := between(page, `name="csrf" content="`, `"`)
+	req = httptest.NewRequest("POST", "/logout", strings.NewReader("csrf="+csrf))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.AddCookie(bob)
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusSeeOther {
+		t.Errorf("logout: %d", rec.Code)
+	}
+	if code, _, _ := get(h, "/jobs", bob); code != http.StatusSeeOther {
+		t.Errorf("GET after logout = %d, want a redirect to the login", code)
+	}
+}
+
+func between(s, from, to string) string {
+	_, rest, _ := strings.Cut(s, from)
+	v, _, _ := strings.Cut(rest, to)
+	return v
+}
+
+// Without a read-role token, pages are open and show no action to an
+// anonymous visitor.
+func TestOpenReads(t *testing.T) {
+	h := newTestConsole(&fakeCluster{n: 3}, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret})
+	code, body, _ := get(h, "/jobs/job-00001", nil)
+	if code != 200 || strings.Contains(body, `class="act`) || !strings.Contains(body, `id="login-link"`) {
+		t.Errorf("anonymous job page: %d, actions shown %v", code, strings.Contains(body, `class="act`))
+	}
+}
+
+func TestSafeNext(t *testing.T) {
+	for in, want := range map[string]string{"/jobs?q=a": "/jobs?q=a", "//evil.example/x": "/", "/\\evil.example": "/", "https://evil.example": "/", "": "/"} {
+		if got := safeNext(in); got != want {
+			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Pages served while the snapshot is stale start one refresh, not one
+// each, and show the stale snapshot meanwhile.
+func TestSnapshotRefreshesOnce(t *testing.T) {
+	f := &fakeCluster{n: 3}
+	now := time.Now()
+	var mu sync.Mutex
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: time.Second,
+		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+	if code, _, _ := get(c, "/jobs", nil); code != 200 || f.statuses.Load() != 1 {
+		t.Fatalf("first page: %d, %d reads", code, f.statuses.Load())
+	}
+	f.slow = make(chan struct{})
+	mu.Lock()
+	now = now.Add(2 * time.Second)
+	mu.Unlock()
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if code, body, _ := get(c, "/jobs", nil); code != 200 || !strings.Contains(body, "data as of 2s ago") {
+				t.Errorf("stale page: %d", code)
+			}
+		}()
+	}
+	wg.Wait() // the pages did not wait for the slow read
+	close(f.slow)
+	s := &c.(*console).snap
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		busy := s.refreshing != nil
+		s.mu.Unlock()
+		if !busy || time.Now().After(deadline) {
+			break
+		}
+	}
+	if n := f.statuses.Load(); n != 2 {
+		t.Errorf("%d reads for 10 pages on a stale snapshot, want 1 more", n-1)
+	}
+}
+
+// BenchmarkJobsPage10k measures a page of the job list of 10,000 jobs
+// served from a snapshot: the search and the rendering, not etcd.
+func BenchmarkJobsPage10k(b *testing.B) {
+	h := newTestConsole(&fakeCluster{n: 10000})
+	get(h, "/jobs", nil) // the snapshot
+	for _, path := range []string{"/jobs?page=100", "/jobs?q=0999", "/jobs?filter=failing", "/"} {
+		b.Run(path, func(b *testing.B) {
+			for b.Loop() {
+				if code, _, _ := get(h, path, nil); code != 200 {
+					b.Fatal(code)
+				}
+			}
+		})
+	}
+}
