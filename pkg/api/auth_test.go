@@ -1,0 +1,151 @@
+package api
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+func TestParseTokens(t *testing.T) {
+	const s1, s2 = "0123456789abcdef", "fedcba9876543210"
+	tests := []struct {
+		name, text string
+		want       []Token
+		err        string
+	}{
+		{"bare token (the old format)", s1 + "\n", []Token{{"default", RoleWrite, s1}}, ""},
+		{"bare token: only the first line counts", s1 + "\n" + s2 + "\n", []Token{{"default", RoleWrite, s1}}, ""},
+		{"named tokens and comments", "# who role secret\nalice write " + s1 + "\n\n  bob read " + s2 + "  \n", []Token{{"alice", RoleWrite, s1}, {"bob", RoleRead, s2}}, ""},
+		{"empty file", "# nothing\n", nil, ""},
+		{"bad role", "alice admin " + s1, nil, `tokens:1: token "alice": role must be read or write, got "admin"`},
+		{"short secret", "alice write short", nil, `tokens:1: token "alice": the secret must be at least 16 characters`},
+		{"two fields", "alice " + s1, nil, "tokens:1: want NAME ROLE SECRET (or a lone SECRET), got 2 fields"},
+		{"name twice", "a write " + s1 + "\na read " + s2, nil, `tokens:2: token name "a" is used twice`},
+		{"secret twice", "a write " + s1 + "\nb read " + s1, nil, `tokens:2: token "b" has the same secret as token "a"`},
+		{"bad name", "a/b write " + s1, nil, "tokens:1: token name"},
+	}
+	for _, tt := range tests {
+		got, err := ParseTokens(tt.text, "tokens", "default", RoleWrite)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("%s: error %v, want %q", tt.name, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || len(got) != len(tt.want) {
+			t.Errorf("%s: %v, %v; want %v", tt.name, got, err, tt.want)
+			continue
+		}
+		for i := range got {
+			if got[i] != tt.want[i] {
+				t.Errorf("%s: token %d = %+v, want %+v", tt.name, i, got[i], tt.want[i])
+			}
+		}
+	}
+}
+
+// Writes record who did what in the audit log, under the token's name;
+// the trigger's parameter and fire reach the cluster from the query or a
+// JSON body.
+func TestWritesAreAudited(t *testing.T) {
+	fc := &fakeCluster{up: true}
+	h := Handler(Options{Cluster: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
+	req := httptest.NewRequest("POST", "/api/v1/jobs/orders/trigger", strings.NewReader(`{"item": 1, "param": "day=2026-11-30", "fire": "2026-11-30T03:00:00Z"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer alice-secret-0123456789")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("trigger: %d %s", rec.Code, rec.Body)
+	}
+	got := fc.triggers[0]
+	if got.Param != "day=2026-11-30" || got.Fire != "2026-11-30T03:00:00Z" || len(got.Items) != 1 || got.Items[0] != 1 || got.By != "token:alice" {
+		t.Errorf("trigger request %+v", got)
+	}
+	code, body := do(t, h, "POST", "/api/v1/jobs/orders/kill?item=0&wait=1s", "alice-secret-0123456789")
+	if code != http.StatusAccepted || !strings.Contains(body, `"reason": "operator"`) || !strings.Contains(body, "asked to kill item 0 (fence 42 on a)") {
+		t.Errorf("kill: %d %s", code, body)
+	}
+	code, _ = do(t, h, "POST", "/api/v1/jobs/nope/disable", "alice-secret-0123456789")
+	if code != http.StatusNotFound {
+		t.Errorf("disable of an unknown job: %d", code)
+	}
+	code, _ = do(t, h, "POST", "/api/v1/jobs/orders/kill?wait=forever", "alice-secret-0123456789")
+	if code != http.StatusBadRequest {
+		t.Errorf("kill with a bad wait: %d", code)
+	}
+	want := []struct{ action, outcome, target string }{
+		{"trigger", coord.AuditOK, "item 1 of job orders"},
+		{"kill", coord.AuditOK, "item 0 of job orders"},
+		{"disable", coord.AuditRefused, "job nope"},
+	}
+	if len(fc.audit) != len(want) {
+		t.Fatalf("audit %+v, want %d entries", fc.audit, len(want))
+	}
+	for i, w := range want {
+		e := fc.audit[i]
+		if e.Actor != "token:alice" || e.Action != w.action || e.Outcome != w.outcome || !strings.Contains(e.Target, w.target) {
+			t.Errorf("audit entry %d: %+v, want %v", i, e, w)
+		}
+	}
+	if !strings.Contains(fc.audit[0].Detail, `param="day=2026-11-30"`) {
+		t.Errorf("trigger's audit detail %q", fc.audit[0].Detail)
+	}
+}
+
+// A console session acts only with its CSRF token, and only with the
+// write role.
+func TestSessionWrites(t *testing.T) {
+	auth := NewAuth([]Token{{"alice", RoleWrite, "alice-secret-0123456789"}, {"bob", RoleRead, "bob-secret-0123456789"}}, 0, true)
+	h := Handler(Options{Cluster: &fakeCluster{up: true}, Auth: auth})
+	session := func(secret string) (*http.Cookie, string) {
+		rec := httptest.NewRecorder()
+		c, err := auth.Login(rec, secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ck := rec.Result().Cookies()[0]
+		if !ck.HttpOnly || !ck.Secure || ck.SameSite != http.SameSiteStrictMode {
+			t.Errorf("cookie %+v: want HttpOnly, Secure (TLS) and SameSite=Strict", ck)
+		}
+		return ck, c.CSRF
+	}
+	post := func(ck *http.Cookie, csrf string) int {
+		req := httptest.NewRequest("POST", "/api/v1/jobs/orders/trigger", nil)
+		req.AddCookie(ck)
+		if csrf != "" {
+			req.Header.Set(csrfHeader, csrf)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	alice, aliceCSRF := session("alice-secret-0123456789")
+	bob, bobCSRF := session("bob-secret-0123456789")
+	if c := post(alice, ""); c != http.StatusForbidden {
+		t.Errorf("session write without CSRF: %d, want 403", c)
+	}
+	if c := post(alice, bobCSRF); c != http.StatusForbidden {
+		t.Errorf("session write with another session's CSRF: %d, want 403", c)
+	}
+	if c := post(alice, aliceCSRF); c != http.StatusAccepted {
+		t.Errorf("session write: %d, want 202", c)
+	}
+	if c := post(bob, bobCSRF); c != http.StatusForbidden {
+		t.Errorf("read-role session write: %d, want 403", c)
+	}
+	// Reads with the session cookie (the console's log view) need no token.
+	req := httptest.NewRequest("GET", "/api/v1/jobs", nil)
+	req.AddCookie(bob)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Errorf("session read: %d", rec.Code)
+	}
+	if _, err := auth.Login(httptest.NewRecorder(), "not-a-secret"); err == nil {
+		t.Error("login with an unknown secret succeeded")
+	}
+}

@@ -1,0 +1,76 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+)
+
+// The audit log keeps the newest AuditKeep entries (give or take the
+// trimming slack), reads newest first, and filters by job and actor.
+func TestAuditLogIsBoundedAndOrdered(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	total := AuditKeep + auditSlack + 10
+	for i := range total {
+		actor := "token:alice"
+		if i%2 == 1 {
+			actor = "cli:bob@h1"
+		}
+		if _, err := AppendAudit(ctx, cli, keys, AuditEntry{Actor: actor, Action: "trigger", Job: fmt.Sprintf("j%d", i%3),
+			Target: "job", Outcome: AuditOK, Message: fmt.Sprint(i), Time: time.Unix(1e9+int64(i), 0).UTC()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := cli.Get(ctx, keys.Audit(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Count < AuditKeep || n.Count > AuditKeep+auditSlack {
+		t.Errorf("%d entries kept after %d appends, want %d to %d", n.Count, total, AuditKeep, AuditKeep+auditSlack)
+	}
+	all, err := ReadAudit(ctx, cli, keys, AuditFilter{Limit: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range all {
+		got = append(got, e.Message)
+	}
+	want := []string{fmt.Sprint(total - 1), fmt.Sprint(total - 2), fmt.Sprint(total - 3), fmt.Sprint(total - 4), fmt.Sprint(total - 5)}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("newest 5: %v, want %v", got, want)
+	}
+	bob, err := ReadAudit(ctx, cli, keys, AuditFilter{Actor: "cli:bob@h1", Job: "j1", Limit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range bob {
+		if e.Actor != "cli:bob@h1" || e.Job != "j1" {
+			t.Errorf("filtered entry %+v", e)
+		}
+	}
+	if len(bob) != 3 {
+		t.Errorf("%d entries for bob on j1, want 3", len(bob))
+	}
+}
+
+// A definition edited on one host is recorded in the audit log, as the
+// instance that published it.
+func TestDefinitionChangeIsAudited(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)))
+	waitFor(t, 10*time.Second, "orders' map", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })
+	a.SetJobs(jobs(t, "jobs:\n"+job("orders", 4)))
+	waitFor(t, 10*time.Second, "the edit's audit entry", func() bool {
+		es, _ := ReadAudit(ctx, cli, keys, AuditFilter{Job: "orders"})
+		return len(es) == 1 && es[0].Action == "definition" && es[0].Actor == "instance:a" && strings.Contains(es[0].Message, "edited on this host")
+	})
+}
