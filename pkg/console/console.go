@@ -17,8 +17,9 @@
 // cluster (coord.ReadStatus and coord.ReadJobRuns) kept for a few seconds:
 // with 10,000 jobs one read takes seconds, a page must not. A page served
 // from a snapshot older than Options.MaxAge starts one refresh in the
-// background (never two) and shows the age of what it shows. The job page
-// reads its job fresh (one job's keys, its items and history).
+// background (never two) and shows the age of what it shows; a snapshot
+// older than a minute is not shown: the page waits for the refresh. The
+// job page reads its job fresh (one job's keys, its items and history).
 //
 // # Acting
 //
@@ -293,18 +294,28 @@ type snapshots struct {
 	err        error         // the last read's
 }
 
-// get returns a snapshot: the current one if young enough, else (starting a
-// refresh) the current one anyway if there is one, else the first read's.
+// maxStale is the oldest snapshot a page shows without waiting for a
+// fresh one: an operator coming back after a while sees the cluster as it
+// is, not as it was.
+const maxStale = time.Minute
+
+// get returns a snapshot: the current one if younger than MaxAge; else,
+// starting a refresh, the current one anyway if younger than maxStale;
+// else the refresh's.
 func (s *snapshots) get(ctx context.Context) (*snapshot, error) {
 	s.mu.Lock()
 	cur := s.cur
-	if cur != nil && s.c.o.Now().Sub(cur.at) < s.c.o.MaxAge {
+	age := time.Duration(0)
+	if cur != nil {
+		age = s.c.o.Now().Sub(cur.at)
+	}
+	if cur != nil && age < s.c.o.MaxAge {
 		s.mu.Unlock()
 		return cur, nil
 	}
 	done := s.refresh()
 	s.mu.Unlock()
-	if cur != nil {
+	if cur != nil && age < maxStale {
 		return cur, nil
 	}
 	select {

@@ -325,3 +325,21 @@ func BenchmarkJobsPage10k(b *testing.B) {
 		})
 	}
 }
+
+// A snapshot older than a minute is not shown: the page waits for a fresh
+// one.
+func TestVeryStaleSnapshotIsNotShown(t *testing.T) {
+	f := &fakeCluster{n: 3}
+	now := time.Now()
+	var mu sync.Mutex
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet,
+		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+	get(c, "/jobs", nil)
+	mu.Lock()
+	now = now.Add(2 * time.Minute)
+	mu.Unlock()
+	code, body, _ := get(c, "/jobs", nil)
+	if code != 200 || strings.Contains(body, "data as of 2m") || f.statuses.Load() != 2 {
+		t.Errorf("page after 2 minutes: %d, %d reads, stale shown: %v", code, f.statuses.Load(), strings.Contains(body, "data as of 2m"))
+	}
+}
