@@ -17,6 +17,7 @@ import (
 
 	_ "time/tzdata" // time zones for timeZone on hosts without tzdata
 
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -113,6 +114,14 @@ func run(args []string, e *env) int {
 			fmt.Fprintf(e.stderr, "shardd %s: %s\n", c.name, err)
 			return exitFailure
 		}
+	}
+	var names []string
+	for _, c := range commands() {
+		names = append(names, c.name)
+	}
+	if near, ok := config.Nearest(args[0], names); ok {
+		fmt.Fprintf(e.stderr, "shardd: unknown command %q (did you mean %s?)\nRun 'shardd help' for usage.\n", args[0], near)
+		return exitUsage
 	}
 	fmt.Fprintf(e.stderr, "shardd: unknown command %q\nRun 'shardd help' for usage.\n", args[0])
 	return exitUsage

@@ -218,8 +218,11 @@ func TestCommandLine(t *testing.T) {
 	if code, _, errOut := shardd(t, "plan", "--help"); code != 0 || !strings.Contains(errOut, "shardd plan --strategy S") {
 		t.Errorf("plan --help: %d %q", code, errOut)
 	}
-	if code, _, errOut := shardd(t, "frobnicate"); code != exitUsage || !strings.Contains(errOut, `unknown command "frobnicate"`) {
+	if code, _, errOut := shardd(t, "frobnicate"); code != exitUsage || !strings.Contains(errOut, `unknown command "frobnicate"`) || strings.Contains(errOut, "did you mean") {
 		t.Errorf("unknown command: %d %q", code, errOut)
+	}
+	if code, _, errOut := shardd(t, "statsu"); code != exitUsage || !strings.Contains(errOut, `unknown command "statsu" (did you mean status?)`) {
+		t.Errorf("a command's typo: %d %q", code, errOut)
 	}
 }
 
