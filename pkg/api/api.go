@@ -237,6 +237,10 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 		case c == nil:
 			writeError(w, http.StatusUnauthorized, "a bearer token is required")
 		case c.Token.Role != RoleWrite:
+			// Known and refused: the audit log says who tried what.
+			err := fmt.Errorf("%w: token %q has the read role: it cannot change anything", coord.ErrRefused, c.Token.Name)
+			job := r.PathValue("job")
+			a.record(r.WithContext(WithCaller(r.Context(), c)), coord.AuditEntry{Action: actionOf(r), Job: job, Target: "job " + job}, err)
 			writeError(w, http.StatusForbidden, "token %q has the read role: it cannot change anything", c.Token.Name)
 		case !csrfOK(r, c):
 			writeError(w, http.StatusForbidden, "missing or wrong %s header: a console session acts only from the console's own pages", csrfHeader)
@@ -244,6 +248,15 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r.WithContext(WithCaller(r.Context(), c)))
 		}
 	}
+}
+
+// actionOf names the write action of r for the audit log: the last
+// segment of its path (trigger, kill, disable, enable), or remove.
+func actionOf(r *http.Request) string {
+	if r.Method == http.MethodDelete {
+		return "remove"
+	}
+	return r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
 }
 
 // record appends a write action to the audit log (and the instance's
@@ -465,6 +478,10 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, tr)
 }
 
+// maxKillWait bounds a kill's wait: the answer must be written within the
+// server's 30 s write timeout.
+const maxKillWait = 20 * time.Second
+
 // killOut is a kill's answer: what was asked to stop and, when the
 // request waited, how each run ended.
 type killOut struct {
@@ -481,8 +498,8 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 	var wait time.Duration
 	if s := r.URL.Query().Get("wait"); s != "" {
 		d, err := time.ParseDuration(s)
-		if err != nil || d < 0 || d > time.Minute {
-			writeError(w, http.StatusBadRequest, "wait must be a duration from 0 to 1m, got %q", s)
+		if err != nil || d < 0 || d > maxKillWait {
+			writeError(w, http.StatusBadRequest, "wait must be a duration from 0 to %s, got %q", maxKillWait, s)
 			return
 		}
 		wait = d

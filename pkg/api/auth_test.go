@@ -73,7 +73,7 @@ func TestWritesAreAudited(t *testing.T) {
 	if code != http.StatusNotFound {
 		t.Errorf("disable of an unknown job: %d", code)
 	}
-	code, _ = do(t, h, "POST", "/api/v1/jobs/orders/kill?wait=forever", "alice-secret-0123456789")
+	code, _ = do(t, h, "POST", "/api/v1/jobs/orders/kill?wait=1m", "alice-secret-0123456789")
 	if code != http.StatusBadRequest {
 		t.Errorf("kill with a bad wait: %d", code)
 	}
@@ -100,7 +100,8 @@ func TestWritesAreAudited(t *testing.T) {
 // write role.
 func TestSessionWrites(t *testing.T) {
 	auth := NewAuth([]Token{{"alice", RoleWrite, "alice-secret-0123456789"}, {"bob", RoleRead, "bob-secret-0123456789"}}, 0, true)
-	h := Handler(Options{Cluster: &fakeCluster{up: true}, Auth: auth})
+	fc := &fakeCluster{up: true}
+	h := Handler(Options{Cluster: fc, Auth: auth})
 	session := func(secret string) (*http.Cookie, string) {
 		rec := httptest.NewRecorder()
 		c, err := auth.Login(rec, secret)
@@ -136,6 +137,9 @@ func TestSessionWrites(t *testing.T) {
 	}
 	if c := post(bob, bobCSRF); c != http.StatusForbidden {
 		t.Errorf("read-role session write: %d, want 403", c)
+	}
+	if a := fc.audit; len(a) != 2 || a[1].Actor != "token:bob" || a[1].Action != "trigger" || a[1].Outcome != coord.AuditRefused {
+		t.Errorf("audit %+v: want alice's trigger, then bob's refused one", a)
 	}
 	// Reads with the session cookie (the console's log view) need no token.
 	req := httptest.NewRequest("GET", "/api/v1/jobs", nil)

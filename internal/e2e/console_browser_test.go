@@ -1,0 +1,228 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+
+	"github.com/shardd/shardd/internal/browsertest"
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// dialogs accepts every confirmation the page asks for and keeps what it
+// asked: an action's confirmation is part of what is tested.
+type dialogs struct {
+	mu   sync.Mutex
+	seen []string
+}
+
+func acceptDialogs(t *testing.T, ctx context.Context) *dialogs {
+	d := &dialogs{}
+	chromedp.Listen(ctx, func(ev any) {
+		if e, ok := ev.(*page.EventJavascriptDialogOpening); ok {
+			d.mu.Lock()
+			d.seen = append(d.seen, e.Message)
+			d.mu.Unlock()
+			// Not from the listener: it must not run a command itself.
+			go chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{Accept: true})
+		}
+	})
+	return d
+}
+
+func (d *dialogs) last() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.seen) == 0 {
+		return ""
+	}
+	return d.seen[len(d.seen)-1]
+}
+
+// text returns the text of the first element that sel matches.
+func text(t *testing.T, ctx context.Context, sel string) string {
+	t.Helper()
+	return browsertest.Run(t, ctx, chromedp.Text(chromedp.CSS(sel)))
+}
+
+// waitText waits until the element sel contains want.
+func waitText(t *testing.T, ctx context.Context, sel, want string, timeout time.Duration) string {
+	t.Helper()
+	var s string
+	deadline := time.Now().Add(timeout)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		var err error
+		s, err = chromedp.Run(tctx, chromedp.Text(chromedp.CSS(sel)))
+		cancel()
+		if err == nil && strings.Contains(s, want) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %q after %s; it says %q (%v)", sel, want, timeout, s, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// The console in a real browser, as an operator uses it: log in, find a
+// job, run it now with a parameter and watch its log appear, kill a long
+// run, disable an item, and find it all in the audit page; then a
+// read-role login, which sees the same pages and cannot act.
+func TestConsoleInABrowser(t *testing.T) {
+	dir := t.TempDir()
+	e := startEtcd(t)
+	etcd := e.client()
+	var jobs strings.Builder
+	jobs.WriteString(`jobs:
+  - name: nightly-report
+    script: 'echo "report for $SHARDD_TRIGGER_PARAMETER"; for i in 1 2 3 4 5 6; do echo "line $i"; sleep 0.5; done; echo "warning: 3 late rows" >&2'
+  - name: long-import
+    failover: true
+    script: 'echo importing; sleep 120'
+  - name: regions
+    cron: '0 0 3 * * ?'
+    shardingTotalCount: 3
+    shardingItemParameters: '0=Beijing,1=Shanghai,2=Guangzhou'
+    script: [/bin/true]
+`)
+	for i := range 30 { // enough jobs that finding one needs the search
+		fmt.Fprintf(&jobs, "  - name: filler-%02d\n    cron: '0 0 4 * * ?'\n    script: [/bin/true]\n", i)
+	}
+	cfg := filepath.Join(dir, "jobs.yaml")
+	os.WriteFile(cfg, []byte(jobs.String()), 0o644)
+	tokens := tokenFile(t)
+	api := etcdtest.FreeAddr(t)
+	a := startShardd(t, e, "a", cfg, "--listen", api, "--api-token-file", tokens)
+	waitFor(t, 20*time.Second, "the maps", func() bool {
+		return agreed(t, etcd, "regions", map[string][]int{"a": {0, 1, 2}}, a) && agreed(t, etcd, "nightly-report", map[string][]int{"a": {0}}, a)
+	})
+	base := "http://" + api
+
+	ctx := browsertest.New(t, browsertest.WithTimeout(3*time.Minute), browsertest.WithWindowSize(1280, 900))
+	d := acceptDialogs(t, ctx)
+
+	// Log in: reads need a token here (bob has the read role).
+	browsertest.Do(t, ctx,
+		chromedp.Navigate(base+"/jobs"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+	)
+	browsertest.Screenshot(t, ctx, "login")
+	browsertest.Do(t, ctx,
+		chromedp.SendKeys(chromedp.CSS("#token"), aliceSecret),
+		chromedp.Click(chromedp.CSS("#login")),
+		chromedp.WaitVisible(chromedp.CSS("#jobs")),
+	)
+	if who := text(t, ctx, "#who"); !strings.Contains(who, "alice") || !strings.Contains(who, "write") {
+		t.Errorf("logged in as %q, want alice (write)", who)
+	}
+
+	// Find the job by searching.
+	browsertest.Do(t, ctx,
+		chromedp.SendKeys(chromedp.CSS("#q"), "report"),
+		chromedp.Submit(chromedp.CSS("#q")),
+		chromedp.WaitVisible(chromedp.CSS(`a[href="/jobs/nightly-report"]`)),
+	)
+	if n := text(t, ctx, "#matched"); !strings.HasPrefix(n, "1 job") {
+		t.Errorf("search for report: %q, want 1 job", n)
+	}
+	browsertest.Screenshot(t, ctx, "jobs-search")
+	browsertest.Do(t, ctx,
+		chromedp.Click(chromedp.CSS(`a[href="/jobs/nightly-report"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#run-now")),
+	)
+
+	// Run it now with a parameter; the page says so and shows the run.
+	browsertest.Do(t, ctx,
+		chromedp.SendKeys(chromedp.CSS("#rn-param"), "2026-11-30"),
+		chromedp.Click(chromedp.CSS("#run-now button")),
+	)
+	waitText(t, ctx, "#flash", `with parameter "2026-11-30"`, 15*time.Second)
+	if q := d.last(); q != "Run job nightly-report now?" {
+		t.Errorf("the confirmation asked %q", q)
+	}
+	// The run's log, followed live: its lines appear while it runs.
+	waitText(t, ctx, "#items", "RUNNING on a", 15*time.Second)
+	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#item-0 a[href*="run="]`)), chromedp.WaitVisible(chromedp.CSS("#log-text")))
+	waitText(t, ctx, "#log-text", "report for 2026-11-30", 15*time.Second)
+	waitText(t, ctx, "#log-state", "following", 5*time.Second)
+	browsertest.Screenshot(t, ctx, "job-log-live")
+	waitText(t, ctx, "#log-text", "warning: 3 late rows", 20*time.Second)
+	waitText(t, ctx, "#log-state", "the run has ended", 10*time.Second)
+	browsertest.Do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#history")))
+	if h := text(t, ctx, "#history"); !strings.Contains(h, "MANUAL") || !strings.Contains(h, "2026-11-30") || !strings.Contains(h, "DONE") {
+		t.Errorf("history after the run:\n%s", h)
+	}
+
+	// Kill a long run.
+	browsertest.Do(t, ctx, chromedp.Navigate(base+"/jobs/long-import"), chromedp.WaitVisible(chromedp.CSS("#run-now")),
+		chromedp.Click(chromedp.CSS("#run-now button")))
+	waitText(t, ctx, "#flash", "Triggered", 15*time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		browsertest.Do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#items")))
+		if strings.Contains(text(t, ctx, "#items"), "RUNNING on a") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("long-import never showed running")
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS("#kill-0")))
+	waitText(t, ctx, "#flash", "KILLED/operator", 20*time.Second)
+	if q := d.last(); !strings.Contains(q, "Kill the run of item 0 on a?") {
+		t.Errorf("the kill's confirmation asked %q", q)
+	}
+	waitText(t, ctx, "#history", "KILLED/operator", 10*time.Second)
+	if h := text(t, ctx, "#history"); !strings.Contains(h, "token:alice") {
+		t.Errorf("history of the killed run does not say who killed it:\n%s", h)
+	}
+
+	// Disable an item.
+	browsertest.Do(t, ctx, chromedp.Navigate(base+"/jobs/regions"), chromedp.WaitVisible(chromedp.CSS("#disable-item-1")),
+		chromedp.Click(chromedp.CSS("#disable-item-1")))
+	waitText(t, ctx, "#flash", "item 1 of job regions", 15*time.Second)
+	waitText(t, ctx, "#item-1", "DISABLED", 10*time.Second)
+	browsertest.Screenshot(t, ctx, "console-job")
+	if off, err := coord.ReadJobStatus(ctx, etcd, coord.NewKeys(""), "regions"); err != nil || len(off.Jobs) != 1 || fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
+		t.Errorf("regions' disabled items in etcd: %+v, %v", off, err)
+	}
+
+	// All of it in the audit page.
+	browsertest.Do(t, ctx, chromedp.Navigate(base+"/audit"), chromedp.WaitVisible(chromedp.CSS("#audit")))
+	audit := text(t, ctx, "#audit")
+	for _, want := range []string{"token:alice trigger job nightly-report", "token:alice kill", "token:alice disable item 1 of job regions"} {
+		if !strings.Contains(strings.Join(strings.Fields(audit), " "), want) {
+			t.Errorf("audit page has no %q:\n%s", want, audit)
+		}
+	}
+	browsertest.Screenshot(t, ctx, "audit")
+	browsertest.NoConsoleErrors(t, ctx)
+
+	// Log out, and in as bob (read role): the same pages, no action.
+	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)), chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), bobSecret), chromedp.Click(chromedp.CSS("#login")), chromedp.WaitVisible(chromedp.CSS("#jobs")),
+		chromedp.Navigate(base+"/jobs/regions"), chromedp.WaitVisible(chromedp.CSS("#items")))
+	acts := browsertest.Run(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("form.act, button.bulk-act").length`))
+	if acts != 0 {
+		t.Errorf("a read-role login sees %d action forms", acts)
+	}
+	// Even a hand-made request from the page is refused by the API.
+	status := browsertest.Run(t, ctx, chromedp.Evaluate[int](`fetch("/api/v1/jobs/regions/enable?item=1", {method: "POST", headers: {"X-Shardd-CSRF": document.querySelector('meta[name="csrf"]').content}}).then(r => r.status)`, chromedp.EvalAwaitPromise))
+	if status != 403 {
+		t.Errorf("a read-role session's POST: %d, want 403", status)
+	}
+	if off, _ := coord.ReadJobStatus(ctx, etcd, coord.NewKeys(""), "regions"); fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
+		t.Errorf("the read-role session changed regions: disabled items %v", off.Jobs[0].DisabledItems)
+	}
+}
