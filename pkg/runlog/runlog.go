@@ -45,6 +45,18 @@
 // goes on. Memory per open log is bounded: two partial-line buffers (32 KiB
 // each) and a batch of records (flushed at 64 KiB, kept up to 128 KiB).
 //
+// # Reading
+//
+// Store.Open reads a run's log by job and RunID, Store.Runs lists a job's
+// logs (of one fence), Store.Writing says whether a log is being written.
+// Reader.Follow returns records as they are appended and ends when the
+// run's log is closed: the store wakes its followers at each write and
+// when the run's last writer closes the log, so a silent run costs a
+// follower nothing. A log this store does not write (a previous process
+// still writes it during a restart) is polled until it has not grown for
+// Store.FollowIdle. A log removed by retention while read is read to its
+// end (the open file keeps its data).
+//
 // Failures: a log that cannot be created or written does not stop the run;
 // the caller is told (Create's error, Log.Err) and the history still has the
 // tail. One Log per run: two open on the same run would each count only
@@ -110,7 +122,12 @@ type Store struct {
 	// below it, logs stop writing. Default: the smaller of 1 GiB and 5 % of
 	// the file system.
 	MinFree func(total uint64) uint64
-	now     func() time.Time
+	// FollowIdle bounds how long a follower (Reader.Follow) waits, polling,
+	// for a log this store does not write to grow: one that a previous
+	// process still writes, during a restart. Default 5 s. Logs this store
+	// writes are followed by notification, however long they are silent.
+	FollowIdle time.Duration
+	now        func() time.Time
 
 	mu   sync.Mutex
 	jobs map[string]*jobIndex // loaded on first use
@@ -121,6 +138,11 @@ type jobIndex struct {
 	files []file
 	open  map[RunID]int // runs whose logs are being written: how many writers
 	bytes int64         // disk used by files
+	// watch tells the readers of each open log when it grows and when it
+	// closes (see read.go); closed remembers, for FollowIdle, when this
+	// store closed a log, so that its followers need not poll.
+	watch  map[RunID]*activity
+	closed recentCloses
 }
 
 // file is one log in the index: 32 bytes, so that a job's index stays
@@ -165,7 +187,7 @@ func New(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("run log directory: %w", err)
 	}
-	return &Store{dir: dir, now: time.Now, jobs: map[string]*jobIndex{}, MinFree: defaultMinFree}, nil
+	return &Store{dir: dir, now: time.Now, jobs: map[string]*jobIndex{}, MinFree: defaultMinFree, FollowIdle: defaultFollowIdle}, nil
 }
 
 func defaultMinFree(total uint64) uint64 { return min(1<<30, total/20) }
@@ -203,6 +225,7 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	}
 	id := RunID{Fence: h.Fence, Item: int32(h.Item)}
 	r = r.withDefaults()
+	var act *activity
 	s.mu.Lock() // Sweep removes a job's directory once it is empty
 	idx, err := s.index(h.Job)
 	if err == nil {
@@ -210,6 +233,7 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 			err = fmt.Errorf("run log of job %q: %w", h.Job, err)
 		} else {
 			idx.open[id]++
+			act = idx.activity(id)
 		}
 	}
 	s.mu.Unlock()
@@ -221,7 +245,7 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 		s.release(h.Job, id, r)
 		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
 	}
-	l := &Log{s: s, f: f, job: h.Job, id: id, ret: r}
+	l := &Log{s: s, f: f, job: h.Job, id: id, ret: r, act: act}
 	if fi, err := f.Stat(); err == nil {
 		l.size = fi.Size() // a retry's log goes on from its earlier tries
 	}
@@ -243,7 +267,7 @@ func (s *Store) index(job string) (*jobIndex, error) {
 	if idx := s.jobs[job]; idx != nil {
 		return idx, nil
 	}
-	idx := &jobIndex{open: map[RunID]int{}}
+	idx := &jobIndex{open: map[RunID]int{}, watch: map[RunID]*activity{}}
 	entries, err := os.ReadDir(filepath.Join(s.dir, job))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
@@ -285,6 +309,7 @@ func (s *Store) release(job string, id RunID, r Retention) {
 	}
 	if idx.open[id]--; idx.open[id] <= 0 {
 		delete(idx.open, id)
+		idx.closeWatch(id, s.now(), s.followIdle())
 	}
 	if statErr == nil {
 		i := slices.IndexFunc(idx.files, func(f file) bool { return f.id == id })
@@ -389,6 +414,7 @@ type Log struct {
 	job string
 	id  RunID
 	ret Retention
+	act *activity // its readers' notifications
 
 	mu           sync.Mutex
 	f            *os.File
@@ -530,6 +556,7 @@ func (l *Log) write(b []byte) {
 		return
 	}
 	l.size += int64(len(b))
+	l.act.wake()
 }
 
 func (l *Log) checkSpace() {
@@ -552,6 +579,7 @@ func (l *Log) checkSpaceLocked(n int) bool {
 		rec := record(nil, l.stamp(), "shardd", []byte(why))
 		if _, err := l.f.Write(rec); err == nil {
 			l.size += int64(len(rec))
+			l.act.wake()
 		} else {
 			l.f.Truncate(l.size)
 		}
@@ -681,13 +709,11 @@ func ReadAll(r io.Reader) ([]Record, error) {
 			return recs, fmt.Errorf("run log line %d: no newline (a record being written?)", n)
 		}
 		line, data = data[:i], data[i+1:]
-		ts, rest, ok1 := strings.Cut(string(line), " ")
-		tag, text, ok2 := strings.Cut(rest, " ")
-		t, terr := time.Parse(time.RFC3339Nano, ts)
-		if !ok1 || !ok2 || terr != nil || !slices.Contains([]string{"out", "out+", "err", "err+", "shardd"}, tag) {
-			return recs, fmt.Errorf("run log line %d: not <time> <tag> <text>", n)
+		rec, err := ParseRecord(line)
+		if err != nil {
+			return recs, fmt.Errorf("run log line %d: %w", n, err)
 		}
-		recs = append(recs, Record{Time: t, Tag: tag, Text: []byte(text)})
+		recs = append(recs, rec)
 	}
 	return recs, nil
 }
