@@ -20,6 +20,8 @@ type InstanceInfo struct {
 	// Conflicts are the jobs whose local definition differs from the
 	// registered one, which this instance uses instead.
 	Conflicts []string `json:"conflicts,omitempty"`
+	// APITLS says the API serves TLS: its URL is https://API.
+	APITLS bool `json:"apiTLS,omitempty"`
 }
 
 // ShardMap is the value of a job's shards key: which instance owns which item.

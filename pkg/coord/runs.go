@@ -1,0 +1,112 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Where a run's log is: the instance that ran it keeps it, as
+// <fence>-<item>.log in its run log directory. These read which instance
+// ran a run and where that instance's API is.
+
+// FindRuns returns the runs of job that etcd records, newest (highest
+// fence) first, one record per run (fence and item): each item's current
+// record, a run in progress among them, and its history (the last
+// HistoryPerItem records of each item). A run in progress has its claim's
+// revision as Fence (its record is written before the fence is known).
+// Records of fires that did not run (SKIPPED: no fence) are left out.
+// item >= 0 keeps that item's runs, fence > 0 that fence's (the items of
+// one claim share it). An unknown job is ErrUnknownJob, naming the job
+// meant when it is near one; an item out of range is ErrBadTarget.
+func FindRuns(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int, fence int64) ([]ItemRecord, error) {
+	f, err := requireJob(ctx, cli, keys, job)
+	if err != nil {
+		return nil, err
+	}
+	if item >= 0 {
+		if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
+			return nil, err
+		}
+	}
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpGet(keys.Items(job), clientv3.WithPrefix()),
+		clientv3.OpGet(keys.HistoryPrefix(job), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read the runs of job %q: %w", job, err)
+	}
+	type run struct {
+		fence int64
+		item  int
+	}
+	latest := map[run]int64{} // a run's newest record: its ModRevision
+	var out []ItemRecord
+	for _, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			var rec ItemRecord
+			if json.Unmarshal(kv.Value, &rec) != nil {
+				continue
+			}
+			if rec.State == StateRunning && rec.Fence == 0 {
+				rec.Fence = kv.ModRevision // the claim wrote it
+			}
+			if rec.Fence <= 0 || (item >= 0 && rec.Item != item) || (fence > 0 && rec.Fence != fence) {
+				continue
+			}
+			k := run{rec.Fence, rec.Item}
+			if rev, seen := latest[k]; seen {
+				if rev >= kv.ModRevision {
+					continue
+				}
+				i := slices.IndexFunc(out, func(o ItemRecord) bool { return o.Fence == k.fence && o.Item == k.item })
+				out = slices.Delete(out, i, i+1)
+			}
+			latest[k] = kv.ModRevision
+			out = append(out, rec)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b ItemRecord) int {
+		if a.Fence != b.Fence {
+			if a.Fence > b.Fence {
+				return -1
+			}
+			return 1
+		}
+		return a.Item - b.Item
+	})
+	return out, nil
+}
+
+// ReadInstance returns the registration of instance id; ok is false when
+// no live instance has that id (its key goes with its lease).
+func ReadInstance(ctx context.Context, cli *clientv3.Client, keys Keys, id string) (info InstanceInfo, ok bool, err error) {
+	resp, err := cli.Get(ctx, keys.Instance(id))
+	if err != nil {
+		return InstanceInfo{}, false, fmt.Errorf("read instance %q: %w", id, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return InstanceInfo{}, false, nil
+	}
+	if err := json.Unmarshal(resp.Kvs[0].Value, &info); err != nil {
+		return InstanceInfo{ID: id}, true, fmt.Errorf("instance %q: malformed registration: %w", id, err)
+	}
+	if info.ID == "" {
+		info.ID = id
+	}
+	return info, true, nil
+}
+
+// FindRuns returns job's runs that etcd records (see FindRuns).
+func (n *Node) FindRuns(ctx context.Context, job string, item int, fence int64) ([]ItemRecord, error) {
+	return FindRuns(ctx, n.opts.Client, n.keys, job, item, fence)
+}
+
+// Instance returns the registration of a live instance (see ReadInstance).
+func (n *Node) Instance(ctx context.Context, id string) (InstanceInfo, bool, error) {
+	return ReadInstance(ctx, n.opts.Client, n.keys, id)
+}
