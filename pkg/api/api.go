@@ -8,6 +8,7 @@
 //	GET  /api/v1/jobs/{job}                one job, with this instance's view of it
 //	GET  /api/v1/jobs/{job}/history        recent executions (?item=N for one item)
 //	GET  /api/v1/instances                 live instances
+//	GET  /api/v1/jobs/{job}/runs/{run}/log a run's log (see Run logs below)
 //	POST /api/v1/jobs/{job}/trigger        run now (?item=N for one item)
 //	POST /api/v1/jobs/{job}/disable        disable the job (?item=N or ?instance=ID for one; &force=true for an instance not yet running it)
 //	POST /api/v1/jobs/{job}/enable         undo disable
@@ -24,6 +25,27 @@
 // CVE-2022-36157). The CLI does not need them: it changes the cluster
 // through etcd. A read token, if set, guards the read endpoints of /api
 // (either token reads). /healthz, /readyz and /metrics need no token.
+//
+// # Run logs
+//
+// GET /api/v1/jobs/{job}/runs/{run}/log answers with a run's whole log
+// (see package runlog), {run} being FENCE-ITEM, or FENCE when one item ran
+// under that fence (else 400, naming the items that share it): by default
+// text/plain, the records as stored (<time> <tag> <text>); format=json
+// gives one JSON object per record ({time, tag, stream, text}; text with
+// invalid UTF-8 replaced); stream=stdout or stream=stderr keeps that
+// stream's records; follow=1 streams the records as the run writes them
+// and ends when its log is closed. The header X-Shardd-Log-Writing says
+// whether the run was still writing it, X-Shardd-Served-By which instance
+// answered. A log that is not on this instance is looked up in etcd (the
+// run's history record names the instance that ran it, the registry that
+// instance's API) and the request is proxied there, Authorization and
+// all, at most once (X-Shardd-Hop): the instances must share their read
+// token, and an API over TLS must be trusted (shardd run --api-ca). 404
+// for an unknown job or run (the message says how to find runs: shardd
+// history JOB) and for a run whose instance is not live (the message
+// names it and where its log is); 502 when that instance serves no API
+// or does not answer.
 package api
 
 import (
@@ -79,6 +101,8 @@ type Options struct {
 	Loopback bool
 	// Timeout bounds the etcd reads and writes of one request; default 5s.
 	Timeout time.Duration
+	// RunLogs serves run logs (nil: none here, none looked for elsewhere).
+	RunLogs *RunLogs
 }
 
 // Handler returns the HTTP handler.
@@ -109,6 +133,7 @@ func Handler(o Options) http.Handler {
 		{"DELETE", "/api/v1/jobs/{job}", a.write(a.remove)},
 		{"GET", "/api/v1/jobs/{job}/history", a.read(a.history)},
 		{"GET", "/api/v1/instances", a.read(a.instances)},
+		{"GET", "/api/v1/jobs/{job}/runs/{run}/log", a.read(a.runLog)},
 		{"POST", "/api/v1/jobs/{job}/trigger", a.write(a.trigger)},
 		{"POST", "/api/v1/jobs/{job}/kill", a.write(a.kill)},
 		{"GET", "/api/v1/audit", a.read(a.audit)},

@@ -269,6 +269,13 @@ func (r *Reader) refresh() {
 	}
 }
 
+// Buffered reports whether the next line is read already: Next and
+// Follow return it without reading or waiting.
+func (r *Reader) Buffered() bool {
+	rest := r.buf[r.pos:]
+	return bytes.IndexByte(rest, '\n') >= 0 || len(rest) >= maxLine
+}
+
 // line returns the next complete line in buf, without its newline.
 func (r *Reader) line() ([]byte, bool) {
 	rest := r.buf[r.pos:]
