@@ -53,6 +53,10 @@ type RunLogs struct {
 	// WaitForLog bounds how long a request for a run this instance has
 	// just claimed waits for its log to be created; default 3s.
 	WaitForLog time.Duration
+	// Host is this instance's host name (as registered): an instance of
+	// another host whose API listens on loopback cannot be reached from
+	// here. Empty: not checked.
+	Host string
 }
 
 // RunFinder finds runs in the cluster; *coord.Node implements it.
@@ -217,8 +221,30 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 			id, job, info.ID, info.Host, info.Host, file)
 		return
 	}
+	if LoopbackOfAnotherHost(info, rl.Host) {
+		writeError(w, http.StatusBadGateway, "run %s of job %q ran on instance %s (host %s), whose API listens on %s, a loopback address that only host %s reaches: its log is on host %s, %s (ask that host's API, or give instance %s a --listen address beyond loopback, with --tls-cert)",
+			id, job, info.ID, info.Host, info.API, info.Host, info.Host, file, info.ID)
+		return
+	}
 	a.proxyLog(w, r, rl, info, fmt.Sprintf("run %s of job %q", id, job), file)
 }
+
+// LoopbackOfAnotherHost reports whether an instance's API listens on a
+// loopback address of a host other than host (the asker's): then the asker
+// cannot reach it. An empty host is not checked.
+func LoopbackOfAnotherHost(info coord.InstanceInfo, host string) bool {
+	h, _, err := net.SplitHostPort(info.API)
+	if err != nil || host == "" || info.Host == "" || strings.EqualFold(info.Host, host) {
+		return false
+	}
+	ip := net.ParseIP(h)
+	return strings.EqualFold(h, "localhost") || (ip != nil && ip.IsLoopback())
+}
+
+// APIHost is where an instance's API is reached (host:port): its
+// registered address, with its host name for an unspecified address
+// (0.0.0.0, [::]).
+func APIHost(info coord.InstanceInfo) string { return apiHost(info) }
 
 // sharedFence answers a request for FENCE that names several runs.
 func sharedFence(w http.ResponseWriter, job string, fence int64, items []int) {

@@ -194,10 +194,11 @@ func TestRunLogErrors(t *testing.T) {
 			{Job: "orders", Item: 0, Fence: 32, Instance: "a", State: coord.StateDone},
 			{Job: "orders", Item: 2, Fence: 33, Instance: "b", State: coord.StateDone},
 			{Job: "orders", Item: 3, Fence: 33, Instance: "b", State: coord.StateDone},
+			{Job: "orders", Item: 0, Fence: 34, Instance: "far", State: coord.StateDone},
 		},
-		instances: map[string]coord.InstanceInfo{"quiet": {ID: "quiet", Host: "host-q"}},
+		instances: map[string]coord.InstanceInfo{"quiet": {ID: "quiet", Host: "host-q"}, "far": {ID: "far", Host: "host-f", API: "127.0.0.1:9741"}},
 	}
-	a := newInstance(t, "a", runs, Options{})
+	a := newInstance(t, "a", runs, Options{RunLogs: &RunLogs{Host: "host-a"}})
 	a.run(t, 20, 0, nil, nil)
 	a.run(t, 20, 1, nil, nil)
 	for _, tc := range []struct {
@@ -218,6 +219,7 @@ func TestRunLogErrors(t *testing.T) {
 		{"ran here, log gone", "/api/v1/jobs/orders/runs/32-0/log", 404, []string{"run 32-0", "ran on this instance (a)", "retention"}},
 		{"instance not live", "/api/v1/jobs/orders/runs/30/log", 404, []string{"run 30-0", "instance gone", "not live", "orders/30-0.log", "runs/gone"}},
 		{"instance without an API", "/api/v1/jobs/orders/runs/31-1/log", 502, []string{"instance quiet (host host-q)", "serves no API", "on host host-q"}},
+		{"an API on another host's loopback", "/api/v1/jobs/orders/runs/34/log", 502, []string{"instance far (host host-f)", "127.0.0.1:9741", "loopback", "only host host-f reaches"}},
 	} {
 		rec := get(t, a.h, tc.path, "")
 		var e apiError
@@ -412,5 +414,28 @@ func TestRunLogProxyOverTLS(t *testing.T) {
 	distrusting := newInstance(t, "a", runs, Options{RunLogs: &RunLogs{Transport: other}})
 	if rec := get(t, distrusting.h, "/api/v1/jobs/orders/runs/60-1/log", ""); rec.Code != 502 || !strings.Contains(rec.Body.String(), "certificate") || !strings.Contains(rec.Body.String(), "https://") {
 		t.Errorf("an untrusted certificate: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestAPIHost(t *testing.T) {
+	for _, tc := range []struct {
+		api, host, want   string
+		loopbackElsewhere bool
+	}{
+		{"10.0.0.5:9741", "h1", "10.0.0.5:9741", false},
+		{"0.0.0.0:9741", "h1", "h1:9741", false},
+		{"[::]:9741", "h1", "h1:9741", false},
+		{"127.0.0.1:9741", "h1", "127.0.0.1:9741", true},
+		{"[::1]:9741", "h1", "[::1]:9741", true},
+		{"localhost:9741", "h1", "localhost:9741", true},
+		{"127.0.0.1:9741", "here", "127.0.0.1:9741", false}, // this host's
+	} {
+		info := coord.InstanceInfo{API: tc.api, Host: tc.host}
+		if got := APIHost(info); got != tc.want {
+			t.Errorf("APIHost(%s on %s) = %s, want %s", tc.api, tc.host, got, tc.want)
+		}
+		if got := LoopbackOfAnotherHost(info, "here"); got != tc.loopbackElsewhere {
+			t.Errorf("LoopbackOfAnotherHost(%s on %s) = %v", tc.api, tc.host, got)
+		}
 	}
 }

@@ -110,3 +110,15 @@ func (n *Node) FindRuns(ctx context.Context, job string, item int, fence int64) 
 func (n *Node) Instance(ctx context.Context, id string) (InstanceInfo, bool, error) {
 	return ReadInstance(ctx, n.opts.Client, n.keys, id)
 }
+
+// ItemCount returns how many items job has now (the registered definition's
+// shardingTotalCount; for BROADCAST, its map's): ok is false when etcd has
+// neither readable. An unknown job is ErrUnknownJob.
+func ItemCount(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (n int, ok bool, err error) {
+	f, err := requireJob(ctx, cli, keys, job)
+	if err != nil {
+		return 0, false, err
+	}
+	n, ok = f.total()
+	return n, ok, nil
+}

@@ -76,6 +76,12 @@ func TestFindRuns(t *testing.T) {
 	if _, err := n.FindRuns(ctx, "orders", 3, 0); !errors.Is(err, ErrBadTarget) {
 		t.Errorf("item out of range: %v", err)
 	}
+	if total, ok, err := ItemCount(ctx, n.cli, n.keys, "orders"); total != 3 || !ok || err != nil {
+		t.Errorf("ItemCount(orders) = %d, %v, %v", total, ok, err)
+	}
+	if _, _, err := ItemCount(ctx, n.cli, n.keys, "nope"); !errors.Is(err, ErrUnknownJob) {
+		t.Errorf("ItemCount(nope): %v", err)
+	}
 	info, ok, err := n.Instance(ctx, "a")
 	if err != nil || !ok || info.ID != "a" || info.Host != "test" {
 		t.Errorf("Instance(a) = %+v, %v, %v", info, ok, err)
