@@ -66,6 +66,7 @@ func cmdRun(e *env, args []string) error {
 		tlsKey    = fs.String("tls-key", "", "private key `file` (PEM) of --tls-cert")
 		tlsCA     = fs.String("tls-client-ca", "", "CA bundle `file`: with it, the HTTP server requires client certificates it signed")
 		runLogDir = fs.String("run-log-dir", "", "`directory` of this instance's run logs, each run's whole output (default <data-dir>/runs/<name>; \"none\" keeps only the history's tail)")
+		apiCA     = fs.String("api-ca", "", "CA bundle `file` that verifies the other instances' API certificates, when this one proxies a run log request to them (default: --tls-client-ca's, else the system's roots)")
 		ef        etcdFlags
 		lf        logFlags
 	)
@@ -108,6 +109,10 @@ func cmdRun(e *env, args []string) error {
 		return &exitError{exitFailure, err}
 	}
 	tlsCfg, err := serverTLS{*tlsCert, *tlsKey, *tlsCA}.config()
+	if err != nil {
+		return err
+	}
+	peers, err := proxyTransport(*apiCA, serverTLS{*tlsCert, *tlsKey, *tlsCA}) // see logs.go
 	if err != nil {
 		return err
 	}
@@ -219,7 +224,7 @@ func cmdRun(e *env, args []string) error {
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
-		Info:          coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr},
+		Info:          coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: tlsCfg != nil},
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },
 		Explain: func(ctx context.Context) string {
@@ -329,6 +334,7 @@ func cmdRun(e *env, args []string) error {
 		srv := newHTTPServer(api.Handler(api.Options{
 			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
 			Auth: auth, UI: ui, Loopback: isLoopback(ln.Addr()),
+			RunLogs: &api.RunLogs{Store: runLogs, Runs: node, Transport: peers, Host: hostname()},
 		}), tlsCfg, log)
 		g.Add(func() error {
 			if err := serve(srv, ln); !errors.Is(err, http.ErrServerClosed) {

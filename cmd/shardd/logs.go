@@ -1,0 +1,435 @@
+package main
+
+// shardd logs: a run's log, read from the instance that ran it through its
+// API; and the TLS of the requests one instance proxies to another.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/runlog"
+)
+
+// apiFlags are the flags of a client of the instances' APIs.
+type apiFlags struct {
+	tokenFile, ca, cert, key string
+}
+
+// apiFlagNames are the flags apiFlags registers: connection flags, taken
+// from the environment too.
+var apiFlagNames = []string{"api-token-file", "api-ca", "api-cert", "api-key"}
+
+func (f *apiFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.tokenFile, "api-token-file", "", "`file` with a token of the instances' API, as shardd run's token files (NAME ROLE SECRET lines, or one SECRET): its first read token, else its first, is used; needed when the API has read tokens")
+	fs.StringVar(&f.ca, "api-ca", "", "CA bundle `file` that verifies the instances' API certificates (their --tls-cert); default: the system's roots")
+	fs.StringVar(&f.cert, "api-cert", "", "client certificate `file` (PEM) for an API that requires one (--tls-client-ca)")
+	fs.StringVar(&f.key, "api-key", "", "private key `file` (PEM) of --api-cert")
+}
+
+// clientTLS returns the TLS configuration of a client of the APIs: ca's
+// roots (the system's when ca is ""), and the client certificate when
+// cert and key are given.
+func clientTLS(ca, cert, key, caFlag, certFlag string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if ca != "" {
+		pem, err := os.ReadFile(ca)
+		if err != nil {
+			return nil, &exitError{exitFailure, fmt.Errorf("%s: %w", caFlag, err)}
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, &exitError{exitFailure, fmt.Errorf("%s %s: no PEM certificates", caFlag, ca)}
+		}
+	}
+	if (cert == "") != (key == "") {
+		return nil, usageError("%s and its key go together: give both, or neither", certFlag)
+	}
+	if cert != "" {
+		pair, err := tls.LoadX509KeyPair(cert, key)
+		if err != nil {
+			return nil, &exitError{exitFailure, fmt.Errorf("%s: %w", certFlag, err)}
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// apiTransport is a transport to the instances' APIs with cfg's TLS.
+func apiTransport(cfg *tls.Config, headerTimeout time.Duration) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = cfg
+	t.ResponseHeaderTimeout = headerTimeout
+	t.Proxy = nil // the cluster's own addresses: never through an HTTP proxy of the environment
+	return t
+}
+
+// proxyTransport is the transport of the run log requests `shardd run`
+// proxies to the instance that ran the run: it trusts --api-ca (default:
+// --tls-client-ca, else the system's roots) and presents this instance's
+// own --tls-cert, for an API that requires client certificates (the
+// certificate must then allow client authentication).
+func proxyTransport(apiCA string, s serverTLS) (*http.Transport, error) {
+	ca, caFlag := apiCA, "--api-ca"
+	if ca == "" {
+		ca, caFlag = s.clientCA, "--tls-client-ca"
+	}
+	cfg, err := clientTLS(ca, s.cert, s.key, caFlag, "--tls-cert")
+	if err != nil {
+		return nil, err
+	}
+	return apiTransport(cfg, 10*time.Second), nil
+}
+
+func cmdLogs(e *env, args []string) error {
+	fs := newFlagSet(e, "logs")
+	var o opsFlags
+	o.register(fs)
+	var af apiFlags
+	af.register(fs)
+	var item itemFlag
+	fs.Var(&item, "item", "the `item` whose run to show (default: the job's only item; required when it has several, unless --run names one)")
+	runFlag := fs.String("run", "", "the run: its `FENCE`, or FENCE-ITEM (the FENCE and ITEM columns of shardd history); default: the item's latest run")
+	followFlag := fs.Bool("f", false, "follow: print the run's output as it comes, until the run ends")
+	raw := fs.Bool("raw", false, "print the log's records as stored (<time> <tag> <text>, shardd's own included), all on stdout")
+	if err := applyEnv(e, fs, apiFlagNames...); err != nil {
+		return err
+	}
+	job, err := o.parseJob(e, fs, args)
+	if err != nil {
+		return err
+	}
+	fence, runItem := int64(0), -1
+	if *runFlag != "" {
+		var ok bool
+		if fence, runItem, ok = runlog.ParseRun(*runFlag); !ok {
+			return usageError("--run %q: a run is FENCE or FENCE-ITEM (the FENCE and ITEM columns of shardd history %s)", *runFlag, job)
+		}
+		if runItem >= 0 && item.set && item.n != runItem {
+			return usageError("--run %s is a run of item %d, not of --item %d", *runFlag, runItem, item.n)
+		}
+	}
+	if item.set {
+		runItem = item.n
+	}
+	token, err := cliToken(af.tokenFile)
+	if err != nil {
+		return &exitError{exitFailure, fmt.Errorf("--api-token-file: %w", err)}
+	}
+	tlsCfg, err := clientTLS(af.ca, af.cert, af.key, "--api-ca", "--api-cert")
+	if err != nil {
+		return err
+	}
+
+	cli, ctx, done, err := o.connect()
+	if err != nil {
+		return err
+	}
+	defer done()
+	keys := coord.NewKeys(o.ef.prefix)
+	recs, err := coord.FindRuns(ctx, cli, keys, job, runItem, fence)
+	if err != nil {
+		return o.opError(err)
+	}
+	if fence == 0 && runItem < 0 { // the latest run: of which item?
+		n, ok, err := coord.ItemCount(ctx, cli, keys, job)
+		if err != nil {
+			return o.opError(err)
+		}
+		if !ok || n != 1 {
+			what := "several items"
+			if ok {
+				what = fmt.Sprintf("items 0-%d", n-1)
+			}
+			return &exitError{exitFailure, fmt.Errorf("job %s has %s: give --item N (the latest run of item N), or --run FENCE from `shardd history %s`", job, what, job)}
+		}
+		runItem, recs = 0, keepItem(recs, 0)
+	}
+	if len(recs) == 0 {
+		switch {
+		case fence > 0:
+			return &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item; an older run's log stays on the instance that ran it): `shardd history %s` lists its runs", job, runName(fence, runItem), coord.HistoryPerItem, job)}
+		default:
+			return &exitError{exitFailure, fmt.Errorf("item %d of job %s has no recorded run yet: `shardd history %s` lists the job's runs", runItem, job, job)}
+		}
+	}
+	if runItem < 0 { // --run FENCE: one run, or which?
+		var names []string
+		for _, r := range recs {
+			names = append(names, runName(r.Fence, r.Item))
+		}
+		if len(recs) > 1 {
+			return &exitError{exitFailure, fmt.Errorf("fence %d of job %s is the claim of several items, runs %s: give --item N, or --run FENCE-ITEM", fence, job, strings.Join(names, ", "))}
+		}
+	}
+	rec := recs[0]
+	id := runlog.RunID{Fence: rec.Fence, Item: int32(rec.Item)}
+	what := fmt.Sprintf("run %s of job %s (item %d, fire %s, attempt %d, %s) on instance %s", id, job, rec.Item, rec.Fire.Format(time.RFC3339), rec.Attempt, rec.Source, rec.Instance)
+
+	info, live, err := coord.ReadInstance(ctx, cli, keys, rec.Instance)
+	if err != nil {
+		return o.opError(err)
+	}
+	local := filepath.Join(o.ef.dataDirOrDefault(), "runs", rec.Instance, job, id.String()+".log")
+	var why string // why the API cannot be asked
+	switch {
+	case !live:
+		why = fmt.Sprintf("instance %s is not live (not registered in etcd), so no API serves its logs", rec.Instance)
+	case info.API == "":
+		why = fmt.Sprintf("instance %s (host %s) serves no API (--listen \"\")", info.ID, info.Host)
+	case api.LoopbackOfAnotherHost(info, hostname()):
+		why = fmt.Sprintf("instance %s's API listens on %s, a loopback address of host %s, which only that host reaches", info.ID, info.API, info.Host)
+	}
+	if why != "" {
+		if _, err := os.Stat(local); err == nil && (!live || info.Host == hostname()) {
+			fmt.Fprintf(e.stderr, "shardd logs: %s; reading its log from this host's file %s\n", why, local)
+			r, err := runlog.OpenFile(local, 0)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			p := &logPrinter{e: e, raw: *raw}
+			next := r.Next
+			if *followFlag {
+				next = func() ([]byte, error) { return r.Follow(context.Background()) }
+			}
+			err = p.copyLines(next)
+			p.summary(what, "the file "+local, *followFlag, false)
+			return err
+		}
+		host := info.Host
+		if host == "" {
+			host = "its host (an instance's id is its host name unless --name chose another)"
+		}
+		return &exitError{exitFailure, fmt.Errorf("%s: %s; its log is on %s, in %s's run log directory (by default <data-dir>/runs/%s/%s/%s.log)",
+			what, why, host, rec.Instance, rec.Instance, job, id)}
+	}
+
+	scheme := "http"
+	if info.APITLS {
+		scheme = "https"
+	}
+	u := url.URL{Scheme: scheme, Host: api.APIHost(info), Path: "/api/v1/jobs/" + job + "/runs/" + id.String() + "/log"}
+	if *followFlag {
+		u.RawQuery = "follow=1"
+	}
+	req, err := http.NewRequest("GET", u.String(), nil)
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	client := &http.Client{Transport: apiTransport(tlsCfg, o.timeout)}
+	resp, err := client.Do(req)
+	if err != nil {
+		hint := ""
+		var uerr x509.UnknownAuthorityError
+		if errors.As(err, &uerr) || strings.Contains(err.Error(), "certificate") {
+			hint = " (--api-ca names the CA of the instances' API certificates)"
+		}
+		return &exitError{exitFailure, fmt.Errorf("%s: its API at %s did not answer: %v%s; its log is on host %s, in %s's run log directory (by default <data-dir>/runs/%s/%s/%s.log)",
+			what, u.Scheme+"://"+u.Host, err, hint, info.Host, rec.Instance, rec.Instance, job, id)}
+	}
+	defer resp.Body.Close()
+	served := resp.Header.Get(api.ServedByHeader)
+	if resp.StatusCode != http.StatusOK {
+		var ae struct {
+			Error string `json:"error"`
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		msg := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
+			msg = ae.Error
+		}
+		hint := ""
+		if resp.StatusCode == http.StatusUnauthorized {
+			hint = " (--api-token-file or SHARDD_API_TOKEN_FILE names a file with the API's read token)"
+		}
+		return &exitError{exitFailure, fmt.Errorf("%s: its API at %s answered %s: %s%s", what, u.Scheme+"://"+u.Host, resp.Status, msg, hint)}
+	}
+	p := &logPrinter{e: e, raw: *raw}
+	br := bufio.NewReaderSize(resp.Body, 64<<10)
+	err = p.copyLines(func() ([]byte, error) {
+		line, err := br.ReadBytes('\n')
+		if err == io.EOF && len(line) > 0 {
+			err = nil // a last line without its newline
+		}
+		return bytes.TrimSuffix(line, []byte("\n")), err
+	})
+	if served == "" {
+		served = info.ID
+	}
+	p.summary(what, "instance "+served+"'s API", *followFlag, resp.Header.Get(api.WritingHeader) == "true")
+	if err != nil {
+		return &exitError{exitFailure, fmt.Errorf("%s: the answer broke off: %v", what, err)}
+	}
+	return nil
+}
+
+// cliToken returns the secret the command line presents to the API, from
+// a token file in shardd run's format (api.ParseTokens: NAME ROLE SECRET
+// lines, or one bare SECRET): its first token of the read role, else its
+// first token (reads need no more). "" without a file.
+func cliToken(path string) (string, error) {
+	if path == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	ts, err := api.ParseTokens(string(b), path, "default", api.RoleRead)
+	if err != nil {
+		return "", err
+	}
+	if len(ts) == 0 {
+		return "", fmt.Errorf("%s holds no token", path)
+	}
+	for _, t := range ts {
+		if t.Role == api.RoleRead {
+			return t.Secret, nil
+		}
+	}
+	return ts[0].Secret, nil
+}
+
+// keepItem keeps the records of item.
+func keepItem(recs []coord.ItemRecord, item int) []coord.ItemRecord {
+	var out []coord.ItemRecord
+	for _, r := range recs {
+		if r.Item == item {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func runName(fence int64, item int) string {
+	if item < 0 {
+		return strconv.FormatInt(fence, 10)
+	}
+	return runlog.RunID{Fence: fence, Item: int32(item)}.String()
+}
+
+// logPrinter prints a run log's records: by default the run's stdout to
+// stdout and its stderr to stderr, as the run wrote them; raw, every
+// record as stored, on stdout.
+type logPrinter struct {
+	e       *env
+	raw     bool
+	records int    // records read
+	lines   [2]int // stdout's and stderr's lines printed
+	bytes   [2]int // and their bytes
+	end     string // the run's end, as its last shardd record says
+	bad     int    // lines that are not records
+}
+
+// copyLines prints the lines next returns, to io.EOF.
+func (p *logPrinter) copyLines(next func() ([]byte, error)) error {
+	stdout, stderr := bufio.NewWriter(p.e.stdout), bufio.NewWriter(p.e.stderr)
+	defer stdout.Flush()
+	defer stderr.Flush()
+	for {
+		line, err := next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		p.records++
+		rec, perr := runlog.ParseRecord(line)
+		if perr != nil {
+			p.bad++
+		} else if rec.Tag == "shardd" && strings.HasPrefix(string(rec.Text), "end ") {
+			p.end = string(rec.Text)
+		}
+		if p.raw {
+			stdout.Write(line)
+			stdout.WriteByte('\n')
+			stdout.Flush()
+			continue
+		}
+		if perr != nil {
+			continue
+		}
+		n, w := 0, stdout
+		switch rec.Tag {
+		case "out", "out+":
+		case "err", "err+":
+			n, w = 1, stderr
+		default:
+			continue
+		}
+		w.Write(rec.Text)
+		p.bytes[n] += len(rec.Text)
+		if !strings.HasSuffix(rec.Tag, "+") {
+			w.WriteByte('\n')
+			p.bytes[n]++
+			p.lines[n]++
+		}
+		w.Flush()
+	}
+}
+
+// summary says on stderr what was printed, from where, and how the run
+// stands.
+func (p *logPrinter) summary(what, from string, followed, writing bool) {
+	var printed string
+	switch {
+	case p.raw:
+		printed = fmt.Sprintf("printed its %d records as stored", p.records)
+	default:
+		printed = fmt.Sprintf("printed its stdout on stdout (%s) and its stderr on stderr (%s)", lines(p.lines[0], p.bytes[0]), lines(p.lines[1], p.bytes[1]))
+	}
+	var state string
+	switch {
+	case p.end != "":
+		state = "the run ended: " + p.end
+	case writing && !followed:
+		state = "the run is still going (its log is being written): -f follows it to its end"
+	case followed:
+		state = "the log ended without the run's end record (its instance stopped mid-run, or the log was cut)"
+	default:
+		state = "its log has no end record: the run was cut (its instance stopped mid-run) or its log stopped"
+	}
+	bad := ""
+	if p.bad > 0 {
+		bad = fmt.Sprintf(" (%d lines were not records)", p.bad)
+	}
+	fmt.Fprintf(p.e.stderr, "shardd logs: %s, from %s: %s%s; %s\n", what, from, printed, bad, state)
+}
+
+// dataDirOrDefault is --data-dir as the operator commands resolve it.
+func (f *etcdFlags) dataDirOrDefault() string {
+	dir, _ := f.dir(true)
+	if abs, err := filepath.Abs(dir); err == nil {
+		return abs
+	}
+	return dir
+}
+
+func lines(n, bytes int) string {
+	s := "s"
+	if n == 1 {
+		s = ""
+	}
+	return fmt.Sprintf("%d line%s, %d bytes", n, s, bytes)
+}
