@@ -337,6 +337,7 @@ type logPrinter struct {
 	records int    // records read
 	lines   [2]int // stdout's and stderr's lines printed
 	bytes   [2]int // and their bytes
+	open    bool   // the last output printed did not end its line
 	end     string // the run's end, as its last shardd record says
 	bad     int    // lines that are not records
 }
@@ -380,6 +381,7 @@ func (p *logPrinter) copyLines(next func() ([]byte, error)) error {
 		}
 		w.Write(rec.Text)
 		p.bytes[n] += len(rec.Text)
+		p.open = strings.HasSuffix(rec.Tag, "+") && len(rec.Text) > 0
 		if !strings.HasSuffix(rec.Tag, "+") {
 			w.WriteByte('\n')
 			p.bytes[n]++
@@ -413,6 +415,9 @@ func (p *logPrinter) summary(what, from string, followed, writing bool) {
 	bad := ""
 	if p.bad > 0 {
 		bad = fmt.Sprintf(" (%d lines were not records)", p.bad)
+	}
+	if p.open { // on a terminal, the summary starts a line of its own
+		fmt.Fprintln(p.e.stderr)
 	}
 	fmt.Fprintf(p.e.stderr, "shardd logs: %s, from %s: %s%s; %s\n", what, from, printed, bad, state)
 }

@@ -210,7 +210,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "run %s of job %q ran on instance %s: %v", id, job, rec.Instance, err)
 		return
 	}
-	file := fmt.Sprintf("%s/%s.log in its run log directory (by default <data-dir>/runs/%s)", job, id, rec.Instance)
+	file := fmt.Sprintf("%s/%s.log in the run log directory of instance %s (by default runs/%s in its --data-dir)", job, id, rec.Instance, rec.Instance)
 	if !live {
 		writeError(w, http.StatusNotFound, "run %s of job %q ran on instance %s, which is not live now (not registered in etcd), so no API serves its log: it is on that instance's host (an instance's id is its host name unless --name chose another), %s",
 			id, job, rec.Instance, file)

@@ -217,7 +217,7 @@ func TestRunLogErrors(t *testing.T) {
 		{"item out of range", "/api/v1/jobs/orders/runs/20-7/log", 400, []string{"no item 7"}},
 		{"unknown run", "/api/v1/jobs/orders/runs/99-0/log", 404, []string{`job "orders" has no run 99-0`, "shardd history orders", "last 10 runs of each item"}},
 		{"ran here, log gone", "/api/v1/jobs/orders/runs/32-0/log", 404, []string{"run 32-0", "ran on this instance (a)", "retention"}},
-		{"instance not live", "/api/v1/jobs/orders/runs/30/log", 404, []string{"run 30-0", "instance gone", "not live", "orders/30-0.log", "runs/gone"}},
+		{"instance not live", "/api/v1/jobs/orders/runs/30/log", 404, []string{"run 30-0", "instance gone", "not live", "orders/30-0.log", "runs/gone in its --data-dir"}},
 		{"instance without an API", "/api/v1/jobs/orders/runs/31-1/log", 502, []string{"instance quiet (host host-q)", "serves no API", "on host host-q"}},
 		{"an API on another host's loopback", "/api/v1/jobs/orders/runs/34/log", 502, []string{"instance far (host host-f)", "127.0.0.1:9741", "loopback", "only host host-f reaches"}},
 	} {
