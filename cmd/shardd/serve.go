@@ -110,7 +110,7 @@ func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken, readToken bool,
 		log.Info("the API's write endpoints are disabled: no --api-token-file (the CLI's trigger, disable, enable and remove work through etcd)", "addr", addr.String())
 	}
 	if !readToken {
-		log.Info("the API's read endpoints (definitions, status, history with output tails) are open to whoever reaches "+addr.String()+", every local user included; --api-read-token-file closes them", "addr", addr.String())
+		log.Info("the API's read endpoints (definitions, status, history with output tails, run logs) are open to whoever reaches "+addr.String()+", every local user included; --api-read-token-file closes them", "addr", addr.String())
 	}
 	for _, f := range tokenFiles {
 		if fi, err := os.Stat(f); err == nil && fi.Mode().Perm()&0o077 != 0 {
