@@ -133,13 +133,17 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 	if rl == nil {
 		rl = &RunLogs{}
 	}
-	if rl.Store != nil { // here?
+	if rl.Store != nil && item >= 0 { // here?
+		if id := (runlog.RunID{Fence: fence, Item: int32(item)}); rl.Store.Has(job, id) {
+			a.serveLog(w, r, rl, job, id, q)
+			return
+		}
+	} else if rl.Store != nil { // FENCE alone: of which items is there a log here?
 		ids, err := rl.Store.Runs(job, fence)
 		if err != nil {
 			writeError(w, http.StatusInternalServerError, "%v", err)
 			return
 		}
-		ids = slices.DeleteFunc(ids, func(id runlog.RunID) bool { return item >= 0 && int(id.Item) != item })
 		switch {
 		case len(ids) == 1:
 			a.serveLog(w, r, rl, job, ids[0], q)
@@ -198,7 +202,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 		}
 		where := "run logs are off here (--run-log-dir none)"
 		if rl.Store != nil {
-			where = "not in " + rl.Store.Dir() + ": removed by retention (the job's logRetention), or run logs were off or elsewhere (--run-log-dir) when it ran"
+			where = "not in " + rl.Store.Dir() + ": removed by retention (the job's logRetention), not created (this instance's log says why), or run logs were off or elsewhere (--run-log-dir) when it ran"
 		}
 		writeError(w, http.StatusNotFound, "run %s of job %q ran on this instance (%s), but its log is gone: %s", id, job, self, where)
 		return
@@ -273,7 +277,7 @@ func (a *api) waitForLog(ctx context.Context, rl *RunLogs, job string, id runlog
 	}
 	deadline := time.Now().Add(wait)
 	for {
-		if ids, err := rl.Store.Runs(job, id.Fence); err == nil && slices.Contains(ids, id) {
+		if rl.Store.Has(job, id) {
 			return true
 		}
 		if time.Now().After(deadline) {

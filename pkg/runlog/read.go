@@ -160,6 +160,15 @@ func (s *Store) Writing(job string, id RunID) bool {
 	return act != nil
 }
 
+// Has reports whether run id of job has a log in this store.
+func (s *Store) Has(job string, id RunID) bool {
+	if !isJobName(job) {
+		return false
+	}
+	fi, err := os.Stat(s.Path(job, id))
+	return err == nil && fi.Mode().IsRegular()
+}
+
 // Runs lists the runs of job that have a log in this store, by fence and
 // item; fence > 0 lists only that fence's (the runs of one claim).
 func (s *Store) Runs(job string, fence int64) ([]RunID, error) {

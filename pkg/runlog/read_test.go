@@ -156,6 +156,14 @@ func TestOpenReadsARunsLog(t *testing.T) {
 			t.Errorf("Runs(j, %d) = %v, %v; want %v", fence, got, err, want)
 		}
 	}
+	for id, want := range map[RunID]bool{{9, 0}: true, {9, 1}: true, {12, 0}: true, {12, 1}: false, {10, 0}: false} {
+		if got := s.Has("j", id); got != want {
+			t.Errorf("Has(j, %s) = %v", id, got)
+		}
+	}
+	if s.Has("../j", RunID{Fence: 9}) {
+		t.Error("Has of a bad job name")
+	}
 	if got, err := s.Runs("nothing", 0); err != nil || got != nil {
 		t.Errorf("Runs of a job without logs = %v, %v", got, err)
 	}
