@@ -39,9 +39,9 @@
 // whether the run was still writing it, X-Shardd-Served-By which instance
 // answered. A log that is not on this instance is looked up in etcd (the
 // run's history record names the instance that ran it, the registry that
-// instance's API) and the request is proxied there, Authorization and
-// all, at most once (X-Shardd-Hop): the instances must share their read
-// token, and an API over TLS must be trusted (shardd run --api-ca). 404
+// instance's API) and the request is proxied there with the caller's
+// token (a console session's too), at most once (X-Shardd-Hop): the
+// instances must share their tokens, and an API over TLS must be trusted (shardd run --api-ca). 404
 // for an unknown job or run (the message says how to find runs: shardd
 // history JOB) and for a run whose instance is not live (the message
 // names it and where its log is); 502 when that instance serves no API

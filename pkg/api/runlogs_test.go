@@ -355,7 +355,8 @@ func TestRunLogProxy(t *testing.T) {
 		},
 		instances: map[string]coord.InstanceInfo{},
 	}
-	a := newInstance(t, "a", runs, Options{Tokens: toks("", token)})
+	authA := NewAuth(toks("", token), 0, false)
+	a := newInstance(t, "a", runs, Options{Auth: authA})
 	b := newInstance(t, "b", &fakeRuns{runs: []coord.ItemRecord{{Job: "orders", Item: 3, Fence: 52, Instance: "a", State: coord.StateDone}}}, Options{Tokens: toks("", token)})
 	srvA, srvB := serve(t, a.h, false), serve(t, b.h, false)
 	runs.instances["b"] = coord.InstanceInfo{ID: "b", Host: "host-b", API: srvB.Listener.Addr().String()}
@@ -370,6 +371,20 @@ func TestRunLogProxy(t *testing.T) {
 	}
 	if rec := get(t, a.h, "/api/v1/jobs/orders/runs/50-1/log", ""); rec.Code != 401 {
 		t.Errorf("without the token: %d %s", rec.Code, rec.Body)
+	}
+	// A console session of a: b knows the session's token, not the session.
+	login := httptest.NewRecorder()
+	if _, err := authA.Login(login, token); err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
+	for _, c := range login.Result().Cookies() {
+		req.AddCookie(c)
+	}
+	rec = httptest.NewRecorder()
+	a.h.ServeHTTP(rec, req)
+	if rec.Code != 200 || rec.Header().Get(ServedByHeader) != "b" || !strings.Contains(rec.Body.String(), " out from b\n") {
+		t.Errorf("proxied for a console session: %d %v %s", rec.Code, rec.Header(), rec.Body)
 	}
 
 	// Follow through the proxy.
