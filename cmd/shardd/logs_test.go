@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -36,5 +38,30 @@ func TestLogsCommandLine(t *testing.T) {
 	run([]string{"help"}, &env{stdout: &out, stderr: &out, getenv: func(string) string { return "" }})
 	if !strings.Contains(out.String(), "\tlogs       print a run's output") {
 		t.Errorf("help does not list logs:\n%s", out.String())
+	}
+}
+
+// shardd logs reads a token file of shardd run's format, and presents its
+// first read token (reads need no more), else its first.
+func TestLogsToken(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		file, want, err string
+	}{
+		{"bare-secret-0123456789\n", "bare-secret-0123456789", ""},
+		{"# ops\nadmin write admin-secret-0123456789\nviewer read viewer-secret-0123456789\n", "viewer-secret-0123456789", ""},
+		{"admin write admin-secret-0123456789\n", "admin-secret-0123456789", ""},
+		{"# nothing\n", "", "holds no token"},
+		{"short\n", "", "at least 16"},
+	} {
+		path := filepath.Join(dir, "token")
+		os.WriteFile(path, []byte(tc.file), 0o600)
+		got, err := cliToken(path)
+		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("token file %q: %q, %v; want %q, %q", tc.file, got, err, tc.want, tc.err)
+		}
+	}
+	if got, err := cliToken(""); got != "" || err != nil {
+		t.Errorf("no file: %q, %v", got, err)
 	}
 }
