@@ -41,11 +41,12 @@
 // run's history record names the instance that ran it, the registry that
 // instance's API) and the request is proxied there with the caller's
 // token (a console session's too), at most once (X-Shardd-Hop): the
-// instances must share their tokens, and an API over TLS must be trusted (shardd run --api-ca). 404
-// for an unknown job or run (the message says how to find runs: shardd
-// history JOB) and for a run whose instance is not live (the message
-// names it and where its log is); 502 when that instance serves no API
-// or does not answer.
+// instances must share their tokens, and an API over TLS must be trusted
+// (shardd run --api-ca). 404 for an unknown job or run (the message says
+// how to find runs: shardd history JOB) and for a run whose instance is
+// not live (the message names it and where its log is); 502 when that
+// instance serves no API, listens on another host's loopback, or does not
+// answer.
 package api
 
 import (
