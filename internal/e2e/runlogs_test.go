@@ -103,7 +103,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
   - name: slow
     shardingTotalCount: 2
     script:
-      command: 'echo "begin $SHARDD_ITEM"; sleep 1.5; echo "finish $SHARDD_ITEM"'
+      command: 'echo "begin $SHARDD_ITEM"; sleep 2; echo "finish $SHARDD_ITEM"'
 `), 0o644)
 	apiA, apiB := etcdtest.FreeAddr(t), etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", cfg, "--listen", apiA, "--api-read-token-file", tokenFile)
@@ -211,7 +211,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 			t.Fatalf("follow of slow item %d: lines at %v", item, f.at)
 		}
 		if finish.Sub(begin) < 500*time.Millisecond {
-			t.Errorf("follow of slow item %d: begin came %s before finish; want it while the run slept 1.5s", item, finish.Sub(begin))
+			t.Errorf("follow of slow item %d: begin came %s before finish; want it while the run slept 2s", item, finish.Sub(begin))
 		}
 		if f.ended.Sub(end) > 2*time.Second {
 			t.Errorf("follow of slow item %d: the answer ended %s after the run's end record", item, f.ended.Sub(end))
