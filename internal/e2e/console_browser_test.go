@@ -162,6 +162,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	if h := text(t, ctx, "#history"); !strings.Contains(h, "MANUAL") || !strings.Contains(h, "2026-11-30") || !strings.Contains(h, "DONE") {
 		t.Errorf("history after the run:\n%s", h)
 	}
+	waitText(t, ctx, "#log-state", "End of the log", 10*time.Second)
+	browsertest.Screenshot(t, ctx, "console-job") // the README's picture
 
 	// Kill a long run.
 	browsertest.Do(t, ctx, chromedp.Navigate(base+"/jobs/long-import"), chromedp.WaitVisible(chromedp.CSS("#run-now")),
@@ -193,7 +195,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#disable-item-1")))
 	waitText(t, ctx, "#flash", "item 1 of job regions", 15*time.Second)
 	waitText(t, ctx, "#item-1", "DISABLED", 10*time.Second)
-	browsertest.Screenshot(t, ctx, "console-job")
+	browsertest.Screenshot(t, ctx, "item-disabled")
 	if off, err := coord.ReadJobStatus(ctx, etcd, coord.NewKeys(""), "regions"); err != nil || len(off.Jobs) != 1 || fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
 		t.Errorf("regions' disabled items in etcd: %+v, %v", off, err)
 	}
@@ -211,7 +213,7 @@ func TestConsoleInABrowser(t *testing.T) {
 
 	// Log out, and in as bob (read role): the same pages, no action.
 	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)), chromedp.WaitVisible(chromedp.CSS("#token")),
-		chromedp.SendKeys(chromedp.CSS("#token"), bobSecret), chromedp.Click(chromedp.CSS("#login")), chromedp.WaitVisible(chromedp.CSS("#jobs")),
+		chromedp.SendKeys(chromedp.CSS("#token"), bobSecret), chromedp.Click(chromedp.CSS("#login")), chromedp.WaitVisible(chromedp.CSS("#counts-h")),
 		chromedp.Navigate(base+"/jobs/regions"), chromedp.WaitVisible(chromedp.CSS("#items")))
 	acts := browsertest.Run(t, ctx, chromedp.Evaluate[int](`document.querySelectorAll("form.act, button.bulk-act").length`))
 	if acts != 0 {

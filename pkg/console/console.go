@@ -401,7 +401,7 @@ type jobRow struct {
 func newJobRow(j *coord.JobStatus, runs coord.JobRuns) jobRow {
 	row := jobRow{job: j, Name: j.Name, Status: j.Status, Leader: j.Leader, Total: j.Total, Running: len(runs.Running)}
 	for _, rec := range runs.Records {
-		if rec.State == coord.StateRunning || rec.End.IsZero() {
+		if rec.State == coord.StateRunning || rec.End.IsZero() || begun(rec) {
 			continue
 		}
 		if rec.End.After(row.LastEnd) {
@@ -418,6 +418,12 @@ func newJobRow(j *coord.JobStatus, runs coord.JobRuns) jobRow {
 		row.def = j.Definition.Job
 	}
 	return row
+}
+
+// begun reports whether a record only begins an item's record (coord's
+// Begin): the item has not run yet.
+func begun(rec coord.ItemRecord) bool {
+	return rec.State == coord.StateSkipped && rec.Skipped == 0 && rec.Reason == "" && rec.Fence == 0
 }
 
 // failed reports whether a run's record is a failure an operator should see.
@@ -687,7 +693,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	jr := runs[name]
 	for _, it := range js.Items {
 		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
-		if rec, ok := jr.Records[it.Item]; ok {
+		if rec, ok := jr.Records[it.Item]; ok && !begun(rec) {
 			row.Last, row.Result = &rec, result(rec)
 			if rec.Fence > 0 {
 				row.LogRun = strconv.FormatInt(rec.Fence, 10) + "-" + strconv.Itoa(it.Item)
