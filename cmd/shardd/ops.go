@@ -269,14 +269,13 @@ func setDisabled(e *env, name string, args []string, on bool) error {
 	defer done()
 	t := coord.Target{Job: job, Item: item.value(), Instance: *instance}
 	res, err := coord.SetDisabled(ctx, cli, coord.NewKeys(o.ef.prefix), t, on, *force)
+	if err == nil || res.Changed {
+		fmt.Fprintln(e.stdout, res.Message)
+	}
 	o.audit(ctx, cli, coord.AuditEntry{Action: name, Job: job, Target: t.String(), Detail: forceDetail(*force), Message: res.Message}, err)
 	if err != nil {
-		if res.Changed {
-			fmt.Fprintln(e.stdout, res.Message)
-		}
 		return o.opError(err)
 	}
-	fmt.Fprintln(e.stdout, res.Message)
 	return nil
 }
 
@@ -298,11 +297,13 @@ func cmdRemove(e *env, args []string) error {
 	if err != nil {
 		msg = ""
 	}
+	if err == nil {
+		fmt.Fprintln(e.stdout, msg)
+	}
 	o.audit(ctx, cli, coord.AuditEntry{Action: "remove", Job: job, Target: "job " + job, Message: msg}, err)
 	if err != nil {
 		return o.opError(err)
 	}
-	fmt.Fprintln(e.stdout, msg)
 	return nil
 }
 

@@ -112,9 +112,11 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 		resp, err := etcd.Get(context.Background(), coord.NewKeys("").DisabledJob("failing"))
 		return err == nil && len(resp.Kvs) == 1
 	})
-	if out, _ := os.ReadFile(filepath.Join(dir, "onfailure.out")); !strings.Contains(string(out), "disabled job failing") {
-		t.Errorf("onFailure's shardd disable said %q", out)
-	}
+	// The command prints after its write: wait for it to have said so.
+	waitFor(t, 10*time.Second, "onFailure's shardd disable to say what it did", func() bool {
+		out, _ := os.ReadFile(filepath.Join(dir, "onfailure.out"))
+		return strings.Contains(string(out), "disabled job failing")
+	})
 	if resp, _ := etcd.Get(context.Background(), coord.NewKeys("").DisabledItems("failing"), clientv3WithPrefix()...); len(resp.Kvs) != 0 {
 		t.Error("onFailure disabled an item")
 	}
