@@ -454,3 +454,34 @@ func TestAPIHost(t *testing.T) {
 		}
 	}
 }
+
+// Retention removes a job's oldest finished logs; the API then says the
+// log is gone and why, and still serves the newer ones.
+func TestRunLogRemovedByRetention(t *testing.T) {
+	runs := &fakeRuns{}
+	in := newInstance(t, "a", runs, Options{})
+	line := strings.Repeat("x", 1000)
+	out := make([]string, 10) // ~10 KB of output a run
+	for i := range out {
+		out[i] = line
+	}
+	ret := runlog.Retention{MaxBytesPerRun: 16 << 10, MaxTotalBytes: 16 << 10}
+	for fence := int64(100); fence < 104; fence++ {
+		l, err := in.store.Create(runlog.Header{Job: "orders", Item: 0, Fence: fence, Instance: "a"}, ret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range out {
+			fmt.Fprintln(l.Stdout(), s)
+		}
+		l.Close("end state=DONE exit=0")
+		runs.runs = append(runs.runs, coord.ItemRecord{Job: "orders", Item: 0, Fence: fence, Instance: "a"})
+	}
+	if rec := get(t, in.h, "/api/v1/jobs/orders/runs/103-0/log", ""); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), line) {
+		t.Errorf("the newest run's log: %d", rec.Code)
+	}
+	rec := get(t, in.h, "/api/v1/jobs/orders/runs/100-0/log", "")
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "removed by retention") {
+		t.Errorf("the oldest run's log, beyond maxTotalBytes: %d %s", rec.Code, rec.Body)
+	}
+}
