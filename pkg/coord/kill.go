@@ -189,16 +189,19 @@ func WaitKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 				json.Unmarshal(kvs[0].Value, &rec)
 				rev = kvs[0].ModRevision
 			}
-			fence := rec.Fence // a RUNNING record's fence is its claim's revision
-			if rec.State == StateRunning {
-				fence = rev
-			}
 			switch {
-			case fence == r.Fence && rec.State != StateRunning:
+			case rec.State == StateRunning && rev == r.Fence: // a RUNNING record's fence is its claim's revision
+				pending++
+			case rec.Fence == r.Fence:
 				out[i].State, out[i].Reason, out[i].Error = rec.State, rec.Reason, rec.Error
-			case fence > r.Fence:
-				out[i].State = "ENDED" // replaced by a newer run: it ended
-				out[i].Error = "a newer run (fence " + strconv.FormatInt(fence, 10) + ") has replaced it"
+			case rev > r.Fence:
+				// The record has moved on (the item's next run, or fires
+				// recorded skipped): the run's own record is in the history.
+				ended, err := endOf(ctx, cli, keys, job, r)
+				if err != nil {
+					return out, err
+				}
+				out[i] = ended
 			default:
 				pending++
 			}
@@ -214,9 +217,27 @@ func WaitKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 	}
 }
 
-// OnKill calls fn for every kill request of job made from now on, until the
-// returned cancel is called. fn runs on the node's watch goroutine and must
-// not block.
+// endOf finds how run r ended in its item's history; State is "ENDED"
+// when the history no longer has it.
+func endOf(ctx context.Context, cli *clientv3.Client, keys Keys, job string, r KillRun) (KillResult, error) {
+	res := KillResult{KillRun: r}
+	recs, err := ReadHistory(ctx, cli, keys, job)
+	if err != nil {
+		return res, fmt.Errorf("read the history of job %q: %w", job, err)
+	}
+	for _, h := range recs {
+		if h.Item == r.Item && h.Fence == r.Fence {
+			res.State, res.Reason, res.Error = h.State, h.Reason, h.Error
+			return res, nil
+		}
+	}
+	res.State, res.Error = "ENDED", "it ended; the item's history no longer has its record (fence "+strconv.FormatInt(r.Fence, 10)+")"
+	return res, nil
+}
+
+// OnKill calls fn for every kill request of job made from now on that
+// names a run of this instance, until the returned cancel is called. fn
+// runs on the node's watch goroutine and must not block.
 func (n *Node) OnKill(job string, fn func(Kill)) (cancel func()) {
 	return n.hub.subscribe(job, n.keys.Kills(job), func(ev *clientv3.Event) {
 		if ev.Type != clientv3.EventTypePut {
@@ -235,6 +256,60 @@ func (n *Node) OnKill(job string, fn func(Kill)) (cancel func()) {
 		// A request put during a compacted watch gap is lost; the hub logs
 		// the gap once, and the operator's wait says the run did not end.
 	})
+}
+
+// KillKey names a run a kill asked to stop: its item and fence.
+type KillKey struct {
+	Item  int
+	Fence int64
+}
+
+// Kills reads the job's kill requests still in etcd (each lives KillTTL):
+// who asked to stop each run. A run cut by a failure before its kill
+// reached it (its instance was cut off) is not failed over when it is
+// here: see SettleKilled.
+func (n *Node) Kills(ctx context.Context, job string) (map[KillKey]string, error) {
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Get(rctx, n.keys.Kills(job), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read the kill requests of job %q: %w", job, err)
+	}
+	out := map[KillKey]string{}
+	for _, kv := range resp.Kvs {
+		var k Kill
+		if json.Unmarshal(kv.Value, &k) != nil {
+			continue
+		}
+		for _, r := range k.Runs {
+			out[KillKey{Item: r.Item, Fence: r.Fence}] = k.By
+		}
+	}
+	return out, nil
+}
+
+// RunFence is the fence of the run a record describes: its Fence, or, for
+// a RUNNING record (written before its fence was known), the record's
+// revision rev, which is its claim's.
+func RunFence(rec *ItemRecord, rev int64) int64 {
+	if rec.State == StateRunning {
+		return rev
+	}
+	return rec.Fence
+}
+
+// SettleKilled records that a run an operator killed, which a failure cut
+// before the kill reached its instance, is not run again: KILLED, reason
+// operator, by whom, guarded by the record read.
+func (n *Node) SettleKilled(ctx context.Context, job string, item int, st ItemState, by string) error {
+	if st.Record == nil {
+		return nil
+	}
+	rec := *st.Record
+	rec.Fence = RunFence(st.Record, st.Rev)
+	rec.State, rec.Reason, rec.KilledBy, rec.End = StateKilled, ReasonOperator, by, n.opts.Now().UTC()
+	rec.Error = "killed by " + by + ": its instance was cut off before the kill reached it; not run again"
+	return n.finish(ctx, rec, st.Rev, false)
 }
 
 // Kill asks for the job's runs in progress to be stopped (see RequestKill).

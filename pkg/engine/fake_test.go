@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -162,6 +163,13 @@ func (f *fakeNode) Begin(_ context.Context, job string, items []int, sched time.
 		}
 	}
 	return nil
+}
+
+func (f *fakeNode) Kills(context.Context, string) (map[coord.KillKey]string, error) {
+	return map[coord.KillKey]string{}, nil
+}
+func (f *fakeNode) SettleKilled(context.Context, string, int, coord.ItemState, string) error {
+	return errors.New("fakeNode: no kills")
 }
 
 func (f *fakeNode) Settle(_ context.Context, job string, item int, st coord.ItemState) error {

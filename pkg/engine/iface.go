@@ -35,6 +35,10 @@ type Items interface {
 	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev coord.ItemState) error
 	Begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) error
 	Settle(ctx context.Context, job string, item int, st coord.ItemState) error
+	// Kills are the operators' kill requests of the job still in etcd;
+	// SettleKilled records a cut run one of them named as killed.
+	Kills(ctx context.Context, job string) (map[coord.KillKey]string, error)
+	SettleKilled(ctx context.Context, job string, item int, st coord.ItemState, by string) error
 	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
 }
 

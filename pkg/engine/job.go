@@ -204,6 +204,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	now = e.opts.Now()
 	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: e.window(), baseline: j.baseline}
 	own := j.ownership(ctx, v)
+	var kills map[coord.KillKey]string // read when a cut run is to run again
 	var starts, skips []start
 	var fresh []int
 	for item := range total {
@@ -235,6 +236,21 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		if a.kind == none {
 			continue
 		}
+		if a.rerun(st.Record) {
+			// A run cut by a failure is not run again when an operator
+			// killed it: its kill may not have reached its instance.
+			if kills == nil {
+				if kills, err = e.opts.Node.Kills(ctx, j.name); err != nil {
+					j.log.Warn("read kill requests; deciding again", "err", err)
+					next = earliest(next, now.Add(500*time.Millisecond))
+					kills = nil
+					continue
+				}
+			}
+			if by, ok := kills[coord.KillKey{Item: item, Fence: coord.RunFence(st.Record, st.Rev)}]; ok {
+				a = action{kind: killed, fire: st.Record.Fire, why: by}
+			}
+		}
 		if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && a.source != coord.SourceManual && a.fire.After(now) {
 			// A fire claimed ahead before (a claim whose reply was lost, or
 			// one that never started) runs again or is adopted: not before
@@ -254,7 +270,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 			}
 		}
 		switch a.kind {
-		case skip, settle:
+		case skip, settle, killed:
 			skips = append(skips, start{item: item, st: st, a: a})
 			continue
 		case begin:
@@ -285,17 +301,22 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 				continue
 			}
 			st := items.Items[item]
-			if mine, _ := own(item, now, coord.SourceManual); mine && !st.Disabled && (st.Record == nil || st.Record.Trigger < tr.Rev) {
-				return true // an item of ours still to serve it, when free
+			if !st.Disabled && (st.Record == nil || st.Record.Trigger < tr.Rev) {
+				// An item still to serve it, on whichever instance owns it
+				// when it is free: the item may move here meanwhile.
+				return true
 			}
 		}
 		return false
 	})
 	j.launch(ctx, v, starts) // runs first: the records below may take a while
 	for _, s := range skips {
-		if s.a.kind == settle {
+		switch s.a.kind {
+		case settle:
 			j.settle(ctx, s.item, s.st)
-		} else {
+		case killed:
+			j.settleKilled(ctx, s.item, s.st, s.a.why)
+		default:
 			j.skip(ctx, s.item, s.st, s.a)
 		}
 	}
@@ -368,14 +389,27 @@ func (j *jobLoop) hasTriggers() bool {
 	return len(j.triggers) > 0
 }
 
-// expireTriggers forgets the triggers older than their time in etcd (a
-// minute) unless pending says this instance still has an item to serve
-// them: an item busy for longer still runs the trigger when it is free.
+// maxTriggerAge bounds how long an instance keeps a trigger no item has
+// served (its items disabled, or the job stopped here).
+const maxTriggerAge = time.Hour
+
+// expireTriggers forgets the triggers that every item they name has served
+// (pending says none is left), whoever owns the items: a trigger queued
+// behind a long run is still served when its item moves to another
+// instance meanwhile, every instance of the job keeping it. One that
+// waits longer than maxTriggerAge is dropped, said in the log.
 func (j *jobLoop) expireTriggers(now time.Time, pending func(coord.Trigger) bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool {
-		return now.Sub(pt.received) > coord.TriggerTTL && (pending == nil || !pending(pt.tr))
+		if now.Sub(pt.received) > maxTriggerAge {
+			j.log.Warn("manual trigger dropped: not served within an hour", "trigger", pt.tr.ID, "items", pt.tr.Items, "by", pt.tr.By)
+			return true
+		}
+		if pending == nil { // the job is disabled or has no map: as long as etcd keeps it
+			return now.Sub(pt.received) > coord.TriggerTTL
+		}
+		return !pending(pt.tr)
 	})
 }
 

@@ -32,8 +32,10 @@ type runHandle struct {
 	cancel context.CancelCauseFunc
 }
 
-// pendingKill is a kill whose run was not (yet) registered here.
+// pendingKill is a kill whose run was not (yet) registered here. The
+// items of one claim share a fence: a kill names the item too.
 type pendingKill struct {
+	item  int
 	fence int64
 	by    string
 	until time.Time
@@ -49,7 +51,7 @@ func (l *localRuns) register(item int, fence int64, cancel context.CancelCauseFu
 	}
 	l.handles[item] = runHandle{fence: fence, cancel: cancel}
 	for i, k := range l.kills {
-		if k.fence == fence && now.Before(k.until) {
+		if k.item == item && k.fence == fence && now.Before(k.until) {
 			cancel(operatorKill{by: k.by})
 			l.kills = append(l.kills[:i], l.kills[i+1:]...)
 			break
@@ -79,7 +81,7 @@ func (l *localRuns) kill(item int, fence int64, by string, now time.Time) bool {
 			kept = append(kept, k)
 		}
 	}
-	l.kills = append(kept, pendingKill{fence: fence, by: by, until: now.Add(coord.KillTTL)})
+	l.kills = append(kept, pendingKill{item: item, fence: fence, by: by, until: now.Add(coord.KillTTL)})
 	return false
 }
 
@@ -99,4 +101,16 @@ func killedBy(cause error) (string, bool) {
 		return "", false
 	}
 	return k.by, true
+}
+
+// settleKilled records a run cut by a failure, which an operator killed
+// before the kill could reach it, as killed: it is not run again.
+func (j *jobLoop) settleKilled(ctx context.Context, item int, st coord.ItemState, by string) {
+	if err := j.e.opts.Node.SettleKilled(ctx, j.name, item, st, by); err != nil {
+		j.log.Warn("record a killed run; trying again", "item", item, "err", err)
+		j.pokeAfter(200 * time.Millisecond)
+		return
+	}
+	j.log.Info("run killed by an operator and cut by a failure; not run again", "item", item, "fire", st.Record.Fire.UTC(),
+		"fence", coord.RunFence(st.Record, st.Rev), "by", by)
 }

@@ -32,10 +32,21 @@ const (
 	skip              // record the fires through fire as skipped
 	begin             // start the record of an item never claimed, at fire
 	settle            // record a cut run that will not be re-run (failover: false)
+	killed            // record a cut run an operator killed: not re-run (kill.go)
 )
 
 func (k actionKind) String() string {
-	return [...]string{"none", "run", "adopt", "skip", "begin", "settle"}[k]
+	return [...]string{"none", "run", "adopt", "skip", "begin", "settle", "killed"}[k]
+}
+
+// rerun reports whether a is the record's own run again (a failover, or a
+// won claim whose work never started) or the record of it cut: what an
+// operator's kill of that run must stop.
+func (a action) rerun(rec *coord.ItemRecord) bool {
+	if rec == nil {
+		return false
+	}
+	return a.kind == settle || (a.kind == run && a.fire.Equal(rec.Fire) && (rec.CutByFailure() || rec.NeverStarted()))
 }
 
 // action is what to do for one item now.
