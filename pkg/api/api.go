@@ -54,6 +54,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -95,6 +96,9 @@ type Options struct {
 	Tokens []Token
 	// UI, if set, serves every path the API does not (the console).
 	UI http.Handler
+	// Logger receives what the API refuses that the audit log does not
+	// keep; default slog.Default().
+	Logger *slog.Logger
 	// Loopback says the server listens on loopback addresses only: then a
 	// request whose Host is not a loopback address or localhost is refused,
 	// so that a web page cannot reach the API by rebinding its own name to
@@ -110,6 +114,9 @@ type Options struct {
 func Handler(o Options) http.Handler {
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
 	}
 	if o.Auth == nil {
 		o.Auth = NewAuth(o.Tokens, 0, false)
@@ -263,10 +270,10 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 		case c == nil:
 			writeError(w, http.StatusUnauthorized, "a bearer token is required")
 		case c.Token.Role != RoleWrite:
-			// Known and refused: the audit log says who tried what.
-			err := fmt.Errorf("%w: token %q has the read role: it cannot change anything", coord.ErrRefused, c.Token.Name)
-			job := r.PathValue("job")
-			a.record(r.WithContext(WithCaller(r.Context(), c)), coord.AuditEntry{Action: actionOf(r), Job: job, Target: "job " + job}, err)
+			// Said in this instance's log, not in the audit log in etcd:
+			// a reader must not be able to flush that log with refusals.
+			a.o.Logger.Warn("write refused: the token has the read role", "token", c.Token.Name, "action", actionOf(r),
+				"path", oneLine(r.URL.Path, 300), "remote", r.RemoteAddr)
 			writeError(w, http.StatusForbidden, "token %q has the read role: it cannot change anything", c.Token.Name)
 		case !csrfOK(r, c):
 			writeError(w, http.StatusForbidden, "missing or wrong %s header: a console session acts only from the console's own pages", csrfHeader)
@@ -274,6 +281,20 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r.WithContext(WithCaller(r.Context(), c)))
 		}
 	}
+}
+
+// oneLine makes s one printable line of at most n bytes, for a log.
+func oneLine(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return '?'
+		}
+		return r
+	}, s)
+	if len(s) > n {
+		s = strings.ToValidUTF8(s[:n], "") + "..."
+	}
+	return s
 }
 
 // actionOf names the write action of r for the audit log: the last

@@ -290,13 +290,24 @@ func (a *Auth) Logout(w http.ResponseWriter, r *http.Request) {
 		SameSite: http.SameSiteStrictMode, MaxAge: -1})
 }
 
-// Secret returns the bearer secret of a caller, to act for it on another
-// instance (the console's proxied log reads).
-func (a *Auth) Secret(c *Caller) string {
-	if c == nil {
+// ReadSecret returns the bearer secret with which to read for a caller
+// on another instance (a proxied run log): none when reads are open (the
+// instances share their token files), else a read-role secret, the
+// caller's own or this instance's first. A write secret never leaves
+// this instance: the read needs none.
+func (a *Auth) ReadSecret(c *Caller) string {
+	if a.ReadsOpen() || c == nil {
 		return ""
 	}
-	return c.Token.Secret
+	if c.Token.Role == RoleRead {
+		return c.Token.Secret
+	}
+	for _, t := range a.tokens {
+		if t.Role == RoleRead {
+			return t.Secret
+		}
+	}
+	return ""
 }
 
 // WithCaller returns ctx carrying c (see CallerOf).

@@ -138,8 +138,8 @@ func TestSessionWrites(t *testing.T) {
 	if c := post(bob, bobCSRF); c != http.StatusForbidden {
 		t.Errorf("read-role session write: %d, want 403", c)
 	}
-	if a := fc.audit; len(a) != 2 || a[1].Actor != "token:bob" || a[1].Action != "trigger" || a[1].Outcome != coord.AuditRefused {
-		t.Errorf("audit %+v: want alice's trigger, then bob's refused one", a)
+	if a := fc.audit; len(a) != 1 || a[0].Actor != "token:alice" {
+		t.Errorf("audit %+v: want alice's trigger only (a reader's refused writes are logged, not audited: no reader can flush the audit log)", a)
 	}
 	// Reads with the session cookie (the console's log view) need no token.
 	req := httptest.NewRequest("GET", "/api/v1/jobs", nil)

@@ -386,10 +386,12 @@ func (a *api) proxyLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, info
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target) // the Host header too: the other API may answer only to its own
 			pr.Out.Header.Set(HopHeader, self)
-			// The caller's token, from its Authorization header or its
-			// console session; the session's cookie is this instance's own.
+			// A read token for the caller (authenticated here), never its
+			// own header: a write token must not travel for a read. The
+			// session's cookie is this instance's own.
 			pr.Out.Header.Del("Cookie")
-			if secret := a.auth.Secret(CallerOf(pr.In.Context())); secret != "" {
+			pr.Out.Header.Del("Authorization")
+			if secret := a.auth.ReadSecret(CallerOf(pr.In.Context())); secret != "" {
 				pr.Out.Header.Set("Authorization", "Bearer "+secret)
 			}
 		},

@@ -485,3 +485,57 @@ func TestRunLogRemovedByRetention(t *testing.T) {
 		t.Errorf("the oldest run's log, beyond maxTotalBytes: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// A proxied read carries a read-role secret, or none when reads are open:
+// never the write secret of the caller, whether it came as a bearer token
+// or through a console session.
+func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
+	const writeSecret, readSecret = "cluster-WRITE-token-0123", "cluster-READ-token-01234"
+	var mu sync.Mutex
+	var got []string
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Write([]byte("2026-01-01T00:00:00.000000Z out hi\n"))
+	}))
+	defer b.Close()
+	for _, tc := range []struct {
+		name   string
+		tokens []Token
+		want   string
+	}{
+		{"reads open", toks(writeSecret, ""), ""},
+		{"reads need a token", toks(writeSecret, readSecret), "Bearer " + readSecret},
+	} {
+		got = nil
+		runs := &fakeRuns{
+			runs:      []coord.ItemRecord{{Job: "orders", Item: 1, Fence: 50, Instance: "b", State: coord.StateDone}},
+			instances: map[string]coord.InstanceInfo{"b": {ID: "b", Host: "host-b", API: strings.TrimPrefix(b.URL, "http://")}},
+		}
+		auth := NewAuth(tc.tokens, 0, false)
+		a := newInstance(t, "a", runs, Options{Auth: auth})
+		login := httptest.NewRecorder()
+		if _, err := auth.Login(login, writeSecret); err != nil {
+			t.Fatal(err)
+		}
+		bySession := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
+		for _, c := range login.Result().Cookies() {
+			bySession.AddCookie(c)
+		}
+		byBearer := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
+		byBearer.Header.Set("Authorization", "Bearer "+writeSecret)
+		for _, req := range []*http.Request{bySession, byBearer} {
+			rec := httptest.NewRecorder()
+			a.h.ServeHTTP(rec, req)
+			if rec.Code != http.StatusOK {
+				t.Errorf("%s: proxied read %d %s", tc.name, rec.Code, rec.Body)
+			}
+		}
+		mu.Lock()
+		if len(got) != 2 || got[0] != tc.want || got[1] != tc.want {
+			t.Errorf("%s: instance b received Authorization %q, want %q twice", tc.name, got, tc.want)
+		}
+		mu.Unlock()
+	}
+}

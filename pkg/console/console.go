@@ -46,6 +46,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,6 +56,7 @@ import (
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/runlog"
 )
 
 // Cluster is what the console reads; *coord.Node implements it.
@@ -257,9 +259,17 @@ func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a post-login redirect on this site.
+// safeNext keeps a post-login redirect on this site: a path of this site
+// with printable characters and no backslash (browsers read "\\" as "/",
+// and drop tabs and newlines, so "/\\host" and "/<TAB>/host" are "//host"),
+// that is still such a path once cleaned as http.Redirect cleans it.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+	bad := func(p string) bool {
+		return !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || strings.ContainsFunc(p, func(r rune) bool {
+			return r == '\\' || r < 0x20 || r == 0x7f
+		})
+	}
+	if bad(next) || bad(path.Clean(strings.SplitN(next, "?", 2)[0])) {
 		return "/"
 	}
 	return next
@@ -676,9 +686,16 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		return "", err
 	}
 	q := r.URL.Query()
-	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"), Run: q.Get("run"),
+	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"),
 		Results: []string{"", coord.StateDone, coord.StateFailed, coord.StateKilled, coord.StateSkipped, coord.StateRunning},
 		Sources: []string{"", coord.SourceNormal, coord.SourceMisfire, coord.SourceFailover, coord.SourceManual}}
+	if run := q.Get("run"); run != "" {
+		if _, _, ok := runlog.ParseRun(run); ok {
+			d.Run = run
+		} else {
+			d.HistoryNote = "run " + strconv.Quote(run) + " is not a run (FENCE-ITEM, as the history's log links give it)"
+		}
+	}
 	def := []byte(nil)
 	if js.Definition != nil {
 		def = js.Definition.Job

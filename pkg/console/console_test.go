@@ -161,6 +161,7 @@ func TestPages(t *testing.T) {
 		{"/jobs/job-00002?run=91-1", 200, []string{`data-src="/api/v1/jobs/job-00002/runs/91-1/log"`, "Log of run 91-1"}},
 		{"/jobs/job-00002?result=KILLED", 200, []string{"KILLED/operator"}},
 		{"/jobs/job-00002?item=x", 200, []string{"item must be a number"}},
+		{"/jobs/job-00002?run=../../x", 200, []string{"is not a run (FENCE-ITEM"}},
 		{"/jobs/nope", 404, []string{`no job &#34;nope&#34;`}},
 		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>"}},
 		{"/audit", 200, []string{"token:alice", "item 0 of job job-00001"}},
@@ -262,7 +263,8 @@ func TestOpenReads(t *testing.T) {
 }
 
 func TestSafeNext(t *testing.T) {
-	for in, want := range map[string]string{"/jobs?q=a": "/jobs?q=a", "//evil.example/x": "/", "/\\evil.example": "/", "https://evil.example": "/", "": "/"} {
+	for in, want := range map[string]string{"/jobs?q=a": "/jobs?q=a", "/jobs/a?run=5-0#log": "/jobs/a?run=5-0#log", "//evil.example/x": "/", "/\\evil.example": "/",
+		"/./\\evil.example/x": "/", "/\t/evil.example/x": "/", "https://evil.example": "/", "": "/"} {
 		if got := safeNext(in); got != want {
 			t.Errorf("safeNext(%q) = %q, want %q", in, got, want)
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -16,7 +17,10 @@ import (
 // job definition, with who, what, when and how it went, refusals included.
 // It lives in etcd under <prefix>/audit/<id>, one key per entry, ids
 // ordered by time; AppendAudit trims it to the newest AuditKeep entries
-// (it may briefly hold up to AuditKeep+auditSlack).
+// (it may briefly hold up to AuditKeep+auditSlack). Every field is one
+// printable line of bounded length. Writes refused for a read-role token
+// are not recorded here (that would let any reader flush the log): the
+// instance that refused them logs them.
 //
 // Who is an Actor: "token:<name>" for the API and the console (the named
 // token the request was made with), "cli:<user>@<host>" for the CLI, and
@@ -67,21 +71,36 @@ func AuditOutcome(err error) string {
 	return AuditError
 }
 
-// auditOp returns the put of e (with its id and time set) for a Txn.
+// maxAuditName bounds the short fields of an entry (actor, action, job,
+// target): an entry is at most a few KiB, whatever a caller sends.
+const maxAuditName = 300
+
+// auditOp returns the put of e (with its id and time set, and every field
+// made one printable line of bounded length) for a Txn.
 func auditOp(keys Keys, e *AuditEntry) clientv3.Op {
 	if e.Time.IsZero() {
 		e.Time = time.Now().UTC().Truncate(time.Millisecond)
 	}
 	e.ID = newRequestID(e.Time)
+	for _, f := range []*string{&e.Actor, &e.Action, &e.Job, &e.Target, &e.Outcome} {
+		*f = oneLineCut(*f, maxAuditName)
+	}
 	e.Detail = oneLineCut(e.Detail, maxAuditText)
 	e.Message = oneLineCut(e.Message, maxAuditText)
 	val, _ := json.Marshal(e)
 	return clientv3.OpPut(keys.Audit()+e.ID, string(val))
 }
 
-// oneLineCut makes s one line of at most n bytes.
+// oneLineCut makes s one line of at most n bytes of valid UTF-8: control
+// characters (newlines, escapes) become spaces, so that no entry can pass
+// for another in a table.
 func oneLineCut(s string, n int) string {
-	s = strings.ReplaceAll(s, "\n", " ")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "?"))
 	if len(s) > n {
 		s = strings.ToValidUTF8(s[:n-3], "") + "..."
 	}
@@ -95,21 +114,23 @@ func AppendAudit(ctx context.Context, cli *clientv3.Client, keys Keys, e AuditEn
 		return e, fmt.Errorf("record the audit entry: %w", err)
 	}
 	if n := resp.Responses[1].GetResponseRange().Count; n > AuditKeep+auditSlack {
-		trimAudit(ctx, cli, keys, n-AuditKeep)
+		trimAudit(ctx, cli, keys)
 	}
 	return e, nil
 }
 
-// trimAudit deletes the oldest n entries; a failure is left for the next
-// append to retry.
-func trimAudit(ctx context.Context, cli *clientv3.Client, keys Keys, n int64) {
-	old, err := cli.Get(ctx, keys.Audit(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend), clientv3.WithLimit(n))
-	if err != nil || len(old.Kvs) == 0 {
+// trimAudit deletes the entries older than the newest AuditKeep, as a
+// fresh read finds them: appenders that trim at once each keep AuditKeep
+// (a count read before another's trim would delete too much). A failure is
+// left for a later append.
+func trimAudit(ctx context.Context, cli *clientv3.Client, keys Keys) {
+	newest, err := cli.Get(ctx, keys.Audit(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(AuditKeep+1))
+	if err != nil || len(newest.Kvs) <= AuditKeep {
 		return
 	}
-	last := string(old.Kvs[len(old.Kvs)-1].Key)
-	cli.Delete(ctx, keys.Audit(), clientv3.WithRange(last+"\x00"))
+	oldestKept := string(newest.Kvs[AuditKeep-1].Key)
+	cli.Delete(ctx, keys.Audit(), clientv3.WithRange(oldestKept)) // [audit/, oldestKept)
 }
 
 // AuditFilter selects entries of the audit log.
@@ -120,29 +141,40 @@ type AuditFilter struct {
 	Limit int
 }
 
-// ReadAudit returns the audit entries that match f, newest first.
+// auditPage is how many entries ReadAudit reads at a time.
+const auditPage = 200
+
+// ReadAudit returns the audit entries that match f, newest first. It reads
+// the log newest first, a page at a time, until it has f.Limit entries.
 func ReadAudit(ctx context.Context, cli *clientv3.Client, keys Keys, f AuditFilter) ([]AuditEntry, error) {
 	if f.Limit <= 0 || f.Limit > AuditKeep+auditSlack {
 		f.Limit = AuditKeep + auditSlack
 	}
-	resp, err := cli.Get(ctx, keys.Audit(), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend))
-	if err != nil {
-		return nil, fmt.Errorf("read the audit log: %w", err)
-	}
 	out := []AuditEntry{}
-	for _, kv := range resp.Kvs {
-		var e AuditEntry
-		if json.Unmarshal(kv.Value, &e) != nil {
-			continue
+	end := clientv3.GetPrefixRangeEnd(keys.Audit())
+	for {
+		resp, err := cli.Get(ctx, keys.Audit(), clientv3.WithRange(end),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(auditPage))
+		if err != nil {
+			return nil, fmt.Errorf("read the audit log: %w", err)
 		}
-		if (f.Job != "" && e.Job != f.Job) || (f.Actor != "" && e.Actor != f.Actor) {
-			continue
+		for _, kv := range resp.Kvs {
+			var e AuditEntry
+			if json.Unmarshal(kv.Value, &e) != nil {
+				continue
+			}
+			if (f.Job != "" && e.Job != f.Job) || (f.Actor != "" && e.Actor != f.Actor) {
+				continue
+			}
+			if out = append(out, e); len(out) == f.Limit {
+				return out, nil
+			}
 		}
-		if out = append(out, e); len(out) == f.Limit {
-			break
+		if !resp.More || len(resp.Kvs) == 0 {
+			return out, nil
 		}
+		end = string(resp.Kvs[len(resp.Kvs)-1].Key) // the next page: older than this one's last
 	}
-	return out, nil
 }
 
 // Audit reads the audit log (see ReadAudit).
@@ -153,6 +185,10 @@ func (n *Node) Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error) {
 // RecordAudit appends e to the audit log and logs it (see AppendAudit).
 func (n *Node) RecordAudit(ctx context.Context, e AuditEntry) error {
 	e, err := AppendAudit(ctx, n.opts.Client, n.keys, e)
+	if err != nil {
+		n.log.Error("audit entry not recorded in etcd", "actor", e.Actor, "action", e.Action, "target", e.Target, "detail", e.Detail, "outcome", e.Outcome, "message", e.Message, "err", err)
+		return err
+	}
 	n.log.Info("audit", "actor", e.Actor, "action", e.Action, "target", e.Target, "detail", e.Detail, "outcome", e.Outcome, "message", e.Message)
-	return err
+	return nil
 }

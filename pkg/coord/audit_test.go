@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,4 +74,58 @@ func TestDefinitionChangeIsAudited(t *testing.T) {
 		es, _ := ReadAudit(ctx, cli, keys, AuditFilter{Job: "orders"})
 		return len(es) == 1 && es[0].Action == "definition" && es[0].Actor == "instance:a" && strings.Contains(es[0].Message, "edited on this host")
 	})
+}
+
+// Appenders that trim at once keep at least AuditKeep entries between
+// them (each trims to the newest AuditKeep of a fresh read).
+func TestConcurrentAuditTrims(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	for i := range AuditKeep + auditSlack {
+		if _, err := AppendAudit(ctx, cli, keys, AuditEntry{Actor: "cli:a@h", Action: "trigger", Target: "job j", Outcome: AuditOK,
+			Time: time.Unix(1e9+int64(i), 0).UTC()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			AppendAudit(ctx, cli, keys, AuditEntry{Actor: "token:x", Action: "kill", Target: fmt.Sprint("job j ", i), Outcome: AuditOK})
+		}()
+	}
+	wg.Wait()
+	n, err := cli.Get(ctx, keys.Audit(), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Count < AuditKeep || n.Count > AuditKeep+auditSlack+20 {
+		t.Errorf("%d entries left after 20 concurrent appends to a full log, want %d to %d", n.Count, AuditKeep, AuditKeep+auditSlack+20)
+	}
+	newest, err := ReadAudit(ctx, cli, keys, AuditFilter{Actor: "token:x"})
+	if err != nil || len(newest) != 20 {
+		t.Errorf("the 20 newest entries: %d found (%v)", len(newest), err)
+	}
+}
+
+// No field of an entry can hold a line break or grow without bound: an
+// entry cannot pass for another in `shardd audit`'s table.
+func TestAuditEntriesAreOneBoundedLine(t *testing.T) {
+	srv := etcdtest.Start(t)
+	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	forged := "x\n2030-01-01T00:00:00Z  token:admin  disable  job payments  ok\r\x1b[2J"
+	e, err := AppendAudit(ctx, cli, keys, AuditEntry{Actor: "token:a", Action: "trigger", Job: forged, Target: strings.Repeat("t", 70000),
+		Detail: forged, Message: strings.Repeat("m", 70000), Outcome: AuditOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, v := range map[string]string{"job": e.Job, "target": e.Target, "detail": e.Detail, "message": e.Message} {
+		if strings.ContainsAny(v, "\n\r\x1b") || len(v) > maxAuditText {
+			t.Errorf("%s is %d bytes, control characters %v", name, len(v), strings.ContainsAny(v, "\n\r\x1b"))
+		}
+	}
+	if len(e.Target) > maxAuditName {
+		t.Errorf("target kept %d bytes, want at most %d", len(e.Target), maxAuditName)
+	}
 }

@@ -386,16 +386,39 @@ func (f *jobFacts) checkRerun(text string, now time.Time) (time.Time, error) {
 		loc = time.UTC
 	}
 	fire, err := time.Parse(time.RFC3339Nano, text)
-	for _, layout := range fireLayouts {
-		if err == nil {
-			break
-		}
-		fire, err = time.ParseInLocation(layout, text, loc)
-	}
 	if err != nil {
-		return time.Time{}, opErr(ErrBadTarget, "fire %q: want RFC 3339 (2026-12-01T02:00:00Z) or a date and time in the job's time zone %s (2026-12-01 02:00:00)", text, loc)
+		if fire, err = localFire(text, loc); err != nil {
+			return time.Time{}, err
+		}
 	}
 	return fire, f.checkFire(fire, loc, now)
+}
+
+// localFire reads a date and time without an offset in loc. A wall-clock
+// time that loc skips (a daylight-saving gap) or has twice (the hour
+// repeated when clocks go back) is refused: it names no fire, or two.
+func localFire(text string, loc *time.Location) (time.Time, error) {
+	for _, layout := range fireLayouts {
+		t, err := time.ParseInLocation(layout, text, loc)
+		if err != nil {
+			continue
+		}
+		wall := t.Format(layout)
+		if wall != text {
+			return time.Time{}, opErr(ErrBadTarget, "fire %q does not exist in time zone %s (the clocks skipped it); give an offset, e.g. %s", text, loc, t.Format(time.RFC3339))
+		}
+		for _, other := range []time.Time{t.Add(-time.Hour), t.Add(time.Hour)} {
+			if other.In(loc).Format(layout) == wall {
+				a, b := t, other
+				if b.Before(a) {
+					a, b = b, a
+				}
+				return time.Time{}, opErr(ErrBadTarget, "fire %q happens twice in time zone %s (the clocks went back): give its offset, %s or %s", text, loc, a.Format(time.RFC3339), b.Format(time.RFC3339))
+			}
+		}
+		return t, nil
+	}
+	return time.Time{}, opErr(ErrBadTarget, "fire %q: want RFC 3339 (2026-12-01T02:00:00Z) or a date and time in the job's time zone %s (2026-12-01 02:00:00)", text, loc)
 }
 
 // checkFire validates fire as a past scheduled fire of the job.

@@ -1,0 +1,62 @@
+package coord
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+// A re-run's fire is a past fire of the job's schedule, read in its time
+// zone; a local time that a daylight-saving change skips or repeats is
+// refused (it names no fire, or two), not moved to a neighbour.
+func TestRerunFire(t *testing.T) {
+	loc, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := schedule.Parse("0 30 * * * ?", loc) // hourly at :30
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &jobFacts{name: "hourly", def: &config.Job{Name: "hourly", Cron: "0 30 * * * ?", Schedule: s, Location: loc}}
+	now := time.Date(2025, 12, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		text string
+		want string // RFC 3339, or an error's words
+	}{
+		{"2025-06-01 10:30", "2025-06-01T10:30:00-04:00"},
+		{"2025-06-01T10:30:00", "2025-06-01T10:30:00-04:00"},
+		{"2025-06-01T14:30:00Z", "2025-06-01T10:30:00-04:00"},
+		{"2025-12-01T08:30:00+09:00", "2025-11-30T18:30:00-05:00"},
+		{"2025-03-09 02:30", "does not exist in time zone America/New_York"},
+		{"2025-11-02 01:30", "happens twice in time zone America/New_York (the clocks went back): give its offset, 2025-11-02T01:30:00-04:00 or 2025-11-02T01:30:00-05:00"},
+		{"2025-11-02T01:30:00-05:00", "2025-11-02T01:30:00-05:00"},
+		{"2025-06-01 10:45", `is not a fire of job "hourly"`},
+		{"2026-06-01 10:30", "is in the future"},
+		{"June 1st", "want RFC 3339"},
+	}
+	for _, tt := range tests {
+		got, err := f.checkRerun(tt.text, now)
+		switch {
+		case strings.Contains(tt.want, " "):
+			if !errors.Is(err, ErrBadTarget) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%q: %v, want an error saying %q", tt.text, err, tt.want)
+			}
+		case err != nil || !got.Equal(mustTime(t, tt.want)):
+			t.Errorf("%q: %s, %v; want %s", tt.text, got.In(loc).Format(time.RFC3339), err, tt.want)
+		}
+	}
+}
+
+func mustTime(t *testing.T, s string) time.Time {
+	t.Helper()
+	v, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
