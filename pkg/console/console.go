@@ -402,7 +402,8 @@ type jobRow struct {
 	Last    string
 	LastEnd time.Time
 	Failing int
-	// FailedAt is the end of the latest failed run, zero when none.
+	// FailedAt is the end of the job's latest failed run (any item, not
+	// only latest runs: coord keeps it), zero when none.
 	FailedAt time.Time
 	cron     string
 	def      []byte
@@ -419,10 +420,10 @@ func newJobRow(j *coord.JobStatus, runs coord.JobRuns) jobRow {
 		}
 		if failed(rec) {
 			row.Failing++
-			if rec.End.After(row.FailedAt) {
-				row.FailedAt = rec.End
-			}
 		}
+	}
+	if f := runs.LastFailure; f != nil {
+		row.FailedAt = f.End
 	}
 	if j.Definition != nil {
 		row.def = j.Definition.Job
@@ -534,10 +535,8 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 		}
 	}
 	for _, runs := range snap.runs {
-		for _, rec := range runs.Records {
-			if failed(rec) && rec.End.After(v.Now.Add(-24*time.Hour)) {
-				d.Failures = append(d.Failures, rec)
-			}
+		if f := runs.LastFailure; f != nil && f.End.After(v.Now.Add(-24*time.Hour)) {
+			d.Failures = append(d.Failures, *f)
 		}
 	}
 	slices.SortFunc(d.Failures, func(a, b coord.ItemRecord) int { return b.End.Compare(a.End) })
@@ -551,7 +550,7 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 // ---- jobs
 
 // Filters of the job list.
-var jobFilters = []string{"", "ok", "running", "failing", "disabled", "troubled"}
+var jobFilters = []string{"", "ok", "running", "failed-last-hour", "failing", "disabled", "troubled"}
 
 type jobsData struct {
 	Query, Filter string
@@ -596,6 +595,8 @@ func (c *console) jobs(r *http.Request, v *view) (string, error) {
 			ok = row.Status == coord.StatusOK
 		case "running":
 			ok = row.Running > 0
+		case "failed-last-hour":
+			ok = row.FailedAt.After(v.Now.Add(-time.Hour))
 		case "failing":
 			ok = row.Failing > 0
 		case "disabled":
@@ -876,13 +877,15 @@ func code(r coord.ItemRecord) string {
 	return "-"
 }
 
-// tail is a record's error, else its output's last line, cut.
+// tail is what says most about how a run ended: a failed run's last line
+// of output (its own words, "upstream timeout"), else its error (a kill's
+// "killed by ..."), else its output's last line; cut.
 func tail(r coord.ItemRecord) string {
 	out := strings.TrimSpace(r.Output)
 	if i := strings.LastIndexByte(out, '\n'); i >= 0 {
 		out = out[i+1:]
 	}
-	if r.Error != "" {
+	if r.Error != "" && (out == "" || r.State != coord.StateFailed) {
 		out = r.Error
 	}
 	if len(out) > 120 {

@@ -79,6 +79,12 @@ func (f *fakeCluster) JobRuns(ctx context.Context, jobs []string) (map[string]co
 			jr.Records[0] = coord.ItemRecord{Job: j, State: coord.StateRunning, Fence: 90, Fire: now}
 		case "job-00002":
 			jr.Records[1] = coord.ItemRecord{Job: j, Item: 1, State: coord.StateFailed, Fence: 91, Fire: now, End: now, ExitCode: 3, Error: "exit status 3"}
+			f := jr.Records[1]
+			jr.LastFailure = &f
+		case "job-00004": // failed half an hour ago; its latest run succeeded
+			jr.Records[0] = coord.ItemRecord{Job: j, Item: 0, State: coord.StateDone, Fence: 95, Fire: now, End: now, ExitCode: 0}
+			jr.LastFailure = &coord.ItemRecord{Job: j, Item: 0, State: coord.StateFailed, Fence: 93, End: now.Add(-30 * time.Minute), ExitCode: 1,
+				Error: "exit status 1", Output: "connecting\nupstream timeout: bank API 504\n"}
 		}
 		out[j] = jr
 	}
@@ -150,7 +156,8 @@ func TestPages(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"/", 200, []string{"120</strong> jobs", "1</strong> running now", "1</strong> failed in the last hour", "1</strong> disabled", "exit status 3"}},
+		{"/", 200, []string{"120</strong> jobs", "1</strong> running now", "2</strong> failed in the last hour", "1</strong> disabled", "exit status 3", "upstream timeout: bank API 504"}},
+		{"/jobs?filter=failed-last-hour", 200, []string{"2 job(s)", `href="/jobs/job-00002"`, `href="/jobs/job-00004"`}},
 		{"/jobs", 200, []string{"120 job(s), page 1 of 3", `href="/jobs/job-00000"`, "1 running", "(1 failing)", `rel="next"`, "Disable selected"}},
 		{"/jobs?page=3", 200, []string{"page 3 of 3", `href="/jobs/job-00119"`, `rel="prev"`}},
 		{"/jobs?q=0011", 200, []string{"11 job(s)", `href="/jobs/job-00110"`}},

@@ -62,6 +62,12 @@ func (r *ItemRecord) CutByFailure() bool {
 	return r.State == StateRunning || (r.State == StateKilled && (r.Reason == ReasonShutdown || r.Reason == ReasonFence))
 }
 
+// Failed reports whether the record is a run that failed: FAILED, or
+// KILLED by its timeout.
+func (r *ItemRecord) Failed() bool {
+	return r.State == StateFailed || (r.State == StateKilled && r.Reason == ReasonTimeout)
+}
+
 // NeverStarted reports whether the record is a claim whose work never
 // started: its fire is still to run.
 func (r *ItemRecord) NeverStarted() bool {
@@ -780,6 +786,9 @@ func (n *Node) finishTxn(rec ItemRecord, rev int64, clearRunning bool) (clientv3
 	if clearRunning {
 		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
 	}
+	if rec.Failed() {
+		ops = append(ops, clientv3.OpPut(k.LastFailure(rec.Job), string(val)))
+	}
 	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
 }
 
@@ -844,9 +853,10 @@ type completion struct {
 	done  chan error // buffered(1)
 }
 
-// completionsPerTxn bounds a shared Txn: 3 writes per outcome within
+// completionsPerTxn bounds a shared Txn: up to 4 writes per outcome
+// (record, history, marker, and a failure's last-failure key) within
 // etcd's default --max-txn-ops of 128.
-const completionsPerTxn = 42
+const completionsPerTxn = 32
 
 // do writes rec's outcome, guarded by fence, with others' if they come
 // together; it returns finish's error for it. The caller that finds no

@@ -364,11 +364,13 @@ func ReadMaps(ctx context.Context, cli *Client, keys Keys) (map[string]*ShardMap
 type JobRuns struct {
 	Records map[int]ItemRecord
 	Running map[int]string
+	// LastFailure is the job's latest failed run (any item), nil if none.
+	LastFailure *ItemRecord
 }
 
-// runsPerTxn bounds the jobs of one ReadJobRuns Txn (2 reads each, within
+// runsPerTxn bounds the jobs of one ReadJobRuns Txn (3 reads each, within
 // etcd's default --max-txn-ops of 128).
-const runsPerTxn = 60
+const runsPerTxn = 42
 
 // ReadJobRuns reads the latest record and running marker of every item of
 // jobs, in Txns of runsPerTxn jobs, four at a time. A RUNNING record's
@@ -387,9 +389,10 @@ func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys Keys, jobs []st
 		wg.Add(1)
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			ops := make([]clientv3.Op, 0, 2*len(chunk))
+			ops := make([]clientv3.Op, 0, 3*len(chunk))
 			for _, job := range chunk {
-				ops = append(ops, clientv3.OpGet(keys.Items(job), clientv3.WithPrefix()), clientv3.OpGet(keys.Running(job), clientv3.WithPrefix()))
+				ops = append(ops, clientv3.OpGet(keys.Items(job), clientv3.WithPrefix()), clientv3.OpGet(keys.Running(job), clientv3.WithPrefix()),
+					clientv3.OpGet(keys.LastFailure(job)))
 			}
 			resp, err := cli.Txn(ctx).Then(ops...).Commit()
 			mu.Lock()
@@ -402,7 +405,7 @@ func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys Keys, jobs []st
 			}
 			for i, job := range chunk {
 				jr := JobRuns{Records: map[int]ItemRecord{}, Running: map[int]string{}}
-				for _, kv := range resp.Responses[2*i].GetResponseRange().Kvs {
+				for _, kv := range resp.Responses[3*i].GetResponseRange().Kvs {
 					var rec ItemRecord
 					if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil && json.Unmarshal(kv.Value, &rec) == nil {
 						if rec.State == StateRunning {
@@ -411,9 +414,15 @@ func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys Keys, jobs []st
 						jr.Records[n] = rec
 					}
 				}
-				for _, kv := range resp.Responses[2*i+1].GetResponseRange().Kvs {
+				for _, kv := range resp.Responses[3*i+1].GetResponseRange().Kvs {
 					if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
 						jr.Running[n] = string(kv.Value)
+					}
+				}
+				if kvs := resp.Responses[3*i+2].GetResponseRange().Kvs; len(kvs) > 0 {
+					var rec ItemRecord
+					if json.Unmarshal(kvs[0].Value, &rec) == nil {
+						jr.LastFailure = &rec
 					}
 				}
 				out[job] = jr

@@ -174,3 +174,42 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 		t.Errorf("history keeps parameters %q, want both runs'", params)
 	}
 }
+
+// A failed run leaves the job's last failure in etcd, which a later
+// success does not erase: the console counts failures in the last hour
+// from it, not from the items' latest runs.
+func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
+	srv := etcdtest.Start(t)
+	flag := filepath.Join(t.TempDir(), "fail")
+	os.WriteFile(flag, nil, 0o644)
+	script := `if [ -e ` + flag + ` ]; then echo "upstream timeout: bank API 504" >&2; exit 3; fi; echo fine`
+	node := instance(t, srv, "a", "jobs:\n  - name: flaky\n    script: "+yamlQuote(script)+"\n")
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+		v, _ := node.View("flaky")
+		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
+	})
+	runs := func() coord.JobRuns {
+		rs, err := coord.ReadJobRuns(ctx, cli, keys, []string{"flaky"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rs["flaky"]
+	}
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "flaky"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the failure", func() bool { r := runs(); return r.LastFailure != nil })
+	failure := *runs().LastFailure
+	if failure.State != coord.StateFailed || failure.ExitCode != 3 || !strings.Contains(failure.Output, "bank API 504") {
+		t.Errorf("last failure %+v", failure)
+	}
+	os.Remove(flag)
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "flaky"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the success", func() bool { return runs().Records[0].State == coord.StateDone })
+	if r := runs(); r.LastFailure == nil || r.LastFailure.Fence != failure.Fence {
+		t.Errorf("after a success, the last failure is %+v, want the failed run (fence %d)", r.LastFailure, failure.Fence)
+	}
+}
