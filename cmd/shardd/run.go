@@ -333,7 +333,7 @@ func cmdRun(e *env, args []string) error {
 		ui := console.New(console.Options{Cluster: node, Auth: auth, Endpoints: copts.Endpoints, Version: version.String(), Logger: log})
 		srv := newHTTPServer(api.Handler(api.Options{
 			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
-			Auth: auth, UI: ui, Loopback: isLoopback(ln.Addr()), Logger: log,
+			Auth: auth, UI: ui, Loopback: isLoopback(ln.Addr()), Logger: log, OnWrite: func() { console.Invalidate(ui) },
 			RunLogs: &api.RunLogs{Store: runLogs, Runs: node, Transport: peers, Host: hostname()},
 		}), tlsCfg, log)
 		g.Add(func() error {

@@ -99,6 +99,9 @@ type Options struct {
 	// Logger receives what the API refuses that the audit log does not
 	// keep; default slog.Default().
 	Logger *slog.Logger
+	// OnWrite, if set, is called after every write that changed the
+	// cluster (the console then shows it fresh).
+	OnWrite func()
 	// Loopback says the server listens on loopback addresses only: then a
 	// request whose Host is not a loopback address or localhost is refused,
 	// so that a web page cannot reach the API by rebinding its own name to
@@ -312,6 +315,8 @@ func (a *api) record(r *http.Request, e coord.AuditEntry, err error) {
 	e.Actor, e.Outcome = CallerOf(r.Context()).Actor(), coord.AuditOutcome(err)
 	if err != nil {
 		e.Message = err.Error()
+	} else if a.o.OnWrite != nil {
+		a.o.OnWrite()
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), a.o.Timeout)
 	defer cancel()

@@ -41,6 +41,8 @@ package console
 import (
 	"context"
 	"embed"
+	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -79,8 +81,11 @@ type Options struct {
 	Version   string
 	Logger    *slog.Logger
 	// MaxAge is how old a snapshot may be before a page refreshes it in
-	// the background; default 5s. Timeout bounds one read; default 30s.
-	MaxAge, Timeout time.Duration
+	// the background; default 5s. Timeout bounds one read of the cluster;
+	// default 30s. PageWait is how long a page waits for etcd before it
+	// shows what it has (an older snapshot, with a warning) or says etcd
+	// does not answer; default 5s.
+	MaxAge, Timeout, PageWait time.Duration
 	Now             func() time.Time
 }
 
@@ -109,6 +114,9 @@ func New(o Options) http.Handler {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
+	}
+	if o.PageWait <= 0 {
+		o.PageWait = 5 * time.Second
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -169,6 +177,8 @@ type view struct {
 	Now      time.Time
 	Status   int
 	Error    string
+	// Warning is said above the page: what it shows may be out of date.
+	Warning string
 	// Age is how old the snapshot shown is; zero when read fresh.
 	Age  time.Duration
 	Data any
@@ -194,6 +204,10 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 		name, err := h(r, v)
 		if err != nil {
 			v.Status, v.Error, name = http.StatusServiceUnavailable, err.Error(), "error"
+			if errors.Is(err, context.DeadlineExceeded) {
+				v.Error = fmt.Sprintf("etcd at %s did not answer within %s (%v). The overview shows the cluster as last read, if this instance read it before.",
+					strings.Join(c.o.Endpoints, ", "), c.o.PageWait, err)
+			}
 		}
 		c.render(w, name, v)
 	}
@@ -214,7 +228,15 @@ func (c *console) render(w http.ResponseWriter, name string, v *view) {
 }
 
 func (c *console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.Context(), c.o.Timeout)
+	return context.WithTimeout(r.Context(), c.o.PageWait)
+}
+
+// Invalidate tells the console that the cluster changed (a write through
+// this instance's API): the next page shows a fresh snapshot.
+func Invalidate(h http.Handler) {
+	if c, ok := h.(*console); ok {
+		c.snap.invalidate()
+	}
 }
 
 // ---- login
@@ -302,43 +324,63 @@ type snapshots struct {
 	cur        *snapshot
 	refreshing chan struct{} // closed when the read in progress ends; nil if none
 	err        error         // the last read's
+	invalid    bool          // a write made cur stale
 }
 
 // maxStale is the oldest snapshot a page shows without waiting for a
 // fresh one: an operator coming back after a while sees the cluster as it
 // is, not as it was.
-const maxStale = time.Minute
+const maxStale = 15 * time.Second
 
-// get returns a snapshot: the current one if younger than MaxAge; else,
-// starting a refresh, the current one anyway if younger than maxStale;
-// else the refresh's.
-func (s *snapshots) get(ctx context.Context) (*snapshot, error) {
+// get returns a snapshot, and a warning when it is older than it should
+// be: the current one if younger than MaxAge; else, starting a refresh,
+// the current one anyway if younger than maxStale and no write made it
+// stale (invalidate); else the refresh's, if it comes while ctx lasts;
+// else the current one, however old, with a warning that says why; else
+// the error.
+func (s *snapshots) get(ctx context.Context) (*snapshot, string, error) {
 	s.mu.Lock()
-	cur := s.cur
+	cur, invalid := s.cur, s.invalid
 	age := time.Duration(0)
 	if cur != nil {
 		age = s.c.o.Now().Sub(cur.at)
 	}
-	if cur != nil && age < s.c.o.MaxAge {
+	if cur != nil && !invalid && age < s.c.o.MaxAge {
 		s.mu.Unlock()
-		return cur, nil
+		return cur, "", nil
 	}
 	done := s.refresh()
 	s.mu.Unlock()
-	if cur != nil && age < maxStale {
-		return cur, nil
+	if cur != nil && !invalid && age < maxStale {
+		return cur, "", nil
 	}
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cur == nil {
-		return nil, s.err
+	switch {
+	case s.cur != nil && s.cur != cur:
+		return s.cur, "", nil // fresh
+	case s.cur != nil && s.err != nil:
+		return s.cur, fmt.Sprintf("etcd did not answer (%v): this is the cluster as it was %s ago", s.err, s.c.o.Now().Sub(s.cur.at).Round(time.Second)), nil
+	case s.cur != nil:
+		return s.cur, fmt.Sprintf("etcd has not answered within %s: this is the cluster as it was %s ago", s.c.o.PageWait, s.c.o.Now().Sub(s.cur.at).Round(time.Second)), nil
+	case s.err != nil:
+		return nil, "", s.err
 	}
-	return s.cur, nil
+	return nil, "", fmt.Errorf("etcd at %s has not answered within %s", strings.Join(s.c.o.Endpoints, ","), s.c.o.PageWait)
+}
+
+// invalidate makes the next page wait for a fresh snapshot: a write
+// through this instance's API changed the cluster.
+func (s *snapshots) invalidate() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur != nil {
+		s.invalid = true
+	}
 }
 
 // refresh starts a read unless one is in progress; s.mu is held.
@@ -355,7 +397,7 @@ func (s *snapshots) refresh() chan struct{} {
 		defer s.mu.Unlock()
 		s.refreshing, s.err = nil, err
 		if err == nil {
-			s.cur = snap
+			s.cur, s.invalid = snap, false
 		} else {
 			s.c.o.Logger.Warn("console: read the cluster", "err", err)
 		}
@@ -511,10 +553,11 @@ type overviewData struct {
 func (c *console) overview(r *http.Request, v *view) (string, error) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
-	snap, err := c.snap.get(ctx)
+	snap, warning, err := c.snap.get(ctx)
 	if err != nil {
 		return "", err
 	}
+	v.Warning = warning
 	v.Title, v.Nav, v.Age = "Overview", "overview", v.Now.Sub(snap.at)
 	d := overviewData{Endpoints: c.o.Endpoints, Prefix: snap.st.Prefix, Revision: snap.st.Revision, Instances: len(snap.st.Instances), Jobs: len(snap.rows)}
 	hourAgo := v.Now.Add(-time.Hour)
@@ -570,10 +613,11 @@ type jobListRow struct {
 func (c *console) jobs(r *http.Request, v *view) (string, error) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
-	snap, err := c.snap.get(ctx)
+	snap, warning, err := c.snap.get(ctx)
 	if err != nil {
 		return "", err
 	}
+	v.Warning = warning
 	v.Title, v.Nav, v.Age = "Jobs", "jobs", v.Now.Sub(snap.at)
 	q := r.URL.Query()
 	d := jobsData{Query: strings.TrimSpace(q.Get("q")), Filter: q.Get("filter"), Filters: jobFilters, Page: 1}
@@ -782,10 +826,11 @@ type instanceRow struct {
 func (c *console) instances(r *http.Request, v *view) (string, error) {
 	ctx, cancel := c.ctx(r)
 	defer cancel()
-	snap, err := c.snap.get(ctx)
+	snap, warning, err := c.snap.get(ctx)
 	if err != nil {
 		return "", err
 	}
+	v.Warning = warning
 	v.Title, v.Nav, v.Age = "Instances", "instances", v.Now.Sub(snap.at)
 	items, leading := map[string]int{}, map[string]int{}
 	for _, j := range snap.st.Jobs {

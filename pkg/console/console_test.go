@@ -352,3 +352,47 @@ func TestVeryStaleSnapshotIsNotShown(t *testing.T) {
 		t.Errorf("page after 2 minutes: %d, %d reads, stale shown: %v", code, f.statuses.Load(), strings.Contains(body, "data as of 2m"))
 	}
 }
+
+// With etcd down, a page answers within PageWait: the last snapshot with
+// a warning that says how old it is, or, with none, an error naming etcd.
+func TestEtcdDownPagesAnswerFast(t *testing.T) {
+	f := &fakeCluster{n: 3}
+	now := time.Now()
+	var mu sync.Mutex
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond,
+		Endpoints: []string{"https://127.0.0.1:2379"}, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
+	get(c, "/jobs", nil)
+	f.slow = make(chan struct{}) // etcd stops answering
+	defer close(f.slow)
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	start := time.Now()
+	code, body, _ := get(c, "/jobs", nil)
+	if took := time.Since(start); code != 200 || took > 2*time.Second || !strings.Contains(body, "this is the cluster as it was 1m0s ago") {
+		t.Errorf("jobs page with etcd down: %d after %s; warning shown: %v", code, took, strings.Contains(body, "as it was"))
+	}
+	fresh := New(Options{Cluster: &fakeCluster{n: 3, slow: f.slow}, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond,
+		Endpoints: []string{"https://127.0.0.1:2379"}})
+	code, body, _ = get(fresh, "/", nil)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "etcd at https://127.0.0.1:2379 has not answered within 200ms") {
+		t.Errorf("overview of an instance that never read etcd, etcd down: %d\n%s", code, between(body, `id="error">`, "<"))
+	}
+}
+
+// After a write through the API, the next page shows the cluster as it is
+// now, not the snapshot from before the write.
+func TestWriteMakesTheNextPageFresh(t *testing.T) {
+	f := &fakeCluster{n: 3}
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet})
+	get(c, "/jobs", nil)
+	get(c, "/jobs", nil)
+	if n := f.statuses.Load(); n != 1 {
+		t.Fatalf("%d reads for two pages within MaxAge, want 1", n)
+	}
+	Invalidate(c)
+	get(c, "/jobs", nil)
+	if n := f.statuses.Load(); n != 2 {
+		t.Errorf("%d reads: the page after a write did not read the cluster again", n)
+	}
+}
