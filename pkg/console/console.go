@@ -86,7 +86,7 @@ type Options struct {
 	// shows what it has (an older snapshot, with a warning) or says etcd
 	// does not answer; default 5s.
 	MaxAge, Timeout, PageWait time.Duration
-	Now             func() time.Time
+	Now                       func() time.Time
 }
 
 //go:embed templates/*.html
