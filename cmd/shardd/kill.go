@@ -89,7 +89,7 @@ func cmdAudit(e *env, args []string) error {
 	var o opsFlags
 	o.register(fs)
 	job := fs.String("job", "", "only the entries of this `job`")
-	actor := fs.String("actor", "", "only the entries of this `actor` (token:NAME, cli:USER@HOST, instance:ID)")
+	actor := fs.String("actor", "", "only the entries of this `actor`: token:NAME, cli:USER@HOST, instance:ID, or a kind or start of one (cli, token, cli:root)")
 	limit := fs.Int("n", 50, "show the newest `N` entries")
 	output := fs.String("o", "table", "output `format`: table or json")
 	if err := applyEnv(e, fs, etcdFlagNames...); err != nil {

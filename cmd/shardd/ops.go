@@ -379,11 +379,15 @@ func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 		if len(out) > 60 {
 			out = out[:57] + "..."
 		}
+		source := dash(r.Source)
+		if r.By != "" {
+			source += " by " + r.By // who triggered a MANUAL run (and its re-runs)
+		}
 		fence := "-" // a record the run did not write (SKIPPED) has none
 		if r.Fence > 0 {
 			fence = strconv.FormatInt(r.Fence, 10)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, fence, r.Attempt, dash(r.Source),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, fence, r.Attempt, source,
 			start, dur, result, code, r.Skipped, dash(out))
 	}
 	return tw.Flush()

@@ -132,8 +132,10 @@ type sessions struct {
 	now  func() time.Time
 }
 
-// sessionCookie is the console session's cookie.
-const sessionCookie = "shardd_session"
+// SessionCookie is the console session's cookie.
+const SessionCookie = "shardd_session"
+
+const sessionCookie = SessionCookie
 
 // maxSessions bounds the logins kept; the oldest-expiring goes first.
 const maxSessions = 1000

@@ -39,8 +39,10 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -193,7 +195,11 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 			caller = nil
 		}
 		if caller == nil && !c.o.Auth.ReadsOpen() {
-			http.Redirect(w, r, "/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			to := "/login?next=" + url.QueryEscape(r.URL.RequestURI())
+			if _, err := r.Cookie(api.SessionCookie); err == nil {
+				to += "&expired=1" // a cookie this instance does not know
+			}
+			http.Redirect(w, r, to, http.StatusSeeOther)
 			return
 		}
 		v := &view{Caller: caller, Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK}
@@ -244,12 +250,20 @@ func Invalidate(h http.Handler) {
 type loginData struct {
 	Next     string
 	Problem  string
+	Note     string
 	Writable bool
 }
 
 func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
-	v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK,
-		Data: loginData{Next: safeNext(r.URL.Query().Get("next")), Writable: c.o.Auth.Writable()}}
+	q := r.URL.Query()
+	d := loginData{Next: safeNext(q.Get("next")), Writable: c.o.Auth.Writable()}
+	switch {
+	case q.Get("expired") != "":
+		d.Note = "Your session has expired, or this instance has restarted since you logged in (sessions live in the instance's memory): log in again."
+	case q.Get("bye") != "":
+		d.Note = "You are logged out."
+	}
+	v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK, Data: d}
 	v.Caller, _ = c.o.Auth.Identify(r)
 	c.render(w, "login", v)
 }
@@ -262,8 +276,10 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.PostFormValue("next"))
 	caller, err := c.o.Auth.Login(w, r.PostFormValue("token"))
 	if err != nil {
+		c.o.Logger.Warn("console login refused: no token has that secret", "remote", r.RemoteAddr)
+		time.Sleep(300 * time.Millisecond) // a guess costs time; secrets are long anyway
 		v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusUnauthorized,
-			Data: loginData{Next: next, Problem: "That token is not one of this instance's tokens (--api-token-file): check it and paste it again.", Writable: c.o.Auth.Writable()}}
+			Data: loginData{Next: next, Problem: "That is not the secret of any of this instance's tokens (--api-token-file): paste the secret (the third field of a NAME ROLE SECRET line), not the token's name.", Writable: c.o.Auth.Writable()}}
 		c.render(w, "login", v)
 		return
 	}
@@ -278,7 +294,7 @@ func (c *console) logout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.o.Auth.Logout(w, r)
-	http.Redirect(w, r, "/login", http.StatusSeeOther)
+	http.Redirect(w, r, "/login?bye=1", http.StatusSeeOther)
 }
 
 // safeNext keeps a post-login redirect on this site: a path of this site
@@ -305,6 +321,13 @@ func crossOrigin(r *http.Request) bool {
 	}
 	u, err := url.Parse(o)
 	return err != nil || !strings.EqualFold(u.Host, r.Host)
+}
+
+// current returns the current snapshot, nil if none, without reading.
+func (s *snapshots) current() *snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
 }
 
 // ---- snapshots
@@ -695,6 +718,40 @@ type jobData struct {
 	HistoryNote                 string
 	// Run is the run whose log is shown ("FENCE-ITEM"), "" for none.
 	Run string
+	// Description and Definition (indented JSON) say what the job is;
+	// PastFires are its latest fires, to re-run, in its time zone.
+	Description string
+	Definition  string
+	PastFires   []string
+}
+
+// errorData is an error page's way on.
+type errorData struct {
+	Link, LinkText string
+}
+
+// pastFires returns the job's last n fires before now, newest first, as
+// the re-run form takes them (in the job's time zone).
+func pastFires(j *config.Job, now time.Time, n int) []string {
+	if j.Schedule == nil {
+		return nil
+	}
+	loc := j.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	var fires []time.Time
+	for span := time.Hour; span <= 400*24*time.Hour && len(fires) < n; span *= 4 {
+		fires = fires[:0]
+		for t := j.Schedule.Next(now.Add(-span)); !t.IsZero() && !t.After(now); t = j.Schedule.Next(t) {
+			fires = append(fires, t)
+		}
+	}
+	var out []string
+	for i := len(fires) - 1; i >= 0 && len(out) < n; i-- {
+		out = append(out, fires[i].In(loc).Format("2006-01-02 15:04:05"))
+	}
+	return out
 }
 
 type itemRow struct {
@@ -722,7 +779,19 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	}
 	idx := slices.IndexFunc(st.Jobs, func(j coord.JobStatus) bool { return j.Name == name })
 	if idx < 0 {
-		v.Status, v.Error = http.StatusNotFound, "no job "+strconv.Quote(name)+" in the cluster; the job list has every job"
+		v.Status, v.Error = http.StatusNotFound, "no job "+strconv.Quote(name)+" in the cluster"
+		if snap := c.snap.current(); snap != nil {
+			names := make([]string, len(snap.rows))
+			for i, row := range snap.rows {
+				names[i] = row.Name
+			}
+			if near, ok := config.Nearest(name, names); ok {
+				v.Error += " (did you mean " + near + "?)"
+				v.Data = errorData{Link: "/jobs/" + url.PathEscape(near), LinkText: near}
+				return "error", nil
+			}
+		}
+		v.Data = errorData{Link: "/jobs?q=" + url.QueryEscape(name), LinkText: "search the jobs for " + strconv.Quote(name)}
 		return "error", nil
 	}
 	js := st.Jobs[idx]
@@ -746,7 +815,14 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		def = js.Definition.Job
 	}
 	if j := definition(def, name); j != nil {
-		d.Schedule, d.Failover = scheduleOf(j, v.Now, 3), j.Failover
+		d.Schedule, d.Failover, d.Description = scheduleOf(j, v.Now, 3), j.Failover, j.Description
+		d.PastFires = pastFires(j, v.Now, 10)
+	}
+	if len(def) > 0 {
+		var pretty bytes.Buffer
+		if json.Indent(&pretty, def, "", "  ") == nil {
+			d.Definition = pretty.String()
+		}
 	}
 	off := map[int]bool{}
 	for _, i := range js.DisabledItems {
@@ -797,6 +873,11 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 			since = v.Now.Add(-dur)
 		} else {
 			d.HistoryNote, d.Since = "since must be a duration like 1h or 30m; showing all", ""
+		}
+	}
+	for _, rec := range jr.Records { // runs in progress: history has them when they end
+		if rec.State == coord.StateRunning && (d.Item == "" || strconv.Itoa(rec.Item) == d.Item) {
+			hist = append(hist, rec)
 		}
 	}
 	for _, rec := range hist {

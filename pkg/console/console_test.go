@@ -164,12 +164,14 @@ func TestPages(t *testing.T) {
 		{"/jobs?filter=running", 200, []string{"1 job(s)", `href="/jobs/job-00001"`}},
 		{"/jobs?filter=failing", 200, []string{"1 job(s)", `href="/jobs/job-00002"`}},
 		{"/jobs?q=nothing-like-this", 200, []string{"No job matches."}},
-		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `id="run-now"`, `id="rerun"`, "KILLED/operator", "token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
+		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `id="run-now"`, `id="rerun"`, "KILLED/operator", "killed by token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
 		{"/jobs/job-00002?run=91-1", 200, []string{`data-src="/api/v1/jobs/job-00002/runs/91-1/log"`, "Log of run 91-1"}},
 		{"/jobs/job-00002?result=KILLED", 200, []string{"KILLED/operator"}},
 		{"/jobs/job-00002?item=x", 200, []string{"item must be a number"}},
 		{"/jobs/job-00002?run=../../x", 200, []string{"is not a run (FENCE-ITEM"}},
-		{"/jobs/nope", 404, []string{`no job &#34;nope&#34;`}},
+		{"/jobs/nope", 404, []string{`no job &#34;nope&#34;`, `href="/jobs?q=nope"`}},
+		{"/jobs/jbo-00001", 404, []string{`(did you mean job-00001?)`, `href="/jobs/job-00001"`}},
+		{"/jobs/job-00002", 200, []string{`id="definition"`, "&#34;cron&#34;: &#34;0 */5 * * * ?&#34;", `<datalist id="past-fires">`}},
 		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>"}},
 		{"/audit", 200, []string{"token:alice", "item 0 of job job-00001"}},
 		{"/no/such/page", 404, []string{"no page /no/such/page"}},
@@ -218,7 +220,7 @@ func TestRolesAndLogin(t *testing.T) {
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), "not one of this instance") || len(rec.Result().Cookies()) != 0 {
+	if rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), "not the secret of any of this instance") || len(rec.Result().Cookies()) != 0 {
 		t.Errorf("wrong token login: %d, cookies %v", rec.Code, rec.Result().Cookies())
 	}
 	// A login from another site's page is refused.

@@ -136,9 +136,22 @@ func trimAudit(ctx context.Context, cli *clientv3.Client, keys Keys) {
 // AuditFilter selects entries of the audit log.
 type AuditFilter struct {
 	Job   string // "" for every job
-	Actor string // "" for everyone
+	Actor string // "" for everyone; see actorMatches
 	// Limit bounds the entries returned (default and at most AuditKeep).
 	Limit int
+}
+
+// actorMatches reports whether an entry's actor is the one asked for: the
+// same, or one it names the kind or start of ("cli" or "cli:" matches
+// every CLI user, "cli:root" root on every host, "token" every token).
+func actorMatches(actor, want string) bool {
+	switch {
+	case want == "" || actor == want:
+		return true
+	case strings.HasSuffix(want, ":") || strings.HasSuffix(want, "@"):
+		return strings.HasPrefix(actor, want)
+	}
+	return strings.HasPrefix(actor, want+":") || strings.HasPrefix(actor, want+"@")
 }
 
 // auditPage is how many entries ReadAudit reads at a time.
@@ -163,7 +176,7 @@ func ReadAudit(ctx context.Context, cli *clientv3.Client, keys Keys, f AuditFilt
 			if json.Unmarshal(kv.Value, &e) != nil {
 				continue
 			}
-			if (f.Job != "" && e.Job != f.Job) || (f.Actor != "" && e.Actor != f.Actor) {
+			if (f.Job != "" && e.Job != f.Job) || !actorMatches(e.Actor, f.Actor) {
 				continue
 			}
 			if out = append(out, e); len(out) == f.Limit {

@@ -133,6 +133,8 @@ type ItemRecord struct {
 	Param string `json:"param,omitempty"`
 	// KilledBy names who stopped a run KILLED with reason operator.
 	KilledBy string `json:"killedBy,omitempty"`
+	// By names who triggered a MANUAL run (kept by its re-runs).
+	By string `json:"by,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
@@ -276,8 +278,10 @@ type Claim struct {
 	// trigger's revision (0 for scheduled runs, which carry the previous one).
 	Sched   time.Time
 	Trigger int64
-	// Param is the run's one-off parameter (manual runs and their re-runs).
+	// Param is the run's one-off parameter (manual runs and their re-runs);
+	// By who triggered it.
 	Param string
+	By    string
 }
 
 // Grant is a won claim.
@@ -346,7 +350,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	rec := ItemRecord{
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
-		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param,
+		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By,
 	}
 	if c.Prev.Record != nil {
 		rec.Seq = c.Prev.Record.Seq + 1

@@ -60,3 +60,25 @@ func mustTime(t *testing.T, s string) time.Time {
 	}
 	return v
 }
+
+func TestActorMatches(t *testing.T) {
+	for _, tt := range []struct {
+		actor, want string
+		ok          bool
+	}{
+		{"cli:root@vm", "", true},
+		{"cli:root@vm", "cli:root@vm", true},
+		{"cli:root@vm", "cli", true},
+		{"cli:root@vm", "cli:", true},
+		{"cli:root@vm", "cli:root", true},
+		{"cli:root@vm", "cli:ro", false},
+		{"token:alice", "token", true},
+		{"token:alice", "token:al", false},
+		{"token:alice", "cli", false},
+		{"instance:a", "instance:a", true},
+	} {
+		if got := actorMatches(tt.actor, tt.want); got != tt.ok {
+			t.Errorf("actorMatches(%q, %q) = %v, want %v", tt.actor, tt.want, got, tt.ok)
+		}
+	}
+}

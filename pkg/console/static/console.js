@@ -36,6 +36,9 @@
     const resp = await fetch(url, opts);
     let data = {};
     try { data = await resp.json(); } catch (e) { /* not JSON */ }
+    if (resp.status === 401) {
+      throw new Error("your session has expired, or this instance has restarted: log in again (" + location.origin + "/login)");
+    }
     if (!resp.ok) throw new Error(data.error || resp.status + " " + resp.statusText);
     return data;
   }
@@ -50,10 +53,10 @@
       return text;
     }
     if (data.id && data.runs) {
-      let text = "Triggered item(s) " + data.runs.join(", ") + " (trigger " + data.id + ")";
+      let text = "Triggered item(s) " + data.runs.join(", ");
       if (data.rerun) text += " for fire " + data.rerun;
       if (data.param) text += " with parameter " + JSON.stringify(data.param);
-      return text + ". Their owners run them now.";
+      return text + ". Their owners run them now; the history shows them as MANUAL.";
     }
     return "Done.";
   }
@@ -63,7 +66,8 @@
       ev.preventDefault();
       const fields = new FormData(form);
       let question = form.dataset.confirm || "Are you sure?";
-      question = question.replace("{fire}", fields.get("fire") || "");
+      const param = fields.get("param");
+      question = question.replace("{fire}", fields.get("fire") || "").replace("{param}", param ? " with parameter " + JSON.stringify(param) : "");
       if (!confirm(question)) return;
       let body;
       if ("json" in form.dataset) {
@@ -95,7 +99,7 @@
       for (const job of jobs) {
         try {
           const data = await post("/api/v1/jobs/" + encodeURIComponent(job) + "/" + button.dataset.action);
-          lines.push(job + ": " + (data.message || "done"));
+          lines.push(data.message || job + ": done");
         } catch (e) {
           failed++;
           lines.push(job + ": refused: " + e.message);
