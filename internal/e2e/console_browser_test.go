@@ -147,7 +147,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#run-now button")),
 	)
 	waitText(t, ctx, "#flash", `with parameter "2026-11-30"`, 15*time.Second)
-	if q := d.last(); q != "Run job nightly-report now?" {
+	if q := d.last(); q != `Run job nightly-report now with parameter "2026-11-30"?` {
 		t.Errorf("the confirmation asked %q", q)
 	}
 	// The run's log, followed live: its lines appear while it runs.
