@@ -18,8 +18,11 @@
 // with 10,000 jobs one read takes seconds, a page must not. A page served
 // from a snapshot older than Options.MaxAge starts one refresh in the
 // background (never two) and shows the age of what it shows; a snapshot
-// older than a minute is not shown: the page waits for the refresh. The
-// job page reads its job fresh (one job's keys, its items and history).
+// older than 15 s is not shown: the page waits for the refresh (at most
+// PageWait, then it shows what it has, with a warning). While pages are
+// asked for, the snapshot is refreshed in the background (Options.Warm),
+// so pages in use do not wait. The job page reads its job fresh (one
+// job's keys, its items and history).
 //
 // # Acting
 //
@@ -88,6 +91,10 @@ type Options struct {
 	// shows what it has (an older snapshot, with a warning) or says etcd
 	// does not answer; default 5s.
 	MaxAge, Timeout, PageWait time.Duration
+	// Warm is how long after a page the snapshot is kept fresh in the
+	// background, so that pages do not wait for reads while the console is
+	// in use; default 2m, negative: never.
+	Warm time.Duration
 	Now                       func() time.Time
 }
 
@@ -119,6 +126,9 @@ func New(o Options) http.Handler {
 	}
 	if o.PageWait <= 0 {
 		o.PageWait = 5 * time.Second
+	}
+	if o.Warm == 0 {
+		o.Warm = 2 * time.Minute
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -348,6 +358,8 @@ type snapshots struct {
 	refreshing chan struct{} // closed when the read in progress ends; nil if none
 	err        error         // the last read's
 	invalid    bool          // a write made cur stale
+	lastUse    time.Time     // of a page (real time)
+	warming    bool          // a refresh is scheduled (keepWarm)
 }
 
 // maxStale is the oldest snapshot a page shows without waiting for a
@@ -363,6 +375,7 @@ const maxStale = 15 * time.Second
 // the error.
 func (s *snapshots) get(ctx context.Context) (*snapshot, string, error) {
 	s.mu.Lock()
+	s.lastUse = time.Now()
 	cur, invalid := s.cur, s.invalid
 	age := time.Duration(0)
 	if cur != nil {
@@ -415,7 +428,9 @@ func (s *snapshots) refresh() chan struct{} {
 	s.refreshing = done
 	go func() { // ends with the read, bounded by Timeout
 		defer close(done)
+		began := time.Now()
 		snap, err := s.c.read()
+		took := time.Since(began)
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.refreshing, s.err = nil, err
@@ -424,8 +439,29 @@ func (s *snapshots) refresh() chan struct{} {
 		} else {
 			s.c.o.Logger.Warn("console: read the cluster", "err", err)
 		}
+		s.keepWarm(took)
 	}()
 	return done
+}
+
+// keepWarm schedules the next refresh while pages are asked for (within
+// Options.Warm of the last one), so that a page in use never waits for a
+// read: every MaxAge, or five times as long as a read takes (a large
+// cluster is not read back to back). s.mu is held.
+func (s *snapshots) keepWarm(took time.Duration) {
+	warm := s.c.o.Warm
+	if warm <= 0 || s.warming || time.Since(s.lastUse) > warm {
+		return
+	}
+	s.warming = true
+	time.AfterFunc(max(s.c.o.MaxAge, 5*took), func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.warming = false
+		if time.Since(s.lastUse) <= warm {
+			s.refresh()
+		}
+	})
 }
 
 // read reads a snapshot.

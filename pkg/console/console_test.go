@@ -110,7 +110,7 @@ const (
 )
 
 func newTestConsole(f *fakeCluster, ts ...api.Token) http.Handler {
-	return New(Options{Cluster: f, Auth: api.NewAuth(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet})
+	return New(Options{Cluster: f, Auth: api.NewAuth(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
 }
 
 // login returns the session cookie of a login with secret.
@@ -286,7 +286,7 @@ func TestSnapshotRefreshesOnce(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: time.Second,
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: time.Second, Warm: -1,
 		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	if code, _, _ := get(c, "/jobs", nil); code != 200 || f.statuses.Load() != 1 {
 		t.Fatalf("first page: %d, %d reads", code, f.statuses.Load())
@@ -343,7 +343,7 @@ func TestVeryStaleSnapshotIsNotShown(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet,
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1,
 		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	get(c, "/jobs", nil)
 	mu.Lock()
@@ -361,7 +361,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond,
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
 		Endpoints: []string{"https://127.0.0.1:2379"}, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	get(c, "/jobs", nil)
 	f.slow = make(chan struct{}) // etcd stops answering
@@ -374,7 +374,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 	if took := time.Since(start); code != 200 || took > 2*time.Second || !strings.Contains(body, "this is the cluster as it was 1m0s ago") {
 		t.Errorf("jobs page with etcd down: %d after %s; warning shown: %v", code, took, strings.Contains(body, "as it was"))
 	}
-	fresh := New(Options{Cluster: &fakeCluster{n: 3, slow: f.slow}, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond,
+	fresh := New(Options{Cluster: &fakeCluster{n: 3, slow: f.slow}, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
 		Endpoints: []string{"https://127.0.0.1:2379"}})
 	code, body, _ = get(fresh, "/", nil)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "etcd at https://127.0.0.1:2379 has not answered within 200ms") {
@@ -386,7 +386,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 // now, not the snapshot from before the write.
 func TestWriteMakesTheNextPageFresh(t *testing.T) {
 	f := &fakeCluster{n: 3}
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet})
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1})
 	get(c, "/jobs", nil)
 	get(c, "/jobs", nil)
 	if n := f.statuses.Load(); n != 1 {
@@ -396,5 +396,26 @@ func TestWriteMakesTheNextPageFresh(t *testing.T) {
 	get(c, "/jobs", nil)
 	if n := f.statuses.Load(); n != 2 {
 		t.Errorf("%d reads: the page after a write did not read the cluster again", n)
+	}
+}
+
+// While pages are asked for, the snapshot is read again in the background
+// every MaxAge: a page in use does not wait for a read.
+func TestSnapshotKeptWarmWhileUsed(t *testing.T) {
+	f := &fakeCluster{n: 3}
+	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: 50 * time.Millisecond, Warm: 300 * time.Millisecond})
+	get(c, "/jobs", nil)
+	deadline := time.Now().Add(5 * time.Second)
+	for f.statuses.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := f.statuses.Load(); n < 3 {
+		t.Fatalf("%d reads in the background after a page, want refreshes every 50 ms", n)
+	}
+	time.Sleep(600 * time.Millisecond) // Warm has passed since the page
+	n := f.statuses.Load()
+	time.Sleep(300 * time.Millisecond)
+	if m := f.statuses.Load(); m != n {
+		t.Errorf("%d reads after the console went unused, want none", m-n)
 	}
 }
