@@ -95,7 +95,7 @@ type Options struct {
 	// background, so that pages do not wait for reads while the console is
 	// in use; default 2m, negative: never.
 	Warm time.Duration
-	Now                       func() time.Time
+	Now  func() time.Time
 }
 
 //go:embed templates/*.html
