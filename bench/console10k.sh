@@ -14,8 +14,8 @@ go build -o "$W/testetcd" ./internal/etcdtest/testetcd
 PIDS+=($!)
 {
   echo "jobs:"
-  for i in $(seq -w 0 9999); do
-    printf '  - name: job-%s\n    cron: "0 0 0 1 1 ?"\n    shardingTotalCount: 3\n    script: [/bin/true]\n' "$i"
+  for i in $(seq 0 9999); do
+    printf '  - name: job-%05d\n    cron: "0 0 0 1 1 ?"\n    shardingTotalCount: 3\n    script: [/bin/true]\n' "$i"
   done
 } > "$W/jobs.yaml"
 sleep 2
