@@ -104,12 +104,24 @@ type Job struct {
 	// host that ran it); zero fields take the defaults (see package runlog).
 	LogRetention LogRetention `yaml:"logRetention" json:"logRetention"`
 
+	// DependsOn names the jobs whose completed fires fire this one (see
+	// docs/design.md, Dependencies): each parent fire whose every item
+	// succeeded fires this job once. A job with DependsOn may have a Cron
+	// too. The parents must be defined wherever this job is.
+	DependsOn []string `yaml:"dependsOn" json:"dependsOn,omitempty"`
+	// Dataflow, with Streaming, makes one run of an item repeat its work
+	// while the work says it processed data and more may remain (see
+	// Dataflow). Nil or Streaming false: each run does its work once.
+	Dataflow *Dataflow `yaml:"dataflow" json:"dataflow,omitempty"`
+
 	// Set by Load from the fields above.
 	Schedule schedule.Schedule `yaml:"-" json:"-"` // nil when Cron is empty
 	Location *time.Location    `yaml:"-" json:"-"`
 	Shard    shard.Strategy    `yaml:"-" json:"-"`
 	// Pos is where the job is defined.
 	Pos Pos `yaml:"-" json:"-"`
+	// dependsOnLine is the line of DependsOn, for errors found across jobs.
+	dependsOnLine int
 }
 
 // Pos is a place in a config file.
@@ -190,6 +202,29 @@ type LogRetention struct {
 	MaxBytesPerRun ByteSize `yaml:"maxBytesPerRun" json:"maxBytesPerRun"`
 	MaxTotalBytes  ByteSize `yaml:"maxTotalBytes" json:"maxTotalBytes"`
 }
+
+// Dataflow is ElasticJob's DATAFLOW job type for scripts and hooks: a
+// streaming run repeats its work while the work reports "more" (a script's
+// exit status MoreExitCode, a hook's 2xx answer {"more": true}), and stops
+// when the work reports done (exit 0, or no "more"), fails, the job's map
+// is about to change, the instance loses the item, or a limit is reached.
+type Dataflow struct {
+	Streaming bool `yaml:"streaming" json:"streaming"`
+	// MaxIterations and MaxDuration bound one streaming run; 0 takes the
+	// defaults. A job's timeout bounds each iteration.
+	MaxIterations int      `yaml:"maxIterations" json:"maxIterations,omitempty"`
+	MaxDuration   Duration `yaml:"maxDuration" json:"maxDuration,omitempty"`
+	// MoreExitCode is the exit status with which a script says it processed
+	// data and more may remain; 0 takes the default (100).
+	MoreExitCode int `yaml:"moreExitCode" json:"moreExitCode,omitempty"`
+}
+
+// Defaults of Dataflow.
+const (
+	DefaultDataflowMaxIterations = 1000
+	DefaultDataflowMaxDuration   = Duration(time.Hour)
+	DefaultDataflowMoreExitCode  = 100
+)
 
 // Defaults of LogRetention.
 const (
@@ -419,6 +454,7 @@ func Errors(err error) []error {
 
 func (l *loader) finish(files []string) (*Config, error) {
 	l.checkDuplicates()
+	l.checkDependencies()
 	if len(l.errs) > 0 {
 		sort.SliceStable(l.errs, func(i, j int) bool {
 			a, aok := l.errs[i].(*Error)

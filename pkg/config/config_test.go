@@ -113,6 +113,12 @@ func TestLoadBad(t *testing.T) {
 		{"strategy-and-alias", `strategy-and-alias.bad.yaml:4: job "orders": strategy and jobShardingStrategyType are the same field; set only one`},
 		{"broadcast-total", `broadcast-total.bad.yaml:4: job "cache-warm": shardingTotalCount must not be set with strategy BROADCAST`},
 		{"defaults-name", `defaults-name.bad.yaml:2: defaults: script cannot be set in defaults`},
+		{"deps-cycle", `deps-cycle.bad.yaml:6: job "transform": dependsOn makes a cycle: extract -> load -> transform -> extract (each waits for the next's fires; none would ever fire)`},
+		{"deps-unknown", `deps-unknown.bad.yaml:6: job "mail": dependsOn names reprot, which no job defines (did you mean report?)`},
+		{"deps-self", `deps-self.bad.yaml:3: job "report": dependsOn names the job itself: a job cannot wait for its own fires`},
+		{"dataflow-exit", `dataflow-exit.bad.yaml:6: job "drain": dataflow.moreExitCode must be an exit status from 1 to 255 (0 means done), got 300`},
+		{"dataflow-iterations", `dataflow-iterations.bad.yaml:6: job "drain": dataflow.maxIterations must be >= 1 (0 = the default, 1000), got -1`},
+		{"dataflow-unknown", `dataflow-unknown.bad.yaml:5: job "drain": unknown field dataflow.streming (did you mean streaming?)`},
 		{"wrong-type", `wrong-type.bad.yaml:3: job "orders": failover must be true or false, got "sometimes"`},
 		{"http-method", `http-method.bad.yaml:5: job "hook": http.method "FETCH" is not one of GET, POST, PUT, PATCH, DELETE`},
 		{"duplicate-key", `duplicate-key.bad.yaml:4: job "orders": cron is set twice (first at line 3)`},
@@ -441,5 +447,40 @@ func TestNearest(t *testing.T) {
 		if got != tc.want {
 			t.Errorf("Nearest(%q) = %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A child may have its own cron beside its parents; dataflow's zero fields
+// take the defaults; a diamond (two paths to one parent) is no cycle.
+func TestDependenciesAndDataflow(t *testing.T) {
+	c, err := Parse("jobs.yaml", []byte(`jobs:
+  - name: extract
+    cron: "0 0 1 * * ?"
+    shardingTotalCount: 4
+    script: [/bin/true]
+  - name: clean
+    dependsOn: [extract]
+    script: [/bin/true]
+  - name: enrich
+    dependsOn: [extract]
+    script: [/bin/true]
+  - name: load
+    cron: "0 0 12 * * ?"
+    dependsOn: [clean, enrich]
+    script: [/bin/true]
+    dataflow: {streaming: true, maxDuration: 10m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := c.Job("load")
+	if load == nil || load.Schedule == nil || strings.Join(load.DependsOn, ",") != "clean,enrich" {
+		t.Fatalf("load: %+v", load)
+	}
+	if d := load.Dataflow; d == nil || !d.Streaming || d.MaxIterations != DefaultDataflowMaxIterations || d.MaxDuration != Duration(10*time.Minute) || d.MoreExitCode != 100 {
+		t.Errorf("dataflow %+v", load.Dataflow)
+	}
+	if c.Job("extract").Dataflow != nil {
+		t.Error("a job without dataflow got one")
 	}
 }

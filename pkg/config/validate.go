@@ -128,6 +128,41 @@ func validate(s scope, j *Job, f *fields) bool {
 		bad("logRetention.maxBytesPerRun", "logRetention.maxBytesPerRun (%s) must be at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, r.MaxTotalBytes)
 	}
 
+	seen := map[string]bool{}
+	for _, parent := range j.DependsOn {
+		switch err := CheckName(parent); {
+		case err != nil:
+			bad("dependsOn", "dependsOn: job name %v", err)
+		case parent == j.Name:
+			bad("dependsOn", "dependsOn names the job itself: a job cannot wait for its own fires")
+		case seen[parent]:
+			bad("dependsOn", "dependsOn names %s twice", parent)
+		}
+		seen[parent] = true
+	}
+	j.dependsOnLine = f.line["dependsOn"]
+	if d := j.Dataflow; d != nil {
+		if d.MaxIterations == 0 {
+			d.MaxIterations = DefaultDataflowMaxIterations
+		}
+		if d.MaxDuration == 0 {
+			d.MaxDuration = DefaultDataflowMaxDuration
+		}
+		if d.MoreExitCode == 0 {
+			d.MoreExitCode = DefaultDataflowMoreExitCode
+		}
+		switch {
+		case d.MaxIterations < 0:
+			bad("dataflow.maxIterations", "dataflow.maxIterations must be >= 1 (0 = the default, %d), got %d", DefaultDataflowMaxIterations, d.MaxIterations)
+		case d.MaxDuration < 0:
+			bad("dataflow.maxDuration", "dataflow.maxDuration must be > 0 (0 = the default, %s), got %s", DefaultDataflowMaxDuration, d.MaxDuration)
+		case d.MoreExitCode < 1 || d.MoreExitCode > 255:
+			bad("dataflow.moreExitCode", "dataflow.moreExitCode must be an exit status from 1 to 255 (0 means done), got %d", d.MoreExitCode)
+		case j.Retries > 0 && d.Streaming && d.MoreExitCode == 1:
+			bad("dataflow.moreExitCode", "dataflow.moreExitCode 1 is the usual failure status: with retries it would be taken for more data; choose another (the default is %d)", DefaultDataflowMoreExitCode)
+		}
+	}
+
 	switch {
 	case j.Script == nil && j.HTTP == nil:
 		bad("", "no work: set script or http")
@@ -241,6 +276,82 @@ func CheckName(name string) error {
 		}
 	}
 	return nil
+}
+
+// checkDependencies reports, across all files, the parents that no job
+// defines (naming the nearest) and the cycles of dependsOn, each once,
+// naming its path: a -> b -> a.
+func (l *loader) checkDependencies() {
+	byName := map[string]*Job{}
+	defined := map[string]bool{} // valid or not: an invalid parent has its own errors
+	var names []string
+	for _, j := range l.jobs {
+		byName[j.Name] = j
+	}
+	for _, n := range l.named {
+		if !defined[n.name] {
+			defined[n.name] = true
+			names = append(names, n.name)
+		}
+	}
+	for _, j := range l.jobs {
+		for _, p := range j.DependsOn {
+			if defined[p] {
+				continue
+			}
+			msg := fmt.Sprintf("dependsOn names %s, which no job defines", p)
+			if near, ok := Nearest(p, names); ok {
+				msg += fmt.Sprintf(" (did you mean %s?)", near)
+			}
+			l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.depLine(), Job: strconv.Quote(j.Name), Msg: msg})
+		}
+	}
+	// Depth-first search; a back edge is a cycle. Jobs in sorted order, so
+	// that the same files always report the same cycle the same way.
+	const (
+		unseen = iota
+		open
+		done
+	)
+	state := map[string]int{}
+	var path []string
+	var visit func(name string)
+	visit = func(name string) {
+		state[name] = open
+		path = append(path, name)
+		j := byName[name]
+		for _, p := range j.DependsOn {
+			switch {
+			case byName[p] == nil:
+			case state[p] == open:
+				cycle := append(slices.Clone(path[slices.Index(path, p):]), p)
+				l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.depLine(), Job: strconv.Quote(j.Name),
+					Msg: "dependsOn makes a cycle: " + strings.Join(cycle, " -> ") + " (each waits for the next's fires; none would ever fire)"})
+			case state[p] == unseen:
+				visit(p)
+			}
+		}
+		path = path[:len(path)-1]
+		state[name] = done
+	}
+	valid := make([]string, 0, len(byName))
+	for n := range byName {
+		valid = append(valid, n)
+	}
+	slices.Sort(valid)
+	for _, n := range valid {
+		if state[n] == unseen {
+			visit(n)
+		}
+	}
+}
+
+// depLine is the line of the job's dependsOn, else of the job.
+func (j *Job) depLine() int {
+	if j.dependsOnLine > 0 {
+		return j.dependsOnLine
+	}
+	return j.Pos.Line
 }
 
 // checkDuplicates reports job names defined more than once, across all files.
