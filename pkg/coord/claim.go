@@ -135,6 +135,8 @@ type ItemRecord struct {
 	KilledBy string `json:"killedBy,omitempty"`
 	// By names who triggered a MANUAL run (kept by its re-runs).
 	By string `json:"by,omitempty"`
+	// Iterations counts a streaming (dataflow) run's iterations.
+	Iterations int `json:"iterations,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
@@ -579,6 +581,8 @@ type Outcome struct {
 	Start, End time.Time
 	// KilledBy names who stopped a run killed by an operator.
 	KilledBy string
+	// Iterations counts a streaming run's iterations (0: not streaming).
+	Iterations int
 }
 
 // Complete records the outcome of a granted run, removes its running marker
@@ -590,7 +594,7 @@ type Outcome struct {
 func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	rec := g.record
 	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
-	rec.KilledBy = o.KilledBy
+	rec.KilledBy, rec.Iterations = o.KilledBy, o.Iterations
 	if !o.Start.IsZero() {
 		rec.Start = o.Start.UTC()
 	}

@@ -85,7 +85,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	if e.opts.OnStart != nil {
 		e.opts.OnStart(job.Name)
 	}
-	res, out := j.work(g, job, rc)
+	res, out := j.work(g, job, rc, v.MapRev)
 	if !res.Prepared.IsZero() && !s.read.IsZero() && a.source != coord.SourceManual {
 		e.ready.observe(res.Prepared.Sub(s.read))
 	}
@@ -155,7 +155,7 @@ func (j *jobLoop) pastFenceDeadline(g *coord.Grant) bool {
 // work runs a granted item with its retries and says how it ended. The
 // work stops at once when the session ends (the instance may no longer own
 // the item) or the engine is killed.
-func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runner.Result, coord.Outcome) {
+func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRev int64) (runner.Result, coord.Outcome) {
 	e := j.e
 	run, err := e.work, error(nil)
 	if run == nil {
@@ -179,31 +179,66 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context) (runn
 	if lg != nil {
 		rc.Output = lg
 	}
-	res := run(runCtx, rc)
-	started := res.Started // the first try that started; zero: none did
-	for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
-		wait := min(time.Duration(job.RetryBackoff)<<retry, time.Duration(config.MaxRetryBackoff))
-		j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
-		rc.Retry = retry + 1
-		if lg != nil {
-			lg.Note(fmt.Sprintf("retry %d in %s, after: %v", rc.Retry, wait, res.Err))
-		}
-		select {
-		case <-time.After(wait):
-		case <-runCtx.Done():
-		}
-		if runCtx.Err() != nil {
-			break
-		}
-		res = run(runCtx, rc)
+	var started time.Time // the first try that started; zero: none did
+	try := func(rc runner.Context) runner.Result { // the work, with the job's retries
+		res := run(runCtx, rc)
 		if started.IsZero() {
 			started = res.Started
 		}
+		for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
+			wait := min(time.Duration(job.RetryBackoff)<<retry, time.Duration(config.MaxRetryBackoff))
+			j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
+			rc.Retry = retry + 1
+			if lg != nil {
+				lg.Note(fmt.Sprintf("retry %d in %s, after: %v", rc.Retry, wait, res.Err))
+			}
+			select {
+			case <-time.After(wait):
+			case <-runCtx.Done():
+			}
+			if runCtx.Err() != nil {
+				break
+			}
+			res = run(runCtx, rc)
+			if started.IsZero() {
+				started = res.Started
+			}
+		}
+		return res
+	}
+	stream := job.Dataflow != nil && job.Dataflow.Streaming
+	if stream {
+		rc.Iteration = 1
+	}
+	first := time.Now()
+	res := try(rc)
+	for stream && res.OK && res.More {
+		// Between iterations: stop when the run may no longer own the
+		// item, the map changed, or a limit is reached (see Dataflow in
+		// docs/design.md); the work resumes from its own cursor next time.
+		why := j.streamStop(runCtx, job, mapRev, rc.Iteration, first)
+		if why != "" {
+			if lg != nil {
+				lg.Note(fmt.Sprintf("streaming stopped after %d iterations: %s", rc.Iteration, why))
+			}
+			j.log.Info("streaming run stopped", "item", rc.Item, "iterations", rc.Iteration, "why", why)
+			break
+		}
+		rc.Iteration++
+		rc.Retry = 0
+		if lg != nil {
+			lg.Note(fmt.Sprintf("iteration %d", rc.Iteration))
+		}
+		res = try(rc)
 	}
 	if !started.IsZero() {
 		res.Started = started // the first try's start: the trigger delay ends there
 	}
-	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End}
+	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End,
+		Iterations: rc.Iteration}
+	if stream {
+		out.Start = first
+	}
 	if res.End.IsZero() {
 		out.End = time.Now()
 	}
@@ -286,4 +321,24 @@ func (j *jobLoop) closeRunLog(lg *runlog.Log, item int, out coord.Outcome) {
 	if err != nil {
 		j.log.Warn("run log incomplete", "item", item, "err", err)
 	}
+}
+
+// streamStop says why a streaming run stops before its next iteration, ""
+// when it goes on: its context ended (fence, shutdown, kill), the job's map
+// changed since the claim (a reshard: the item may move), or a limit of
+// the job's dataflow was reached.
+func (j *jobLoop) streamStop(ctx context.Context, job *config.Job, mapRev int64, done int, first time.Time) string {
+	d := job.Dataflow
+	switch {
+	case ctx.Err() != nil:
+		return "the run was stopped"
+	case done >= d.MaxIterations:
+		return fmt.Sprintf("dataflow.maxIterations (%d) reached", d.MaxIterations)
+	case time.Since(first) >= time.Duration(d.MaxDuration):
+		return fmt.Sprintf("dataflow.maxDuration (%s) reached", d.MaxDuration)
+	}
+	if v, ok := j.e.opts.Node.View(j.name); !ok || v.MapRev != mapRev {
+		return "the job's shard map changed (a reshard): the item's owner continues at its next fire"
+	}
+	return ""
 }

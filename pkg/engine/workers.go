@@ -47,6 +47,9 @@ func newRunner(job *config.Job, wd *runner.Watchdog, cg *runner.Cgroups, log *sl
 			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Watchdog: wd, Cgroups: cg,
 			ContextArg: job.Script.ContextArg,
 		}
+		if d := job.Dataflow; d != nil && d.Streaming {
+			s.MoreExitCode = d.MoreExitCode
+		}
 		return s.Run, func() {}, nil
 	case job.HTTP != nil:
 		timeout := time.Duration(job.HTTP.Timeout)
@@ -60,6 +63,7 @@ func newRunner(job *config.Job, wd *runner.Watchdog, cg *runner.Cgroups, log *sl
 		h, err := runner.NewHTTP(runner.HTTP{
 			URL: job.HTTP.URL, Method: job.HTTP.Method, Headers: job.HTTP.Headers, Body: job.HTTP.Body,
 			SuccessCodes: job.HTTP.SuccessCodes, FollowRedirects: job.HTTP.FollowRedirects, Timeout: timeout,
+			More: job.Dataflow != nil && job.Dataflow.Streaming,
 		}, files)
 		if err != nil {
 			return nil, nil, err

@@ -32,6 +32,9 @@ type HTTP struct {
 	Body string
 	// SuccessCodes accepted; empty accepts any 2xx.
 	SuccessCodes []int
+	// More (streaming dataflow) reads a successful answer as JSON: {"more":
+	// true} says the hook processed data and more may remain (Result.More).
+	More bool
 	// FollowRedirects follows redirects to the URL's origin (see checkRedirect).
 	FollowRedirects bool
 	// Timeout bounds the whole call; the connection alone gets ConnectTimeout.
@@ -282,6 +285,14 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		return res
 	}
 	res.OK = true
+	if h.More {
+		var answer struct {
+			More bool `json:"more"`
+		}
+		if json.Unmarshal([]byte(text), &answer) == nil {
+			res.More = answer.More
+		}
+	}
 	return res
 }
 

@@ -42,6 +42,9 @@ type Context struct {
 	// TriggerParameter is the one-off parameter an operator gave a manual
 	// run (`shardd trigger --param`); "" otherwise.
 	TriggerParameter string `json:"triggerParameter,omitempty"`
+	// Iteration counts the iterations of a streaming (dataflow) run, from
+	// 1; 0 for a run that is not streaming.
+	Iteration int `json:"iteration,omitempty"`
 
 	// StartAt, if set, is when the work starts: a run prepared ahead (a
 	// script's process waits behind its gate, registered with the
@@ -91,6 +94,7 @@ func (c Context) Env() []string {
 		"SHARDD_SOURCE=" + c.Source,
 		"SHARDD_SKIPPED=" + strconv.Itoa(c.Skipped),
 		"SHARDD_TRIGGER_PARAMETER=" + c.TriggerParameter,
+		"SHARDD_ITERATION=" + strconv.Itoa(c.Iteration),
 		"SHARDD_CONTEXT=" + string(c.JSON()),
 	}
 }
@@ -127,6 +131,10 @@ type Result struct {
 	HTTPStatus int
 	// Err says why the work failed, nil when OK.
 	Err error
+	// More is set on a successful run of streaming work that says it
+	// processed data and more may remain: a script's exit status
+	// Script.MoreExitCode, a hook's answer {"more": true} (HTTP.More).
+	More bool
 	// Retryable is set when trying again may help: a network error or a 5xx.
 	Retryable bool
 	// Output is the tail of the script's output or the response body.

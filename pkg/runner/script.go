@@ -39,6 +39,10 @@ type Script struct {
 	// script dies with shardd or at the session's fence deadline even when
 	// shardd cannot act (see WatchdogMain).
 	Watchdog *Watchdog
+	// MoreExitCode, if set (streaming dataflow), is the exit status with
+	// which the script says it processed data and more may remain: a
+	// success, with Result.More.
+	MoreExitCode int
 }
 
 // maxEnvString is Linux's MAX_ARG_STRLEN: an environment string as long
@@ -361,6 +365,8 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	}
 	switch {
 	case res.Err != nil:
+	case waitErr != nil && s.MoreExitCode > 0 && res.ExitCode == s.MoreExitCode:
+		res.OK, res.More = true, true // processed data; more may remain
 	case waitErr != nil:
 		res.Err = waitErr // "exit status 3", "signal: killed"
 	default:

@@ -1,0 +1,132 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// drainScript processes a queue file of records, three an iteration: it
+// appends each to done with its fence and iteration, keeps its cursor in a
+// file, and exits 100 (more) until the queue is empty, then 0.
+func drainScript(dir string, sleep string) string {
+	return `q=` + dir + `/queue; c=` + dir + `/cursor; d=` + dir + `/done
+n=$(cat $c 2>/dev/null || echo 0); total=$(wc -l < $q)
+end=$((n+3)); [ $end -gt $total ] && end=$total
+sed -n "$((n+1)),${end}p" $q | while read r; do echo "$r $SHARDD_FENCE $SHARDD_ITERATION" >> $d; done
+echo $end > $c
+sleep ` + sleep + `
+[ $end -lt $total ] && exit 100
+exit 0`
+}
+
+// A streaming run drains a queue in batches under one claim (one fence):
+// it repeats while the script exits 100 and stops when the queue is empty;
+// every record is processed once, and the record counts the iterations.
+func TestStreamingRunDrainsAQueue(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	var queue strings.Builder
+	for i := range 10 {
+		queue.WriteString("record-" + strconv.Itoa(i) + "\n")
+	}
+	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
+	node := instance(t, srv, "a", "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: "+yamlQuote(drainScript(dir, "0"))+"\n")
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+		v, _ := node.View("drain")
+		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
+	})
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	var rec *coord.ItemRecord
+	waitFor(t, 20*time.Second, "the streaming run to end", func() bool {
+		st, err := node.ReadItem(ctx, "drain", 0)
+		rec = st.Record
+		return err == nil && rec != nil && rec.State == coord.StateDone
+	})
+	if rec.Iterations != 4 {
+		t.Errorf("the run's record counts %d iterations, want 4 (10 records, 3 an iteration)", rec.Iterations)
+	}
+	done := lines(filepath.Join(dir, "done"))
+	if len(done) != 10 {
+		t.Fatalf("processed %d records, want each of the 10 once: %v", len(done), done)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "done"))
+	fence := ""
+	for i, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(l)
+		if f[0] != "record-"+strconv.Itoa(i) || f[2] != strconv.Itoa(i/3+1) {
+			t.Errorf("line %d: %q, want record-%d in iteration %d", i, l, i, i/3+1)
+		}
+		if fence != "" && f[1] != fence {
+			t.Errorf("line %d: fence %s, want the run's one fence %s", i, f[1], fence)
+		}
+		fence = f[1]
+	}
+}
+
+// An instance that joins while a run streams changes the job's map: the
+// run stops between two iterations (DONE, with the iterations it made),
+// and the next run, wherever the item is then, goes on from the work's own
+// cursor: no record is processed twice.
+func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	var queue strings.Builder
+	for i := range 30 {
+		queue.WriteString("record-" + strconv.Itoa(i) + "\n")
+	}
+	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
+	yaml := "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: " + yamlQuote(drainScript(dir, "0.4")) + "\n"
+	node := instance(t, srv, "a", yaml)
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 10*time.Second, "a's map", func() bool {
+		v, _ := node.View("drain")
+		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
+	})
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "two iterations", func() bool { return len(lines(filepath.Join(dir, "done"))) >= 6 })
+	instance(t, srv, "b", yaml) // joins: the map changes
+	var first *coord.ItemRecord
+	waitFor(t, 20*time.Second, "the streaming run to stop", func() bool {
+		st, err := node.ReadItem(ctx, "drain", 0)
+		first = st.Record
+		return err == nil && first != nil && first.State == coord.StateDone
+	})
+	if first.Iterations >= 10 || first.Iterations < 2 {
+		t.Errorf("the run made %d iterations; want it stopped by the map change (2 to 9 of the 10 the queue needs)", first.Iterations)
+	}
+	// Runs go on until the queue is drained, from the cursor.
+	for range 10 {
+		if len(lines(filepath.Join(dir, "done"))) >= 30 {
+			break
+		}
+		if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "done"))
+	seen := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		r := strings.Fields(l)[0]
+		if seen[r] {
+			t.Errorf("%s processed twice", r)
+		}
+		seen[r] = true
+	}
+	if len(seen) != 30 {
+		t.Errorf("%d of the 30 records processed", len(seen))
+	}
+}
