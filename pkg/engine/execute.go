@@ -179,7 +179,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	if lg != nil {
 		rc.Output = lg
 	}
-	var started time.Time // the first try that started; zero: none did
+	var started time.Time                          // the first try that started; zero: none did
 	try := func(rc runner.Context) runner.Result { // the work, with the job's retries
 		res := run(runCtx, rc)
 		if started.IsZero() {
