@@ -179,8 +179,10 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	if lg != nil {
 		rc.Output = lg
 	}
-	var started time.Time                          // the first try that started; zero: none did
-	try := func(rc runner.Context) runner.Result { // the work, with the job's retries
+	// try runs the work with the job's retries; started is the first try
+	// that started (zero: none did).
+	var started time.Time
+	try := func(rc runner.Context) runner.Result {
 		res := run(runCtx, rc)
 		if started.IsZero() {
 			started = res.Started
