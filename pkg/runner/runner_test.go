@@ -963,3 +963,59 @@ func TestReleaseRefusedNothingStarts(t *testing.T) {
 		t.Errorf("hook: %+v, called %v", res, called)
 	}
 }
+
+// Streaming work says "more" by an exit status (a script) or an answer
+// {"more": true} (a hook); anything else that succeeds is done, and a
+// failure is a failure.
+func TestDataflowMore(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/more":
+			w.Write([]byte(`{"more": true, "processed": 500}`))
+		case "/done":
+			w.Write([]byte(`{"more": false}`))
+		case "/text":
+			w.Write([]byte("ok"))
+		case "/fail":
+			http.Error(w, `{"more": true}`, http.StatusInternalServerError)
+		}
+	}))
+	defer srv.Close()
+	for _, tt := range []struct {
+		path     string
+		more, ok bool
+	}{
+		{"/more", true, true},
+		{"/done", false, true},
+		{"/text", false, true},
+		{"/fail", false, false},
+	} {
+		for _, stream := range []bool{true, false} {
+			h, err := NewHTTP(HTTP{URL: srv.URL + tt.path, Method: "POST", Timeout: 5 * time.Second, More: stream}, TLSFiles{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := h.Run(context.Background(), Context{Job: "j"})
+			h.Close()
+			if res.OK != tt.ok || res.More != (tt.more && stream) {
+				t.Errorf("hook %s, streaming %v: ok %v more %v, want ok %v more %v", tt.path, stream, res.OK, res.More, tt.ok, tt.more && stream)
+			}
+		}
+	}
+	for _, tt := range []struct {
+		exit, more int
+		ok, isMore bool
+	}{
+		{100, 100, true, true},
+		{0, 100, true, false},
+		{3, 100, false, false},
+		{100, 0, false, false}, // not streaming: 100 is a failure
+		{7, 7, true, true},
+	} {
+		s := Script{Shell: "exit " + strconv.Itoa(tt.exit), MoreExitCode: tt.more}
+		res := s.Run(context.Background(), Context{Job: "j"})
+		if res.OK != tt.ok || res.More != tt.isMore || res.ExitCode != tt.exit {
+			t.Errorf("exit %d, moreExitCode %d: ok %v more %v code %d", tt.exit, tt.more, res.OK, res.More, res.ExitCode)
+		}
+	}
+}
