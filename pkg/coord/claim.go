@@ -137,6 +137,9 @@ type ItemRecord struct {
 	By string `json:"by,omitempty"`
 	// Iterations counts a streaming (dataflow) run's iterations.
 	Iterations int `json:"iterations,omitempty"`
+	// FireKey names a manual run's fire (ManualFireKey), kept by its
+	// re-runs; "" for a scheduled fire (see FireKey).
+	FireKey string `json:"fireKey,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
@@ -281,9 +284,10 @@ type Claim struct {
 	Sched   time.Time
 	Trigger int64
 	// Param is the run's one-off parameter (manual runs and their re-runs);
-	// By who triggered it.
-	Param string
-	By    string
+	// By who triggered it; FireKey names a manual fire (see FireKey).
+	Param   string
+	By      string
+	FireKey string
 }
 
 // Grant is a won claim.
@@ -352,7 +356,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	rec := ItemRecord{
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
-		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By,
+		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By, FireKey: c.FireKey,
 	}
 	if c.Prev.Record != nil {
 		rec.Seq = c.Prev.Record.Seq + 1

@@ -26,6 +26,7 @@ const DefaultPrefix = "/shardd"
 //	<prefix>/jobs/<job>/triggers/<id>          1 minute  a one-off run requested by an operator
 //	<prefix>/jobs/<job>/kills/<id>             1 minute  runs in progress an operator asked to stop
 //	<prefix>/jobs/<job>/lastfailure            none      the record of the job's latest failed run
+//	<prefix>/jobs/<job>/fires/<fire>           none      a fire's barrier: how each item of it ended (dependencies)
 //	<prefix>/audit/<id>                        none      the operators' write actions, oldest trimmed (AuditKeep)
 type Keys struct {
 	prefix string // cleaned, no trailing slash
@@ -82,6 +83,8 @@ func (k Keys) Triggers(job string) string      { return k.job(job) + "triggers/"
 func (k Keys) Trigger(job, id string) string   { return k.Triggers(job) + id }
 func (k Keys) Kills(job string) string         { return k.job(job) + "kills/" }
 func (k Keys) LastFailure(job string) string   { return k.job(job) + "lastfailure" }
+func (k Keys) Fires(job string) string         { return k.job(job) + "fires/" }
+func (k Keys) Fire(job, fire string) string    { return k.Fires(job) + fire }
 func (k Keys) Kill(job, id string) string      { return k.Kills(job) + id }
 func (k Keys) Audit() string                   { return k.prefix + "/audit/" }
 func (k Keys) History(job string, item int, slot int64) string {

@@ -379,7 +379,7 @@ func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 	if !tr.Rerun.IsZero() {
 		fire = tr.Rerun
 	}
-	return action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, param: tr.Param, by: tr.By}
+	return action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, param: tr.Param, by: tr.By, fireKey: coord.ManualFireKey(tr.Rev)}
 }
 
 // hasTriggers reports whether manual triggers wait to be served.

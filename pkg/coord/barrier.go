@@ -1,0 +1,114 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A fire's barrier (jobs/<job>/fires/<fire>) says how each item of one fire
+// of a job ended, wherever it ran: the fan-in a child job of dependsOn
+// waits for (docs/design.md, Dependencies). Each final outcome of an item
+// is noted in it by a compare-and-swap on the key's ModRevision, so that
+// outcomes noted at once on several instances all count; the note that
+// makes it complete learns so, exactly once.
+//
+// This file is the primitive; nothing calls it yet (branch deps, #12).
+
+// FireKey names the fire a record is a run of: its FireKey, set by the
+// claim of a manual run ("m<trigger revision>": a manual fire, even a
+// re-run of a past fire, is not the scheduled one) and kept by its re-runs;
+// else "t<unix nanoseconds>" of its scheduled fire, which its re-runs,
+// failover or not, share.
+func FireKey(rec *ItemRecord) string {
+	if rec.FireKey != "" {
+		return rec.FireKey
+	}
+	return "t" + strconv.FormatInt(rec.Fire.UnixNano(), 10)
+}
+
+// ManualFireKey is the FireKey of the runs of manual trigger rev.
+func ManualFireKey(rev int64) string { return "m" + strconv.FormatInt(rev, 10) }
+
+// Barrier is how the items of one fire ended.
+type Barrier struct {
+	Total   int   `json:"total"`
+	Done    []int `json:"done,omitempty"`
+	Failed  []int `json:"failed,omitempty"`
+	Skipped []int `json:"skipped,omitempty"`
+	// Completed is when the last item's outcome was noted (zero: items
+	// are still to end), CompletedBy that note's run (item/fence): a note
+	// retried after a lost reply knows it completed the barrier.
+	Completed   time.Time `json:"completed,omitzero"`
+	CompletedBy string    `json:"completedBy,omitempty"`
+}
+
+// Complete reports whether every item has ended.
+func (b *Barrier) Complete() bool { return len(b.Done)+len(b.Failed)+len(b.Skipped) >= b.Total }
+
+// Succeeded reports whether every item ended DONE.
+func (b *Barrier) Succeeded() bool { return b.Complete() && len(b.Done) >= b.Total }
+
+// ended reports whether item's outcome is noted.
+func (b *Barrier) ended(item int) bool {
+	return slices.Contains(b.Done, item) || slices.Contains(b.Failed, item) || slices.Contains(b.Skipped, item)
+}
+
+// NoteOutcome notes the final outcome of rec's item in its fire's barrier
+// (a job of total items), creating the barrier with the first outcome. It
+// returns the barrier after the note, and completed set when this note made
+// it complete (only one note of a fire does). An item noted before (a
+// retried note after a lost reply) changes nothing.
+func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec ItemRecord) (b Barrier, completed bool, err error) {
+	key := n.keys.Fire(job, FireKey(&rec))
+	for {
+		rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+		resp, err := n.opts.Client.Get(rctx, key)
+		cancel()
+		if err != nil {
+			return b, false, fmt.Errorf("read barrier %s: %w", key, err)
+		}
+		b = Barrier{Total: total}
+		cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		if len(resp.Kvs) > 0 {
+			if err := json.Unmarshal(resp.Kvs[0].Value, &b); err != nil {
+				return b, false, fmt.Errorf("barrier %s is malformed: %w", key, err)
+			}
+			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+		}
+		me := strconv.Itoa(rec.Item) + "/" + strconv.FormatInt(rec.Fence, 10)
+		if b.ended(rec.Item) || b.Complete() {
+			return b, b.Complete() && b.CompletedBy == me, nil // ours applied, its reply lost
+		}
+		switch {
+		case rec.State == StateDone:
+			b.Done = append(b.Done, rec.Item)
+		case rec.State == StateSkipped:
+			b.Skipped = append(b.Skipped, rec.Item)
+		default:
+			b.Failed = append(b.Failed, rec.Item)
+		}
+		if b.Complete() {
+			b.Completed, b.CompletedBy = n.opts.Now().UTC(), me
+		}
+		val, _ := json.Marshal(b)
+		wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+		w, err := n.opts.Client.Txn(wctx).If(cmp).Then(clientv3.OpPut(key, string(val))).Commit()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return b, false, fmt.Errorf("note item %d in barrier %s: %w", rec.Item, key, err)
+			}
+			continue // unknown outcome: read again; an applied note is found there
+		}
+		if w.Succeeded {
+			return b, b.Complete(), nil
+		}
+		// Another item's note came first: read it and note ours on top.
+	}
+}
