@@ -593,6 +593,19 @@ func scheduleOf(j *config.Job, now time.Time, n int) schedule {
 	return s
 }
 
+// snapshot returns the cluster's snapshot for a page that shows it,
+// setting the page's title, navigation, age and warning.
+func (c *console) snapshot(r *http.Request, v *view, title, nav string) (*snapshot, error) {
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	snap, warning, err := c.snap.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v.Title, v.Nav, v.Age, v.Warning = title, nav, v.Now.Sub(snap.at), warning
+	return snap, nil
+}
+
 // ---- overview
 
 type overviewData struct {
@@ -610,14 +623,10 @@ type overviewData struct {
 }
 
 func (c *console) overview(r *http.Request, v *view) (string, error) {
-	ctx, cancel := c.ctx(r)
-	defer cancel()
-	snap, warning, err := c.snap.get(ctx)
+	snap, err := c.snapshot(r, v, "Overview", "overview")
 	if err != nil {
 		return "", err
 	}
-	v.Warning = warning
-	v.Title, v.Nav, v.Age = "Overview", "overview", v.Now.Sub(snap.at)
 	d := overviewData{Endpoints: c.o.Endpoints, Prefix: snap.st.Prefix, Revision: snap.st.Revision, Instances: len(snap.st.Instances), Jobs: len(snap.rows)}
 	hourAgo := v.Now.Add(-time.Hour)
 	for _, row := range snap.rows {
@@ -670,14 +679,10 @@ type jobListRow struct {
 }
 
 func (c *console) jobs(r *http.Request, v *view) (string, error) {
-	ctx, cancel := c.ctx(r)
-	defer cancel()
-	snap, warning, err := c.snap.get(ctx)
+	snap, err := c.snapshot(r, v, "Jobs", "jobs")
 	if err != nil {
 		return "", err
 	}
-	v.Warning = warning
-	v.Title, v.Nav, v.Age = "Jobs", "jobs", v.Now.Sub(snap.at)
 	q := r.URL.Query()
 	d := jobsData{Query: strings.TrimSpace(q.Get("q")), Filter: q.Get("filter"), Filters: jobFilters, Page: 1}
 	if !slices.Contains(jobFilters, d.Filter) {
@@ -941,14 +946,10 @@ type instanceRow struct {
 }
 
 func (c *console) instances(r *http.Request, v *view) (string, error) {
-	ctx, cancel := c.ctx(r)
-	defer cancel()
-	snap, warning, err := c.snap.get(ctx)
+	snap, err := c.snapshot(r, v, "Instances", "instances")
 	if err != nil {
 		return "", err
 	}
-	v.Warning = warning
-	v.Title, v.Nav, v.Age = "Instances", "instances", v.Now.Sub(snap.at)
 	items, leading := map[string]int{}, map[string]int{}
 	for _, j := range snap.st.Jobs {
 		leading[j.Leader]++

@@ -99,8 +99,10 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	})
 	before, _ := node.ReadItem(ctx, "daily", 0)
 	now := time.Now().UTC()
+	// The latest 03:00 at least two hours ago: the times an hour after it,
+	// which the cases below must find off the schedule, are past too.
 	last := time.Date(now.Year(), now.Month(), now.Day(), 3, 0, 0, 0, time.UTC)
-	if last.After(now) {
+	if last.Add(2 * time.Hour).After(now) {
 		last = last.AddDate(0, 0, -1)
 	}
 	for _, tt := range []struct {
