@@ -145,8 +145,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	browsertest.Do(t, ctx,
 		chromedp.SendKeys(chromedp.CSS("#q"), "report"),
 		chromedp.Submit(chromedp.CSS("#q")),
-		chromedp.WaitVisible(chromedp.CSS(`a[href="/jobs/nightly-report"]`)),
 	)
+	// The unfiltered list shows the job too: wait for the search's page.
+	waitText(t, ctx, "#matched", "1 job", 10*time.Second)
+	browsertest.Do(t, ctx, chromedp.WaitVisible(chromedp.CSS(`a[href="/jobs/nightly-report"]`)))
 	if n := text(t, ctx, "#matched"); !strings.HasPrefix(n, "1 job") {
 		t.Errorf("search for report: %q, want 1 job", n)
 	}
