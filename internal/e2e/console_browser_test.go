@@ -74,6 +74,21 @@ func waitText(t *testing.T, ctx context.Context, sel, want string, timeout time.
 	}
 }
 
+// waitPage reloads the page until the element sel contains want: what the
+// page shows comes from the server, as of the page's load.
+func waitPage(t *testing.T, ctx context.Context, sel, want string, timeout time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; time.Sleep(300 * time.Millisecond) {
+		browsertest.Do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(sel)))
+		if strings.Contains(text(t, ctx, sel), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %q after %s of reloads; it says %q", sel, want, timeout, text(t, ctx, sel))
+		}
+	}
+}
+
 // The console in a real browser, as an operator uses it: log in, find a
 // job, run it now with a parameter and watch its log appear, kill a long
 // run, disable an item, and find it all in the audit page; then a
@@ -85,7 +100,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	var jobs strings.Builder
 	jobs.WriteString(`jobs:
   - name: nightly-report
-    script: 'echo "report for $SHARDD_TRIGGER_PARAMETER"; for i in 1 2 3 4 5 6; do echo "line $i"; sleep 0.5; done; echo "warning: 3 late rows" >&2'
+    script: 'echo "report for $SHARDD_TRIGGER_PARAMETER"; for i in 1 2 3 4 5 6; do echo "line $i"; sleep 1; done; echo "warning: 3 late rows" >&2'
   - name: long-import
     failover: true
     script: 'echo importing; sleep 120'
@@ -130,8 +145,10 @@ func TestConsoleInABrowser(t *testing.T) {
 	browsertest.Do(t, ctx,
 		chromedp.SendKeys(chromedp.CSS("#q"), "report"),
 		chromedp.Submit(chromedp.CSS("#q")),
-		chromedp.WaitVisible(chromedp.CSS(`a[href="/jobs/nightly-report"]`)),
 	)
+	// The unfiltered list shows the job too: wait for the search's page.
+	waitText(t, ctx, "#matched", "1 job", 10*time.Second)
+	browsertest.Do(t, ctx, chromedp.WaitVisible(chromedp.CSS(`a[href="/jobs/nightly-report"]`)))
 	if n := text(t, ctx, "#matched"); !strings.HasPrefix(n, "1 job") {
 		t.Errorf("search for report: %q, want 1 job", n)
 	}
@@ -151,7 +168,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("the confirmation asked %q", q)
 	}
 	// The run's log, followed live: its lines appear while it runs.
-	waitText(t, ctx, "#items", "RUNNING on a", 15*time.Second)
+	waitPage(t, ctx, "#items", "RUNNING on a", 15*time.Second)
 	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS(`#item-0 a[href*="run="]`)), chromedp.WaitVisible(chromedp.CSS("#log-text")))
 	waitText(t, ctx, "#log-text", "report for 2026-11-30", 15*time.Second)
 	waitText(t, ctx, "#log-state", "following", 5*time.Second)
@@ -169,17 +186,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	browsertest.Do(t, ctx, chromedp.Navigate(base+"/jobs/long-import"), chromedp.WaitVisible(chromedp.CSS("#run-now")),
 		chromedp.Click(chromedp.CSS("#run-now button")))
 	waitText(t, ctx, "#flash", "Triggered", 15*time.Second)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		browsertest.Do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#items")))
-		if strings.Contains(text(t, ctx, "#items"), "RUNNING on a") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("long-import never showed running")
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	waitPage(t, ctx, "#items", "RUNNING on a", 20*time.Second)
 	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS("#kill-0")))
 	waitText(t, ctx, "#flash", "KILLED/operator", 20*time.Second)
 	if q := d.last(); !strings.Contains(q, "Kill the run of item 0 on a?") {

@@ -539,9 +539,7 @@ func begun(rec coord.ItemRecord) bool {
 }
 
 // failed reports whether a run's record is a failure an operator should see.
-func failed(rec coord.ItemRecord) bool {
-	return rec.State == coord.StateFailed || (rec.State == coord.StateKilled && rec.Reason == coord.ReasonTimeout)
-}
+func failed(rec coord.ItemRecord) bool { return rec.Failed() }
 
 // result is a record's state with its reason (KILLED/operator).
 func result(rec coord.ItemRecord) string {

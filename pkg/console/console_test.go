@@ -171,6 +171,7 @@ func TestPages(t *testing.T) {
 		{"/jobs/job-00002?run=../../x", 200, []string{"is not a run (FENCE-ITEM"}},
 		{"/jobs/nope", 404, []string{`no job &#34;nope&#34;`, `href="/jobs?q=nope"`}},
 		{"/jobs/jbo-00001", 404, []string{`(did you mean job-00001?)`, `href="/jobs/job-00001"`}},
+		{"/jobs/job-00003", 200, []string{"disabled: its fires do not run (next would be"}},
 		{"/jobs/job-00002", 200, []string{`id="definition"`, "&#34;cron&#34;: &#34;0 */5 * * * ?&#34;", `<datalist id="past-fires">`}},
 		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>"}},
 		{"/audit", 200, []string{"token:alice", "item 0 of job job-00001"}},

@@ -408,9 +408,7 @@ func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys Keys, jobs []st
 				for _, kv := range resp.Responses[3*i].GetResponseRange().Kvs {
 					var rec ItemRecord
 					if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil && json.Unmarshal(kv.Value, &rec) == nil {
-						if rec.State == StateRunning {
-							rec.Fence = kv.ModRevision // the claim's revision
-						}
+						rec.Fence = RunFence(&rec, kv.ModRevision)
 						jr.Records[n] = rec
 					}
 				}

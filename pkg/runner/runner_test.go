@@ -779,11 +779,15 @@ func TestWatchdogKillsTheRunsCgroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cg.kill()
 	if err := cmd.Start(); err != nil {
+		cg.kill()
 		t.Fatal(err)
 	}
-	defer cmd.Wait()
+	defer func() { // whatever fails below, nothing is left to wait 300 s for
+		cg.kill()
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+	}()
 	waitFile(t, pidFile)
 	b, _ := os.ReadFile(pidFile)
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))

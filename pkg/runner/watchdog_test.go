@@ -32,14 +32,16 @@ func startWatchdog(t *testing.T) *Watchdog {
 	return w
 }
 
+// waitFile waits until the file at path holds a whole line: a shell's
+// "echo $! > f" creates f before it writes, so existing is not enough.
 func waitFile(t *testing.T, path string) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(path); err == nil {
+		if b, err := os.ReadFile(path); err == nil && strings.HasSuffix(string(b), "\n") {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s did not appear", path)
+			t.Fatalf("%s did not get its line", path)
 		}
 	}
 }
