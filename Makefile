@@ -16,7 +16,7 @@ CHAOS_OUT    ?= $(CURDIR)/bench/chaos-summary.json
 SOAK_DURATION ?= 1h
 SOAK_OUT      ?= $(CURDIR)/bench/soak.json
 
-.PHONY: help build test lint fuzz bench chaos soak run install verify-deploy clean
+.PHONY: help build test lint fuzz bench chaos soak e2e-long run install verify-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_S
 	@mkdir -p bench
 	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_OUT) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
+
+e2e-long: ## the long e2e runs: dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming
+	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin)$$' -count=1 -v -timeout 20m
 
 soak: ## the soak: 3 instances, mixed jobs, reloads and restarts for SOAK_DURATION (default 1h); summary in SOAK_OUT (bench/soak.json)
 	@mkdir -p bench

@@ -169,6 +169,7 @@ func cmdTrigger(e *env, args []string) error {
 	fs.Var(&item, "item", "run only this `item` (default every item)")
 	param := fs.String("param", "", "a one-off `text` for this run: SHARDD_TRIGGER_PARAMETER (and triggerParameter in SHARDD_CONTEXT)")
 	fire := fs.String("fire", "", "run this past scheduled fire of the job again, as MANUAL with a fence of its own: `TIME` in RFC 3339, or 'YYYY-MM-DD HH:MM[:SS]' in the job's time zone")
+	noPropagate := fs.Bool("no-propagate", false, "do not trigger the job's children (jobs with dependsOn on it) with this run's outcome; a run of one --item never does")
 	job, err := o.parseJob(e, fs, args)
 	if err != nil {
 		return err
@@ -182,7 +183,7 @@ func cmdTrigger(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	req := coord.TriggerRequest{Job: job, Items: items, Param: *param, Fire: *fire, By: cliActor()}
+	req := coord.TriggerRequest{Job: job, Items: items, Param: *param, Fire: *fire, By: cliActor(), NoPropagate: *noPropagate}
 	tr, err := coord.RequestTrigger(ctx, cli, coord.NewKeys(o.ef.prefix), req)
 	target := "job " + job
 	if item.set {
@@ -380,7 +381,10 @@ func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 			out = out[:57] + "..."
 		}
 		source := dash(r.Source)
-		if r.By != "" {
+		switch {
+		case r.Upstream != nil: // the parent fire an UPSTREAM run (or its record) serves
+			source += " after " + r.Upstream.Job + "@" + r.Upstream.FireTime.Format(time.RFC3339)
+		case r.By != "":
 			source += " by " + r.By // who triggered a MANUAL run (and its re-runs)
 		}
 		fence := "-" // a record the run did not write (SKIPPED) has none

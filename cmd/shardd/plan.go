@@ -104,7 +104,31 @@ func planConfig(w io.Writer, c *config.Config, ids []string, fire shard.Fire, as
 	}
 	fmt.Fprintln(w, "\nnext fires:")
 	writeNextFires(w, c, 3)
+	writeGraph(w, c)
 	return nil
+}
+
+// writeGraph prints the jobs' dependencies, parents first: each child with
+// the parents whose fires run it.
+func writeGraph(w io.Writer, c *config.Config) {
+	var lines []string
+	for _, j := range c.Jobs {
+		if len(j.DependsOn) == 0 {
+			continue
+		}
+		how := "after each successful fire of " + j.DependsOn[0]
+		if len(j.DependsOn) > 1 {
+			how = "when each of " + strings.Join(j.DependsOn, ", ") + " has a new successful fire"
+		}
+		lines = append(lines, fmt.Sprintf("  %s -> %s  (%s runs %s)", strings.Join(j.DependsOn, ", "), j.Name, j.Name, how))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\ndependencies:")
+	for _, l := range lines {
+		fmt.Fprintln(w, l)
+	}
 }
 
 func writeJSON(w io.Writer, v any) error {

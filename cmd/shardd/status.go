@@ -69,6 +69,12 @@ func writeStatus(w io.Writer, st *coord.ClusterStatus) error {
 		for _, p := range j.Problems {
 			fmt.Fprintf(w, "  problem: %s\n", p)
 		}
+		if len(j.DependsOn) > 0 {
+			fmt.Fprintf(w, "  depends on: %s (runs after each of their successful fires)\n", strings.Join(j.DependsOn, ", "))
+		}
+		if len(j.Children) > 0 {
+			fmt.Fprintf(w, "  children: %s (run after each successful fire of this job)\n", strings.Join(j.Children, ", "))
+		}
 		if len(j.DisabledInstances) > 0 {
 			fmt.Fprintf(w, "  disabled instances: %s\n", strings.Join(j.DisabledInstances, ","))
 		}

@@ -47,7 +47,15 @@ func cmdValidate(e *env, args []string) error {
 func writeNextFires(w io.Writer, c *config.Config, n int) {
 	now := time.Now()
 	for _, j := range c.Jobs {
+		after := ""
+		if len(j.DependsOn) > 0 {
+			after = "; also after each successful fire of " + strings.Join(j.DependsOn, " and ")
+		}
 		if j.Schedule == nil {
+			if after != "" {
+				fmt.Fprintf(w, "  %s: no cron; runs after each successful fire of %s, or when triggered\n", j.Name, strings.Join(j.DependsOn, " and "))
+				continue
+			}
 			fmt.Fprintf(w, "  %s: no cron; runs only when triggered\n", j.Name)
 			continue
 		}
@@ -66,6 +74,6 @@ func writeNextFires(w io.Writer, c *config.Config, n int) {
 		if j.Disabled {
 			off = " [disabled: true, so none of these runs]"
 		}
-		fmt.Fprintf(w, "  %s (%s, %s): next %s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), off)
+		fmt.Fprintf(w, "  %s (%s, %s): next %s%s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), after, off)
 	}
 }

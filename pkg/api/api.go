@@ -482,9 +482,10 @@ func jobAndItem(w http.ResponseWriter, r *http.Request) (string, int, bool) {
 // triggerBody is a trigger's optional JSON body; the query's item, param
 // and fire work too.
 type triggerBody struct {
-	Item  *int   `json:"item"`
-	Param string `json:"param"`
-	Fire  string `json:"fire"`
+	Item      *int   `json:"item"`
+	Param     string `json:"param"`
+	Fire      string `json:"fire"`
+	Propagate *bool  `json:"propagate"`
 }
 
 func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
@@ -494,12 +495,20 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 	}
 	q := r.URL.Query()
 	req := coord.TriggerRequest{Job: name, Param: q.Get("param"), Fire: q.Get("fire"), By: CallerOf(r.Context()).Actor()}
+	switch q.Get("propagate") {
+	case "", "true", "1":
+	case "false", "0":
+		req.NoPropagate = true
+	default:
+		writeError(w, http.StatusBadRequest, "propagate must be true or false, got %q", q.Get("propagate"))
+		return
+	}
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 		var b triggerBody
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*coord.MaxTriggerParam))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&b); err != nil {
-			writeError(w, http.StatusBadRequest, "trigger body: %v (want {\"item\": N, \"param\": \"...\", \"fire\": \"RFC 3339\"}, every field optional)", err)
+			writeError(w, http.StatusBadRequest, "trigger body: %v (want {\"item\": N, \"param\": \"...\", \"fire\": \"RFC 3339\", \"propagate\": false}, every field optional)", err)
 			return
 		}
 		if b.Item != nil {
@@ -514,6 +523,9 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 		}
 		if b.Fire != "" {
 			req.Fire = b.Fire
+		}
+		if b.Propagate != nil {
+			req.NoPropagate = !*b.Propagate
 		}
 	}
 	if item >= 0 {

@@ -841,7 +841,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	q := r.URL.Query()
 	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"),
 		Results: []string{"", coord.StateDone, coord.StateFailed, coord.StateKilled, coord.StateSkipped, coord.StateRunning},
-		Sources: []string{"", coord.SourceNormal, coord.SourceMisfire, coord.SourceFailover, coord.SourceManual}}
+		Sources: []string{"", coord.SourceNormal, coord.SourceMisfire, coord.SourceFailover, coord.SourceManual, coord.SourceUpstream}}
 	if run := q.Get("run"); run != "" {
 		if _, _, ok := runlog.ParseRun(run); ok {
 			d.Run = run

@@ -17,8 +17,7 @@ import (
 // is noted in it by a compare-and-swap on the key's ModRevision, so that
 // outcomes noted at once on several instances all count; the note that
 // makes it complete learns so, exactly once.
-//
-// This file is the primitive; nothing calls it yet (branch deps, #12).
+// The completing note also triggers the job's children (deps.go).
 
 // FireKey names the fire a record is a run of: its FireKey, set by the
 // claim of a manual run ("m<trigger revision>": a manual fire, even a
@@ -62,9 +61,10 @@ func (b *Barrier) ended(item int) bool {
 // NoteOutcome notes the final outcome of rec's item in its fire's barrier
 // (a job of total items), creating the barrier with the first outcome. It
 // returns the barrier after the note, and completed set when this note made
-// it complete (only one note of a fire does). An item noted before (a
-// retried note after a lost reply) changes nothing.
-func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec ItemRecord) (b Barrier, completed bool, err error) {
+// it complete (only one note of a fire does); that note's Txn also
+// triggers the children in idx (childOps). An item noted before (a retried
+// note after a lost reply) changes nothing.
+func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec ItemRecord, idx ParentsOf) (b Barrier, completed bool, err error) {
 	key := n.keys.Fire(job, FireKey(&rec))
 	for {
 		rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
@@ -93,18 +93,25 @@ func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec ItemR
 		default:
 			b.Failed = append(b.Failed, rec.Item)
 		}
+		cmps := []clientv3.Cmp{cmp}
+		var ops []clientv3.Op
 		if b.Complete() {
 			b.Completed, b.CompletedBy = n.opts.Now().UTC(), me
+			c, o, err := n.childOps(ctx, job, FireKey(&rec), rec.Fire, b, idx)
+			if err != nil {
+				return b, false, err
+			}
+			cmps, ops = append(cmps, c...), o
 		}
 		val, _ := json.Marshal(b)
+		ops = append(ops, clientv3.OpPut(key, string(val)))
 		wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-		w, err := n.opts.Client.Txn(wctx).If(cmp).Then(clientv3.OpPut(key, string(val))).Commit()
+		w, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
 		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
-				return b, false, fmt.Errorf("note item %d in barrier %s: %w", rec.Item, key, err)
-			}
-			continue // unknown outcome: read again; an applied note is found there
+			// Unknown outcome: the caller notes again later, and an
+			// applied note is found then (completed included: CompletedBy).
+			return b, false, fmt.Errorf("note item %d in barrier %s: %w", rec.Item, key, err)
 		}
 		if w.Succeeded {
 			return b, b.Complete(), nil

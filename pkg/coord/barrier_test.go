@@ -31,13 +31,13 @@ func TestBarrierCompletesOnce(t *testing.T) {
 				state = StateFailed
 			}
 			rec := ItemRecord{Job: "parent", Item: item, Fire: fire, State: state, Fence: int64(100 + item)}
-			_, completed, err := nodes[item%3].NoteOutcome(context.Background(), "parent", total, rec)
+			_, completed, err := nodes[item%3].NoteOutcome(context.Background(), "parent", total, rec, nil)
 			if err != nil {
 				t.Error(err)
 			}
 			// The same note again (a retry after a lost reply): no change,
 			// and only the completing note says it completed.
-			_, again, err := nodes[item%3].NoteOutcome(context.Background(), "parent", total, rec)
+			_, again, err := nodes[item%3].NoteOutcome(context.Background(), "parent", total, rec, nil)
 			if err != nil {
 				t.Error(err)
 			}
@@ -55,13 +55,13 @@ func TestBarrierCompletesOnce(t *testing.T) {
 	if completions != 1 {
 		t.Fatalf("%d notes completed the barrier, want exactly 1", completions)
 	}
-	b, completed, err := nodes[0].NoteOutcome(context.Background(), "parent", total, ItemRecord{Item: 3, Fire: fire, State: StateDone, Fence: 999})
+	b, completed, err := nodes[0].NoteOutcome(context.Background(), "parent", total, ItemRecord{Item: 3, Fire: fire, State: StateDone, Fence: 999}, nil)
 	if err != nil || completed || !b.Complete() || b.Succeeded() || len(b.Done) != total-1 || len(b.Failed) != 1 || b.Failed[0] != 5 {
 		t.Errorf("barrier %+v (completed %v, %v): want complete, not succeeded, item 5 failed", b, completed, err)
 	}
 	// A manual fire of the same time has a barrier of its own.
 	manual := ItemRecord{Item: 0, Fire: fire, State: StateDone, Fence: 500, FireKey: ManualFireKey(77)}
-	if b, _, err := nodes[1].NoteOutcome(context.Background(), "parent", total, manual); err != nil || len(b.Done) != 1 {
+	if b, _, err := nodes[1].NoteOutcome(context.Background(), "parent", total, manual, nil); err != nil || len(b.Done) != 1 {
 		t.Errorf("manual fire's barrier %+v, %v: want its own, with one item", b, err)
 	}
 }

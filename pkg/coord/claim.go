@@ -53,6 +53,10 @@ const (
 	SkipTooOld = "too-old"
 	// SkipBusy: the fires came while the item ran, and misfire is off.
 	SkipBusy = "busy"
+	// SkipUpstreamFailed: the parent fire that triggered this run of a
+	// job with dependsOn did not succeed (an item of it failed or was
+	// skipped); Error says which.
+	SkipUpstreamFailed = "upstream-failed"
 )
 
 // CutByFailure reports whether a record is a run that a failure cut short:
@@ -90,7 +94,15 @@ const (
 	SourceMisfire  = "MISFIRE"
 	SourceFailover = "FAILOVER"
 	SourceManual   = "MANUAL"
+	// SourceUpstream: a run of a job with dependsOn, triggered by a
+	// completed fire of its parent (Upstream).
+	SourceUpstream = "UPSTREAM"
 )
+
+// OffSchedule reports whether source is a run by request (an operator's
+// or a parent fire's), not of the job's schedule: any member may serve
+// it, at once, and it does not move the item's watermark.
+func OffSchedule(source string) bool { return source == SourceManual || source == SourceUpstream }
 
 // HistoryPerItem is how many past executions of each item etcd keeps.
 const HistoryPerItem = 10
@@ -140,6 +152,11 @@ type ItemRecord struct {
 	// FireKey names a manual run's fire (ManualFireKey), kept by its
 	// re-runs; "" for a scheduled fire (see FireKey).
 	FireKey string `json:"fireKey,omitempty"`
+	// Upstream is the parent fire an UPSTREAM run serves (kept by its
+	// re-runs); NoPropagate is set on a manual run whose outcome does not
+	// trigger the job's children.
+	Upstream    *Upstream `json:"upstream,omitempty"`
+	NoPropagate bool      `json:"noPropagate,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
@@ -288,6 +305,9 @@ type Claim struct {
 	Param   string
 	By      string
 	FireKey string
+	// Upstream and NoPropagate are the record's (see ItemRecord).
+	Upstream    *Upstream
+	NoPropagate bool
 }
 
 // Grant is a won claim.
@@ -357,6 +377,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
 		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By, FireKey: c.FireKey,
+		Upstream: c.Upstream, NoPropagate: c.NoPropagate,
 	}
 	if c.Prev.Record != nil {
 		rec.Seq = c.Prev.Record.Seq + 1

@@ -18,8 +18,14 @@ import (
 // registerJob registers the job's definition (see registerConfig) and then
 // the membership key.
 func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) error {
-	if err := n.registerConfig(ctx, local); err != nil {
+	was, err := n.registerConfig(ctx, local)
+	if err != nil {
 		return err
+	}
+	if v, ok := n.View(local.Name); ok && v.Job != nil && (len(v.Job.DependsOn) > 0 || len(was) > 0) {
+		if err := n.indexChild(ctx, v.Job, was); err != nil {
+			return err
+		}
 	}
 	n.mu.Lock()
 	leaving := n.leaving
@@ -115,7 +121,10 @@ func publishDecision(local *config.Job, reg *registeredConfig, state regState, g
 // instance's loaded key, and takes the resulting registered definition
 // into the job's view. One Txn, guarded by the ModRevisions it read, does
 // all the writes; a concurrent change makes it read and decide again.
-func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
+//
+// It returns the parents (dependsOn) of the definition it replaced, if it
+// published over one: their children indexes are to lose the job.
+func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []string, err error) {
 	key, lkey := n.keys.Config(local.Name), n.keys.Loaded(local.Name, n.opts.ID)
 	log := n.log.With("job", local.Name)
 	hash := local.Hash()
@@ -127,7 +136,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 	for attempt := 0; ; attempt++ {
 		resp, err := n.opts.Client.Txn(rctx).Then(clientv3.OpGet(key), clientv3.OpGet(lkey)).Commit()
 		if err != nil {
-			return fmt.Errorf("read job definition %s: %w", key, err)
+			return nil, fmt.Errorf("read job definition %s: %w", key, err)
 		}
 		var (
 			reg        *registeredConfig
@@ -161,7 +170,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 		if publish {
 			val, err := json.Marshal(n.newRegistered(local, reg))
 			if err != nil {
-				return err
+				return nil, err
 			}
 			ops = append(ops, clientv3.OpPut(key, string(val)))
 			if state != regMissing { // a change of the cluster's definition
@@ -180,13 +189,13 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 		ops = append(ops, clientv3.OpGet(key))
 		w, err := n.opts.Client.Txn(rctx).If(configCmp, loadedCmp).Then(ops...).Commit()
 		if err != nil {
-			return fmt.Errorf("register job definition %s: %w", key, err)
+			return nil, fmt.Errorf("register job definition %s: %w", key, err)
 		}
 		if !w.Succeeded {
 			if attempt < 5 {
 				continue // changed since read: decide again
 			}
-			return fmt.Errorf("register job definition %s: it keeps changing; retrying", key)
+			return nil, fmt.Errorf("register job definition %s: it keeps changing; retrying", key)
 		}
 		if state == regGarbage && publish {
 			log.Error("registered job definition is malformed; replacing it with the local one", "key", key, "err", regErr)
@@ -210,7 +219,10 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) error {
 		default:
 			n.takeDefinition(local.Name, registered, kv.ModRevision)
 		}
-		return nil
+		if publish && registered != nil {
+			was = registered.DependsOn
+		}
+		return was, nil
 	}
 }
 

@@ -23,10 +23,14 @@ const DefaultPrefix = "/shardd"
 //	<prefix>/jobs/<job>/items/<n>              none      last claimed fire of the item (JSON), fenced claims
 //	<prefix>/jobs/<job>/running/<n>            session   the instance running the item
 //	<prefix>/jobs/<job>/history/<n>/<slot>     none      last HistoryPerItem executions of the item (ring)
-//	<prefix>/jobs/<job>/triggers/<id>          1 minute  a one-off run requested by an operator
+//	<prefix>/jobs/<job>/triggers/<id>          1 minute  a one-off run requested by an operator;
+//	                                           none      or by a parent's completed fire (upstream trigger, "u…" ids)
 //	<prefix>/jobs/<job>/kills/<id>             1 minute  runs in progress an operator asked to stop
 //	<prefix>/jobs/<job>/lastfailure            none      the record of the job's latest failed run
 //	<prefix>/jobs/<job>/fires/<fire>           none      a fire's barrier: how each item of it ended (dependencies)
+//	<prefix>/jobs/<job>/children               none      the jobs that depend on job, each with all its parents (JSON)
+//	<prefix>/jobs/<job>/lastsuccess            none      the key of job's latest fire whose every item succeeded
+//	<prefix>/jobs/<job>/deps                   none      a child of several parents: the parent fires it consumed (JSON)
 //	<prefix>/audit/<id>                        none      the operators' write actions, oldest trimmed (AuditKeep)
 type Keys struct {
 	prefix string // cleaned, no trailing slash
@@ -85,6 +89,9 @@ func (k Keys) Kills(job string) string         { return k.job(job) + "kills/" }
 func (k Keys) LastFailure(job string) string   { return k.job(job) + "lastfailure" }
 func (k Keys) Fires(job string) string         { return k.job(job) + "fires/" }
 func (k Keys) Fire(job, fire string) string    { return k.Fires(job) + fire }
+func (k Keys) Children(job string) string      { return k.job(job) + "children" }
+func (k Keys) LastSuccess(job string) string   { return k.job(job) + "lastsuccess" }
+func (k Keys) Deps(job string) string          { return k.job(job) + "deps" }
 func (k Keys) Kill(job, id string) string      { return k.Kills(job) + id }
 func (k Keys) Audit() string                   { return k.prefix + "/audit/" }
 func (k Keys) History(job string, item int, slot int64) string {

@@ -107,6 +107,10 @@ type JobView struct {
 	MapRev int64
 	// Leading is set while this instance is the job's leader.
 	Leading bool
+	// Children are the jobs that depend on this one, each with all its
+	// parents (jobs/<job>/children); childrenRev its ModRevision.
+	Children    ParentsOf
+	childrenRev int64
 }
 
 // New returns a node for jobs; Run starts it.

@@ -242,6 +242,10 @@ type TriggerRequest struct {
 	Fire string
 	// By names who asks (see Trigger.By).
 	By string
+	// NoPropagate keeps the runs' outcome from triggering the job's
+	// children (dependsOn). A trigger of some items never does: their
+	// fire is not the whole job's.
+	NoPropagate bool
 }
 
 // Detail is what the audit log keeps of the request's arguments.
@@ -252,6 +256,9 @@ func (r TriggerRequest) Detail() string {
 	}
 	if r.Param != "" {
 		d = append(d, "param="+strconv.Quote(r.Param))
+	}
+	if r.NoPropagate {
+		d = append(d, "no-propagate")
 	}
 	return strings.Join(d, " ")
 }
@@ -327,7 +334,7 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r Trig
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	// A key of its own: two triggers in one millisecond must not share one.
-	tr := Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param}
+	tr := Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param, NoPropagate: r.NoPropagate || len(r.Items) > 0}
 	if !rerun.IsZero() {
 		tr.Rerun = rerun.UTC()
 	}

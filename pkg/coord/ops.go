@@ -25,6 +25,12 @@ type Trigger struct {
 	// run with a claim (and fence) of its own; it does not move the item's
 	// watermark, so it is never taken for the original fire.
 	Rerun time.Time `json:"rerun,omitzero"`
+	// Upstream is set on a trigger a parent's completed fire put (no
+	// lease: it stays until every item served it).
+	Upstream *Upstream `json:"upstream,omitempty"`
+	// NoPropagate: the runs of this trigger do not trigger the job's
+	// children.
+	NoPropagate bool `json:"noPropagate,omitempty"`
 	// Rev is the etcd revision that created the request: the identity of
 	// the manual fire, ordered cluster-wide without trusting any host's
 	// clock (Fire is only the requester's note of when it asked).

@@ -56,11 +56,15 @@ type JobStatus struct {
 	// Definition is the registered definition, nil when missing or malformed.
 	Definition *DefinitionStatus `json:"definition,omitempty"`
 	// Items maps each item to its owner ("" for none).
-	Items          []ItemStatus `json:"items"`
-	PerFire        bool         `json:"perFire,omitempty"`
-	ConfigHash     string       `json:"configHash,omitempty"`
-	DisabledItems  []int        `json:"disabledItems,omitempty"`
-	Problems       []string     `json:"problems,omitempty"`
+	Items         []ItemStatus `json:"items"`
+	PerFire       bool         `json:"perFire,omitempty"`
+	ConfigHash    string       `json:"configHash,omitempty"`
+	DisabledItems []int        `json:"disabledItems,omitempty"`
+	Problems      []string     `json:"problems,omitempty"`
+	// DependsOn are the job's parents (dependsOn), Children the jobs that
+	// depend on it: the dependency graph.
+	DependsOn      []string `json:"dependsOn,omitempty"`
+	Children       []string `json:"children,omitempty"`
 	itemParameters map[int]string
 }
 
@@ -194,6 +198,7 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix
 			} else {
 				configDisabled = def.Disabled
 				js.itemParameters = def.ShardingItemParameters
+				js.DependsOn = def.DependsOn
 				js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written, Job: rc.Job}
 			}
 		} else {
@@ -230,6 +235,7 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix
 		}
 		cs.Jobs = append(cs.Jobs, js)
 	}
+	linkChildren(cs.Jobs)
 	return cs, nil
 }
 
@@ -439,4 +445,22 @@ func (n *Node) JobStatus(ctx context.Context, job string) (*ClusterStatus, error
 // JobRuns reads what jobs' items did last (see ReadJobRuns).
 func (n *Node) JobRuns(ctx context.Context, jobs []string) (map[string]JobRuns, error) {
 	return ReadJobRuns(ctx, n.opts.Client, n.keys, jobs)
+}
+
+// linkChildren fills each job's Children from the others' DependsOn, and
+// notes a parent no instance defines as a problem of its child.
+func linkChildren(jobs []JobStatus) {
+	at := map[string]int{}
+	for i, j := range jobs {
+		at[j.Name] = i
+	}
+	for i, j := range jobs {
+		for _, p := range j.DependsOn {
+			if k, ok := at[p]; ok {
+				jobs[k].Children = append(jobs[k].Children, j.Name)
+			} else {
+				jobs[i].Problems = append(jobs[i].Problems, fmt.Sprintf("depends on job %s, which no instance defines: it never fires from it", p))
+			}
+		}
+	}
 }

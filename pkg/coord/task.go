@@ -47,6 +47,7 @@ type jobTask struct {
 	b          backoff
 	stopConfig func() // following the registered definition
 	stopMap    func() // following the shard map (once registered)
+	stopKids   func() // following the children index (once registered)
 	unsub      []func()
 	key        string // the election key, "" until put
 	rev        int64  // its CreateRevision
@@ -114,6 +115,7 @@ func (t *jobTask) register(ctx context.Context) time.Time {
 	}
 	t.b.reset()
 	t.stopMap = n.followMap(ctx, t.local.Name)
+	t.stopKids = n.followChildren(ctx, t.local.Name)
 	t.phase = candidate
 	return time.Now()
 }
@@ -278,6 +280,7 @@ func (t *jobTask) stop() {
 	t.unsubscribe()
 	if t.stopMap != nil {
 		t.stopMap()
+		t.stopKids()
 	}
 	if t.removed.Load() && t.s.ctx.Err() == nil { // the job left the config: leave it now
 		dctx, cancel := context.WithTimeout(t.s.ctx, time.Second)

@@ -56,6 +56,14 @@ func instance(t testing.TB, srv *etcdtest.Server, id, yaml string, opts ...func(
 
 func instanceWith(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...func(*Options)) *coord.Node {
 	t.Helper()
+	node, _ := startInstance(t, cli, id, yaml, opts...)
+	return node
+}
+
+// startInstance starts an instance and returns it with its stop (also
+// called at the test's end).
+func startInstance(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...func(*Options)) (*coord.Node, func()) {
+	t.Helper()
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -80,8 +88,9 @@ func instanceWith(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...f
 	ectx, ecancel := context.WithCancel(ctx)
 	go func() { defer wg.Done(); eng.Run(ectx) }()
 	go func() { defer wg.Done(); node.Run(ctx) }()
-	t.Cleanup(func() { ecancel(); cancel(); wg.Wait(); wd.Close() })
-	return node
+	stop := sync.OnceFunc(func() { ecancel(); cancel(); wg.Wait(); wd.Close() })
+	t.Cleanup(stop)
+	return node, stop
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {

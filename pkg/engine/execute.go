@@ -72,6 +72,19 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	if v.Map != nil {
 		rc.Total = v.Map.Total
 	}
+	if up := a.upstream; up != nil {
+		rc.ParentJob, rc.ParentFire = up.Job, up.FireTime.UTC().Format(time.RFC3339)
+		if up.Failed != "" {
+			// The parent fire failed: the item's record says so, nothing runs.
+			now := time.Now()
+			out := coord.Outcome{State: coord.StateSkipped, Reason: coord.SkipUpstreamFailed, ExitCode: -1, Err: up.Failed, Start: now, End: now}
+			if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
+				log.Warn("record of a failed upstream fire not written", "fence", g.Fence, "err", err)
+			}
+			log.Info("not run: its parent's fire did not succeed", "fence", g.Fence, "why", up.Failed)
+			return true
+		}
+	}
 	if a.startAt.IsZero() {
 		log.Info("run", "fence", g.Fence, "skipped", a.skipped)
 	} else {
@@ -86,7 +99,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		e.opts.OnStart(job.Name)
 	}
 	res, out := j.work(g, job, rc, v.MapRev)
-	if !res.Prepared.IsZero() && !s.read.IsZero() && a.source != coord.SourceManual {
+	if !res.Prepared.IsZero() && !s.read.IsZero() && !coord.OffSchedule(a.source) {
 		e.ready.observe(res.Prepared.Sub(s.read))
 	}
 	if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
@@ -139,6 +152,7 @@ func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {
 	return coord.Claim{
 		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
 		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger, Param: a.param, By: a.by, FireKey: a.fireKey,
+		Upstream: a.upstream, NoPropagate: a.noPropagate,
 	}
 }
 

@@ -186,9 +186,19 @@ func (f *fakeNode) Settle(_ context.Context, job string, item int, st coord.Item
 }
 
 func (f *fakeNode) History(context.Context, string) ([]coord.ItemRecord, error) { return nil, nil }
-func (f *fakeNode) OnChange(string, func()) func()                              { return func() {} }
-func (f *fakeNode) OnTrigger(string, func(coord.Trigger)) func()                { return func() {} }
-func (f *fakeNode) OnKill(string, func(coord.Kill)) func()                      { return func() {} }
+
+// The fake's jobs have no children and no parents: dependencies are tested
+// against a real etcd (deps_test.go).
+func (f *fakeNode) NoteOutcome(context.Context, string, int, coord.ItemRecord, coord.ParentsOf) (coord.Barrier, bool, error) {
+	panic("fakeNode: NoteOutcome of a job with no children")
+}
+func (f *fakeNode) ReadTriggers(context.Context, string) ([]coord.Trigger, error) {
+	panic("fakeNode: ReadTriggers of a job with no parents")
+}
+func (f *fakeNode) DoneTrigger(context.Context, string, coord.Trigger) error { return nil }
+func (f *fakeNode) OnChange(string, func()) func()                           { return func() {} }
+func (f *fakeNode) OnTrigger(string, func(coord.Trigger)) func()             { return func() {} }
+func (f *fakeNode) OnKill(string, func(coord.Kill)) func()                   { return func() {} }
 
 // set replaces an item's state in the fake's etcd.
 func (f *fakeNode) set(item int, st coord.ItemState) {

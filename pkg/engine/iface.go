@@ -40,6 +40,13 @@ type Items interface {
 	Kills(ctx context.Context, job string) (map[coord.KillKey]string, error)
 	SettleKilled(ctx context.Context, job string, item int, st coord.ItemState, by string) error
 	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
+	// NoteOutcome notes an item's final record in its fire's barrier;
+	// the completing note triggers the job's children (coord/deps.go).
+	NoteOutcome(ctx context.Context, job string, total int, rec coord.ItemRecord, children coord.ParentsOf) (coord.Barrier, bool, error)
+	// ReadTriggers reads the job's waiting triggers; DoneTrigger deletes
+	// an upstream trigger every item served.
+	ReadTriggers(ctx context.Context, job string) ([]coord.Trigger, error)
+	DoneTrigger(ctx context.Context, job string, tr coord.Trigger) error
 }
 
 // Events delivers what wakes a job's loop. Callbacks must not block.

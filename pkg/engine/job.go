@@ -41,6 +41,11 @@ type jobLoop struct {
 	clockErr string    // the last clock refusal logged
 	disabled bool      // the job was disabled at the last reconcile
 	lastRead time.Time // when the items were last read
+	// noted is, per item, the Seq of the record last noted in its fire's
+	// barrier (deps.go); triggersRead is set once the triggers waiting
+	// in etcd were read (a job with parents).
+	noted        map[int]int64
+	triggersRead bool
 }
 
 type pendingTrigger struct {
@@ -74,7 +79,7 @@ func (l *localRuns) busy() bool {
 
 func newJobLoop(e *Engine, name string) *jobLoop {
 	return &jobLoop{e: e, name: name, log: e.log.With("job", name),
-		baseline: e.opts.Now(), seen: map[int]time.Time{}, runs: e.localRuns(name)}
+		baseline: e.opts.Now(), seen: map[int]time.Time{}, noted: map[int]int64{}, runs: e.localRuns(name)}
 }
 
 // poke makes the job reconcile at once (after the one in progress, if
@@ -91,9 +96,16 @@ func (j *jobLoop) follow() (stop func()) {
 	stopChanges := node.OnChange(j.name, j.poke)
 	stopTriggers := node.OnTrigger(j.name, func(tr coord.Trigger) {
 		j.mu.Lock()
-		j.triggers = append(j.triggers, pendingTrigger{tr: tr, received: j.e.opts.Now()})
+		added := j.addTriggerLocked(tr, j.e.opts.Now())
 		j.mu.Unlock()
-		j.log.Info("manual trigger", "trigger", tr.ID, "items", tr.Items, "by", tr.By)
+		if !added {
+			return
+		}
+		if tr.Upstream != nil {
+			j.log.Info("upstream trigger", "trigger", tr.ID, "parent", tr.Upstream.Job, "parent_fire", tr.Upstream.FireTime, "failed", tr.Upstream.Failed)
+		} else {
+			j.log.Info("manual trigger", "trigger", tr.ID, "items", tr.Items, "by", tr.By)
+		}
 		j.poke()
 	})
 	stopKills := node.OnKill(j.name, j.onKill)
@@ -202,6 +214,16 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		return now.Add(500 * time.Millisecond)
 	}
 	now = e.opts.Now()
+	loaded := len(job.DependsOn) == 0 || j.loadTriggers(ctx)
+	if !loaded {
+		next = earliest(next, now.Add(500*time.Millisecond))
+	}
+	me := e.opts.Node.ID()
+	parent := len(v.Children) > 0 // its outcomes are noted (deps.go)
+	var mine []int
+	if parent {
+		mine = m.ItemsOf(me)
+	}
 	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: e.window(), baseline: j.baseline}
 	own := j.ownership(ctx, v)
 	var kills map[coord.KillKey]string // read when a cut run is to run again
@@ -218,12 +240,16 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		local, ended := j.runs.snapshot(item)
 		stale := snap[item].running || ended != snap[item].ended
+		if parent && !stale && st.Record != nil && (st.Record.Instance == me || slices.Contains(mine, item)) && !j.noteOutcome(ctx, v, item, st) {
+			next = earliest(next, now.Add(500*time.Millisecond))
+			continue // the record is not replaced before it is noted
+		}
 		a := decide(st, local, p, now)
 		if a.kind == adopt && stale {
 			j.pokeAfter(100 * time.Millisecond) // read again first
 			continue
 		}
-		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" {
+		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && loaded {
 			a = j.manual(item, st, now)
 		}
 		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && !ahead.IsZero() {
@@ -251,7 +277,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 				a = action{kind: killed, fire: st.Record.Fire, why: by}
 			}
 		}
-		if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && a.source != coord.SourceManual && a.fire.After(now) {
+		if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && !coord.OffSchedule(a.source) && a.fire.After(now) {
 			// A fire claimed ahead before (a claim whose reply was lost, or
 			// one that never started) runs again or is adopted: not before
 			// its time either.
@@ -268,6 +294,10 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 				next = earliest(next, at)
 				continue
 			}
+		}
+		if a.kind != begin && !j.noteOutcome(ctx, v, item, st) {
+			next = earliest(next, now.Add(500*time.Millisecond))
+			continue // the record is not replaced before it is noted
 		}
 		switch a.kind {
 		case skip, settle, killed:
@@ -295,7 +325,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		starts[i].slots = slots
 	}
-	j.expireTriggers(now, func(tr coord.Trigger) bool {
+	served := j.expireTriggers(now, func(tr coord.Trigger) bool {
 		for item := range total {
 			if len(tr.Items) > 0 && !slices.Contains(tr.Items, item) {
 				continue
@@ -310,6 +340,11 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		return false
 	})
 	j.launch(ctx, v, starts) // runs first: the records below may take a while
+	for _, tr := range served {
+		if err := e.opts.Node.DoneTrigger(ctx, j.name, tr); err != nil {
+			j.log.Warn("delete a served upstream trigger (the next instance to start reads it, and finds it served)", "trigger", tr.ID, "err", err)
+		}
+	}
 	for _, s := range skips {
 		switch s.a.kind {
 		case settle:
@@ -379,7 +414,12 @@ func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 	if !tr.Rerun.IsZero() {
 		fire = tr.Rerun
 	}
-	return action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, param: tr.Param, by: tr.By, fireKey: coord.ManualFireKey(tr.Rev)}
+	a := action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, param: tr.Param, by: tr.By,
+		fireKey: coord.ManualFireKey(tr.Rev), upstream: tr.Upstream, noPropagate: tr.NoPropagate || len(tr.Items) > 0}
+	if tr.Upstream != nil {
+		a.source = coord.SourceUpstream
+	}
+	return a
 }
 
 // hasTriggers reports whether manual triggers wait to be served.
@@ -398,10 +438,20 @@ const maxTriggerAge = time.Hour
 // behind a long run is still served when its item moves to another
 // instance meanwhile, every instance of the job keeping it. One that
 // waits longer than maxTriggerAge is dropped, said in the log.
-func (j *jobLoop) expireTriggers(now time.Time, pending func(coord.Trigger) bool) {
+//
+// An upstream trigger (dependencies) is kept until served, whatever its
+// age, and returned once served: the caller deletes it from etcd.
+func (j *jobLoop) expireTriggers(now time.Time, pending func(coord.Trigger) bool) (served []coord.Trigger) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool {
+		if pt.tr.Upstream != nil {
+			if pending == nil || pending(pt.tr) {
+				return false
+			}
+			served = append(served, pt.tr)
+			return true
+		}
 		if now.Sub(pt.received) > maxTriggerAge {
 			j.log.Warn("manual trigger dropped: not served within an hour", "trigger", pt.tr.ID, "items", pt.tr.Items, "by", pt.tr.By)
 			return true
@@ -411,6 +461,7 @@ func (j *jobLoop) expireTriggers(now time.Time, pending func(coord.Trigger) bool
 		}
 		return !pending(pt.tr)
 	})
+	return served
 }
 
 // skip records fires as skipped by the misfire policy.
@@ -448,7 +499,7 @@ func (j *jobLoop) ownership(ctx context.Context, v coord.JobView) func(item int,
 			if job.Strategy == shard.Busyover && j.busy() {
 				return false, time.Time{} // busy: the next instance takes the fire
 			}
-			if source == coord.SourceManual {
+			if coord.OffSchedule(source) {
 				return true, fire
 			}
 			if rank < 0 {
@@ -458,7 +509,7 @@ func (j *jobLoop) ownership(ctx context.Context, v coord.JobView) func(item int,
 		}
 	case m.PerFire:
 		return func(item int, fire time.Time, source string) (bool, time.Time) {
-			if source == coord.SourceManual {
+			if coord.OffSchedule(source) {
 				// Each instance would draw a manual fire's owner at its
 				// own time; any member may claim it, the claim lets one run.
 				return slices.Contains(m.Instances, me), fire
@@ -549,7 +600,7 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 	ls := v.Job.Listeners
 	groups := map[time.Time][]start{}
 	for _, s := range starts {
-		if ls == nil || s.a.source == coord.SourceFailover || s.a.source == coord.SourceManual || s.a.kind == adopt {
+		if ls == nil || s.a.source == coord.SourceFailover || coord.OffSchedule(s.a.source) || s.a.kind == adopt {
 			e.runs.Add(1)
 			go func() {
 				defer e.runs.Done()

@@ -65,6 +65,10 @@ type action struct {
 	param   string
 	by      string
 	fireKey string // a manual fire's (coord.FireKey)
+	// upstream is the parent fire an UPSTREAM run serves; noPropagate
+	// keeps a manual run's outcome from triggering the job's children.
+	upstream    *coord.Upstream
+	noPropagate bool
 	// why says why fires are skipped.
 	why string
 	// oldest is the earliest fire the action accounts for (zero: fire):
@@ -108,17 +112,17 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 		if st.RunningMine && rec != nil && rec.State == coord.StateRunning {
 			// Our session holds the marker and no run of ours knows it: a
 			// claim whose reply was lost applied after all.
-			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey}
+			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
 		}
 		return action{} // someone runs it; the marker's deletion wakes us
 	}
 	if rec != nil && rec.NeverStarted() {
 		// A won claim whose work never began: the fire has not run yet.
-		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, trigger: rec.Trigger, param: rec.Param, by: rec.By, fireKey: rec.FireKey}
+		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, trigger: rec.Trigger, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
 	}
 	if rec != nil && rec.CutByFailure() {
 		if p.failover {
-			return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: coord.SourceFailover, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey}
+			return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: coord.SourceFailover, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
 		}
 		if rec.State == coord.StateRunning {
 			// Not run again; say so on the record, then the fires after it.

@@ -34,7 +34,7 @@ type Context struct {
 	Attempt  int    `json:"attempt"`
 	Retry    int    `json:"retry"`
 	Instance string `json:"instance"`
-	// Source is NORMAL, MISFIRE, FAILOVER or MANUAL.
+	// Source is NORMAL, MISFIRE, FAILOVER, MANUAL or UPSTREAM.
 	Source string `json:"source"`
 	// Skipped counts the fires before Fire that this run stands for
 	// (coalesced by the misfire policy); they do not run on their own.
@@ -45,6 +45,11 @@ type Context struct {
 	// Iteration counts the iterations of a streaming (dataflow) run, from
 	// 1; 0 for a run that is not streaming.
 	Iteration int `json:"iteration,omitempty"`
+	// ParentJob and ParentFire are, for a run of a job with dependsOn,
+	// the parent whose completed fire triggered it and that fire's time
+	// (RFC 3339); "" otherwise.
+	ParentJob  string `json:"parentJob,omitempty"`
+	ParentFire string `json:"parentFire,omitempty"`
 
 	// StartAt, if set, is when the work starts: a run prepared ahead (a
 	// script's process waits behind its gate, registered with the
@@ -95,6 +100,8 @@ func (c Context) Env() []string {
 		"SHARDD_SKIPPED=" + strconv.Itoa(c.Skipped),
 		"SHARDD_TRIGGER_PARAMETER=" + c.TriggerParameter,
 		"SHARDD_ITERATION=" + strconv.Itoa(c.Iteration),
+		"SHARDD_PARENT_JOB=" + c.ParentJob,
+		"SHARDD_PARENT_FIRE=" + c.ParentFire,
 		"SHARDD_CONTEXT=" + string(c.JSON()),
 	}
 }

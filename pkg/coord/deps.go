@@ -1,0 +1,303 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/pkg/config"
+)
+
+// Dependencies (docs/dependencies.md). A child job C (dependsOn: [P, ...])
+// fires once per completed fire of its parents. The pieces:
+//
+//   - jobs/<P>/children: every child of P with all its parents, written by
+//     the children's registrations (indexChild), followed by every instance
+//     of P into its JobView (Children);
+//   - jobs/<P>/fires/<fire>: the fire's barrier (barrier.go), noted with
+//     each item's final outcome; the note that completes it also, in the
+//     same Txn, creates one upstream trigger per child
+//     (jobs/<C>/triggers/u<...>, no lease), so a child fires exactly once
+//     per parent fire whoever completes it, however often a note is
+//     retried, whichever instance dies after it;
+//   - jobs/<P>/lastsuccess and jobs/<C>/deps: the rule of several parents
+//     (see childOps).
+//
+// The child's instances serve an upstream trigger like an operator's
+// (engine), each item once; a trigger of a failed parent fire is served
+// by recording the item SKIPPED with reason upstream-failed.
+
+// Upstream is where an upstream trigger comes from: a completed fire of
+// a parent job.
+type Upstream struct {
+	// Job is the parent whose fire completed; Fire its fire's key
+	// (FireKey), FireTime its time (for a manual fire, the completing
+	// item's start of it).
+	Job      string    `json:"job"`
+	Fire     string    `json:"fire"`
+	FireTime time.Time `json:"fireTime"`
+	// Failed, when set, says why the parent fire does not trigger the
+	// child: an item of it failed or was skipped. The child's items record
+	// it (SKIPPED, reason upstream-failed) instead of running.
+	Failed string `json:"failed,omitempty"`
+	// Parents are, for a child of several parents, the fire of each that
+	// this trigger consumed.
+	Parents map[string]string `json:"parents,omitempty"`
+}
+
+// ParentsOf is the children index of a job: each child with all its
+// parents.
+type ParentsOf map[string][]string
+
+// BarrierKeep is how long the barriers of scheduled fires are kept: a
+// completing note deletes older ones.
+const BarrierKeep = 24 * time.Hour
+
+// upstreamTriggerID names the trigger a child gets from parent's fire.
+func upstreamTriggerID(parent, fire string) string { return "u" + fire + "-" + parent }
+
+// indexChild makes the children index of every parent of def name def,
+// and of every parent it no longer has (was) not: the registration of a
+// child keeps its parents' indexes. It changes nothing when the indexes
+// say so already.
+func (n *Node) indexChild(ctx context.Context, def *config.Job, was []string) error {
+	for _, p := range slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(def.DependsOn), was...)))) {
+		key := n.keys.Children(p)
+		for attempt := 0; ; attempt++ {
+			rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+			resp, err := n.opts.Client.Get(rctx, key)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("read children of %s: %w", p, err)
+			}
+			idx, cmp := ParentsOf{}, clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+			if len(resp.Kvs) > 0 {
+				if err := json.Unmarshal(resp.Kvs[0].Value, &idx); err != nil {
+					n.log.Error("children index is malformed; rewriting it", "key", key, "err", err)
+					idx = ParentsOf{}
+				}
+				cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+			}
+			want := slices.Sorted(slices.Values(def.DependsOn))
+			if !slices.Contains(def.DependsOn, p) {
+				want = nil
+			}
+			if slices.Equal(idx[def.Name], want) {
+				break
+			}
+			if want == nil {
+				delete(idx, def.Name)
+			} else {
+				idx[def.Name] = want
+			}
+			val, _ := json.Marshal(idx) // kept when empty: followers take puts
+			wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+			w, err := n.opts.Client.Txn(wctx).If(cmp).Then(clientv3.OpPut(key, string(val))).Commit()
+			cancel()
+			if err != nil {
+				return fmt.Errorf("index %s as a child of %s: %w", def.Name, p, err)
+			}
+			if w.Succeeded {
+				break
+			}
+			if attempt > 10 {
+				return fmt.Errorf("index %s as a child of %s: the index keeps changing", def.Name, p)
+			}
+		}
+	}
+	return nil
+}
+
+// followChildren keeps the job's view of its children index current.
+func (n *Node) followChildren(ctx context.Context, job string) (stop func()) {
+	return n.followKey(ctx, job, n.keys.Children(job), true, func(kv *mvccpb.KeyValue) {
+		idx := ParentsOf{}
+		if len(kv.Value) > 0 {
+			if err := json.Unmarshal(kv.Value, &idx); err != nil {
+				n.log.Error("ignoring malformed children index", "job", job, "key", string(kv.Key), "err", err)
+				return
+			}
+		}
+		n.updateView(job, func(v *JobView) {
+			if kv.ModRevision >= v.childrenRev {
+				v.Children, v.childrenRev = idx, kv.ModRevision
+			}
+		})
+	})
+}
+
+// childOps are the guards and writes that a barrier's completing note
+// adds to its Txn: a trigger of each child of job (idx) that the fire
+// triggers, or its UPSTREAM_FAILED record, and for a successful fire the
+// job's lastsuccess. A child of several parents fires when every other
+// parent has a successful fire (lastsuccess) it has not consumed (its
+// deps); the Txn guards what it read of those, so two parents completing
+// at once fire the child once.
+func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Time, b Barrier, idx ParentsOf) ([]clientv3.Cmp, []clientv3.Op, error) {
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	ok := b.Succeeded()
+	if ok {
+		ops = append(ops, clientv3.OpPut(n.keys.LastSuccess(job), fire))
+	}
+	live, err := n.definedJobs(ctx, slices.Collect(maps.Keys(idx)))
+	if err != nil {
+		return nil, nil, err
+	}
+	now := n.opts.Now().UTC()
+	// The barriers of scheduled fires older than BarrierKeep go: their
+	// keys ("t" and 19 digits) sort by time.
+	// (Not in a Txn that puts a barrier inside the range: etcd refuses a
+	// Txn that puts and deletes one key.)
+	from, to := n.keys.Fires(job)+"t", n.keys.Fires(job)+"t"+fmt.Sprintf("%019d", now.Add(-BarrierKeep).UnixNano())
+	if own := n.keys.Fire(job, fire); own < from || own >= to {
+		ops = append(ops, clientv3.OpDelete(from, clientv3.WithRange(to)))
+	}
+	for _, child := range slices.Sorted(maps.Keys(idx)) {
+		parents := idx[child]
+		if !live[child] {
+			continue // removed (shardd remove): nothing would serve its triggers
+		}
+		up := Upstream{Job: job, Fire: fire, FireTime: fireTime.UTC()}
+		switch {
+		case !ok:
+			up.Failed = barrierWhy(job, fire, fireTime, b)
+		case len(parents) > 1:
+			fires, c, err := n.otherParents(ctx, job, child, parents)
+			if err != nil {
+				return nil, nil, err
+			}
+			cmps = append(cmps, c...)
+			if fires == nil {
+				continue // another parent has no fresh success yet: its own completion fires the child
+			}
+			fires[job] = fire
+			up.Parents = fires
+			val, _ := json.Marshal(fires)
+			ops = append(ops, clientv3.OpPut(n.keys.Deps(child), string(val)))
+		}
+		tr := Trigger{ID: upstreamTriggerID(job, fire), Fire: now, By: "upstream:" + job, Upstream: &up}
+		val, _ := json.Marshal(tr)
+		ops = append(ops, clientv3.OpPut(n.keys.Trigger(child, tr.ID), string(val)))
+	}
+	return cmps, ops, nil
+}
+
+// definedJobs reports which of jobs have a registered definition.
+func (n *Node) definedJobs(ctx context.Context, jobs []string) (map[string]bool, error) {
+	ops := make([]clientv3.Op, len(jobs))
+	for i, j := range jobs {
+		ops[i] = clientv3.OpGet(n.keys.Config(j), clientv3.WithCountOnly())
+	}
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(rctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read the children's definitions: %w", err)
+	}
+	live := map[string]bool{}
+	for i, j := range jobs {
+		live[j] = resp.Responses[i].GetResponseRange().Count > 0
+	}
+	return live, nil
+}
+
+// otherParents reads, for child of parents, each parent's lastsuccess but
+// job's and what child consumed of them. It returns nil fires when one has
+// nothing new, and the guards of what it read.
+func (n *Node) otherParents(ctx context.Context, job, child string, parents []string) (map[string]string, []clientv3.Cmp, error) {
+	ops := []clientv3.Op{clientv3.OpGet(n.keys.Deps(child))}
+	others := slices.DeleteFunc(slices.Clone(parents), func(p string) bool { return p == job })
+	for _, p := range others {
+		ops = append(ops, clientv3.OpGet(n.keys.LastSuccess(p)))
+	}
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	resp, err := n.opts.Client.Txn(rctx).Then(ops...).Commit()
+	cancel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the parents of %s: %w", child, err)
+	}
+	guard := func(key string, kvs []*mvccpb.KeyValue) clientv3.Cmp {
+		if len(kvs) == 0 {
+			return clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		}
+		return clientv3.Compare(clientv3.ModRevision(key), "=", kvs[0].ModRevision)
+	}
+	consumed := map[string]string{}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	cmps := []clientv3.Cmp{guard(n.keys.Deps(child), kvs)}
+	if len(kvs) > 0 {
+		_ = json.Unmarshal(kvs[0].Value, &consumed) // malformed: nothing consumed
+	}
+	fires := map[string]string{}
+	for i, p := range others {
+		kvs := resp.Responses[i+1].GetResponseRange().Kvs
+		cmps = append(cmps, guard(n.keys.LastSuccess(p), kvs))
+		if len(kvs) == 0 || string(kvs[0].Value) == consumed[p] {
+			fires = nil
+			continue
+		}
+		if fires != nil {
+			fires[p] = string(kvs[0].Value)
+		}
+	}
+	return fires, cmps, nil
+}
+
+// barrierWhy says why a complete barrier did not succeed.
+func barrierWhy(job, fire string, fireTime time.Time, b Barrier) string {
+	var parts []string
+	if len(b.Failed) > 0 {
+		parts = append(parts, fmt.Sprintf("item(s) %v failed", sortedInts(b.Failed)))
+	}
+	if len(b.Skipped) > 0 {
+		parts = append(parts, fmt.Sprintf("item(s) %v were skipped", sortedInts(b.Skipped)))
+	}
+	return fmt.Sprintf("parent %s's fire %s (%s): %s", job, fireTime.UTC().Format(time.RFC3339), fire, strings.Join(parts, ", "))
+}
+
+func sortedInts(s []int) []int { return slices.Sorted(slices.Values(s)) }
+
+// ReadTriggers reads the job's pending triggers (operators' and
+// upstream), oldest first: a child's instance that starts after its
+// parent's fire completed still serves it.
+func (n *Node) ReadTriggers(ctx context.Context, job string) ([]Trigger, error) {
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Get(rctx, n.keys.Triggers(job), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read triggers of %s: %w", job, err)
+	}
+	var out []Trigger
+	for _, kv := range resp.Kvs {
+		var tr Trigger
+		if err := json.Unmarshal(kv.Value, &tr); err != nil {
+			n.log.Error("ignoring malformed trigger", "job", job, "key", string(kv.Key), "err", err)
+			continue
+		}
+		tr.Rev = kv.CreateRevision
+		out = append(out, tr)
+	}
+	slices.SortFunc(out, func(a, b Trigger) int { return int(a.Rev - b.Rev) })
+	return out, nil
+}
+
+// DoneTrigger deletes an upstream trigger every item of the job served.
+// Operators' triggers expire with their lease.
+func (n *Node) DoneTrigger(ctx context.Context, job string, tr Trigger) error {
+	if tr.Upstream == nil {
+		return nil
+	}
+	key := n.keys.Trigger(job, tr.ID)
+	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	_, err := n.opts.Client.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", tr.Rev)).Then(clientv3.OpDelete(key)).Commit()
+	return err
+}

@@ -1,0 +1,113 @@
+package engine
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord"
+)
+
+// Dependencies, the engine's part (docs/dependencies.md): a parent job's
+// items note their final outcomes in their fire's barrier, and a child
+// job serves the upstream triggers the completing notes put.
+//
+// Noting is level-triggered: the reconcile notes an item's record once it
+// is final, before anything replaces it. The record is replaced only by a
+// write decided by a reconcile that read it (the next claim, a skip, a
+// settle), and that reconcile notes it first: an instance that dies
+// between recording an outcome and noting it leaves the note to the
+// item's next writer, or to its new owner, whose reconcile notes the
+// records of the items it owns.
+
+// notable reports whether rec is the final outcome of a fire of its item,
+// to be noted in the fire's barrier: not a run in progress, not one to be
+// run again, not the start of a record (begin), not a manual run that does
+// not propagate.
+func notable(rec *coord.ItemRecord, failover bool) bool {
+	switch {
+	case rec == nil, rec.State == coord.StateRunning, rec.NeverStarted(), rec.NoPropagate:
+		return false
+	case rec.CutByFailure() && failover:
+		return false // its re-run ends the item
+	case rec.State == coord.StateSkipped && rec.Reason == "":
+		return false // Begin's record: no fire
+	}
+	return true
+}
+
+// noteOutcome notes item's final record in its fire's barrier, once per
+// record (by Seq), when the job has children. It reports false when the
+// note failed: nothing may replace the record before it is noted.
+func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st coord.ItemState) bool {
+	rec := st.Record
+	if len(v.Children) == 0 || !notable(rec, v.Job.Failover) {
+		return true
+	}
+	j.mu.Lock()
+	seq, ok := j.noted[item]
+	j.mu.Unlock()
+	if ok && seq == rec.Seq {
+		return true
+	}
+	total := v.Job.ShardingTotalCount
+	if v.Map != nil {
+		total = v.Map.Total
+	}
+	r := *rec
+	if r.Fence == 0 {
+		r.Fence = coord.RunFence(rec, st.Rev)
+	}
+	b, completed, err := j.e.opts.Node.NoteOutcome(ctx, j.name, total, r, v.Children)
+	if err != nil {
+		if ctx.Err() == nil {
+			j.log.Warn("note an item's outcome in its fire's barrier; trying again", "item", item, "fire", rec.Fire.UTC(), "err", err)
+		}
+		return false
+	}
+	j.mu.Lock()
+	j.noted[item] = rec.Seq
+	j.mu.Unlock()
+	if completed {
+		children := slices.Sorted(maps.Keys(v.Children))
+		j.log.Info("fire complete: its children are triggered", "fire", coord.FireKey(&r), "succeeded", b.Succeeded(),
+			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "children", children)
+	}
+	return true
+}
+
+// loadTriggers reads the triggers waiting in etcd, once per loop, for a
+// job with parents: an upstream trigger put while this instance was away
+// is served (operators' triggers are only watched: they last a minute).
+func (j *jobLoop) loadTriggers(ctx context.Context) bool {
+	j.mu.Lock()
+	done := j.triggersRead
+	j.mu.Unlock()
+	if done {
+		return true
+	}
+	trs, err := j.e.opts.Node.ReadTriggers(ctx, j.name)
+	if err != nil {
+		j.log.Warn("read the job's waiting triggers; trying again", "err", err)
+		return false
+	}
+	now := j.e.opts.Now()
+	j.mu.Lock()
+	for _, tr := range trs {
+		j.addTriggerLocked(tr, now)
+	}
+	j.triggersRead = true
+	j.mu.Unlock()
+	return true
+}
+
+// addTriggerLocked queues tr unless it is queued already (a trigger both
+// read and watched). j.mu is held.
+func (j *jobLoop) addTriggerLocked(tr coord.Trigger, now time.Time) bool {
+	if slices.ContainsFunc(j.triggers, func(pt pendingTrigger) bool { return pt.tr.Rev == tr.Rev }) {
+		return false
+	}
+	j.triggers = append(j.triggers, pendingTrigger{tr: tr, received: now})
+	return true
+}

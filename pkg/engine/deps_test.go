@@ -1,0 +1,204 @@
+package engine
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// depsJobs are a parent of 3 items whose item 1 fails when its trigger's
+// parameter is "fail", and a child of 2 items: each run appends a line to
+// its own file.
+func depsJobs(dir string) string {
+	return `jobs:
+  - name: parent
+    shardingTotalCount: 3
+    script: 'echo "$SHARDD_ITEM $SHARDD_FENCE" >> ` + dir + `/parent; [ "$SHARDD_TRIGGER_PARAMETER" = fail ] && [ $SHARDD_ITEM = 1 ] && exit 3; exit 0'
+  - name: child
+    dependsOn: [parent]
+    shardingTotalCount: 2
+    script: 'echo "$SHARDD_ITEM $SHARDD_SOURCE $SHARDD_PARENT_JOB $SHARDD_PARENT_FIRE" >> ` + dir + `/child'
+`
+}
+
+// childRecords returns the child's history, oldest first.
+func childRecords(t *testing.T, node *coord.Node, job string) []coord.ItemRecord {
+	t.Helper()
+	recs, err := node.History(context.Background(), job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+// A child runs each of its items once per completed, successful fire of
+// its parent, wherever the parent's items ran, with the parent's name and
+// fire in its environment; a failed parent fire is recorded on the child
+// as SKIPPED/upstream-failed and runs nothing; a manual trigger with
+// NoPropagate does not reach the child.
+func TestChildRunsOncePerParentFire(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := depsJobs(dir)
+	a := instance(t, srv, "a", yaml)
+	instance(t, srv, "b", yaml)
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "the parent's children index and both maps", func() bool {
+		v, _ := a.View("parent")
+		c, _ := a.View("child")
+		return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.Instances) == 2 && c.Map != nil && len(c.Map.Instances) == 2
+	})
+	trigger := func(r coord.TriggerRequest) {
+		t.Helper()
+		r.Job = "parent"
+		if _, err := coord.RequestTrigger(ctx, cli, keys, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	childLines := func() []string { return lines(filepath.Join(dir, "child")) }
+
+	trigger(coord.TriggerRequest{})
+	waitFor(t, 15*time.Second, "the child's 2 items to run", func() bool { return len(childLines()) == 2 })
+	for _, l := range childLines() {
+		if f := strings.Split(l, "_"); len(f) != 4 || f[1] != coord.SourceUpstream || f[2] != "parent" || f[3] == "" {
+			t.Errorf("child run %q: want item UPSTREAM parent <fire>", l)
+		}
+	}
+	if n := len(lines(filepath.Join(dir, "parent"))); n != 3 {
+		t.Errorf("parent ran %d items, want 3", n)
+	}
+
+	// Not propagated: the parent runs, the child does not.
+	trigger(coord.TriggerRequest{NoPropagate: true})
+	waitFor(t, 15*time.Second, "the parent's second fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 6 })
+
+	// A failing item blocks the child for that fire, and the child says so.
+	trigger(coord.TriggerRequest{Param: "fail"})
+	waitFor(t, 15*time.Second, "the child's items to record the failed parent fire", func() bool {
+		n := 0
+		for _, r := range childRecords(t, a, "child") {
+			if r.State == coord.StateSkipped && r.Reason == coord.SkipUpstreamFailed {
+				n++
+			}
+		}
+		return n == 2
+	})
+	for _, r := range childRecords(t, a, "child") {
+		if r.Reason == coord.SkipUpstreamFailed && !strings.Contains(r.Error, "item(s) [1] failed") {
+			t.Errorf("upstream-failed record says %q, want it to name item 1", r.Error)
+		}
+	}
+
+	// One more good fire: one more child run per item, and no other.
+	trigger(coord.TriggerRequest{})
+	waitFor(t, 15*time.Second, "the child's items to run again", func() bool { return len(childLines()) == 4 })
+	time.Sleep(2 * time.Second) // a second run of the child would show by now
+	if got := childLines(); len(got) != 4 {
+		t.Errorf("child ran %d times, want 4 (2 items x 2 successful propagated parent fires): %v", len(got), got)
+	}
+	// Served upstream triggers are deleted.
+	waitFor(t, 10*time.Second, "the child's served triggers to be deleted", func() bool {
+		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
+		return err == nil && len(resp.Kvs) == 0
+	})
+}
+
+// An upstream trigger put while no instance of the child runs is served
+// when one starts: it is durable in etcd, read at start.
+func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := depsJobs(dir)
+	parentOnly := yaml[:strings.Index(yaml, "  - name: child")]
+	a := instance(t, srv, "a", parentOnly)
+	_, stopB := startInstance(t, srv.Client(), "b", yaml)
+	waitFor(t, 15*time.Second, "the parent's children index", func() bool {
+		v, _ := a.View("parent")
+		return len(v.Children["child"]) == 1
+	})
+	stopB()
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "b to leave the parent", func() bool {
+		v, _ := a.View("parent")
+		return v.Map != nil && slices.Equal(v.Map.Instances, []string{"a"})
+	})
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the upstream trigger in etcd", func() bool {
+		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
+		return err == nil && len(resp.Kvs) == 1
+	})
+	time.Sleep(time.Second)
+	if n := len(lines(filepath.Join(dir, "child"))); n != 0 {
+		t.Fatalf("the child ran %d times with no instance of it up", n)
+	}
+	instance(t, srv, "c", yaml)
+	waitFor(t, 20*time.Second, "the child's items to run on c", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
+}
+
+// A child of two parents fires when each has a successful fire it has not
+// consumed: after A alone, nothing; after B too, once; then A again,
+// nothing until B again.
+func TestChildOfTwoParents(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := `jobs:
+  - name: pa
+    script: "true"
+  - name: pb
+    shardingTotalCount: 2
+    script: "true"
+  - name: both
+    dependsOn: [pa, pb]
+    script: 'echo "$SHARDD_PARENT_JOB" >> ` + dir + `/both'
+`
+	a := instance(t, srv, "a", yaml)
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "both parents' children index", func() bool {
+		va, _ := a.View("pa")
+		vb, _ := a.View("pb")
+		return len(va.Children["both"]) == 2 && len(vb.Children["both"]) == 2
+	})
+	runs := func() []string { return lines(filepath.Join(dir, "both")) }
+	fire := func(job string) {
+		t.Helper()
+		before := len(childRecords(t, a, job))
+		if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: job}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 15*time.Second, job+"'s fire to end", func() bool {
+			n := 0
+			for _, r := range childRecords(t, a, job) {
+				if r.State == coord.StateDone {
+					n++
+				}
+			}
+			return n > before
+		})
+		time.Sleep(1500 * time.Millisecond) // the child's run, if any, is done by now
+	}
+	fire("pa")
+	if got := runs(); len(got) != 0 {
+		t.Fatalf("after pa alone the child ran: %v", got)
+	}
+	fire("pb")
+	if got := runs(); !slices.Equal(got, []string{"pb"}) {
+		t.Fatalf("after pa then pb: child runs %v, want one, triggered by pb", got)
+	}
+	fire("pa")
+	if got := runs(); len(got) != 1 {
+		t.Fatalf("after pa again: child runs %v, want still one", got)
+	}
+	fire("pb")
+	if got := runs(); !slices.Equal(got, []string{"pb", "pb"}) {
+		t.Fatalf("after pb again: child runs %v, want two", got)
+	}
+}
