@@ -369,3 +369,43 @@ func TestClientOptionsFindTheEmbeddedCertificate(t *testing.T) {
 		}
 	}
 }
+
+// plan and validate show the dependency graph of a config.
+func TestPlanAndValidateShowDependencies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "jobs.yaml")
+	os.WriteFile(path, []byte(`jobs:
+  - name: extract
+    cron: "0 0 2 * * ?"
+    shardingTotalCount: 2
+    script: "true"
+  - name: rates
+    cron: "0 0 * * * ?"
+    script: "true"
+  - name: load
+    dependsOn: [extract]
+    script: "true"
+  - name: report
+    dependsOn: [load, rates]
+    cron: "0 0 6 * * ?"
+    script: "true"
+`), 0o644)
+	code, out, errOut := shardd(t, "plan", "--config", path, "--instances", "a,b")
+	if code != 0 {
+		t.Fatalf("plan: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"dependencies:", "extract -> load  (load runs after each successful fire of extract)",
+		"load, rates -> report  (report runs when each of load, rates has a new successful fire)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("plan output lacks %q:\n%s", want, out)
+		}
+	}
+	code, out, errOut = shardd(t, "validate", "--config", path)
+	if code != 0 {
+		t.Fatalf("validate: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"load: no cron; runs after each successful fire of extract, or when triggered", "report (0 0 6 * * ?, UTC): next", "; also runs when each of load, rates has a new successful fire"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("validate output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -116,11 +116,7 @@ func writeGraph(w io.Writer, c *config.Config) {
 		if len(j.DependsOn) == 0 {
 			continue
 		}
-		how := "after each successful fire of " + j.DependsOn[0]
-		if len(j.DependsOn) > 1 {
-			how = "when each of " + strings.Join(j.DependsOn, ", ") + " has a new successful fire"
-		}
-		lines = append(lines, fmt.Sprintf("  %s -> %s  (%s runs %s)", strings.Join(j.DependsOn, ", "), j.Name, j.Name, how))
+		lines = append(lines, fmt.Sprintf("  %s -> %s  (%s runs %s)", strings.Join(j.DependsOn, ", "), j.Name, j.Name, dependencyRule(j)))
 	}
 	if len(lines) == 0 {
 		return

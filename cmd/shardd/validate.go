@@ -49,11 +49,11 @@ func writeNextFires(w io.Writer, c *config.Config, n int) {
 	for _, j := range c.Jobs {
 		after := ""
 		if len(j.DependsOn) > 0 {
-			after = "; also after each successful fire of " + strings.Join(j.DependsOn, " and ")
+			after = "; also runs " + dependencyRule(j)
 		}
 		if j.Schedule == nil {
 			if after != "" {
-				fmt.Fprintf(w, "  %s: no cron; runs after each successful fire of %s, or when triggered\n", j.Name, strings.Join(j.DependsOn, " and "))
+				fmt.Fprintf(w, "  %s: no cron; runs %s, or when triggered\n", j.Name, dependencyRule(j))
 				continue
 			}
 			fmt.Fprintf(w, "  %s: no cron; runs only when triggered\n", j.Name)
@@ -76,4 +76,12 @@ func writeNextFires(w io.Writer, c *config.Config, n int) {
 		}
 		fmt.Fprintf(w, "  %s (%s, %s): next %s%s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), after, off)
 	}
+}
+
+// dependencyRule says when a job with dependsOn runs after its parents.
+func dependencyRule(j *config.Job) string {
+	if len(j.DependsOn) == 1 {
+		return "after each successful fire of " + j.DependsOn[0]
+	}
+	return "when each of " + strings.Join(j.DependsOn, ", ") + " has a new successful fire"
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -151,5 +152,38 @@ func TestSessionWrites(t *testing.T) {
 	}
 	if _, err := auth.Login(httptest.NewRecorder(), "not-a-secret"); err == nil {
 		t.Error("login with an unknown secret succeeded")
+	}
+}
+
+// propagate=false (query or body) reaches the cluster as NoPropagate; a
+// bad value is refused before anything is triggered.
+func TestTriggerPropagate(t *testing.T) {
+	fc := &fakeCluster{up: true}
+	h := Handler(Options{Cluster: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
+	for _, path := range []string{"/api/v1/jobs/orders/trigger", "/api/v1/jobs/orders/trigger?propagate=true", "/api/v1/jobs/orders/trigger?propagate=false"} {
+		if code, body := do(t, h, "POST", path, "alice-secret-0123456789"); code != http.StatusAccepted {
+			t.Fatalf("%s: %d %s", path, code, body)
+		}
+	}
+	req := httptest.NewRequest("POST", "/api/v1/jobs/orders/trigger", strings.NewReader(`{"propagate": false}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer alice-secret-0123456789")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusAccepted {
+		t.Fatalf("body propagate=false: %d %s", rec.Code, rec.Body)
+	}
+	var got []bool
+	for _, tr := range fc.triggers {
+		got = append(got, tr.NoPropagate)
+	}
+	if want := []bool{false, false, true, true}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("NoPropagate of the 4 triggers = %v, want %v", got, want)
+	}
+	if code, body := do(t, h, "POST", "/api/v1/jobs/orders/trigger?propagate=no", "alice-secret-0123456789"); code != http.StatusBadRequest || !strings.Contains(body, "propagate must be true or false") {
+		t.Errorf("propagate=no: %d %s", code, body)
+	}
+	if len(fc.triggers) != 4 {
+		t.Errorf("a refused trigger reached the cluster: %d triggers", len(fc.triggers))
 	}
 }
