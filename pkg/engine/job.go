@@ -219,7 +219,11 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		next = earliest(next, now.Add(500*time.Millisecond))
 	}
 	me := e.opts.Node.ID()
-	parent := len(v.Children) > 0 // its outcomes are noted (deps.go)
+	// A parent job's outcomes are noted (deps.go) by the instance that
+	// wrote them, else by the item's owner: the map's, or for per-fire
+	// strategies and runtime routes, any member (each may own the next).
+	parent := len(v.Children) > 0
+	anyOwner := m.PerFire || job.Shard.Runtime()
 	var mine []int
 	if parent {
 		mine = m.ItemsOf(me)
@@ -240,7 +244,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		local, ended := j.runs.snapshot(item)
 		stale := snap[item].running || ended != snap[item].ended
-		if parent && !stale && st.Record != nil && (st.Record.Instance == me || slices.Contains(mine, item)) && !j.noteOutcome(ctx, v, item, st) {
+		if parent && !stale && st.Record != nil && (st.Record.Instance == me || anyOwner || slices.Contains(mine, item)) && !j.noteOutcome(ctx, v, item, st) {
 			next = earliest(next, now.Add(500*time.Millisecond))
 			continue // the record is not replaced before it is noted
 		}
