@@ -42,7 +42,7 @@ func notable(rec *coord.ItemRecord, failover bool) bool {
 // note failed: nothing may replace the record before it is noted.
 func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st coord.ItemState) bool {
 	rec := st.Record
-	if len(v.Children) == 0 || !notable(rec, v.Job.Failover) {
+	if len(v.Children) == 0 || !notable(rec, v.Job.Failover) || j.e.opts.forgetNotes {
 		return true
 	}
 	j.mu.Lock()

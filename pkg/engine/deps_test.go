@@ -202,3 +202,34 @@ func TestChildOfTwoParents(t *testing.T) {
 		t.Fatalf("after pb again: child runs %v, want two", got)
 	}
 }
+
+// An instance that records its items' outcomes and dies before noting
+// them (forgetNotes: it never notes) leaves the notes to the items' next
+// owner: the parent fire completes when the other instance takes the
+// items over, and the child runs once.
+func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := depsJobs(dir)
+	_, stopA := startInstance(t, srv.Client(), "a", yaml, func(o *Options) { o.forgetNotes = true })
+	b := instance(t, srv, "b", yaml)
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "the parent's items on both instances", func() bool {
+		v, _ := b.View("parent")
+		return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.ItemsOf("a")) > 0 && len(v.Map.ItemsOf("b")) > 0
+	})
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the parent's 3 items to run", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
+	time.Sleep(2 * time.Second)
+	if n := len(lines(filepath.Join(dir, "child"))); n != 0 {
+		t.Fatalf("the child ran %d times though a's outcomes were never noted", n)
+	}
+	stopA() // its items move to b, whose reconcile notes their records
+	waitFor(t, 20*time.Second, "the child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
+	time.Sleep(time.Second)
+	if n := len(lines(filepath.Join(dir, "child"))); n != 2 {
+		t.Errorf("the child ran %d times, want 2 (once per item)", n)
+	}
+}

@@ -49,6 +49,11 @@ type Options struct {
 	Observe   func(Run)
 	OnStart   func(job string)
 	OnSkipped func(job string, fires int)
+
+	// forgetNotes, a test's fault, makes this instance record outcomes
+	// and never note them in their fires' barriers: as if it died after
+	// each outcome, before its note (deps.go).
+	forgetNotes bool
 }
 
 // Run describes one finished execution, for Options.Observe.
