@@ -195,8 +195,11 @@ func cmdTrigger(e *env, args []string) error {
 		return o.opError(err)
 	}
 	what := "every item (" + joinInts(tr.Runs) + ")"
-	if item.set {
+	switch {
+	case item.set:
 		what = "item " + strconv.Itoa(item.n)
+	case len(tr.Runs) == 1 && len(tr.Disabled) == 0:
+		what = "its one item (" + joinInts(tr.Runs) + ")"
 	}
 	how := "now"
 	if !tr.Rerun.IsZero() {
@@ -206,6 +209,17 @@ func cmdTrigger(e *env, args []string) error {
 		how += fmt.Sprintf(" with parameter %q", *param)
 	}
 	msg := fmt.Sprintf("triggered %s of job %s %s (trigger %s, revision %d); its owners run it now, see `shardd history %s`", what, job, how, tr.ID, tr.Rev, job)
+	switch {
+	case len(tr.Children) == 0:
+	case *noPropagate:
+		msg += fmt.Sprintf("; not propagated: its children (%s) do not run after it", strings.Join(tr.Children, ", "))
+	case item.set:
+		msg += fmt.Sprintf("; a run of one item is not a fire of the job: its children (%s) do not run after it", strings.Join(tr.Children, ", "))
+	case len(tr.Disabled) > 0:
+		msg += fmt.Sprintf("; with disabled items left out it is not a whole fire of the job: its children (%s) do not run after it", strings.Join(tr.Children, ", "))
+	default:
+		msg += fmt.Sprintf("; once every item succeeded, its children run after it: %s (--no-propagate to not)", strings.Join(tr.Children, ", "))
+	}
 	fmt.Fprintln(e.stdout, msg)
 	if len(tr.Disabled) > 0 {
 		fmt.Fprintf(e.stdout, "not triggered: disabled item(s) %s\n", joinInts(tr.Disabled))
@@ -345,7 +359,8 @@ func cmdHistory(e *env, args []string) error {
 }
 
 // writeHistory prints records as a table. RESULT is the state with its
-// reason (KILLED/timeout, SKIPPED/disabled); CODE is a script's exit code
+// reason (KILLED/timeout, SKIPPED/disabled) and a streaming run's
+// iterations; CODE is a script's exit code
 // ("exit 1") or a hook's HTTP status ("http 503").
 func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -362,6 +377,9 @@ func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
 		result := r.State
 		if r.Reason != "" {
 			result += "/" + r.Reason
+		}
+		if r.Iterations > 0 { // a streaming run
+			result += fmt.Sprintf(" (%d iterations)", r.Iterations)
 		}
 		code := "-"
 		switch {

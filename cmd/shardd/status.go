@@ -70,7 +70,11 @@ func writeStatus(w io.Writer, st *coord.ClusterStatus) error {
 			fmt.Fprintf(w, "  problem: %s\n", p)
 		}
 		if len(j.DependsOn) > 0 {
-			fmt.Fprintf(w, "  depends on: %s (runs after each of their successful fires)\n", strings.Join(j.DependsOn, ", "))
+			how := "runs after each of its fires whose every item succeeded"
+			if len(j.DependsOn) > 1 {
+				how = "runs when each has a successful fire it has not run after yet"
+			}
+			fmt.Fprintf(w, "  depends on: %s (%s)\n", strings.Join(j.DependsOn, ", "), how)
 		}
 		if len(j.Children) > 0 {
 			fmt.Fprintf(w, "  children: %s (run after each successful fire of this job)\n", strings.Join(j.Children, ", "))

@@ -47,16 +47,19 @@ func cmdValidate(e *env, args []string) error {
 func writeNextFires(w io.Writer, c *config.Config, n int) {
 	now := time.Now()
 	for _, j := range c.Jobs {
-		after := ""
+		after, stream := "", ""
 		if len(j.DependsOn) > 0 {
 			after = "; also runs " + dependencyRule(j)
 		}
+		if d := j.Dataflow; d != nil && d.Streaming {
+			stream = fmt.Sprintf(" [streaming: a run repeats while the work says more, up to %d iterations or %s]", d.MaxIterations, d.MaxDuration)
+		}
 		if j.Schedule == nil {
 			if after != "" {
-				fmt.Fprintf(w, "  %s: no cron; runs %s, or when triggered\n", j.Name, dependencyRule(j))
+				fmt.Fprintf(w, "  %s: no cron; runs %s, or when triggered%s\n", j.Name, dependencyRule(j), stream)
 				continue
 			}
-			fmt.Fprintf(w, "  %s: no cron; runs only when triggered\n", j.Name)
+			fmt.Fprintf(w, "  %s: no cron; runs only when triggered%s\n", j.Name, stream)
 			continue
 		}
 		var fires []string
@@ -74,7 +77,7 @@ func writeNextFires(w io.Writer, c *config.Config, n int) {
 		if j.Disabled {
 			off = " [disabled: true, so none of these runs]"
 		}
-		fmt.Fprintf(w, "  %s (%s, %s): next %s%s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), after, off)
+		fmt.Fprintf(w, "  %s (%s, %s): next %s%s%s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), after, stream, off)
 	}
 }
 

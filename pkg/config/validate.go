@@ -142,6 +142,18 @@ func validate(s scope, j *Job, f *fields) bool {
 	}
 	j.dependsOnLine = f.line["dependsOn"]
 	if d := j.Dataflow; d != nil {
+		_, moreSet := f.line["dataflow.moreExitCode"]
+		for _, field := range []string{"maxIterations", "maxDuration", "moreExitCode"} {
+			if _, set := f.line["dataflow."+field]; set && !d.Streaming {
+				bad("dataflow."+field, "dataflow.%s has no effect without dataflow.streaming: true (each run does its work once)", field)
+			}
+		}
+		switch {
+		case moreSet && d.MoreExitCode == 0:
+			bad("dataflow.moreExitCode", "dataflow.moreExitCode 0 is the status that means done; the one that means more must differ: 1 to 255 (default %d)", DefaultDataflowMoreExitCode)
+		case moreSet && j.HTTP != nil:
+			bad("dataflow.moreExitCode", "dataflow.moreExitCode is for scripts; a hook says \"more\" by answering 2xx with {\"more\": true}")
+		}
 		if d.MaxIterations == 0 {
 			d.MaxIterations = DefaultDataflowMaxIterations
 		}

@@ -566,13 +566,15 @@ type schedule struct {
 	Cron     string
 	TimeZone string
 	Next     []time.Time
+	// After are the job's parents (dependsOn): it also runs after their fires.
+	After []string
 }
 
 func scheduleOf(j *config.Job, now time.Time, n int) schedule {
 	if j == nil {
 		return schedule{}
 	}
-	s := schedule{Cron: j.Cron, TimeZone: j.TimeZone}
+	s := schedule{Cron: j.Cron, TimeZone: j.TimeZone, After: j.DependsOn}
 	if j.Schedule == nil {
 		return s
 	}

@@ -260,7 +260,7 @@ func barrierWhy(job, fire string, fireTime time.Time, b Barrier) string {
 	if len(b.Skipped) > 0 {
 		parts = append(parts, fmt.Sprintf("item(s) %v were skipped", sortedInts(b.Skipped)))
 	}
-	return fmt.Sprintf("parent %s's fire %s (%s): %s", job, fireTime.UTC().Format(time.RFC3339), fire, strings.Join(parts, ", "))
+	return fmt.Sprintf("%s in fire %s of parent %s (fire key %s)", strings.Join(parts, ", "), fireTime.UTC().Format(time.RFC3339), job, fire)
 }
 
 func sortedInts(s []int) []int { return slices.Sorted(slices.Values(s)) }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -225,6 +226,9 @@ type Triggered struct {
 	// they are disabled.
 	Runs     []int `json:"runs"`
 	Disabled []int `json:"disabled,omitempty"`
+	// Children are the jobs that run after the job's fires (dependsOn);
+	// NoPropagate says this trigger's runs will not trigger them.
+	Children []string `json:"children,omitempty"`
 }
 
 // TriggerRequest is a manual run an operator asks for.
@@ -243,8 +247,8 @@ type TriggerRequest struct {
 	// By names who asks (see Trigger.By).
 	By string
 	// NoPropagate keeps the runs' outcome from triggering the job's
-	// children (dependsOn). A trigger of some items never does: their
-	// fire is not the whole job's.
+	// children (dependsOn). A trigger of some items never does, nor one
+	// that leaves disabled items out: its fire is not the whole job's.
 	NoPropagate bool
 }
 
@@ -334,14 +338,14 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r Trig
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	// A key of its own: two triggers in one millisecond must not share one.
-	tr := Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param, NoPropagate: r.NoPropagate || len(r.Items) > 0}
+	tr := Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param, NoPropagate: r.NoPropagate || len(r.Items) > 0 || len(res.Disabled) > 0}
 	if !rerun.IsZero() {
 		tr.Rerun = rerun.UTC()
 	}
 	val, _ := json.Marshal(tr)
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.Trigger(job, tr.ID)), "=", 0))
 	resp, err := cli.Txn(ctx).If(cmps...).
-		Then(clientv3.OpPut(keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID))).Commit()
+		Then(clientv3.OpPut(keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID)), clientv3.OpGet(keys.Children(job))).Commit()
 	if err != nil {
 		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
 	}
@@ -350,6 +354,12 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r Trig
 	}
 	tr.Rev = resp.Header.Revision
 	res.Trigger = tr
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		var idx ParentsOf
+		if json.Unmarshal(kvs[0].Value, &idx) == nil {
+			res.Children = slices.Sorted(maps.Keys(idx))
+		}
+	}
 	return res, nil
 }
 

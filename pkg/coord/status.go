@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"sort"
@@ -235,7 +236,15 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix
 		}
 		cs.Jobs = append(cs.Jobs, js)
 	}
-	linkChildren(cs.Jobs)
+	if jobsPrefix == keys.Jobs() {
+		linkChildren(cs.Jobs)
+	} else {
+		for i := range cs.Jobs {
+			if err := linkOne(ctx, cli, keys, &cs.Jobs[i], rev); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return cs, nil
 }
 
@@ -463,4 +472,29 @@ func linkChildren(jobs []JobStatus) {
 			}
 		}
 	}
+}
+
+// linkOne does linkChildren's work for one job read alone: its children
+// from its children index, its parents checked by their config keys.
+func linkOne(ctx context.Context, cli *clientv3.Client, keys Keys, js *JobStatus, rev int64) error {
+	ops := []clientv3.Op{clientv3.OpGet(keys.Children(js.Name), clientv3.WithRev(rev))}
+	for _, p := range js.DependsOn {
+		ops = append(ops, clientv3.OpGet(keys.Config(p), clientv3.WithRev(rev), clientv3.WithCountOnly()))
+	}
+	resp, err := cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return fmt.Errorf("read the dependencies of %s: %w", js.Name, err)
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		var idx ParentsOf
+		if json.Unmarshal(kvs[0].Value, &idx) == nil {
+			js.Children = slices.Sorted(maps.Keys(idx))
+		}
+	}
+	for i, p := range js.DependsOn {
+		if resp.Responses[i+1].GetResponseRange().Count == 0 {
+			js.Problems = append(js.Problems, fmt.Sprintf("depends on job %s, which no instance defines: it never fires from it", p))
+		}
+	}
+	return nil
 }

@@ -74,10 +74,11 @@ func TestStreamingRunDrainsAQueue(t *testing.T) {
 	}
 }
 
-// An instance that joins while a run streams changes the job's map: the
-// run stops between two iterations (DONE, with the iterations it made),
-// and the next run, wherever the item is then, goes on from the work's own
-// cursor: no record is processed twice.
+// An instance that joins while a run streams takes the item in the new
+// map (it sorts first: AVG_ALLOCATION gives it item 0): the run stops
+// between two iterations (DONE, with the iterations it made), and the next
+// run, on the new owner, goes on from the work's own cursor: no record is
+// processed twice.
 func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
@@ -87,17 +88,17 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
 	yaml := "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: " + yamlQuote(drainScript(dir, "0.4")) + "\n"
-	node := instance(t, srv, "a", yaml)
+	node := instance(t, srv, "b", yaml)
 	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
-	waitFor(t, 10*time.Second, "a's map", func() bool {
+	waitFor(t, 10*time.Second, "b's map", func() bool {
 		v, _ := node.View("drain")
-		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
+		return v.Map != nil && len(v.Map.ItemsOf("b")) == 1
 	})
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "two iterations", func() bool { return len(lines(filepath.Join(dir, "done"))) >= 6 })
-	instance(t, srv, "b", yaml) // joins: the map changes
+	instance(t, srv, "a", yaml) // joins: the new map gives it item 0
 	var first *coord.ItemRecord
 	waitFor(t, 20*time.Second, "the streaming run to stop", func() bool {
 		st, err := node.ReadItem(ctx, "drain", 0)

@@ -111,3 +111,29 @@ func (j *jobLoop) addTriggerLocked(tr coord.Trigger, now time.Time) bool {
 	j.triggers = append(j.triggers, pendingTrigger{tr: tr, received: now})
 	return true
 }
+
+// dropUpstream deletes the upstream triggers of a disabled job, as its
+// scheduled fires are recorded skipped: enabling it does not run the
+// parent fires that completed meanwhile.
+func (j *jobLoop) dropUpstream(ctx context.Context) {
+	var drop []coord.Trigger
+	j.mu.Lock()
+	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool {
+		if pt.tr.Upstream != nil {
+			drop = append(drop, pt.tr)
+			return true
+		}
+		return false
+	})
+	j.mu.Unlock()
+	for _, tr := range drop {
+		if err := j.e.opts.Node.DoneTrigger(ctx, j.name, tr); err != nil {
+			j.log.Warn("delete an upstream trigger of a disabled job; trying again", "trigger", tr.ID, "err", err)
+			j.mu.Lock()
+			j.addTriggerLocked(tr, j.e.opts.Now()) // dropped at the next reconcile
+			j.mu.Unlock()
+			continue
+		}
+		j.log.Info("upstream trigger dropped: the job is disabled", "trigger", tr.ID, "parent", tr.Upstream.Job, "parent_fire", tr.Upstream.FireTime)
+	}
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -55,6 +56,17 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 		c, _ := a.View("child")
 		return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.Instances) == 2 && c.Map != nil && len(c.Map.Instances) == 2
 	})
+	// The status of one job, as the console reads it, links the graph.
+	for job, want := range map[string]string{"parent": "[] [child] []", "child": "[parent] [] []"} {
+		st, err := coord.ReadJobStatus(ctx, cli, keys, job)
+		if err != nil || len(st.Jobs) != 1 {
+			t.Fatalf("status of %s: %v", job, err)
+		}
+		j := st.Jobs[0]
+		if got := fmt.Sprint(j.DependsOn, j.Children, j.Problems); got != want {
+			t.Errorf("status of %s: dependsOn, children, problems = %s, want %s", job, got, want)
+		}
+	}
 	trigger := func(r coord.TriggerRequest) {
 		t.Helper()
 		r.Job = "parent"
@@ -232,4 +244,48 @@ func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
 	if n := len(lines(filepath.Join(dir, "child"))); n != 2 {
 		t.Errorf("the child ran %d times, want 2 (once per item)", n)
 	}
+}
+
+// A disabled child does not run its parents' fires, then or when enabled:
+// the upstream triggers that reach it are dropped, as its own fires are
+// recorded skipped.
+func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	a := instance(t, srv, "a", depsJobs(dir))
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "the parent's children index", func() bool {
+		v, _ := a.View("parent")
+		return len(v.Children["child"]) == 1
+	})
+	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "child", Item: -1}, true, false); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the child disabled in a's view", func() bool {
+		v, _ := a.View("child")
+		return v.Map != nil && v.Map.Disabled
+	})
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the parent's fire to complete (its lastsuccess is put with the child's trigger)", func() bool {
+		resp, err := cli.Get(ctx, keys.LastSuccess("parent"))
+		return err == nil && len(resp.Kvs) == 1
+	})
+	waitFor(t, 10*time.Second, "the child's trigger to be dropped", func() bool {
+		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
+		return err == nil && len(resp.Kvs) == 0
+	})
+	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "child", Item: -1}, false, false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if n := len(lines(filepath.Join(dir, "child"))); n != 0 {
+		t.Errorf("the child ran %d times for a parent fire that completed while it was disabled", n)
+	}
+	// Enabled, it runs after the next fire.
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the enabled child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -230,9 +231,10 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	res := try(rc)
 	for stream && res.OK && res.More {
 		// Between iterations: stop when the run may no longer own the
-		// item, the map changed, or a limit is reached (see Dataflow in
-		// docs/design.md); the work resumes from its own cursor next time.
-		why := j.streamStop(runCtx, job, mapRev, rc.Iteration, first)
+		// item, a new map gave it to another instance, or a limit is reached
+		// (docs/dependencies.md, Dataflow); the work resumes from its own
+		// cursor next time.
+		why := j.streamStop(runCtx, job, mapRev, rc.Item, rc.Iteration, first)
 		if why != "" {
 			if lg != nil {
 				lg.Note(fmt.Sprintf("streaming stopped after %d iterations: %s", rc.Iteration, why))
@@ -340,10 +342,10 @@ func (j *jobLoop) closeRunLog(lg *runlog.Log, item int, out coord.Outcome) {
 }
 
 // streamStop says why a streaming run stops before its next iteration, ""
-// when it goes on: its context ended (fence, shutdown, kill), the job's map
-// changed since the claim (a reshard: the item may move), or a limit of
-// the job's dataflow was reached.
-func (j *jobLoop) streamStop(ctx context.Context, job *config.Job, mapRev int64, done int, first time.Time) string {
+// when it goes on: its context ended (fence, shutdown, kill), a map newer
+// than the claim's gives the item to another instance, or a limit of the
+// job's dataflow was reached.
+func (j *jobLoop) streamStop(ctx context.Context, job *config.Job, mapRev int64, item, done int, first time.Time) string {
 	d := job.Dataflow
 	switch {
 	case ctx.Err() != nil:
@@ -353,8 +355,19 @@ func (j *jobLoop) streamStop(ctx context.Context, job *config.Job, mapRev int64,
 	case time.Since(first) >= time.Duration(d.MaxDuration):
 		return fmt.Sprintf("dataflow.maxDuration (%s) reached", d.MaxDuration)
 	}
-	if v, ok := j.e.opts.Node.View(j.name); !ok || v.MapRev != mapRev {
-		return "the job's shard map changed (a reshard): the item's owner continues at its next fire"
+	if v, ok := j.e.opts.Node.View(j.name); !ok || v.MapRev != mapRev && !stillMine(v, j.e.opts.Node.ID(), item) {
+		return "a new shard map gives the item to another instance: its next run there continues from the work's cursor"
 	}
 	return ""
+}
+
+// stillMine reports whether the map of v leaves item with instance me: a
+// sharding strategy's map that assigns it to me. A per-fire strategy's or a
+// runtime route's map names no owner of the next run: any change may move it.
+func stillMine(v coord.JobView, me string, item int) bool {
+	m := v.Map
+	if m == nil || m.PerFire || v.Job == nil || v.Job.Shard.Runtime() {
+		return false
+	}
+	return slices.Contains(m.ItemsOf(me), item)
 }

@@ -156,6 +156,9 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	}
 	if m == nil || disabled {
 		j.expireTriggers(now, nil)
+		if m != nil && len(job.DependsOn) > 0 && j.loadTriggers(ctx) {
+			j.dropUpstream(ctx) // a disabled job's fires do not run, its parents' included
+		}
 		return next
 	}
 	if err := e.checkClock(job); err != nil {
