@@ -20,19 +20,24 @@ import (
 // The completing note also triggers the job's children (deps.go).
 
 // FireKey names the fire a record is a run of: its FireKey, set by the
-// claim of a manual run ("m<trigger revision>": a manual fire, even a
-// re-run of a past fire, is not the scheduled one) and kept by its re-runs;
-// else "t<unix nanoseconds>" of its scheduled fire, which its re-runs,
-// failover or not, share.
+// claim of a manual run (ManualFireKey: a manual fire, even a re-run of a
+// past fire, is not the scheduled one) and kept by its re-runs; else
+// "t<unix nanoseconds>" (19 digits) of its scheduled fire, which its
+// re-runs, failover or not, share.
 func FireKey(rec *ItemRecord) string {
 	if rec.FireKey != "" {
 		return rec.FireKey
 	}
-	return "t" + strconv.FormatInt(rec.Fire.UnixNano(), 10)
+	return fmt.Sprintf("t%019d", rec.Fire.UnixNano())
 }
 
-// ManualFireKey is the FireKey of the runs of manual trigger rev.
-func ManualFireKey(rev int64) string { return "m" + strconv.FormatInt(rev, 10) }
+// ManualFireKey is the FireKey of the runs of a manual (or upstream)
+// trigger: "m", the time it was asked for (19 digits of Unix nanoseconds:
+// barriers sort by it, and old ones are removed by range) and its
+// revision (its identity).
+func ManualFireKey(tr Trigger) string {
+	return fmt.Sprintf("m%019d-%d", tr.Fire.UnixNano(), tr.Rev)
+}
 
 // Barrier is how the items of one fire ended.
 type Barrier struct {
@@ -105,6 +110,7 @@ func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec ItemR
 		}
 		val, _ := json.Marshal(b)
 		ops = append(ops, clientv3.OpPut(key, string(val)))
+		ops = append(ops, n.oldBarriers(job, FireKey(&rec))...)
 		wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 		w, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
 		cancel()

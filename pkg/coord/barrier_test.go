@@ -60,7 +60,7 @@ func TestBarrierCompletesOnce(t *testing.T) {
 		t.Errorf("barrier %+v (completed %v, %v): want complete, not succeeded, item 5 failed", b, completed, err)
 	}
 	// A manual fire of the same time has a barrier of its own.
-	manual := ItemRecord{Item: 0, Fire: fire, State: StateDone, Fence: 500, FireKey: ManualFireKey(77)}
+	manual := ItemRecord{Item: 0, Fire: fire, State: StateDone, Fence: 500, FireKey: ManualFireKey(Trigger{Fire: fire, Rev: 77})}
 	if b, _, err := nodes[1].NoteOutcome(context.Background(), "parent", total, manual, nil); err != nil || len(b.Done) != 1 {
 		t.Errorf("manual fire's barrier %+v, %v: want its own, with one item", b, err)
 	}

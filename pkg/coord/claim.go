@@ -157,6 +157,9 @@ type ItemRecord struct {
 	// trigger the job's children.
 	Upstream    *Upstream `json:"upstream,omitempty"`
 	NoPropagate bool      `json:"noPropagate,omitempty"`
+	// Total is the job's item count when the run was claimed: its fire's
+	// barrier waits for that many items (0 in records older than it).
+	Total int `json:"total,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
@@ -305,9 +308,10 @@ type Claim struct {
 	Param   string
 	By      string
 	FireKey string
-	// Upstream and NoPropagate are the record's (see ItemRecord).
+	// Upstream, NoPropagate and Total are the record's (see ItemRecord).
 	Upstream    *Upstream
 	NoPropagate bool
+	Total       int
 }
 
 // Grant is a won claim.
@@ -377,7 +381,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
 		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By, FireKey: c.FireKey,
-		Upstream: c.Upstream, NoPropagate: c.NoPropagate,
+		Upstream: c.Upstream, NoPropagate: c.NoPropagate, Total: c.Total,
 	}
 	if c.Prev.Record != nil {
 		rec.Seq = c.Prev.Record.Seq + 1
@@ -617,13 +621,7 @@ type Outcome struct {
 // until it lands, the guard fails (another instance took the item over:
 // ErrClaimLost), or ctx is done.
 func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
-	rec := g.record
-	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
-	rec.KilledBy, rec.Iterations = o.KilledBy, o.Iterations
-	if !o.Start.IsZero() {
-		rec.Start = o.Start.UTC()
-	}
-	rec.End = o.End.UTC()
+	rec := g.Final(o)
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for try := 0; ; try++ {
 		var err error
@@ -640,6 +638,18 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 			return err
 		}
 	}
+}
+
+// Final is the record Complete writes for the run of g with outcome o.
+func (g *Grant) Final(o Outcome) ItemRecord {
+	rec := g.record
+	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
+	rec.KilledBy, rec.Iterations = o.KilledBy, o.Iterations
+	if !o.Start.IsZero() {
+		rec.Start = o.Start.UTC()
+	}
+	rec.End = o.End.UTC()
+	return rec
 }
 
 // Skip records that skipped fires up to fire were not run for item, and

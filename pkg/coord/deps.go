@@ -56,8 +56,8 @@ type Upstream struct {
 // parents.
 type ParentsOf map[string][]string
 
-// BarrierKeep is how long the barriers of scheduled fires are kept: a
-// completing note deletes older ones.
+// BarrierKeep is how long fires' barriers are kept: each note deletes
+// older ones (oldBarriers).
 const BarrierKeep = 24 * time.Hour
 
 // upstreamTriggerID names the trigger a child gets from parent's fire.
@@ -115,21 +115,25 @@ func (n *Node) indexChild(ctx context.Context, def *config.Job, was []string) er
 	return nil
 }
 
-// followChildren keeps the job's view of its children index current.
+// followChildren keeps the job's view of its children index current; the
+// registration read it first (registerConfig).
 func (n *Node) followChildren(ctx context.Context, job string) (stop func()) {
-	return n.followKey(ctx, job, n.keys.Children(job), true, func(kv *mvccpb.KeyValue) {
-		idx := ParentsOf{}
-		if len(kv.Value) > 0 {
-			if err := json.Unmarshal(kv.Value, &idx); err != nil {
-				n.log.Error("ignoring malformed children index", "job", job, "key", string(kv.Key), "err", err)
-				return
-			}
+	return n.followKey(ctx, job, n.keys.Children(job), false, func(kv *mvccpb.KeyValue) { n.takeChildren(job, kv) })
+}
+
+// takeChildren takes a children index newer than the view's.
+func (n *Node) takeChildren(job string, kv *mvccpb.KeyValue) {
+	idx := ParentsOf{}
+	if len(kv.Value) > 0 {
+		if err := json.Unmarshal(kv.Value, &idx); err != nil {
+			n.log.Error("ignoring malformed children index", "job", job, "key", string(kv.Key), "err", err)
+			return
 		}
-		n.updateView(job, func(v *JobView) {
-			if kv.ModRevision >= v.childrenRev {
-				v.Children, v.childrenRev = idx, kv.ModRevision
-			}
-		})
+	}
+	n.updateView(job, func(v *JobView) {
+		if kv.ModRevision >= v.childrenRev {
+			v.Children, v.childrenRev = idx, kv.ModRevision
+		}
 	})
 }
 
@@ -152,14 +156,6 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 		return nil, nil, err
 	}
 	now := n.opts.Now().UTC()
-	// The barriers of scheduled fires older than BarrierKeep go: their
-	// keys ("t" and 19 digits) sort by time.
-	// (Not in a Txn that puts a barrier inside the range: etcd refuses a
-	// Txn that puts and deletes one key.)
-	from, to := n.keys.Fires(job)+"t", n.keys.Fires(job)+"t"+fmt.Sprintf("%019d", now.Add(-BarrierKeep).UnixNano())
-	if own := n.keys.Fire(job, fire); own < from || own >= to {
-		ops = append(ops, clientv3.OpDelete(from, clientv3.WithRange(to)))
-	}
 	for _, child := range slices.Sorted(maps.Keys(idx)) {
 		parents := idx[child]
 		if !live[child] {
@@ -188,6 +184,24 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 		ops = append(ops, clientv3.OpPut(n.keys.Trigger(child, tr.ID), string(val)))
 	}
 	return cmps, ops, nil
+}
+
+// oldBarriers are the deletes of job's barriers older than BarrierKeep,
+// for a note's Txn that puts the barrier of fire: fire keys sort by time
+// after their kind ("t" scheduled, "m" manual). A range holding fire's own
+// key is left out (etcd refuses a Txn that puts and deletes one key): the
+// next note of a younger fire takes it.
+func (n *Node) oldBarriers(job, fire string) []clientv3.Op {
+	cut := fmt.Sprintf("%019d", n.opts.Now().Add(-BarrierKeep).UnixNano())
+	own := n.keys.Fire(job, fire)
+	var ops []clientv3.Op
+	for _, kind := range []string{"t", "m"} {
+		from, to := n.keys.Fires(job)+kind, n.keys.Fires(job)+kind+cut
+		if own < from || own >= to {
+			ops = append(ops, clientv3.OpDelete(from, clientv3.WithRange(to)))
+		}
+	}
+	return ops
 }
 
 // definedJobs reports which of jobs have a registered definition.

@@ -134,9 +134,14 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
-		resp, err := n.opts.Client.Txn(rctx).Then(clientv3.OpGet(key), clientv3.OpGet(lkey)).Commit()
+		resp, err := n.opts.Client.Txn(rctx).Then(clientv3.OpGet(key), clientv3.OpGet(lkey), clientv3.OpGet(n.keys.Children(local.Name))).Commit()
 		if err != nil {
 			return nil, fmt.Errorf("read job definition %s: %w", key, err)
+		}
+		// The children index is in the view before the map is followed:
+		// no decision on the job's items is made without it (deps.go).
+		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+			n.takeChildren(local.Name, kv)
 		}
 		var (
 			reg        *registeredConfig

@@ -37,10 +37,11 @@ type Trigger struct {
 	Rev int64 `json:"-"`
 }
 
-// OnTrigger calls fn for every trigger of job requested from now on, until
-// the returned cancel is called. fn runs on the node's watch goroutine and
-// must not block.
-func (n *Node) OnTrigger(job string, fn func(Trigger)) (cancel func()) {
+// OnTrigger calls fn for every trigger of job requested from now on, and
+// lost when the watch may have lost some (a compacted gap: ReadTriggers
+// finds those still in etcd), until the returned cancel is called. fn and
+// lost run on the node's watch goroutine and must not block.
+func (n *Node) OnTrigger(job string, fn func(Trigger), lost func()) (cancel func()) {
 	return n.hub.subscribe(job, n.keys.Triggers(job), func(ev *clientv3.Event) {
 		if ev.Type != clientv3.EventTypePut {
 			return
@@ -52,11 +53,7 @@ func (n *Node) OnTrigger(job string, fn func(Trigger)) (cancel func()) {
 		}
 		tr.Rev = ev.Kv.CreateRevision
 		fn(tr)
-	}, func() {
-		// A trigger put during a compacted watch gap is lost; the hub
-		// logs the gap once. Triggers are one-off operator requests, and
-		// `shardd trigger` can be repeated.
-	})
+	}, lost)
 }
 
 // OnChange calls fn whenever something may have changed what this instance

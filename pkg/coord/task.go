@@ -47,7 +47,7 @@ type jobTask struct {
 	b          backoff
 	stopConfig func() // following the registered definition
 	stopMap    func() // following the shard map (once registered)
-	stopKids   func() // following the children index (once registered)
+	stopKids   func() // following the children index (with the config)
 	unsub      []func()
 	key        string // the election key, "" until put
 	rev        int64  // its CreateRevision
@@ -84,6 +84,7 @@ func (t *jobTask) step(ctx context.Context) time.Time {
 		// Follow the registered definition first, then register: every
 		// change after the registration's read reaches the view.
 		t.stopConfig = t.n.followConfig(ctx, t.local.Name)
+		t.stopKids = t.n.followChildren(ctx, t.local.Name) // the registration reads it too
 	}
 	switch t.phase {
 	case registering:
@@ -115,7 +116,6 @@ func (t *jobTask) register(ctx context.Context) time.Time {
 	}
 	t.b.reset()
 	t.stopMap = n.followMap(ctx, t.local.Name)
-	t.stopKids = n.followChildren(ctx, t.local.Name)
 	t.phase = candidate
 	return time.Now()
 }
@@ -280,7 +280,6 @@ func (t *jobTask) stop() {
 	t.unsubscribe()
 	if t.stopMap != nil {
 		t.stopMap()
-		t.stopKids()
 	}
 	if t.removed.Load() && t.s.ctx.Err() == nil { // the job left the config: leave it now
 		dctx, cancel := context.WithTimeout(t.s.ctx, time.Second)
@@ -290,6 +289,7 @@ func (t *jobTask) stop() {
 	}
 	if t.stopConfig != nil {
 		t.stopConfig()
+		t.stopKids()
 	}
 }
 

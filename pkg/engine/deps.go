@@ -37,12 +37,31 @@ func notable(rec *coord.ItemRecord, failover bool) bool {
 	return true
 }
 
-// noteOutcome notes item's final record in its fire's barrier, once per
-// record (by Seq), when the job has children. It reports false when the
-// note failed: nothing may replace the record before it is noted.
+// noteOutcome notes item's final record (st's) in its fire's barrier, once
+// per record (by Seq), when the job has children. It reports false when
+// the note failed: nothing may replace the record before it is noted.
 func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st coord.ItemState) bool {
-	rec := st.Record
-	if len(v.Children) == 0 || !notable(rec, v.Job.Failover) || j.e.opts.forgetNotes {
+	if st.Record == nil {
+		return true
+	}
+	r := *st.Record
+	if r.Fence == 0 {
+		r.Fence = coord.RunFence(st.Record, st.Rev)
+	}
+	return j.note(ctx, v, item, r)
+}
+
+// noteFinal notes the record a run of item just completed with, at once
+// (the reconcile would, at its next look): the fast path, and the only one
+// for an item a smaller shardingTotalCount left out while it ran.
+func (j *jobLoop) noteFinal(item int, rec coord.ItemRecord) {
+	if v, ok := j.e.opts.Node.View(j.name); ok && v.Job != nil {
+		j.note(j.e.recordCtx, v, item, rec)
+	}
+}
+
+func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec coord.ItemRecord) bool {
+	if len(v.Children) == 0 || !notable(&rec, v.Job.Failover) || j.e.opts.forgetNotes {
 		return true
 	}
 	j.mu.Lock()
@@ -51,15 +70,11 @@ func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st
 	if ok && seq == rec.Seq {
 		return true
 	}
-	total := v.Job.ShardingTotalCount
-	if v.Map != nil {
-		total = v.Map.Total
+	total := rec.Total // the fire's, from its claim
+	if total == 0 {
+		total = j.totalOf(v)
 	}
-	r := *rec
-	if r.Fence == 0 {
-		r.Fence = coord.RunFence(rec, st.Rev)
-	}
-	b, completed, err := j.e.opts.Node.NoteOutcome(ctx, j.name, total, r, v.Children)
+	b, completed, err := j.e.opts.Node.NoteOutcome(ctx, j.name, total, rec, v.Children)
 	if err != nil {
 		if ctx.Err() == nil {
 			j.log.Warn("note an item's outcome in its fire's barrier; trying again", "item", item, "fire", rec.Fire.UTC(), "err", err)
@@ -70,9 +85,8 @@ func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st
 	j.noted[item] = rec.Seq
 	j.mu.Unlock()
 	if completed {
-		children := slices.Sorted(maps.Keys(v.Children))
-		j.log.Info("fire complete: its children are triggered", "fire", coord.FireKey(&r), "succeeded", b.Succeeded(),
-			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "children", children)
+		j.log.Info("fire complete: its children are triggered", "fire", coord.FireKey(&rec), "succeeded", b.Succeeded(),
+			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "children", slices.Sorted(maps.Keys(v.Children)))
 	}
 	return true
 }

@@ -81,6 +81,8 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 			out := coord.Outcome{State: coord.StateSkipped, Reason: coord.SkipUpstreamFailed, ExitCode: -1, Err: up.Failed, Start: now, End: now}
 			if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
 				log.Warn("record of a failed upstream fire not written", "fence", g.Fence, "err", err)
+			} else {
+				j.noteFinal(s.item, g.Final(out))
 			}
 			log.Info("not run: its parent's fire did not succeed", "fence", g.Fence, "why", up.Failed)
 			return true
@@ -109,6 +111,8 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		} else {
 			log.Error("outcome not recorded", "state", out.State, "fence", g.Fence, "err", err)
 		}
+	} else {
+		j.noteFinal(s.item, g.Final(out))
 	}
 	if e.opts.Observe != nil {
 		e.opts.Observe(Run{Job: job.Name, Item: s.item, Fire: a.fire, Source: a.source, Started: res.Started, Result: res,
@@ -153,8 +157,17 @@ func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {
 	return coord.Claim{
 		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
 		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger, Param: a.param, By: a.by, FireKey: a.fireKey,
-		Upstream: a.upstream, NoPropagate: a.noPropagate,
+		Upstream: a.upstream, NoPropagate: a.noPropagate, Total: j.totalOf(v),
 	}
+}
+
+// totalOf is the job's item count in view v: its map's, else its
+// definition's.
+func (j *jobLoop) totalOf(v coord.JobView) int {
+	if v.Map != nil {
+		return v.Map.Total
+	}
+	return v.Job.ShardingTotalCount
 }
 
 // pastFenceDeadline reports whether the session of g has passed (or

@@ -197,7 +197,7 @@ func (f *fakeNode) ReadTriggers(context.Context, string) ([]coord.Trigger, error
 }
 func (f *fakeNode) DoneTrigger(context.Context, string, coord.Trigger) error { return nil }
 func (f *fakeNode) OnChange(string, func()) func()                           { return func() {} }
-func (f *fakeNode) OnTrigger(string, func(coord.Trigger)) func()             { return func() {} }
+func (f *fakeNode) OnTrigger(string, func(coord.Trigger), func()) func()     { return func() {} }
 func (f *fakeNode) OnKill(string, func(coord.Kill)) func()                   { return func() {} }
 
 // set replaces an item's state in the fake's etcd.

@@ -54,7 +54,8 @@ type Events interface {
 	// OnChange: a newer map, a running marker deleted, an item disabled
 	// or enabled, or events possibly lost.
 	OnChange(job string, fn func()) (cancel func())
-	OnTrigger(job string, fn func(coord.Trigger)) (cancel func())
+	// OnTrigger: a trigger requested; lost: the watch may have lost some.
+	OnTrigger(job string, fn func(coord.Trigger), lost func()) (cancel func())
 	OnKill(job string, fn func(coord.Kill)) (cancel func())
 }
 

@@ -107,6 +107,14 @@ func (j *jobLoop) follow() (stop func()) {
 			j.log.Info("manual trigger", "trigger", tr.ID, "items", tr.Items, "by", tr.By)
 		}
 		j.poke()
+	}, func() {
+		// Triggers put in a lost stretch of the watch are in etcd still:
+		// read them again before serving any (a job with parents; an
+		// operator's trigger is repeated by its operator).
+		j.mu.Lock()
+		j.triggersRead = false
+		j.mu.Unlock()
+		j.poke()
 	})
 	stopKills := node.OnKill(j.name, j.onKill)
 	return func() {
@@ -422,7 +430,7 @@ func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 		fire = tr.Rerun
 	}
 	a := action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, param: tr.Param, by: tr.By,
-		fireKey: coord.ManualFireKey(tr.Rev), upstream: tr.Upstream, noPropagate: tr.NoPropagate || len(tr.Items) > 0}
+		fireKey: coord.ManualFireKey(*tr), upstream: tr.Upstream, noPropagate: tr.NoPropagate || len(tr.Items) > 0}
 	if tr.Upstream != nil {
 		a.source = coord.SourceUpstream
 	}
@@ -447,7 +455,9 @@ const maxTriggerAge = time.Hour
 // waits longer than maxTriggerAge is dropped, said in the log.
 //
 // An upstream trigger (dependencies) is kept until served, whatever its
-// age, and returned once served: the caller deletes it from etcd.
+// age, and returned once served: the caller deletes it from etcd. A
+// disabled item counts as served: like its scheduled fires, the parent
+// fires that complete while it is disabled do not run on it.
 func (j *jobLoop) expireTriggers(now time.Time, pending func(coord.Trigger) bool) (served []coord.Trigger) {
 	j.mu.Lock()
 	defer j.mu.Unlock()

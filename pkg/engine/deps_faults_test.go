@@ -1,0 +1,321 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/faultproxy"
+	"github.com/shardd/shardd/pkg/coord"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// dyingNode is a real coord.Node whose instance "dies" right after the
+// first Complete of a run of job: the record is written, the barrier note
+// never is (kill -9 between the two), and the instance is stopped.
+type dyingNode struct {
+	*coord.Node
+	job  string
+	dead atomic.Bool
+	die  func()
+	once sync.Once
+}
+
+func (d *dyingNode) Complete(ctx context.Context, g *coord.Grant, o coord.Outcome) error {
+	err := d.Node.Complete(ctx, g, o)
+	d.dead.Store(true) // the instance runs only d.job
+	d.once.Do(func() { go d.die() })
+	return err
+}
+
+func (d *dyingNode) NoteOutcome(ctx context.Context, job string, total int, rec coord.ItemRecord, idx coord.ParentsOf) (coord.Barrier, bool, error) {
+	if d.dead.Load() {
+		return coord.Barrier{}, false, errors.New("dead")
+	}
+	return d.Node.NoteOutcome(ctx, job, total, rec, idx)
+}
+
+func wrapDying(job string, stop *func()) func(*Options) {
+	return func(o *Options) {
+		o.Node = &dyingNode{Node: o.Node.(*coord.Node), job: job, die: func() { (*stop)() }}
+	}
+}
+
+// An instance that records a parent item's outcome and dies before noting
+// it leaves the note to the item's next owner, also under per-fire
+// strategies, whose maps name no owner: any member notes. The child runs
+// once, within the bound.
+func TestDepsPerFireUnnotedOutcome(t *testing.T) {
+	for _, strategy := range []string{"AVG_ALLOCATION", "ROUND", "RANDOM", "FAILOVER"} {
+		t.Run(strategy, func(t *testing.T) {
+			srv := etcdtest.Start(t)
+			dir := t.TempDir()
+			yaml := `jobs:
+  - name: parent
+    strategy: ` + strategy + `
+    script: 'echo "$SHARDD_INSTANCE" >> ` + dir + `/parent'
+  - name: child
+    dependsOn: [parent]
+    script: 'echo "$SHARDD_ITEM" >> ` + dir + `/child'
+`
+			// x alone runs both jobs (a child's file defines its parents).
+			var stopX func()
+			x, sx := startInstance(t, srv.Client(), "x", yaml, wrapDying("parent", &stopX))
+			stopX = sx
+			waitFor(t, 15*time.Second, "x's view of parent's children and maps", func() bool {
+				v, _ := x.View("parent")
+				cv, _ := x.View("child")
+				return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.Instances) == 1 && cv.Map != nil
+			})
+			cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+			if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 15*time.Second, "x to run the parent's item", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 1 })
+			end := time.Now()
+			// x is gone; b takes its place.
+			b := instance(t, srv, "b", yaml)
+			waitFor(t, 15*time.Second, "b alone in the parent's map", func() bool {
+				v, _ := b.View("parent")
+				cv, _ := b.View("child")
+				return v.Map != nil && len(v.Map.Instances) == 1 && v.Map.Instances[0] == "b" && len(v.Children["child"]) == 1 && cv.Map != nil && len(cv.Map.Instances) == 1
+			})
+			deadline := end.Add(15 * time.Second) // far beyond TTL (2 s) + 2 s
+			for time.Now().Before(deadline) && len(lines(filepath.Join(dir, "child"))) == 0 {
+				time.Sleep(50 * time.Millisecond)
+			}
+			resp, _ := cli.Get(ctx, keys.Fires("parent"), clientv3.WithPrefix())
+			var barriers []string
+			for _, kv := range resp.Kvs {
+				barriers = append(barriers, string(kv.Key)+"="+string(kv.Value))
+			}
+			if n := len(lines(filepath.Join(dir, "child"))); n != 1 {
+				t.Fatalf("%s: the parent's fire completed DONE at %s on x (which died before noting it), but the child ran %d times after %s (want 1, within TTL+2s); barriers: %v",
+					strategy, end.Format(time.RFC3339), n, time.Since(end).Round(time.Second), barriers)
+			}
+		})
+	}
+}
+
+// An upstream trigger put while the child's instance is cut off, in a
+// stretch of the watch that etcd compacted, is read again when the watch
+// resumes (the hub's resync): the child runs for it, and a later trigger
+// served first cannot make it look served.
+func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := `jobs:
+  - name: parent
+    strategy: FIRST
+    script: 'echo "$SHARDD_FENCE" >> ` + dir + `/parent'
+  - name: child
+    strategy: LAST
+    dependsOn: [parent]
+    script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
+`
+	// p runs the parent (FIRST), z the child (LAST); z reaches etcd
+	// through a proxy.
+	proxy, err := faultproxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	p := instance(t, srv, "p", yaml)
+	c, stopC := startInstance(t, srv.Client("http://"+proxy.Addr()), "z", yaml)
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "views", func() bool {
+		v, _ := p.View("parent")
+		cv, _ := c.View("child")
+		return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.ItemsOf("p")) == 1 && cv.Map != nil && len(cv.Map.ItemsOf("z")) == 1
+	})
+	childRuns := func() int { return len(lines(filepath.Join(dir, "child"))) }
+	parentRuns := func() int { return len(lines(filepath.Join(dir, "parent"))) }
+
+	// The child's connection to etcd stalls (a short partition, < TTL).
+	proxy.Blackhole()
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the upstream trigger in etcd", func() bool {
+		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
+		return err == nil && len(resp.Kvs) == 1
+	})
+	// etcd compacts (auto-compaction, or an operator's defrag routine).
+	put, err := cli.Put(ctx, "/unrelated", "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.Getenv("BREAK_NO_COMPACT") == "" { // the control: no compaction, the watch resumes, the child runs
+		if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The partition heals: the connection is re-made, the watch resumes
+	// from a compacted revision and the hub resyncs.
+	proxy.Sever()
+	proxy.Restore()
+	t0 := time.Now()
+	for time.Since(t0) < 10*time.Second && childRuns() == 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := childRuns(); n != 1 {
+		t.Errorf("stage 1: parent fire 1 completed (parent ran %d), the upstream trigger waits in etcd, but the child ran %d times within 10 s (want 1 within TTL+2s)", parentRuns(), n)
+	}
+
+	// A second parent fire: its trigger arrives by the watch and is served.
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the child to run for parent fire 2", func() bool { return childRuns() >= 1 })
+	// Restart the child's instance: it reads the waiting triggers.
+	stopC()
+	instance(t, srv, "z", yaml)
+	time.Sleep(8 * time.Second)
+	resp, _ := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
+	if n := childRuns(); n != 2 {
+		t.Errorf("stage 2: 2 successful parent fires (parent ran %d times), the child ran %d times even after its instance restarted (want 2); child triggers left in etcd: %d", parentRuns(), n, len(resp.Kvs))
+	}
+}
+
+// A shardingTotalCount edit that shrinks the job while a fire runs does
+// not complete the fire's barrier early: it counts the items of the fire's
+// claims, and the runs left out of the new map note their outcomes when
+// they end. The child runs after all of them.
+func TestDepsTotalShrinkMidFire(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	def := func(total int) string {
+		return `jobs:
+  - name: parent
+    shardingTotalCount: ` + string(rune('0'+total)) + `
+    script: 'if [ $SHARDD_ITEM -lt 2 ]; then sleep 2; else sleep 6; fi; echo "$SHARDD_ITEM $(date +%s%N)" >> ` + dir + `/parent'
+  - name: child
+    dependsOn: [parent]
+    script: 'echo "$(date +%s%N)" >> ` + dir + `/child'
+`
+	}
+	a := instance(t, srv, "a", def(4))
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "the children index", func() bool {
+		v, _ := a.View("parent")
+		return len(v.Children["child"]) == 1 && v.Map != nil && v.Map.Total == 4
+	})
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	// An operator deploys the job with 2 items on a new host.
+	instance(t, srv, "e", def(2))
+	waitFor(t, 15*time.Second, "all 4 parent items to end", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 4 })
+	time.Sleep(3 * time.Second)
+	parent := lines(filepath.Join(dir, "parent"))
+	child := lines(filepath.Join(dir, "child"))
+	if len(child) > 0 {
+		last := parent[len(parent)-1]
+		if child[0] < last[strings.Index(last, "_")+1:] {
+			t.Fatalf("the child ran at %s, before the parent fire's last item ended: parent items (item_endns) %v", child[0], parent)
+		}
+	}
+	resp, _ := cli.Get(ctx, keys.Fires("parent"), clientv3.WithPrefix())
+	for _, kv := range resp.Kvs {
+		t.Logf("barrier %s = %s", kv.Key, kv.Value)
+	}
+	if len(child) != 1 {
+		t.Fatalf("child ran %d times for 1 parent fire", len(child))
+	}
+}
+
+// Under BROADCAST (one item per member) a member stopped mid-fire shrinks
+// the map; the fire's barrier still counts the items of its claims, so the
+// fire does not complete as a success without that member's item: the
+// child does not run for it.
+func TestDepsBroadcastMemberDies(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := `jobs:
+  - name: parent
+    strategy: BROADCAST
+    failover: false
+    script: 'echo "start $SHARDD_INSTANCE" >> ` + dir + `/parent; sleep 3; echo "end $SHARDD_INSTANCE" >> ` + dir + `/parent'
+  - name: child
+    dependsOn: [parent]
+    script: 'echo "$SHARDD_PARENT_JOB" >> ` + dir + `/child'
+`
+	a := instance(t, srv, "a", yaml)
+	instance(t, srv, "b", yaml)
+	_, stopX := startInstance(t, srv.Client(), "x", yaml, func(o *Options) { o.ShutdownGrace = 100 * time.Millisecond })
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "3 members and the children index", func() bool {
+		v, _ := a.View("parent")
+		return len(v.Children["child"]) == 1 && v.Map != nil && v.Map.Total == 3
+	})
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the 3 parent items to start", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
+	stopX() // x goes down mid-fire: its item is killed (failover: false)
+	time.Sleep(8 * time.Second)
+	recs := childRecords(t, a, "parent")
+	var states []string
+	for _, r := range recs {
+		states = append(states, r.Instance+":"+string(r.State)+"/"+string(r.Reason))
+	}
+	resp, _ := cli.Get(ctx, keys.Fires("parent"), clientv3.WithPrefix())
+	for _, kv := range resp.Kvs {
+		t.Logf("barrier %s = %s", kv.Key, kv.Value)
+	}
+	if got := lines(filepath.Join(dir, "child")); len(got) != 0 {
+		t.Fatalf("an item of the parent fire was killed (parent records %v; runs %v), yet the child ran %d times (want 0: the fire is not complete without that item)", states, lines(filepath.Join(dir, "parent")), len(got))
+	}
+}
+
+// Two parents completing at once on two
+// instances fire the child once per round.
+func TestDepsTwoParentsAtOnce(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := `jobs:
+  - name: pa
+    strategy: FIRST
+    script: 'sleep 0.3'
+  - name: pb
+    strategy: LAST
+    script: 'sleep 0.3'
+  - name: both
+    dependsOn: [pa, pb]
+    script: 'echo "$SHARDD_PARENT_JOB" >> ` + dir + `/both'
+`
+	a := instance(t, srv, "a", yaml)
+	instance(t, srv, "b", yaml)
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "maps", func() bool {
+		va, _ := a.View("pa")
+		vb, _ := a.View("pb")
+		return len(va.Children["both"]) == 2 && len(vb.Children["both"]) == 2 && va.Map != nil && len(va.Map.ItemsOf("a")) == 1 && vb.Map != nil && len(vb.Map.ItemsOf("b")) == 1
+	})
+	const rounds = 8
+	for r := 1; r <= rounds; r++ {
+		var wg sync.WaitGroup
+		for _, j := range []string{"pa", "pb"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: j}); err != nil {
+					t.Error(err)
+				}
+			}()
+		}
+		wg.Wait()
+		time.Sleep(2500 * time.Millisecond)
+		if got := lines(filepath.Join(dir, "both")); len(got) != r {
+			t.Fatalf("round %d: the child ran %d times: %v", r, len(got), got)
+		}
+	}
+}
