@@ -2,9 +2,12 @@ package coord
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
 )
@@ -63,5 +66,38 @@ func TestBarrierCompletesOnce(t *testing.T) {
 	manual := ItemRecord{Item: 0, Fire: fire, State: StateDone, Fence: 500, FireKey: ManualFireKey(Trigger{Fire: fire, Rev: 77})}
 	if b, _, err := nodes[1].NoteOutcome(context.Background(), "parent", total, manual, nil); err != nil || len(b.Done) != 1 {
 		t.Errorf("manual fire's barrier %+v, %v: want its own, with one item", b, err)
+	}
+}
+
+// Each note deletes the job's barriers older than BarrierKeep, scheduled
+// and manual alike, and keeps the younger ones.
+func TestOldBarriersAreDeleted(t *testing.T) {
+	srv := etcdtest.Start(t)
+	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("parent", 2)))
+	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	now := time.Now()
+	old, young := now.Add(-BarrierKeep-time.Hour), now.Add(-BarrierKeep+time.Hour)
+	for _, k := range []string{
+		FireKey(&ItemRecord{Fire: old}), ManualFireKey(Trigger{Fire: old, Rev: 9}),
+		FireKey(&ItemRecord{Fire: young}), ManualFireKey(Trigger{Fire: young, Rev: 10}),
+	} {
+		if _, err := cli.Put(ctx, keys.Fire("parent", k), `{"total":2,"done":[0]}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := n.NoteOutcome(ctx, "parent", 2, ItemRecord{Item: 0, Fire: now, State: StateDone, Fence: 5}, nil); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, keys.Fires("parent"), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, kv := range resp.Kvs {
+		got = append(got, strings.TrimPrefix(string(kv.Key), keys.Fires("parent")))
+	}
+	want := []string{ManualFireKey(Trigger{Fire: young, Rev: 10}), FireKey(&ItemRecord{Fire: young}), FireKey(&ItemRecord{Fire: now})}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("barriers after a note: %v, want %v (the two older than a day deleted)", got, want)
 	}
 }
