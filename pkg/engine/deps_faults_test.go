@@ -17,6 +17,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// longFaults gates the dependency fault tests: a minute of real faults,
+// run by make e2e-long (and .ci/run), not the default suite.
+func longFaults(t *testing.T) {
+	t.Helper()
+	if os.Getenv("SHARDD_E2E_LONG") == "" {
+		t.Skip("a long fault test: make e2e-long (SHARDD_E2E_LONG=1)")
+	}
+}
+
 // dyingNode is a real coord.Node whose instance "dies" right after the
 // first Complete of a run of job: the record is written, the barrier note
 // never is (kill -9 between the two), and the instance is stopped.
@@ -53,6 +62,7 @@ func wrapDying(job string, stop *func()) func(*Options) {
 // strategies, whose maps name no owner: any member notes. The child runs
 // once, within the bound.
 func TestDepsPerFireUnnotedOutcome(t *testing.T) {
+	longFaults(t)
 	for _, strategy := range []string{"AVG_ALLOCATION", "ROUND", "RANDOM", "FAILOVER"} {
 		t.Run(strategy, func(t *testing.T) {
 			srv := etcdtest.Start(t)
@@ -109,6 +119,7 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 // resumes (the hub's resync): the child runs for it, and a later trigger
 // served first cannot make it look served.
 func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
+	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
 	yaml := `jobs:
@@ -189,6 +200,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 // claims, and the runs left out of the new map note their outcomes when
 // they end. The child runs after all of them.
 func TestDepsTotalShrinkMidFire(t *testing.T) {
+	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
 	def := func(total int) string {
@@ -237,6 +249,7 @@ func TestDepsTotalShrinkMidFire(t *testing.T) {
 // fire does not complete as a success without that member's item: the
 // child does not run for it.
 func TestDepsBroadcastMemberDies(t *testing.T) {
+	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
 	yaml := `jobs:
@@ -279,6 +292,7 @@ func TestDepsBroadcastMemberDies(t *testing.T) {
 // Two parents completing at once on two
 // instances fire the child once per round.
 func TestDepsTwoParentsAtOnce(t *testing.T) {
+	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
 	yaml := `jobs:

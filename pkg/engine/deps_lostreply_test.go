@@ -20,6 +20,7 @@ import (
 // (every time for the first 3 completing Txns): the child runs once per
 // parent fire.
 func TestDepsLostCompletingReply(t *testing.T) {
+	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
 	var dropped atomic.Int32
