@@ -219,6 +219,14 @@ type Dataflow struct {
 	MoreExitCode int `yaml:"moreExitCode" json:"moreExitCode,omitempty"`
 }
 
+// Bounds of the dependency graph: a parent fire triggers its children in
+// one etcd transaction, within etcd's default limit of 128 operations
+// (a guard per parent of each child, a write or two per child).
+const (
+	MaxDependsOn = 4
+	MaxChildren  = 30
+)
+
 // Defaults of Dataflow.
 const (
 	DefaultDataflowMaxIterations = 1000

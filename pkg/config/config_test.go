@@ -118,6 +118,7 @@ func TestLoadBad(t *testing.T) {
 		{"deps-self", `deps-self.bad.yaml:3: job "report": dependsOn names the job itself: a job cannot wait for its own fires`},
 		{"dataflow-exit", `dataflow-exit.bad.yaml:6: job "drain": dataflow.moreExitCode must be an exit status from 1 to 255 (0 means done), got 300`},
 		{"dataflow-iterations", `dataflow-iterations.bad.yaml:6: job "drain": dataflow.maxIterations must be >= 1 (0 = the default, 1000), got -1`},
+		{"deps-many", `deps-many.bad.yaml:8: job "child": dependsOn names 5 jobs; at most 4 are allowed (a child waits for a fresh fire of each)`},
 		{"dataflow-zero", `dataflow-zero.bad.yaml:6: job "drain": dataflow.moreExitCode 0 is the status that means done; the one that means more must differ: 1 to 255 (default 100)`},
 		{"dataflow-nostream", `dataflow-nostream.bad.yaml:5: job "drain": dataflow.maxIterations has no effect without dataflow.streaming: true (each run does its work once)`},
 		{"dataflow-http", `dataflow-http.bad.yaml:6: job "drain": dataflow.moreExitCode is for scripts; a hook says "more" by answering 2xx with {"more": true}`},

@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -128,6 +129,9 @@ func validate(s scope, j *Job, f *fields) bool {
 		bad("logRetention.maxBytesPerRun", "logRetention.maxBytesPerRun (%s) must be at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, r.MaxTotalBytes)
 	}
 
+	if len(j.DependsOn) > MaxDependsOn {
+		bad("dependsOn", "dependsOn names %d jobs; at most %d are allowed (a child waits for a fresh fire of each)", len(j.DependsOn), MaxDependsOn)
+	}
 	seen := map[string]bool{}
 	for _, parent := range j.DependsOn {
 		switch err := CheckName(parent); {
@@ -306,8 +310,10 @@ func (l *loader) checkDependencies() {
 			names = append(names, n.name)
 		}
 	}
+	children := map[string][]string{}
 	for _, j := range l.jobs {
 		for _, p := range j.DependsOn {
+			children[p] = append(children[p], j.Name)
 			if defined[p] {
 				continue
 			}
@@ -316,6 +322,13 @@ func (l *loader) checkDependencies() {
 				msg += fmt.Sprintf(" (did you mean %s?)", near)
 			}
 			l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.depLine(), Job: strconv.Quote(j.Name), Msg: msg})
+		}
+	}
+	for _, p := range slices.Sorted(maps.Keys(children)) {
+		if kids := children[p]; len(kids) > MaxChildren && byName[p] != nil {
+			j := byName[p]
+			l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.Pos.Line, Job: strconv.Quote(p),
+				Msg: fmt.Sprintf("%d jobs depend on this one (%s); at most %d may: a fire triggers them all in one etcd transaction", len(kids), strings.Join(kids, ", "), MaxChildren)})
 		}
 	}
 	// Depth-first search; a back edge is a cycle. Jobs in sorted order, so

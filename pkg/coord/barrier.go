@@ -52,11 +52,18 @@ type Barrier struct {
 	CompletedBy string    `json:"completedBy,omitempty"`
 }
 
-// Complete reports whether every item has ended.
-func (b *Barrier) Complete() bool { return len(b.Done)+len(b.Failed)+len(b.Skipped) >= b.Total }
+// Complete reports whether every item has ended: items 0 to Total-1.
+func (b *Barrier) Complete() bool {
+	for item := range b.Total {
+		if !b.ended(item) {
+			return false
+		}
+	}
+	return true
+}
 
 // Succeeded reports whether every item ended DONE.
-func (b *Barrier) Succeeded() bool { return b.Complete() && len(b.Done) >= b.Total }
+func (b *Barrier) Succeeded() bool { return b.Complete() && len(b.Failed)+len(b.Skipped) == 0 }
 
 // ended reports whether item's outcome is noted.
 func (b *Barrier) ended(item int) bool {
@@ -85,6 +92,9 @@ func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec ItemR
 				return b, false, fmt.Errorf("barrier %s is malformed: %w", key, err)
 			}
 			cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
+			if total > b.Total && !b.Complete() {
+				b.Total = total // items of the fire claimed under a larger map
+			}
 		}
 		me := strconv.Itoa(rec.Item) + "/" + strconv.FormatInt(rec.Fence, 10)
 		if b.ended(rec.Item) || b.Complete() {

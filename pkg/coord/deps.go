@@ -53,8 +53,21 @@ type Upstream struct {
 }
 
 // ParentsOf is the children index of a job: each child with all its
-// parents.
-type ParentsOf map[string][]string
+// parents and since when it depends on the job.
+type ParentsOf map[string]ChildEntry
+
+// ChildEntry is one child in a job's children index.
+type ChildEntry struct {
+	Parents []string `json:"parents"`
+	// Since is when the child began to depend on the job: fires of the
+	// job before it do not trigger the child (a child deployed today does
+	// not run for yesterday's fire).
+	Since time.Time `json:"since"`
+}
+
+// MaxChildren bounds a job's children: a completing note puts a trigger
+// for each in one Txn, within etcd's default limit of 128 operations.
+const MaxChildren = config.MaxChildren
 
 // BarrierKeep is how long fires' barriers are kept: each note deletes
 // older ones (oldBarriers).
@@ -89,13 +102,17 @@ func (n *Node) indexChild(ctx context.Context, def *config.Job, was []string) er
 			if !slices.Contains(def.DependsOn, p) {
 				want = nil
 			}
-			if slices.Equal(idx[def.Name], want) {
+			had, ok := idx[def.Name]
+			if ok && slices.Equal(had.Parents, want) || !ok && want == nil {
 				break
 			}
-			if want == nil {
+			switch {
+			case want == nil:
 				delete(idx, def.Name)
-			} else {
-				idx[def.Name] = want
+			case ok:
+				idx[def.Name] = ChildEntry{Parents: want, Since: had.Since} // another parent added or removed
+			default:
+				idx[def.Name] = ChildEntry{Parents: want, Since: n.opts.Now().UTC()}
 			}
 			val, _ := json.Marshal(idx) // kept when empty: followers take puts
 			wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
@@ -151,16 +168,28 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 	if ok {
 		ops = append(ops, clientv3.OpPut(n.keys.LastSuccess(job), fire))
 	}
-	live, err := n.definedJobs(ctx, slices.Collect(maps.Keys(idx)))
+	children := slices.Sorted(maps.Keys(idx))
+	if len(children) > MaxChildren {
+		n.log.Error("job has more children than a fire can trigger; the rest are not triggered", "job", job,
+			"max", MaxChildren, "not_triggered", children[MaxChildren:])
+		children = children[:MaxChildren]
+	}
+	defs, err := n.childDefinitions(ctx, children)
 	if err != nil {
 		return nil, nil, err
 	}
 	now := n.opts.Now().UTC()
-	for _, child := range slices.Sorted(maps.Keys(idx)) {
-		parents := idx[child]
-		if !live[child] {
-			continue // removed (shardd remove): nothing would serve its triggers
+	for _, child := range children {
+		def := defs[child]
+		switch {
+		case def == nil:
+			continue // removed (shardd remove), or unreadable: nothing would serve its triggers
+		case !slices.Contains(def.DependsOn, job):
+			continue // the index is behind the child's definition: it no longer depends on job
+		case fireTime.Before(idx[child].Since):
+			continue // a fire from before the child depended on job
 		}
+		parents := def.DependsOn
 		up := Upstream{Job: job, Fire: fire, FireTime: fireTime.UTC()}
 		switch {
 		case !ok:
@@ -204,11 +233,12 @@ func (n *Node) oldBarriers(job, fire string) []clientv3.Op {
 	return ops
 }
 
-// definedJobs reports which of jobs have a registered definition.
-func (n *Node) definedJobs(ctx context.Context, jobs []string) (map[string]bool, error) {
-	ops := make([]clientv3.Op, len(jobs))
-	for i, j := range jobs {
-		ops[i] = clientv3.OpGet(n.keys.Config(j), clientv3.WithCountOnly())
+// childDefinitions reads the registered definitions of children; a child
+// with none (removed) or an unreadable one is missing from the map.
+func (n *Node) childDefinitions(ctx context.Context, children []string) (map[string]*config.Job, error) {
+	ops := make([]clientv3.Op, len(children))
+	for i, c := range children {
+		ops[i] = clientv3.OpGet(n.keys.Config(c))
 	}
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
@@ -216,11 +246,16 @@ func (n *Node) definedJobs(ctx context.Context, jobs []string) (map[string]bool,
 	if err != nil {
 		return nil, fmt.Errorf("read the children's definitions: %w", err)
 	}
-	live := map[string]bool{}
-	for i, j := range jobs {
-		live[j] = resp.Responses[i].GetResponseRange().Count > 0
+	defs := map[string]*config.Job{}
+	for i, c := range children {
+		for _, kv := range resp.Responses[i].GetResponseRange().Kvs {
+			var rc registeredConfig
+			if def, err := decodeRegistered(string(kv.Key), c, kv.Value, &rc); err == nil {
+				defs[c] = def
+			}
+		}
 	}
-	return live, nil
+	return defs, nil
 }
 
 // otherParents reads, for child of parents, each parent's lastsuccess but

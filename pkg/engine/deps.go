@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/shard"
 )
 
 // Dependencies, the engine's part (docs/dependencies.md): a parent job's
@@ -71,8 +72,10 @@ func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec coord
 		return true
 	}
 	total := rec.Total // the fire's, from its claim
-	if total == 0 {
-		total = j.totalOf(v)
+	if now := j.totalOf(v); total == 0 || v.Job.Strategy == shard.Broadcast && now > total {
+		// Under BROADCAST a member that joined since the claim runs the
+		// fire too: wait for its item.
+		total = now
 	}
 	b, completed, err := j.e.opts.Node.NoteOutcome(ctx, j.name, total, rec, v.Children)
 	if err != nil {
@@ -96,7 +99,7 @@ func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec coord
 // is served (operators' triggers are only watched: they last a minute).
 func (j *jobLoop) loadTriggers(ctx context.Context) bool {
 	j.mu.Lock()
-	done := j.triggersRead
+	done, gen := j.triggersRead, j.triggersGen
 	j.mu.Unlock()
 	if done {
 		return true
@@ -108,12 +111,14 @@ func (j *jobLoop) loadTriggers(ctx context.Context) bool {
 	}
 	now := j.e.opts.Now()
 	j.mu.Lock()
+	defer j.mu.Unlock()
 	for _, tr := range trs {
 		j.addTriggerLocked(tr, now)
 	}
-	j.triggersRead = true
-	j.mu.Unlock()
-	return true
+	// A lost stretch of the watch after this read began may hold a
+	// trigger the read missed: read again before serving.
+	j.triggersRead = j.triggersGen == gen
+	return j.triggersRead
 }
 
 // addTriggerLocked queues tr unless it is queued already (a trigger both

@@ -82,7 +82,7 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 			waitFor(t, 15*time.Second, "x's view of parent's children and maps", func() bool {
 				v, _ := x.View("parent")
 				cv, _ := x.View("child")
-				return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.Instances) == 1 && cv.Map != nil
+				return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.Instances) == 1 && cv.Map != nil
 			})
 			cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
 			if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
@@ -95,7 +95,7 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 			waitFor(t, 15*time.Second, "b alone in the parent's map", func() bool {
 				v, _ := b.View("parent")
 				cv, _ := b.View("child")
-				return v.Map != nil && len(v.Map.Instances) == 1 && v.Map.Instances[0] == "b" && len(v.Children["child"]) == 1 && cv.Map != nil && len(cv.Map.Instances) == 1
+				return v.Map != nil && len(v.Map.Instances) == 1 && v.Map.Instances[0] == "b" && len(v.Children["child"].Parents) == 1 && cv.Map != nil && len(cv.Map.Instances) == 1
 			})
 			deadline := end.Add(15 * time.Second) // far beyond TTL (2 s) + 2 s
 			for time.Now().Before(deadline) && len(lines(filepath.Join(dir, "child"))) == 0 {
@@ -144,7 +144,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 	waitFor(t, 15*time.Second, "views", func() bool {
 		v, _ := p.View("parent")
 		cv, _ := c.View("child")
-		return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.ItemsOf("p")) == 1 && cv.Map != nil && len(cv.Map.ItemsOf("z")) == 1
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("p")) == 1 && cv.Map != nil && len(cv.Map.ItemsOf("z")) == 1
 	})
 	childRuns := func() int { return len(lines(filepath.Join(dir, "child"))) }
 	parentRuns := func() int { return len(lines(filepath.Join(dir, "parent"))) }
@@ -217,7 +217,7 @@ func TestDepsTotalShrinkMidFire(t *testing.T) {
 	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the children index", func() bool {
 		v, _ := a.View("parent")
-		return len(v.Children["child"]) == 1 && v.Map != nil && v.Map.Total == 4
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 4
 	})
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
@@ -267,7 +267,7 @@ func TestDepsBroadcastMemberDies(t *testing.T) {
 	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "3 members and the children index", func() bool {
 		v, _ := a.View("parent")
-		return len(v.Children["child"]) == 1 && v.Map != nil && v.Map.Total == 3
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 3
 	})
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
@@ -312,7 +312,7 @@ func TestDepsTwoParentsAtOnce(t *testing.T) {
 	waitFor(t, 15*time.Second, "maps", func() bool {
 		va, _ := a.View("pa")
 		vb, _ := a.View("pb")
-		return len(va.Children["both"]) == 2 && len(vb.Children["both"]) == 2 && va.Map != nil && len(va.Map.ItemsOf("a")) == 1 && vb.Map != nil && len(vb.Map.ItemsOf("b")) == 1
+		return len(va.Children["both"].Parents) == 2 && len(vb.Children["both"].Parents) == 2 && va.Map != nil && len(va.Map.ItemsOf("a")) == 1 && vb.Map != nil && len(vb.Map.ItemsOf("b")) == 1
 	})
 	const rounds = 8
 	for r := 1; r <= rounds; r++ {

@@ -47,7 +47,7 @@ func TestDepsLostCompletingReply(t *testing.T) {
 	waitFor(t, 15*time.Second, "index", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")
-		return len(v.Children["child"]) == 1 && v.Map != nil && c.Map != nil
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && c.Map != nil
 	})
 	for i := 1; i <= 2; i++ {
 		if _, err := coord.RequestTrigger(ctx, srv.Client(), keys, coord.TriggerRequest{Job: "parent"}); err != nil {

@@ -54,7 +54,7 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	waitFor(t, 15*time.Second, "the parent's children index and both maps", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")
-		return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.Instances) == 2 && c.Map != nil && len(c.Map.Instances) == 2
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.Instances) == 2 && c.Map != nil && len(c.Map.Instances) == 2
 	})
 	// The status of one job, as the console reads it, links the graph.
 	for job, want := range map[string]string{"parent": "[] [child] []", "child": "[parent] [] []"} {
@@ -133,7 +133,7 @@ func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
 	_, stopB := startInstance(t, srv.Client(), "b", yaml)
 	waitFor(t, 15*time.Second, "the parent's children index", func() bool {
 		v, _ := a.View("parent")
-		return len(v.Children["child"]) == 1
+		return len(v.Children["child"].Parents) == 1
 	})
 	stopB()
 	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
@@ -177,7 +177,7 @@ func TestChildOfTwoParents(t *testing.T) {
 	waitFor(t, 15*time.Second, "both parents' children index", func() bool {
 		va, _ := a.View("pa")
 		vb, _ := a.View("pb")
-		return len(va.Children["both"]) == 2 && len(vb.Children["both"]) == 2
+		return len(va.Children["both"].Parents) == 2 && len(vb.Children["both"].Parents) == 2
 	})
 	runs := func() []string { return lines(filepath.Join(dir, "both")) }
 	fire := func(job string) {
@@ -228,7 +228,7 @@ func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
 	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the parent's items on both instances", func() bool {
 		v, _ := b.View("parent")
-		return len(v.Children["child"]) == 1 && v.Map != nil && len(v.Map.ItemsOf("a")) > 0 && len(v.Map.ItemsOf("b")) > 0
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("a")) > 0 && len(v.Map.ItemsOf("b")) > 0
 	})
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
@@ -256,7 +256,7 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the parent's children index", func() bool {
 		v, _ := a.View("parent")
-		return len(v.Children["child"]) == 1
+		return len(v.Children["child"].Parents) == 1
 	})
 	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "child", Item: -1}, true, false); err != nil {
 		t.Fatal(err)

@@ -46,6 +46,7 @@ type jobLoop struct {
 	// in etcd were read (a job with parents).
 	noted        map[int]int64
 	triggersRead bool
+	triggersGen  int // counts the watch's lost stretches
 }
 
 type pendingTrigger struct {
@@ -113,6 +114,7 @@ func (j *jobLoop) follow() (stop func()) {
 		// operator's trigger is repeated by its operator).
 		j.mu.Lock()
 		j.triggersRead = false
+		j.triggersGen++ // a read in flight may predate the gap
 		j.mu.Unlock()
 		j.poke()
 	})
