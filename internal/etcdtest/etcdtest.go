@@ -28,15 +28,28 @@ type Server struct {
 // Start starts a server that is stopped when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{
-		t:         t,
-		dir:       t.TempDir(),
-		clientURL: "http://" + FreeAddr(t),
-		peerURL:   "http://" + FreeAddr(t),
+	s := &Server{t: t, dir: t.TempDir()}
+	var err error
+	for range 10 {
+		// A free port may be taken by another test before etcd binds it:
+		// then take other ports (Restart must keep its ports, and waits).
+		s.clientURL, s.peerURL = "http://"+FreeAddr(t), "http://"+FreeAddr(t)
+		if err = s.start(); err == nil {
+			t.Cleanup(s.Stop)
+			return s
+		}
 	}
-	s.Restart()
-	t.Cleanup(s.Stop)
-	return s
+	t.Fatalf("start etcd: %v", err)
+	return nil
+}
+
+// start starts the server once.
+func (s *Server) start() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var err error
+	s.e, err = embedetcd.Start(ctx, embedetcd.Options{Dir: s.dir, ClientURL: s.clientURL, PeerURL: s.peerURL, LogLevel: "error"})
+	return err
 }
 
 // Endpoint is the client URL.
@@ -56,12 +69,9 @@ func (s *Server) Stop() {
 // Restart starts the server (again) on the same data directory and ports.
 func (s *Server) Restart() {
 	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	var err error
 	for attempt := 0; attempt < 50; attempt++ { // a just-closed port can take a moment to free
-		s.e, err = embedetcd.Start(ctx, embedetcd.Options{Dir: s.dir, ClientURL: s.clientURL, PeerURL: s.peerURL, LogLevel: "error"})
-		if err == nil {
+		if err = s.start(); err == nil {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
