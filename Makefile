@@ -59,9 +59,9 @@ chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_S
 	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_OUT) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
-e2e-long: ## the long fault runs: dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, the dependency fault tests
+e2e-long: ## the long fault runs: dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum
 	SHARDD_E2E_LONG=1 $(GO) test ./pkg/engine -run '^TestDeps' -count=1 -v -timeout 10m
-	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin)$$' -count=1 -v -timeout 20m
+	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum)$$' -count=1 -v -timeout 20m
 
 soak: ## the soak: 3 instances, mixed jobs, reloads and restarts for SOAK_DURATION (default 1h); summary in SOAK_OUT (bench/soak.json)
 	@mkdir -p bench

@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -62,6 +64,8 @@ func cmdRun(e *env, args []string) error {
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
 		pprofAddr = fs.String("pprof-listen", "", "loopback `address` to serve Go's profiles on (/debug/pprof/), for performance work; empty: off")
 		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd); https")
+		embedClus = fs.String("embed-cluster", "", "run the embedded etcd as one member of a cluster of shardd hosts: `NAME=PEER_URL,...`, every member (3 or 5), this one under its --name; its peer URL is this host's --embed-peer-url. Each host's --data-dir/tls holds the same ca.crt and ca.key (see docs/deployment.md)")
+		embedJoin = fs.Bool("embed-join", false, "with --embed-cluster: join a cluster that runs already (after etcdctl member add), instead of starting a new one")
 		tlsCert   = fs.String("tls-cert", "", "certificate `file` (PEM) of the HTTP server: serve --listen over TLS")
 		tlsKey    = fs.String("tls-key", "", "private key `file` (PEM) of --tls-cert")
 		tlsCA     = fs.String("tls-client-ca", "", "CA bundle `file`: with it, the HTTP server requires client certificates it signed")
@@ -140,9 +144,26 @@ func cmdRun(e *env, args []string) error {
 	endpoints := ef.list()
 	embedded := len(endpoints) == 0
 	dataDir, implicit := ef.dir(false)
+	if !embedded && (*embedClus != "" || *embedJoin) {
+		return usageError("--embed-cluster and --embed-join run the embedded etcd: they do not go with --etcd")
+	}
+	if *embedJoin && *embedClus == "" {
+		return usageError("--embed-join needs --embed-cluster: the members of the cluster it joins, this one included")
+	}
+	peerURL := *embedPeer
+	if *embedClus != "" {
+		if peerURL, err = clusterPeer(*embedClus, *name, *embedPeer, flagSet(fs, "embed-peer-url")); err != nil {
+			return usageError("--embed-cluster: %v", err)
+		}
+	}
 	if embedded {
 		dir, _ := filepath.Abs(dataDir)
-		srv, err := embedetcd.Start(ctx, embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: *embedPeer, TLS: true})
+		eo := embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: peerURL, TLS: true}
+		if *embedClus != "" {
+			eo.Name, eo.InitialCluster, eo.Existing = *name, *embedClus, *embedJoin
+			log.Info("embedded etcd: starting as member "+*name+" of a cluster; it serves once a quorum of its members is up", "cluster", *embedClus)
+		}
+		srv, err := embedetcd.Start(ctx, eo)
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return fmt.Errorf("%w\nanother shardd's embedded etcd? join it with --etcd %s --data-dir <the data dir it was started with>, as the same user; or give this one other --embed-client-url and --embed-peer-url", err, *embedURL)
 		}
@@ -150,8 +171,12 @@ func cmdRun(e *env, args []string) error {
 			return err
 		}
 		defer srv.Close()
-		log.Warn("no --etcd given: running an embedded single-node etcd; this is a single-host default for development, use a 3 or 5 member etcd cluster in production",
-			"data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
+		if *embedClus == "" {
+			log.Warn("no --etcd given: running an embedded single-node etcd; this is a single-host default for development, use a 3 or 5 member etcd cluster in production (--embed-cluster: see docs/deployment.md)",
+				"data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
+		} else {
+			log.Info("embedded etcd: member of its cluster, serving", "member", *name, "data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
+		}
 		prefix := ""
 		if p := coord.NewKeys(ef.prefix).Prefix(); p != coord.DefaultPrefix {
 			prefix = " --prefix " + p
@@ -559,4 +584,45 @@ func sweepRunLogs(ctx context.Context, s *runlog.Store, period time.Duration, lo
 		case <-t.C:
 		}
 	}
+}
+
+// clusterPeer checks an --embed-cluster list (NAME=PEER_URL,...) and
+// returns this member's peer URL: its entry's, which --embed-peer-url,
+// when given, must equal.
+func clusterPeer(spec, name, peerFlag string, peerGiven bool) (string, error) {
+	seen := map[string]bool{}
+	var mine string
+	for _, m := range strings.Split(spec, ",") {
+		n, u, ok := strings.Cut(strings.TrimSpace(m), "=")
+		if !ok || n == "" || u == "" {
+			return "", fmt.Errorf("%q is not NAME=PEER_URL", m)
+		}
+		if seen[n] {
+			return "", fmt.Errorf("member %s is listed twice", n)
+		}
+		seen[n] = true
+		pu, err := url.Parse(u)
+		if err != nil || pu.Scheme != "https" || pu.Host == "" {
+			return "", fmt.Errorf("member %s: peer URL %q must be https://HOST:PORT (members authenticate each other with certificates of one CA)", n, u)
+		}
+		if n == name {
+			mine = u
+		}
+	}
+	switch {
+	case mine == "":
+		return "", fmt.Errorf("this instance's --name %s is not one of the members (%s)", name, spec)
+	case len(seen) == 2 || len(seen) == 4:
+		return "", fmt.Errorf("%d members tolerate no more member failures than %d: use 3 or 5", len(seen), len(seen)-1)
+	case peerGiven && peerFlag != mine:
+		return "", fmt.Errorf("--embed-peer-url %s differs from member %s's URL in the list, %s", peerFlag, name, mine)
+	}
+	return mine, nil
+}
+
+// flagSet reports whether the flag name was given (on the command line or
+// from the environment), not left at its default.
+func flagSet(fs *flag.FlagSet, name string) (set bool) {
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

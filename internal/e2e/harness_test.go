@@ -204,10 +204,19 @@ func startSharddOn(t *testing.T, members []*etcdProc, sessionTTL time.Duration, 
 		proxies = append(proxies, px)
 		endpoints = append(endpoints, "http://"+px.Addr())
 	}
-	px := proxies[0]
 	args := append([]string{"run", "--config", cfg, "--etcd", strings.Join(endpoints, ","), "--name", name,
 		"--ttl", sessionTTL.String(), "--listen", "", "--log-format", "json", "--run-log-dir", filepath.Join(t.TempDir(), "runs")}, extra...)
-	p := &proc{t: t, name: name, cmd: exec.Command(bin.shardd, args...), proxy: px, proxies: proxies, exited: make(chan struct{})}
+	return launchShardd(t, name, args, proxies)
+}
+
+// launchShardd starts shardd with args; proxies (may be none) are its
+// connections to etcd, closed with it.
+func launchShardd(t *testing.T, name string, args []string, proxies []*faultproxy.Proxy) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, cmd: exec.Command(bin.shardd, args...), proxies: proxies, exited: make(chan struct{})}
+	if len(proxies) > 0 {
+		p.proxy = proxies[0]
+	}
 	p.cmd.Env = append(os.Environ(), "SHARDD_LOG_LEVEL=debug")
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {

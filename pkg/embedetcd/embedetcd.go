@@ -1,5 +1,6 @@
-// Package embedetcd runs a single-member etcd server inside the shardd
-// process: the default when no etcd endpoints are configured. With
+// Package embedetcd runs an etcd server inside the shardd process: a
+// single member, the default when no etcd endpoints are configured, or one
+// member of a cluster whose members are the shardd hosts (InitialCluster). With
 // Options.TLS it accepts only clients that present the certificate it
 // generates into its data directory (see EnsureTLS).
 package embedetcd
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,8 +45,14 @@ type Options struct {
 	// Name of the member; default "shardd".
 	Name string
 	// InitialCluster lists the members of a new cluster as
-	// name=peerURL,...; default this member alone.
+	// name=peerURL,...; default this member alone. With other members
+	// Start waits (until ctx ends) for a quorum of them: the first
+	// member of a new cluster is ready when a second one starts.
 	InitialCluster string
+	// Existing joins a cluster that runs already (the member was added
+	// with etcdctl member add); default: a new cluster. Ignored once the
+	// member has data: a restart rejoins with it.
+	Existing bool
 	// LogLevel of etcd's own log (debug, info, warn, error); default warn.
 	LogLevel string
 	// LogFile receives etcd's own log; default Dir/etcd.log. Fatal errors
@@ -123,6 +131,10 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		cfg.InitialCluster = o.InitialCluster
 		cfg.InitialClusterToken = "shardd"
 	}
+	if o.Existing {
+		cfg.ClusterState = embed.ClusterStateFlagExisting
+	}
+	alone := !strings.Contains(cfg.InitialCluster, ",")
 	cfg.LogLevel = o.LogLevel
 	if o.LogFile == "" {
 		o.LogFile = filepath.Join(o.Dir, "etcd.log")
@@ -143,6 +155,13 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd: %w", err)
 	}
+	// A lone member is ready at once; a member of a cluster when a quorum
+	// of members is up, which may take as long as the operator takes to
+	// start them.
+	var timeout <-chan time.Time
+	if alone {
+		timeout = time.After(time.Minute)
+	}
 	select {
 	case <-e.Server.ReadyNotify():
 		started = true
@@ -153,7 +172,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	case <-ctx.Done():
 		e.Close()
 		return nil, ctx.Err()
-	case <-time.After(time.Minute):
+	case <-timeout:
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd not ready after a minute")
 	}

@@ -1,0 +1,183 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/embedetcd"
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+// member is one host of an embedded cluster: its name, data dir and URLs.
+type member struct {
+	name, dir, client, peer string
+}
+
+// embeddedCluster prepares 3 members on loopback sharing one CA (what the
+// deployment guide has an operator copy to each host) and returns them
+// with the --embed-cluster list.
+func embeddedCluster(t *testing.T) ([]member, string) {
+	t.Helper()
+	var ms []member
+	var spec []string
+	for _, n := range []string{"n1", "n2", "n3"} {
+		m := member{name: n, dir: t.TempDir(), client: "https://" + etcdtest.FreeAddr(t), peer: "https://" + etcdtest.FreeAddr(t)}
+		ms = append(ms, m)
+		spec = append(spec, n+"="+m.peer)
+	}
+	// The first member's CA, copied to the others before their first start.
+	f, err := embedetcd.EnsureTLS(ms[0].dir, []string{"127.0.0.1"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[1:] {
+		to := embedetcd.Files(m.dir)
+		if err := os.MkdirAll(to.Dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for from, dst := range map[string]string{f.CA: to.CA, f.CAKey: to.CAKey} {
+			b, err := os.ReadFile(from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return ms, strings.Join(spec, ",")
+}
+
+// startMember starts shardd on member m of the embedded cluster spec.
+func startMember(t *testing.T, m member, spec, cfg string) *proc {
+	t.Helper()
+	return launchShardd(t, m.name, []string{"run", "--config", cfg, "--name", m.name, "--data-dir", m.dir,
+		"--embed-client-url", m.client, "--embed-peer-url", m.peer, "--embed-cluster", spec,
+		"--ttl", ttl.String(), "--listen", "", "--log-format", "json", "--run-log-dir", filepath.Join(m.dir, "runs")}, nil)
+}
+
+// Three shardd hosts whose embedded etcd members form the cluster they
+// coordinate through (--embed-cluster). kill -9 one: the other two keep a
+// quorum and every due fire runs; it restarts on its data dir and rejoins.
+// kill -9 two: no run while the quorum is lost (the survivor fences), no
+// duplicate after it returns, and the missed fires are caught up by the
+// misfire policy (the latest runs, coalescing the others). The ledger
+// checks every due fire (G1-G4).
+func TestEmbeddedClusterQuorum(t *testing.T) {
+	longE2E(t)
+	dir := t.TempDir()
+	// A period longer than the failure bound (TTL + 2 s): a lost fire shows.
+	cfg := filepath.Join(dir, "jobs.yaml")
+	job := `jobs:
+  - name: five
+    cron: "@every 5s"
+    shardingTotalCount: 3
+    failover: true
+    script:
+      command: ` + yamlQuote(ledgerScript) + `
+      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "1"}
+`
+	if err := os.WriteFile(cfg, []byte(job), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ms, spec := embeddedCluster(t)
+	procs := make([]*proc, 3)
+	for i, m := range ms {
+		procs[i] = startMember(t, m, spec, cfg)
+	}
+	up := func(p *proc) bool { return len(p.find(msg("session up"))) > 0 }
+	waitFor(t, 60*time.Second, "the 3 members to form the cluster and their shardd sessions up", func() bool {
+		return up(procs[0]) && up(procs[1]) && up(procs[2])
+	})
+	threeInMap := func() bool {
+		for _, p := range procs {
+			recs := p.find(func(r map[string]any) bool { return r["msg"] == "shard map" && r["job"] == "five" })
+			if len(recs) == 0 {
+				return false
+			}
+			if in, _ := recs[len(recs)-1]["instances"].([]any); len(in) != 3 {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, 30*time.Second, "every instance in the map", threeInMap)
+	from := time.Now()
+	bound := ttl + 2*time.Second
+	var failures []ledger.Failure
+	var faults []ledger.Window
+
+	// 1. kill -9 one host (its member too): two keep the quorum.
+	time.Sleep(7 * time.Second)
+	procs[2].stop(syscall.SIGKILL)
+	failures = append(failures, ledger.Failure{At: time.Now(), Instance: "n3"})
+	faults = append(faults, ledger.Window{From: time.Now(), To: time.Now().Add(bound)})
+	t.Logf("killed n3 at %s", time.Now().Format(time.RFC3339Nano))
+	time.Sleep(12 * time.Second)
+
+	// 2. it restarts on its data dir and rejoins.
+	procs[2] = startMember(t, ms[2], spec, cfg)
+	waitFor(t, 60*time.Second, "n3 to rejoin", func() bool { return up(procs[2]) })
+	waitFor(t, 30*time.Second, "every instance in the map again", threeInMap)
+	time.Sleep(7 * time.Second)
+
+	// 3. kill -9 two hosts: the quorum is lost.
+	lost := time.Now()
+	procs[1].stop(syscall.SIGKILL)
+	procs[2].stop(syscall.SIGKILL)
+	failures = append(failures, ledger.Failure{At: lost, Instance: "n2"}, ledger.Failure{At: lost, Instance: "n3"})
+	t.Logf("killed n2 and n3 at %s: no quorum", lost.Format(time.RFC3339Nano))
+	time.Sleep(15 * time.Second)
+	back := time.Now()
+	procs[1] = startMember(t, ms[1], spec, cfg)
+	procs[2] = startMember(t, ms[2], spec, cfg)
+	waitFor(t, 60*time.Second, "the quorum back and the sessions up", func() bool { return up(procs[1]) && up(procs[2]) })
+	healed := time.Now()
+	t.Logf("quorum back: members restarted at %s, sessions up at %s", back.Format(time.RFC3339Nano), healed.Format(time.RFC3339Nano))
+	// Fires due while the quorum was lost run (the latest) when it returns.
+	faults = append(faults, ledger.Window{From: lost, To: healed.Add(bound)})
+	time.Sleep(15 * time.Second)
+	to := time.Now()
+	for _, p := range procs {
+		p.stop(syscall.SIGTERM)
+	}
+
+	f, err := os.Open(filepath.Join(dir, "ledger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := ledger.Parse(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No run started while there was no quorum (after the survivor's
+	// session could have fenced: TTL after the loss).
+	for _, ev := range events {
+		if ev.Kind == "start" && ev.At.After(lost.Add(ttl+time.Second)) && ev.At.Before(back) {
+			t.Errorf("a run started without a quorum: %+v", ev)
+		}
+	}
+	every5, err := schedule.Parse("@every 5s", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ledger.Check(events, ledger.Options{
+		Jobs:  map[string]ledger.Job{"five": {Items: 3, Schedule: every5, Failover: true}},
+		Bound: bound, From: from, To: to, Failures: failures, Faults: faults,
+		Records: policyRecords(t, procs),
+	})
+	t.Logf("ledger: %s", r)
+	for _, v := range r.Violations {
+		t.Error(v)
+	}
+	if r.FiresCoalesced == 0 {
+		t.Errorf("no fire was coalesced: the fires missed without a quorum should have been caught up by one run each: %s", r)
+	}
+}
