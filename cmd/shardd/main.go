@@ -64,6 +64,7 @@ func commands() []command {
 		{"remove", "delete what etcd keeps of a job no instance defines any more", "JOB [--etcd URL,...]", cmdRemove},
 		{"validate", "check job definitions and report every problem", "[--config] PATH", cmdValidate},
 		{"plan", "preview how a strategy spreads a job's items over instances", "--strategy S --job NAME --total N --instances a,b,c [-o json] | --config PATH --instances a,b,c", cmdPlan},
+		{"ca", "create the CA an embedded etcd cluster's members share (--embed-cluster), in --data-dir", "[--data-dir DIR]", cmdCA},
 		{"version", "print the version", "", cmdVersion},
 	}
 }

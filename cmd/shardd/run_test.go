@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -29,5 +31,25 @@ func TestClusterPeer(t *testing.T) {
 		case tt.err == "" && (err != nil || got != tt.want):
 			t.Errorf("clusterPeer(%q, %q) = %q, %v; want %q", tt.spec, tt.name, got, err, tt.want)
 		}
+	}
+}
+
+// shardd ca creates the shared CA once, private, and keeps it after.
+func TestCACommand(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	code, out, errOut := shardd(t, "ca", "--data-dir", dir)
+	if code != 0 || !strings.Contains(out, "(created)") {
+		t.Fatalf("first ca: exit %d: %s %s", code, out, errOut)
+	}
+	key := filepath.Join(dir, "tls", "ca.key")
+	st, err := os.Stat(key)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("ca.key: %v %v, want mode 0600", st, err)
+	}
+	before, _ := os.ReadFile(key)
+	code, out, _ = shardd(t, "ca", "--data-dir", dir)
+	after, _ := os.ReadFile(key)
+	if code != 0 || !strings.Contains(out, "already there, kept") || string(before) != string(after) {
+		t.Errorf("second ca: exit %d, %s; key kept: %v", code, out, string(before) == string(after))
 	}
 }
