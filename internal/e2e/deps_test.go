@@ -140,15 +140,7 @@ func TestDependenciesUnderFaults(t *testing.T) {
 		}
 	}
 
-	f, err := os.Open(filepath.Join(dir, "ledger"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	events, err := ledger.Parse(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	events := ledgerEvents(t, dir)
 	every10, err := schedule.Parse("@every 10s", nil)
 	if err != nil {
 		t.Fatal(err)

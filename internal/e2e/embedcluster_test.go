@@ -205,15 +205,7 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 		p.stop(syscall.SIGKILL)
 	}
 
-	f, err := os.Open(filepath.Join(dir, "ledger"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	events, err := ledger.Parse(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
+	events := ledgerEvents(t, dir)
 	// No run started while there was no quorum (after the survivor's
 	// session could have fenced: TTL after the loss).
 	for _, ev := range events {

@@ -13,6 +13,22 @@ import (
 	"github.com/shardd/shardd/pkg/coord"
 )
 
+// ledgerEvents returns every event of dir's ledger; a missing or
+// malformed ledger fails the test.
+func ledgerEvents(t *testing.T, dir string) []ledger.Event {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, "ledger"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	evs, err := ledger.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return evs
+}
+
 // readLedger returns the start events in dir's ledger.
 func readLedger(t *testing.T, dir string) []ledger.Event {
 	return readEvents(t, dir, "start")
