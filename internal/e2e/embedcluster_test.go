@@ -103,8 +103,11 @@ func startMember(t *testing.T, m member, spec, cfg string) *proc {
 	t.Helper()
 	return launchShardd(t, m.name, []string{"run", "--config", cfg, "--name", m.name, "--data-dir", m.dir,
 		"--embed-client-url", m.client, "--embed-peer-url", m.peer, "--embed-cluster", spec,
-		"--ttl", ttl.String(), "--listen", "", "--log-format", "json", "--run-log-dir", filepath.Join(m.dir, "runs")}, nil)
+		"--ttl", ttl.String(), "--shutdown-grace", memberGrace.String(), "--listen", "", "--log-format", "json", "--run-log-dir", filepath.Join(m.dir, "runs")}, nil)
 }
+
+// memberGrace is the embedded cluster's hosts' --shutdown-grace.
+const memberGrace = 5 * time.Second
 
 // Three shardd hosts whose embedded etcd members form the cluster they
 // coordinate through (--embed-cluster). kill -9 one: the other two keep a
@@ -198,11 +201,32 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 	faults = append(faults, ledger.Window{From: lost, To: healed.Add(bound)})
 	time.Sleep(15 * time.Second)
 	to := time.Now()
-	// Killed, not stopped: stopped one after another, the last host has no
-	// quorum left for its shutdown's writes (its stop then waits on them;
-	// not what this test checks).
-	for _, p := range procs {
-		p.stop(syscall.SIGKILL)
+
+	// 4. The quorum lost again with a run in flight on n1, which is then
+	// stopped (SIGTERM): its outcome writes cannot land, and its stop is
+	// bounded by its shutdown grace, not held until etcd returns.
+	ran := func(p *proc, m string) int {
+		return len(p.find(func(r map[string]any) bool { return r["msg"] == m && r["job"] == "five" }))
+	}
+	waitFor(t, 30*time.Second, "a run in flight on n1", func() bool {
+		return ran(procs[0], "run") > ran(procs[0], "done")+ran(procs[0], "failed")+ran(procs[0], "killed")
+	})
+	procs[1].stop(syscall.SIGKILL)
+	procs[2].stop(syscall.SIGKILL)
+	stopAt := time.Now()
+	procs[0].signal(syscall.SIGTERM)
+	select {
+	case <-procs[0].exited:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("n1 without a quorum did not stop within a minute of SIGTERM")
+	}
+	took := time.Since(stopAt)
+	t.Logf("n1 without a quorum stopped in %s (shutdown grace %s)", took.Round(time.Millisecond), memberGrace)
+	if limit := memberGrace + 4*time.Second; took > limit {
+		t.Errorf("n1 without a quorum took %s to stop, over its grace + 4 s (%s): its shutdown waited on etcd", took.Round(time.Millisecond), limit)
+	}
+	if len(procs[0].find(msg("outcome not recorded"))) == 0 {
+		t.Errorf("n1 stopped without a quorum, a run in flight, yet logged no outcome it could not record")
 	}
 
 	events := ledgerEvents(t, dir)

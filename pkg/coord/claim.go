@@ -769,9 +769,14 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 
 // finishApplied reports whether a finish whose outcome is unknown applied:
 // the item record holds what it wrote (each record written is unique: it
-// carries its end time). One read, even after ctx ended.
+// carries its end time). One read, even after ctx ended (then a short one:
+// ctx ends at shutdown, which an etcd without a leader must not hold).
 func (n *Node) finishApplied(ctx context.Context, rec ItemRecord, put clientv3.Op) bool {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), n.opts.TTL)
+	wait := n.opts.TTL
+	if ctx.Err() != nil {
+		wait = min(wait, time.Second)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
 	defer cancel()
 	resp, err := n.opts.Client.Get(rctx, n.keys.Item(rec.Job, rec.Item))
 	if err != nil || len(resp.Kvs) == 0 || !bytes.Equal(resp.Kvs[0].Value, put.ValueBytes()) {

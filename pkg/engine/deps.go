@@ -57,7 +57,9 @@ func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st
 // for an item a smaller shardingTotalCount left out while it ran.
 func (j *jobLoop) noteFinal(item int, rec coord.ItemRecord) {
 	if v, ok := j.e.opts.Node.View(j.name); ok && v.Job != nil {
-		j.note(j.e.recordCtx, v, item, rec)
+		ctx, done := j.e.outcomeCtx()
+		defer done()
+		j.note(ctx, v, item, rec)
 	}
 }
 

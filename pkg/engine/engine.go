@@ -84,7 +84,12 @@ type Engine struct {
 	// recordCtx bounds the writes of outcomes; cancelled a little after Kill.
 	recordCtx     context.Context
 	stopRecording context.CancelFunc
-	resync        chan struct{} // buffered(1): the node's job set changed
+	// stopping is cancelled when Run's context ends; graceEnd, set just
+	// before, is when the shutdown grace runs out (see outcomeCtx).
+	stopping     context.Context
+	stopShutdown context.CancelFunc
+	graceEnd     time.Time
+	resync       chan struct{} // buffered(1): the node's job set changed
 
 	mu    sync.Mutex
 	jobs  map[string]*jobLoop
@@ -156,7 +161,30 @@ func New(opts Options) *Engine {
 	e.sched = sched.New(opts.Now)
 	e.killCtx, e.kill = context.WithCancelCause(context.Background())
 	e.recordCtx, e.stopRecording = context.WithCancel(context.Background())
+	e.stopping, e.stopShutdown = context.WithCancel(context.Background())
 	return e
+}
+
+// recordWindow is how long a run that ends at shutdown has for its outcome
+// to be written, when the shutdown grace leaves it less.
+const recordWindow = 3 * time.Second
+
+// outcomeCtx bounds the writes of one run's outcome (its record, its note
+// of a parent fire). Until shutdown they are retried until they land: the
+// outcome is known nowhere else. At shutdown, an etcd that does not answer
+// (no quorum, unreachable) must not hold the stop: the writes go on until
+// the shutdown grace ends, or recordWindow after the call when that is
+// later (a run killed when the grace ran out still records KILLED if etcd
+// answers). An outcome not written is logged; the item's next owner finds
+// the run's claim without an outcome (docs/design.md, "Shutdown").
+func (e *Engine) outcomeCtx() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(e.recordCtx)
+	called := time.Now()
+	stop := context.AfterFunc(e.stopping, func() {
+		d := max(time.Until(e.graceEnd), time.Until(called.Add(recordWindow)))
+		time.AfterFunc(d, cancel)
+	})
+	return ctx, func() { stop(); cancel() }
 }
 
 // errShutdown is the cause of a run killed at shutdown.
@@ -225,12 +253,14 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 
 	// No new runs. Give the running ones their grace, then kill them.
+	e.graceEnd = time.Now().Add(e.opts.ShutdownGrace)
+	e.stopShutdown() // outcomes are written within the grace (outcomeCtx)
 	finished := make(chan struct{})
 	go func() { e.runs.Wait(); close(finished) }()
 	select {
 	case <-finished:
 	case <-time.After(e.opts.ShutdownGrace):
-		e.log.Warn("shutdown grace ran out: killing running items", "grace", e.opts.ShutdownGrace)
+		e.log.Warn("shutdown grace ran out: killing running items; outcomes etcd has not taken are given up", "grace", e.opts.ShutdownGrace)
 		e.Kill()
 		<-finished
 	case <-e.killCtx.Done():

@@ -79,7 +79,9 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 			// The parent fire failed: the item's record says so, nothing runs.
 			now := time.Now()
 			out := coord.Outcome{State: coord.StateSkipped, Reason: coord.SkipUpstreamFailed, ExitCode: -1, Err: up.Failed, Start: now, End: now}
-			if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
+			rctx, done := e.outcomeCtx()
+			defer done()
+			if err := e.opts.Node.Complete(rctx, g, out); err != nil {
 				log.Warn("record of a failed upstream fire not written", "fence", g.Fence, "err", err)
 			} else {
 				j.noteFinal(s.item, g.Final(out))
@@ -105,7 +107,9 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	if !res.Prepared.IsZero() && !s.read.IsZero() && !coord.OffSchedule(a.source) {
 		e.ready.observe(res.Prepared.Sub(s.read))
 	}
-	if err := e.opts.Node.Complete(e.recordCtx, g, out); err != nil {
+	rctx, done := e.outcomeCtx()
+	defer done()
+	if err := e.opts.Node.Complete(rctx, g, out); err != nil {
 		if errors.Is(err, coord.ErrClaimLost) {
 			log.Warn("outcome not recorded: another instance took the item over", "state", out.State, "fence", g.Fence)
 		} else {
