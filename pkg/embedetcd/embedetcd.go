@@ -89,9 +89,15 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 			return nil, fmt.Errorf("embedded etcd URL %s must be http without TLS", u)
 		}
 	}
+	// URLs name where the member is reached; it listens there, or, for a
+	// host name (h1:2380, a container's name), on every address at that
+	// port: a name may resolve differently here than where the others
+	// are (Debian maps a host's own name to 127.0.1.1), and etcd binds
+	// IPs only. TLS with client certificates guards every address.
+	lcu, lpu := listenURL(cu, o.TLS), listenURL(pu, o.TLS)
 	// Fail before creating anything when a port is taken, most likely by
 	// another shardd's embedded etcd: its data directory is the one to join.
-	for _, u := range []*url.URL{cu, pu} {
+	for _, u := range []*url.URL{lcu, lpu} {
 		ln, err := net.Listen("tcp", u.Host)
 		if err != nil {
 			return nil, fmt.Errorf("embedded etcd: cannot listen on %s: %w", u, err)
@@ -122,9 +128,9 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	}
 	cfg.Name = o.Name
 	cfg.Dir = filepath.Join(o.Dir, "etcd")
-	cfg.ListenClientUrls = []url.URL{*cu}
+	cfg.ListenClientUrls = []url.URL{*lcu}
 	cfg.AdvertiseClientUrls = []url.URL{*cu}
-	cfg.ListenPeerUrls = []url.URL{*pu}
+	cfg.ListenPeerUrls = []url.URL{*lpu}
 	cfg.AdvertisePeerUrls = []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	if o.InitialCluster != "" {
@@ -227,4 +233,23 @@ func (e *Server) Err() <-chan error { return e.e.Err() }
 func (e *Server) Close() {
 	e.e.Close()
 	e.unlock()
+}
+
+// listenURL is the URL the member listens on to be reached at u: u itself
+// when its host is an IP address, every address at u's port when it is a
+// name and the member takes only clients with its certificates (tls)
+// (localhost: 127.0.0.1); a
+// name without TLS stays as given (etcd refuses it: an IP is needed).
+func listenURL(u *url.URL, tls bool) *url.URL {
+	host, port, err := net.SplitHostPort(u.Host)
+	if err != nil || !tls || net.ParseIP(host) != nil {
+		return u
+	}
+	l := *u
+	if strings.EqualFold(host, "localhost") {
+		l.Host = net.JoinHostPort("127.0.0.1", port)
+		return &l
+	}
+	l.Host = net.JoinHostPort("0.0.0.0", port)
+	return &l
 }
