@@ -118,6 +118,8 @@ func (o *opsFlags) opError(err error) error {
 		for _, ep := range o.copts.Endpoints {
 			if d := coord.Diagnose(context.Background(), ep, o.copts); d != "" {
 				why = append(why, d)
+			} else if d := coord.Leaderless(context.Background(), ep, o.copts); d != "" {
+				why = append(why, d)
 			}
 		}
 		if len(why) > 0 {

@@ -59,7 +59,7 @@ func cmdRun(e *env, args []string) error {
 		maxConc   = fs.Int("max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
 		grace     = fs.Duration("shutdown-grace", 10*time.Second, "on SIGTERM, how long running items may finish before they are killed (recorded KILLED)")
 		tokenFile = fs.String("api-token-file", "", "`file` of the API's and console's bearer tokens: lines 'NAME ROLE SECRET' (ROLE read or write, SECRET at least 16 characters), or one bare SECRET (named default, role write); without a write token the write endpoints are disabled")
-		readFile  = fs.String("api-read-token-file", "", "`file` with a read-only bearer token; when set, API reads need a token")
+		readFile  = fs.String("api-read-token-file", "", "`file` of more tokens, in --api-token-file's format (a lone secret here is the token read, role read); when any token has the read role, reads need a token")
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
 		pprofAddr = fs.String("pprof-listen", "", "loopback `address` to serve Go's profiles on (/debug/pprof/), for performance work; empty: off")
@@ -152,8 +152,16 @@ func cmdRun(e *env, args []string) error {
 	}
 	peerURL := *embedPeer
 	if *embedClus != "" {
-		if peerURL, err = clusterPeer(*embedClus, *name, *embedPeer, flagSet(fs, "embed-peer-url")); err != nil {
+		dir, _ := filepath.Abs(dataDir)
+		// A new cluster is formed by members without data; a member that
+		// joins, or restarts on its data, follows the cluster as it is (a
+		// cluster grows from 3 to 5 through 4).
+		forming := !*embedJoin && !embedetcd.HasMember(dir)
+		if peerURL, err = clusterPeer(*embedClus, *name, *embedPeer, flagSet(fs, "embed-peer-url"), forming); err != nil {
 			return usageError("--embed-cluster: %v", err)
+		}
+		if f := embedetcd.Files(dir); !exists(f.CA) || !exists(f.CAKey) {
+			return usageError("--embed-cluster: no cluster CA in %s (ca.crt and ca.key): run `shardd ca` on one host and copy both to every member's --data-dir/tls before its first start (docs/deployment.md); a member with a CA of its own cannot reach the others", f.Dir)
 		}
 	}
 	if embedded {
@@ -589,7 +597,7 @@ func sweepRunLogs(ctx context.Context, s *runlog.Store, period time.Duration, lo
 // clusterPeer checks an --embed-cluster list (NAME=PEER_URL,...) and
 // returns this member's peer URL: its entry's, which --embed-peer-url,
 // when given, must equal.
-func clusterPeer(spec, name, peerFlag string, peerGiven bool) (string, error) {
+func clusterPeer(spec, name, peerFlag string, peerGiven, forming bool) (string, error) {
 	seen := map[string]bool{}
 	var mine string
 	for _, m := range strings.Split(spec, ",") {
@@ -612,8 +620,8 @@ func clusterPeer(spec, name, peerFlag string, peerGiven bool) (string, error) {
 	switch {
 	case mine == "":
 		return "", fmt.Errorf("this instance's --name %s is not one of the members (%s)", name, spec)
-	case len(seen) == 2 || len(seen) == 4:
-		return "", fmt.Errorf("%d members tolerate no more member failures than %d: use 3 or 5", len(seen), len(seen)-1)
+	case forming && (len(seen) == 2 || len(seen) == 4):
+		return "", fmt.Errorf("a new cluster of %d members tolerates no more member failures than one of %d: use 3 or 5", len(seen), len(seen)-1)
 	case peerGiven && peerFlag != mine:
 		return "", fmt.Errorf("--embed-peer-url %s differs from member %s's URL in the list, %s", peerFlag, name, mine)
 	}
@@ -625,4 +633,9 @@ func clusterPeer(spec, name, peerFlag string, peerGiven bool) (string, error) {
 func flagSet(fs *flag.FlagSet, name string) (set bool) {
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

@@ -12,19 +12,24 @@ func TestClusterPeer(t *testing.T) {
 	for _, tt := range []struct {
 		spec, name, peer string
 		given            bool
+		joining          bool // joins or restarts: not forming a new cluster
 		want, err        string
 	}{
-		{three, "b", "", false, "https://10.0.0.2:2380", ""},
-		{three, "b", "https://10.0.0.2:2380", true, "https://10.0.0.2:2380", ""},
-		{three, "b", "https://10.0.0.9:2380", true, "", "--embed-peer-url https://10.0.0.9:2380 differs from member b's URL in the list, https://10.0.0.2:2380"},
-		{three, "d", "", false, "", "this instance's --name d is not one of the members"},
-		{"a=https://10.0.0.1:2380,b=https://10.0.0.2:2380", "a", "", false, "", "2 members tolerate no more member failures than 1: use 3 or 5"},
-		{"a=https://10.0.0.1:2380,a=https://10.0.0.2:2380,c=https://x:1", "a", "", false, "", "member a is listed twice"},
-		{"a=http://10.0.0.1:2380,b=https://10.0.0.2:2380,c=https://x:1", "a", "", false, "", `member a: peer URL "http://10.0.0.1:2380" must be https://HOST:PORT`},
-		{"a,b=https://x:1,c=https://y:1", "b", "", false, "", `"a" is not NAME=PEER_URL`},
-		{"solo=https://127.0.0.1:2380", "solo", "", false, "https://127.0.0.1:2380", ""},
+		{three, "b", "", false, false, "https://10.0.0.2:2380", ""},
+		{three, "b", "https://10.0.0.2:2380", true, false, "https://10.0.0.2:2380", ""},
+		{three, "b", "https://10.0.0.9:2380", true, false, "", "--embed-peer-url https://10.0.0.9:2380 differs from member b's URL in the list, https://10.0.0.2:2380"},
+		{three, "d", "", false, false, "", "this instance's --name d is not one of the members"},
+		{"a=https://10.0.0.1:2380,b=https://10.0.0.2:2380", "a", "", false, false, "", "a new cluster of 2 members tolerates no more member failures than one of 1: use 3 or 5"},
+		{"a=https://10.0.0.1:2380,a=https://10.0.0.2:2380,c=https://x:1", "a", "", false, false, "", "member a is listed twice"},
+		{"a=http://10.0.0.1:2380,b=https://10.0.0.2:2380,c=https://x:1", "a", "", false, false, "", `member a: peer URL "http://10.0.0.1:2380" must be https://HOST:PORT`},
+		{"a,b=https://x:1,c=https://y:1", "b", "", false, false, "", `"a" is not NAME=PEER_URL`},
+		{"solo=https://127.0.0.1:2380", "solo", "", false, false, "https://127.0.0.1:2380", ""},
+		// Growing 3 to 5 goes through 4: the joining member, and the
+		// others restarting on their data, take a list of 4.
+		{"a=https://10.0.0.1:2380,b=https://10.0.0.2:2380,c=https://10.0.0.3:2380,d=https://10.0.0.4:2380", "d", "", false, true, "https://10.0.0.4:2380", ""},
+		{"a=https://10.0.0.1:2380,b=https://10.0.0.2:2380,c=https://10.0.0.3:2380,d=https://10.0.0.4:2380", "d", "", false, false, "", "a new cluster of 4 members"},
 	} {
-		got, err := clusterPeer(tt.spec, tt.name, tt.peer, tt.given)
+		got, err := clusterPeer(tt.spec, tt.name, tt.peer, tt.given, !tt.joining)
 		switch {
 		case tt.err != "" && (err == nil || !strings.Contains(err.Error(), tt.err)):
 			t.Errorf("clusterPeer(%q, %q): err %v, want %q", tt.spec, tt.name, err, tt.err)
@@ -51,5 +56,23 @@ func TestCACommand(t *testing.T) {
 	after, _ := os.ReadFile(key)
 	if code != 0 || !strings.Contains(out, "already there, kept") || string(before) != string(after) {
 		t.Errorf("second ca: exit %d, %s; key kept: %v", code, out, string(before) == string(after))
+	}
+}
+
+// A member of a cluster without the shared CA is refused before anything
+// starts: with a CA of its own it could never reach the others.
+func TestEmbedClusterNeedsTheCA(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	cfg := filepath.Join(t.TempDir(), "jobs.yaml")
+	if err := os.WriteFile(cfg, []byte("jobs:\n  - name: j\n    cron: \"@every 1m\"\n    script: \"true\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errOut := shardd(t, "run", "--config", cfg, "--name", "a", "--data-dir", dir,
+		"--embed-cluster", "a=https://127.0.0.1:1,b=https://127.0.0.1:2,c=https://127.0.0.1:3")
+	if code != 2 || !strings.Contains(errOut, "no cluster CA in "+filepath.Join(dir, "tls")) || !strings.Contains(errOut, "shardd ca") {
+		t.Fatalf("exit %d, stderr:\n%s\nwant exit 2 naming the missing CA and shardd ca", code, errOut)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "tls", "ca.key")); err == nil {
+		t.Errorf("a CA of its own was made in %s", dir)
 	}
 }

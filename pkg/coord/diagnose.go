@@ -97,3 +97,21 @@ func tlsVerdict(ctx context.Context, conn net.Conn, cfg *tls.Config, host string
 	_, err := bufio.NewReader(tc).ReadString('\n')
 	return err
 }
+
+// Leaderless says, when etcd at endpoint answers but has no leader (its
+// cluster lost its quorum: it serves no read or write), so; "" otherwise.
+func Leaderless(ctx context.Context, endpoint string, o ClientOptions) string {
+	o.Endpoints = []string{endpoint}
+	cli, err := NewClient(o)
+	if err != nil {
+		return ""
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := cli.Status(ctx, endpoint)
+	if err != nil || st.Leader != 0 {
+		return ""
+	}
+	return fmt.Sprintf("etcd at %s answers but has no leader: its cluster has lost its quorum (no majority of its members up and reachable); nothing is read, written or run until enough are back", endpoint)
+}

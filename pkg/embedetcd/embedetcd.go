@@ -253,3 +253,10 @@ func listenURL(u *url.URL, tls bool) *url.URL {
 	l.Host = net.JoinHostPort("0.0.0.0", port)
 	return &l
 }
+
+// HasMember reports whether dataDir holds an etcd member's data (a member
+// that restarts rejoins its cluster with it).
+func HasMember(dataDir string) bool {
+	_, err := os.Stat(filepath.Join(dataDir, "etcd", "member"))
+	return err == nil
+}
