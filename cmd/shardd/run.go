@@ -169,6 +169,10 @@ func cmdRun(e *env, args []string) error {
 		eo := embedetcd.Options{Dir: dir, ClientURL: *embedURL, PeerURL: peerURL, TLS: true}
 		if *embedClus != "" {
 			eo.Name, eo.InitialCluster, eo.Existing = *name, *embedClus, *embedJoin
+			eo.Waiting = func(waited time.Duration, etcdSays string) {
+				log.Warn("embedded etcd: no quorum yet; are the other members started, with this CA and this --embed-cluster list?",
+					"waited", waited.Round(time.Second), "etcd_says", etcdSays, "etcd_log", filepath.Join(dir, "etcd.log"))
+			}
 			log.Info("embedded etcd: starting as member "+*name+" of a cluster; it serves once a quorum of its members is up", "cluster", *embedClus)
 		}
 		srv, err := embedetcd.Start(ctx, eo)

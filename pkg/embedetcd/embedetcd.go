@@ -7,7 +7,9 @@ package embedetcd
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -27,6 +29,7 @@ import (
 // (etcd #14370); production clusters should run 3 or 5 members.
 type Server struct {
 	e         *embed.Etcd
+	errc      chan error
 	clientURL string
 	unlock    func() // releases the data dir's lock
 }
@@ -55,9 +58,13 @@ type Options struct {
 	Existing bool
 	// LogLevel of etcd's own log (debug, info, warn, error); default warn.
 	LogLevel string
-	// LogFile receives etcd's own log; default Dir/etcd.log. Fatal errors
-	// also come out of Err.
+	// LogFile receives etcd's own log; default Dir/etcd.log, rotated at
+	// 64 MB, 3 old files kept. Fatal errors also come out of Err.
 	LogFile string
+	// Waiting, if set, is called every 30 s while a member of a cluster
+	// waits for a quorum, with what etcd's log said last of its peers
+	// (a refused certificate, another cluster's ID, ...; "" if nothing).
+	Waiting func(waited time.Duration, etcdSays string)
 }
 
 // Start starts an embedded etcd and returns once it serves clients,
@@ -153,13 +160,29 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	f.Chmod(0o600)
 	f.Close()
 	cfg.LogOutputs = []string{o.LogFile}
+	cfg.EnableLogRotation = true
+	cfg.LogRotationConfigJSON = `{"maxsize": 64, "maxage": 0, "maxbackups": 3, "localtime": false, "compress": false}`
 	// Keep revisions for an hour, so watches rarely see compaction.
 	cfg.AutoCompactionMode = "periodic"
 	cfg.AutoCompactionRetention = "1h"
 
+	if !alone && !o.Existing && !HasMember(o.Dir) {
+		if was, err := os.ReadFile(markerFile(o.Dir)); err == nil {
+			return nil, fmt.Errorf("this data dir's member (%s) was part of a cluster, and its data (%s) is gone: "+
+				"started as a new member it could outvote the members that kept the cluster's writes. "+
+				"Bring it back as a new member: etcdctl member remove <its id>, etcdctl member add, "+
+				"then start it with --embed-join (docs/deployment.md)", strings.TrimSpace(string(was)), cfg.Dir)
+		}
+	}
+	hint := ""
+	if !alone {
+		hint = " (a member removed from its cluster stops so: to bring this host back, delete " + cfg.Dir +
+			", etcdctl member add it, and start it with --embed-join; docs/deployment.md)"
+	}
+
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("start embedded etcd: %w", err)
+		return nil, fmt.Errorf("start embedded etcd: %w%s", err, hint)
 	}
 	// A lone member is ready at once; a member of a cluster when a quorum
 	// of members is up, which may take as long as the operator takes to
@@ -168,20 +191,93 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if alone {
 		timeout = time.After(time.Minute)
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-		started = true
-		return &Server{e: e, clientURL: reachable(cu), unlock: unlock}, nil
-	case err := <-e.Err():
-		e.Close()
-		return nil, fmt.Errorf("embedded etcd: %w", err)
-	case <-ctx.Done():
-		e.Close()
-		return nil, ctx.Err()
-	case <-timeout:
-		e.Close()
-		return nil, fmt.Errorf("embedded etcd not ready after a minute")
+	waiting := time.NewTicker(30 * time.Second)
+	defer waiting.Stop()
+	begun := time.Now()
+	for {
+		select {
+		case <-e.Server.ReadyNotify():
+			started = true
+			if !alone {
+				// Marks the data dir as a member's: see the check above.
+				id := fmt.Sprintf("%s %x of cluster %x\n", o.Name, uint64(e.Server.MemberID()), uint64(e.Server.Cluster().ID()))
+				if err := writeFile(markerFile(o.Dir), []byte(id), 0o600); err != nil {
+					e.Close()
+					return nil, fmt.Errorf("embedded etcd: %w", err)
+				}
+			}
+			srv := &Server{e: e, errc: make(chan error, 1), clientURL: reachable(cu), unlock: unlock}
+			go srv.watch(hint)
+			return srv, nil
+		case err := <-e.Err():
+			e.Close()
+			return nil, fmt.Errorf("embedded etcd: %w%s", err, hint)
+		case <-e.Server.StopNotify():
+			e.Close()
+			return nil, fmt.Errorf("embedded etcd stopped before it served%s", hint)
+		case <-ctx.Done():
+			e.Close()
+			return nil, ctx.Err()
+		case <-timeout:
+			e.Close()
+			return nil, fmt.Errorf("embedded etcd not ready after a minute")
+		case <-waiting.C:
+			if o.Waiting != nil && !alone {
+				o.Waiting(time.Since(begun), lastPeerProblem(o.LogFile))
+			}
+		}
 	}
+}
+
+// markerFile is written once the data dir's member has served in a
+// cluster: a data dir with it and without etcd data lost its member.
+func markerFile(dir string) string { return filepath.Join(dir, "etcd-member") }
+
+// watch reports on errc a fatal error of the server, or its stop while
+// shardd still uses it (its member removed from the cluster, or failed).
+func (e *Server) watch(hint string) {
+	select {
+	case err := <-e.e.Err():
+		e.errc <- fmt.Errorf("%w%s", err, hint)
+	case <-e.e.Server.StopNotify():
+		e.errc <- fmt.Errorf("the etcd member stopped: removed from its cluster, or failed (see etcd.log)%s", hint)
+	}
+}
+
+// lastPeerProblem returns what etcd's log at path said last at level warn
+// or above, for a member waiting for its peers ("" if nothing).
+func lastPeerProblem(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	const window = 64 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > window {
+		f.Seek(st.Size()-window, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
+	lines := strings.Split(string(b), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		var rec map[string]any
+		if json.Unmarshal([]byte(lines[i]), &rec) != nil {
+			continue
+		}
+		if lvl, _ := rec["level"].(string); lvl != "warn" && lvl != "error" {
+			continue
+		}
+		msg, _ := rec["msg"].(string)
+		if e, ok := rec["error"].(string); ok {
+			msg += ": " + e
+		}
+		for _, k := range []string{"remote-addr", "remote-peer-id", "local-member-cluster-id", "remote-peer-cluster-id"} {
+			if v, ok := rec[k].(string); ok {
+				msg += " " + k + "=" + v
+			}
+		}
+		return msg
+	}
+	return ""
 }
 
 // certHosts are the names the member's certificate must hold: loopback,
@@ -226,8 +322,9 @@ func reachable(u *url.URL) string {
 // ClientURL is where clients on this host reach the embedded server.
 func (e *Server) ClientURL() string { return e.clientURL }
 
-// Err reports a fatal server error.
-func (e *Server) Err() <-chan error { return e.e.Err() }
+// Err reports a fatal server error, or that the member stopped while in
+// use (removed from its cluster): shardd cannot go on without it.
+func (e *Server) Err() <-chan error { return e.errc }
 
 // Close stops the server and waits for it.
 func (e *Server) Close() {
