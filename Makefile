@@ -16,10 +16,10 @@ CHAOS_OUT    ?= $(CURDIR)/bench/chaos-summary.json
 SOAK_DURATION ?= 1h
 SOAK_OUT      ?= $(CURDIR)/bench/soak.json
 
-.PHONY: help build test lint fuzz bench chaos soak e2e-long run install verify-deploy clean
+.PHONY: help build test lint fuzz bench chaos soak e2e-long e2e-compose run install verify-deploy clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
 
 build: ## build bin/shardd
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/shardd
@@ -62,6 +62,9 @@ chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_S
 e2e-long: ## the long fault runs: dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum
 	SHARDD_E2E_LONG=1 $(GO) test ./pkg/engine -run '^TestDeps' -count=1 -v -timeout 10m
 	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum)$$' -count=1 -v -timeout 20m
+
+e2e-compose: ## docker-compose.yml and docker-compose.embedded.yml on a real Docker engine (installs and starts one, builds stand-in base images without a registry): spread, docker kill, network cuts, etcd leader cut, Prometheus targets, per-fire ledger
+	bash internal/e2e/compose.sh
 
 soak: ## the soak: 3 instances, mixed jobs, reloads and restarts for SOAK_DURATION (default 1h); summary in SOAK_OUT (bench/soak.json)
 	@mkdir -p bench

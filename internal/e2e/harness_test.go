@@ -416,6 +416,16 @@ func httpGetQuiet(url string) ([]byte, error) {
 // the end of a shutdown grace (which count only for failover: false jobs).
 func policyRecords(t *testing.T, procs []*proc) []ledger.Record {
 	t.Helper()
+	var logs []map[string]any
+	for _, p := range procs {
+		logs = append(logs, p.find(func(map[string]any) bool { return true })...)
+	}
+	return policyRecordsOf(t, logs)
+}
+
+// policyRecordsOf are the policy records among the JSON log records logs.
+func policyRecordsOf(t *testing.T, logs []map[string]any) []ledger.Record {
+	t.Helper()
 	var out []ledger.Record
 	parse := func(v any) time.Time {
 		s, _ := v.(string)
@@ -425,25 +435,24 @@ func policyRecords(t *testing.T, procs []*proc) []ledger.Record {
 		}
 		return at
 	}
-	for _, p := range procs {
-		for _, r := range p.find(func(r map[string]any) bool {
-			return r["msg"] == "fires recorded skipped" || r["msg"] == "run cut by a failure; not run again (failover: false)" ||
-				r["msg"] == "killed" && (r["reason"] == "fence" || r["reason"] == "shutdown")
-		}) {
-			job, _ := r["job"].(string)
-			item, _ := r["item"].(float64)
-			rec := ledger.Record{Job: job, Item: int(item), At: parse(r["time"]), Why: r["msg"].(string)}
-			n, _ := r["skipped"].(float64)
-			switch r["msg"] {
-			case "killed": // the run's fire and those it coalesced
-				rec.Why, rec.Through, rec.Count = ledger.WhyKilled, parse(r["fire"]), 1+int(n)
-			case "fires recorded skipped":
-				rec.Through, rec.Count = parse(r["through"]), int(n)
-			default:
-				rec.Through, rec.Count = parse(r["fire"]), 1
-			}
-			out = append(out, rec)
+	for _, r := range logs {
+		if !(r["msg"] == "fires recorded skipped" || r["msg"] == "run cut by a failure; not run again (failover: false)" ||
+			r["msg"] == "killed" && (r["reason"] == "fence" || r["reason"] == "shutdown")) {
+			continue
 		}
+		job, _ := r["job"].(string)
+		item, _ := r["item"].(float64)
+		rec := ledger.Record{Job: job, Item: int(item), At: parse(r["time"]), Why: r["msg"].(string)}
+		n, _ := r["skipped"].(float64)
+		switch r["msg"] {
+		case "killed": // the run's fire and those it coalesced
+			rec.Why, rec.Through, rec.Count = ledger.WhyKilled, parse(r["fire"]), 1+int(n)
+		case "fires recorded skipped":
+			rec.Through, rec.Count = parse(r["through"]), int(n)
+		default:
+			rec.Through, rec.Count = parse(r["fire"]), 1
+		}
+		out = append(out, rec)
 	}
 	return out
 }
