@@ -778,6 +778,8 @@ func (n *Node) finishApplied(ctx context.Context, rec ItemRecord, put clientv3.O
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
 	defer cancel()
+	// ctx ending during the read leaves it a second more, not a TTL.
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(time.Second, cancel) })()
 	resp, err := n.opts.Client.Get(rctx, n.keys.Item(rec.Job, rec.Item))
 	if err != nil || len(resp.Kvs) == 0 || !bytes.Equal(resp.Kvs[0].Value, put.ValueBytes()) {
 		return false
@@ -907,11 +909,11 @@ type completion struct {
 const completionsPerTxn = 32
 
 // do writes rec's outcome, guarded by fence, with others' if they come
-// together; it returns finish's error for it. The caller that finds no
-// flush in progress writes the first batch (its own outcome is in it:
-// the queue was empty) and returns; outcomes that queued meanwhile are
-// written by a goroutine that lives only while there are some, so that no
-// run's caller is held by others' outcomes.
+// together; it returns finish's error for it, or ctx's when ctx ends first
+// (a shutdown's bound: the write goes on, guarded by the fence). The
+// caller that finds no flush in progress starts a goroutine that writes
+// batches while there are some, so that no run's caller is held by
+// others' outcomes, nor past its ctx by its own.
 func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64) error {
 	req := &completion{rec: rec, fence: fence, done: make(chan error, 1)}
 	c.mu.Lock()
@@ -930,7 +932,7 @@ func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64
 	}
 	c.mu.Unlock()
 	switch {
-	case flusher && c.flushOne(n):
+	case flusher:
 		go c.drain(n)
 	case waiting > 0:
 		// The last sibling, or this timer, writes it.

@@ -98,8 +98,9 @@ func tlsVerdict(ctx context.Context, conn net.Conn, cfg *tls.Config, host string
 	return err
 }
 
-// Leaderless says, when etcd at endpoint answers but has no leader (its
-// cluster lost its quorum: it serves no read or write), so; "" otherwise.
+// Leaderless says, when etcd at endpoint answers but sees no leader (cut
+// off from a majority, or its cluster lost its quorum: it serves no read
+// or write), so; "" otherwise.
 func Leaderless(ctx context.Context, endpoint string, o ClientOptions) string {
 	o.Endpoints = []string{endpoint}
 	cli, err := NewClient(o)
@@ -113,5 +114,5 @@ func Leaderless(ctx context.Context, endpoint string, o ClientOptions) string {
 	if err != nil || st.Leader != 0 {
 		return ""
 	}
-	return fmt.Sprintf("etcd at %s answers but has no leader: its cluster has lost its quorum (no majority of its members up and reachable); nothing is read, written or run until enough are back", endpoint)
+	return fmt.Sprintf("etcd at %s answers but sees no leader: it is cut off from a majority of its cluster's members, or the cluster lost its quorum; nothing is read or written through it, and its shardd runs nothing, until it reaches a majority again", endpoint)
 }

@@ -134,6 +134,21 @@ func TestRemovedAndWipedMember(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "was part of a cluster") || !strings.Contains(err.Error(), "--embed-join") {
 		t.Fatalf("Start of a wiped member of a cluster: %v, want a refusal pointing to --embed-join", err)
 	}
+
+	// m2 loses its data and is started with --embed-join (Existing) while
+	// the cluster still lists it: refused, it is not a new member.
+	srvs[1].Close()
+	srvs[1] = nil
+	if err := os.RemoveAll(filepath.Join(ms[1].dir, "etcd")); err != nil {
+		t.Fatal(err)
+	}
+	o := opts(ms[1])
+	o.Existing = true
+	_, err = Start(ctx, o)
+	if err == nil || !strings.Contains(err.Error(), "has served already") || !strings.Contains(err.Error(), "member remove") {
+		t.Fatalf("Start --embed-join of a listed member without data: %v, want a refusal", err)
+	}
+	t.Logf("wiped member joining: %v", err)
 }
 
 func clusterClient(t *testing.T, dir, endpoint string) *clientv3.Client {

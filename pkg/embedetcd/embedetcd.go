@@ -7,10 +7,13 @@ package embedetcd
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -166,16 +169,27 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	cfg.AutoCompactionMode = "periodic"
 	cfg.AutoCompactionRetention = "1h"
 
-	if !alone && !o.Existing && !HasMember(o.Dir) {
+	inCluster := o.InitialCluster != ""
+	if inCluster && !o.Existing && !HasMember(o.Dir) {
 		if was, err := os.ReadFile(markerFile(o.Dir)); err == nil {
-			return nil, fmt.Errorf("this data dir's member (%s) was part of a cluster, and its data (%s) is gone: "+
+			return nil, fmt.Errorf("this data dir's member (%s, says %s) was part of a cluster, and its data (%s) is gone: "+
 				"started as a new member it could outvote the members that kept the cluster's writes. "+
 				"Bring it back as a new member: etcdctl member remove <its id>, etcdctl member add, "+
-				"then start it with --embed-join (docs/deployment.md)", strings.TrimSpace(string(was)), cfg.Dir)
+				"then start it with --embed-join (docs/deployment.md). Only if every member lost its data "+
+				"and a new cluster is meant, delete %s", strings.TrimSpace(string(was)), markerFile(o.Dir), cfg.Dir, markerFile(o.Dir))
+		}
+	}
+	if inCluster && o.Existing && !HasMember(o.Dir) && o.TLS {
+		// Joining without data: the cluster must list this peer URL as a
+		// member that was added and has not served yet. One that has is
+		// this host's old member, whose data is gone: joining under its ID
+		// with an empty log could lose the cluster's writes.
+		if err := checkJoin(o.Dir, pu.String(), o.InitialCluster); err != nil {
+			return nil, err
 		}
 	}
 	hint := ""
-	if !alone {
+	if inCluster {
 		hint = " (a member removed from its cluster stops so: to bring this host back, delete " + cfg.Dir +
 			", etcdctl member add it, and start it with --embed-join; docs/deployment.md)"
 	}
@@ -198,7 +212,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		select {
 		case <-e.Server.ReadyNotify():
 			started = true
-			if !alone {
+			if inCluster {
 				// Marks the data dir as a member's: see the check above.
 				id := fmt.Sprintf("%s %x of cluster %x\n", o.Name, uint64(e.Server.MemberID()), uint64(e.Server.Cluster().ID()))
 				if err := writeFile(markerFile(o.Dir), []byte(id), 0o600); err != nil {
@@ -356,4 +370,63 @@ func listenURL(u *url.URL, tls bool) *url.URL {
 func HasMember(dataDir string) bool {
 	_, err := os.Stat(filepath.Join(dataDir, "etcd", "member"))
 	return err == nil
+}
+
+// checkJoin asks the other members (their peer endpoints' /members, with
+// this member's certificate) how they list peerURL; it refuses a join
+// whose member has served already. Unreachable peers: no verdict (etcd's
+// own join needs them anyway).
+func checkJoin(dir, peerURL, initialCluster string) error {
+	f := Files(dir)
+	pair, err := tls.LoadX509KeyPair(f.ServerCert, f.ServerKey)
+	if err != nil {
+		return nil
+	}
+	caPEM, err := os.ReadFile(f.CA)
+	if err != nil {
+		return nil
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	cl := http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool}}}
+	for _, m := range strings.Split(initialCluster, ",") {
+		_, u, _ := strings.Cut(strings.TrimSpace(m), "=")
+		if u == "" || u == peerURL {
+			continue
+		}
+		resp, err := cl.Get(strings.TrimRight(u, "/") + "/members")
+		if err != nil {
+			continue
+		}
+		var members []struct {
+			ID       json.RawMessage `json:"id"`
+			Name     string          `json:"name"`
+			PeerURLs []string        `json:"peerURLs"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&members)
+		resp.Body.Close()
+		if err != nil {
+			continue
+		}
+		for _, mm := range members {
+			if slices.Contains(mm.PeerURLs, peerURL) && mm.Name != "" {
+				return fmt.Errorf("--embed-join: the cluster lists %s as member %s (id %s), which has served already, and this data dir has no etcd data: "+
+					"it is that member with its data lost, and joining under its id could lose the cluster's writes. "+
+					"Remove it (etcdctl member remove), add it again (etcdctl member add), then start this host again (docs/deployment.md)",
+					peerURL, mm.Name, hexID(mm.ID))
+			}
+		}
+		return nil
+	}
+	return nil
+}
+
+// hexID writes a member id as etcdctl does (hex).
+func hexID(raw json.RawMessage) string {
+	var id uint64
+	if json.Unmarshal(raw, &id) == nil {
+		return fmt.Sprintf("%x", id)
+	}
+	return strings.Trim(string(raw), `"`)
 }

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 )
 
@@ -129,5 +132,62 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 	}
 	if len(seen) != 30 {
 		t.Errorf("%d of the 30 records processed", len(seen))
+	}
+}
+
+// A shutdown stops a streaming run between two iterations: the iteration
+// under way finishes, no other starts, and the run is DONE (its next run
+// goes on from the cursor), not KILLED at the end of the grace.
+func TestStreamingStopsAtShutdown(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	var queue strings.Builder
+	for i := range 60 {
+		queue.WriteString("record-" + strconv.Itoa(i) + "\n")
+	}
+	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
+	c, err := config.Parse("jobs.yaml", []byte("jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: "+yamlQuote(drainScript(dir, "0.5"))+"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	node, err := coord.New(coord.Options{Client: srv.Client(), ID: "a", TTL: 2 * time.Second, Logger: log}, c.Jobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, ShutdownGrace: 20 * time.Second})
+	nctx, ncancel := context.WithCancel(context.Background())
+	ectx, ecancel := context.WithCancel(nctx)
+	nodeDone, engDone := make(chan struct{}), make(chan struct{})
+	go func() { defer close(nodeDone); node.Run(nctx) }()
+	go func() { defer close(engDone); eng.Run(ectx) }()
+	defer func() { ecancel(); <-engDone; ncancel(); <-nodeDone }()
+
+	ctx := context.Background()
+	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+		v, _ := node.View("drain")
+		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
+	})
+	if _, err := coord.RequestTrigger(ctx, srv.Client(), coord.NewKeys(""), coord.TriggerRequest{Job: "drain"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the second iteration", func() bool { return len(lines(filepath.Join(dir, "done"))) > 3 })
+	stopped := time.Now()
+	ecancel()
+	select {
+	case <-engDone:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the engine did not stop within 15 s of its shutdown: the stream went on")
+	}
+	t.Logf("engine stopped %s after its shutdown began", time.Since(stopped).Round(time.Millisecond))
+	st, err := node.ReadItem(ctx, "drain", 0)
+	if err != nil || st.Record == nil {
+		t.Fatalf("read item: %v %+v", err, st)
+	}
+	if st.Record.State != coord.StateDone || st.Record.Iterations >= 20 {
+		t.Errorf("record %s after %d iterations, want DONE before the queue's 20 iterations", st.Record.State, st.Record.Iterations)
+	}
+	if n := len(lines(filepath.Join(dir, "done"))); n >= 60 {
+		t.Errorf("the stream processed all %d records: it did not stop at shutdown", n)
 	}
 }

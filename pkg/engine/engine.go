@@ -261,7 +261,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	case <-finished:
 	case <-time.After(e.opts.ShutdownGrace):
 		e.log.Warn("shutdown grace ran out: killing running items; outcomes etcd has not taken are given up", "grace", e.opts.ShutdownGrace)
-		e.Kill()
+		e.kill(errShutdown) // their outcomes get outcomeCtx's window, however long the kill takes
 		<-finished
 	case <-e.killCtx.Done():
 		<-finished

@@ -367,6 +367,8 @@ func (j *jobLoop) streamStop(ctx context.Context, job *config.Job, mapRev int64,
 	switch {
 	case ctx.Err() != nil:
 		return "the run was stopped"
+	case j.e.stopping.Err() != nil:
+		return "shardd is stopping: the item's next run continues from the work's cursor"
 	case done >= d.MaxIterations:
 		return fmt.Sprintf("dataflow.maxIterations (%d) reached", d.MaxIterations)
 	case time.Since(first) >= time.Duration(d.MaxDuration):
