@@ -94,7 +94,7 @@ verify-deploy: build ## systemd-analyze verify, promtool check rules/config, doc
 	promtool check rules deploy/alerts.yml; \
 	cp deploy/alerts.yml $$tmp/alerts.yml; sed "s|/etc/prometheus/alerts.yml|$$tmp/alerts.yml|" deploy/prometheus.yml > $$tmp/prometheus.yml; \
 	promtool check config $$tmp/prometheus.yml; \
-	docker-compose -f docker-compose.yml config -q && echo "docker-compose config: OK"
+	docker-compose -f docker-compose.yml config -q && docker-compose -f docker-compose.embedded.yml config -q && echo "docker-compose config: OK (both files)"
 
 clean: ## remove build output
 	rm -rf bin

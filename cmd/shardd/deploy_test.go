@@ -49,33 +49,36 @@ func checkArgs(t *testing.T, where string, args []string) {
 func TestDeployFilesUseRealFlags(t *testing.T) {
 	flags := runFlagNames(t)
 
-	var compose struct {
-		Services map[string]struct {
-			Build       any               `yaml:"build"`
-			Command     []string          `yaml:"command"`
-			Environment map[string]string `yaml:"environment"`
-		} `yaml:"services"`
-	}
-	b, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(b, &compose); err != nil {
-		t.Fatal(err)
-	}
-	shardds := 0
-	for name, svc := range compose.Services {
-		if svc.Build == nil {
-			continue
+	for _, file := range []string{"docker-compose.yml", "docker-compose.embedded.yml"} {
+		var compose struct {
+			Services map[string]struct {
+				Build       any               `yaml:"build"`
+				Entrypoint  []string          `yaml:"entrypoint"`
+				Command     []string          `yaml:"command"`
+				Environment map[string]string `yaml:"environment"`
+			} `yaml:"services"`
 		}
-		shardds++
-		checkArgs(t, "docker-compose service "+name, svc.Command)
-		for k := range svc.Environment {
-			checkEnv(t, "docker-compose service "+name, k, flags)
+		b, err := os.ReadFile("../../" + file)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if shardds != 3 {
-		t.Errorf("docker-compose.yml has %d shardd services, want 3", shardds)
+		if err := yaml.Unmarshal(b, &compose); err != nil {
+			t.Fatal(err)
+		}
+		shardds := 0
+		for name, svc := range compose.Services {
+			if svc.Build == nil || len(svc.Entrypoint) > 0 { // not shardd run (the embedded file's ca: a shell)
+				continue
+			}
+			shardds++
+			checkArgs(t, file+" service "+name, svc.Command)
+			for k := range svc.Environment {
+				checkEnv(t, file+" service "+name, k, flags)
+			}
+		}
+		if shardds != 3 {
+			t.Errorf("%s has %d shardd services, want 3", file, shardds)
+		}
 	}
 
 	env, err := os.ReadFile("../../systemd/shardd.env")
