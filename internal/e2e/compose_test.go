@@ -474,7 +474,7 @@ func (c *composeCluster) etcdLeader(skip string, names ...string) (string, []str
 // hosts, each one member of the etcd cluster): spread, docker kill of one
 // host (member and all) while it runs an item -> the other two keep the
 // quorum, re-run the cut run and run every due fire; started again on its
-// volume, it rejoins.
+// volume, it rejoins; down and up, the cluster comes back with its data.
 func TestComposeEmbeddedCluster(t *testing.T) {
 	composeE2E(t)
 	c := startCompose(t, "shardde2eemb", "docker-compose.embedded.yml")
@@ -491,7 +491,31 @@ func TestComposeEmbeddedCluster(t *testing.T) {
 	c.docker("start", c.id("shardd3"))
 	c.back("9741", "shardd3")
 	time.Sleep(20 * time.Second)
-	r := c.check(from, time.Now(), []ledger.Failure{{At: killed, Instance: "shardd3"}},
+	to := time.Now()
+
+	// down (volumes kept) and up: the cluster comes back on its volumes,
+	// its jobs' records with it.
+	var before []map[string]any
+	if err := getJSON("http://127.0.0.1:9741/api/v1/jobs/ledger/history", &before); err != nil || len(before) == 0 {
+		t.Fatalf("ledger history before down: %v (%d records)", err, len(before))
+	}
+	c.compose(5*time.Minute, "down")
+	c.compose(5*time.Minute, "up", "-d")
+	waitFor(t, 3*time.Minute, "the 3 shardd ready after down and up", func() bool {
+		for _, p := range c.ports {
+			if !httpOK("http://127.0.0.1:" + p + "/readyz") {
+				return false
+			}
+		}
+		return true
+	})
+	var after []map[string]any
+	if err := getJSON("http://127.0.0.1:9741/api/v1/jobs/ledger/history", &after); err != nil || len(after) < len(before) {
+		t.Errorf("ledger history after down and up: %v, %d records (before: %d): the cluster did not keep its data", err, len(after), len(before))
+	}
+	c.spread()
+
+	r := c.check(from, to, []ledger.Failure{{At: killed, Instance: "shardd3"}},
 		[]ledger.Window{{From: killed, To: killed.Add(composeBound + composeTTL)}})
 	if r.Failovers == 0 {
 		t.Errorf("no failover re-run: the run docker kill cut should have been re-run elsewhere: %s", r)
