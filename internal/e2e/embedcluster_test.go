@@ -42,20 +42,9 @@ func embeddedCluster(t *testing.T) ([]member, string) {
 	if out, err := exec.Command(bin.shardd, "ca", "--data-dir", ms[0].dir).CombinedOutput(); err != nil {
 		t.Fatalf("shardd ca: %v\n%s", err, out)
 	}
-	f := embedetcd.Files(ms[0].dir)
 	for _, m := range ms[1:] {
-		to := embedetcd.Files(m.dir)
-		if err := os.MkdirAll(to.Dir, 0o700); err != nil {
+		if err := embedetcd.CopyCA(ms[0].dir, m.dir); err != nil {
 			t.Fatal(err)
-		}
-		for from, dst := range map[string]string{f.CA: to.CA, f.CAKey: to.CAKey} {
-			b, err := os.ReadFile(from)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(dst, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
 		}
 	}
 	return ms, strings.Join(spec, ",")

@@ -47,20 +47,9 @@ func TestRemovedAndWipedMember(t *testing.T) {
 	if _, err := EnsureTLS(ms[0].dir, []string{"127.0.0.1"}, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	ca := Files(ms[0].dir)
 	for _, m := range ms[1:] {
-		f := Files(m.dir)
-		if err := os.MkdirAll(f.Dir, 0o700); err != nil {
+		if err := CopyCA(ms[0].dir, m.dir); err != nil {
 			t.Fatal(err)
-		}
-		for from, to := range map[string]string{ca.CA: f.CA, ca.CAKey: f.CAKey} {
-			b, err := os.ReadFile(from)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(to, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
 		}
 	}
 	opts := func(m member) Options {

@@ -334,3 +334,22 @@ func writeFile(path string, data []byte, mode os.FileMode) error {
 	}
 	return os.Rename(tmp.Name(), path)
 }
+
+// CopyCA copies the cluster CA (ca.crt, ca.key) of fromDir's tls/ into
+// toDir's, as an operator does for each member before its first start.
+func CopyCA(fromDir, toDir string) error {
+	from, to := Files(fromDir), Files(toDir)
+	if err := os.MkdirAll(to.Dir, 0o700); err != nil {
+		return err
+	}
+	for src, dst := range map[string]string{from.CA: to.CA, from.CAKey: to.CAKey} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			return err
+		}
+	}
+	return nil
+}
