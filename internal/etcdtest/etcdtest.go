@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -77,6 +78,49 @@ func (s *Server) Restart() {
 		time.Sleep(100 * time.Millisecond)
 	}
 	s.t.Fatalf("start etcd: %v", err)
+}
+
+// Backup stops the server, copies its data to a new directory (a backup
+// of the member's data as an operator takes one, consistent since the
+// server is down), and starts it again. It returns the copy for Restore.
+func (s *Server) Backup() string {
+	s.t.Helper()
+	s.Stop()
+	to := s.t.TempDir()
+	if err := os.CopyFS(to, os.DirFS(s.dir)); err != nil {
+		s.t.Fatalf("back up etcd's data: %v", err)
+	}
+	s.Restart()
+	return to
+}
+
+// Restore stops the server and starts it again on a copy of backup (from
+// Backup): etcd comes back with the state, revision and leases of the
+// backup, at the same URL, with the same cluster and member ids, as after
+// a restore of a snapshot.
+func (s *Server) Restore(backup string) {
+	s.t.Helper()
+	s.Stop()
+	s.replaceData(func(dir string) error { return os.CopyFS(dir, os.DirFS(backup)) })
+	s.Restart()
+}
+
+// Wipe stops the server and starts a new, empty one at the same URL: a new
+// cluster at revision 1.
+func (s *Server) Wipe() {
+	s.t.Helper()
+	s.Stop()
+	s.replaceData(func(string) error { return nil })
+	s.Restart()
+}
+
+// replaceData points the server at a new data directory that fill fills.
+func (s *Server) replaceData(fill func(dir string) error) {
+	dir := s.t.TempDir()
+	if err := fill(dir); err != nil {
+		s.t.Fatalf("replace etcd's data: %v", err)
+	}
+	s.dir = dir
 }
 
 // Client returns a client of endpoint (the server's by default) that is

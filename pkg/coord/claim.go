@@ -204,6 +204,14 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
 	if c != nil {
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			if item, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+				n.learnRecord(job, item, kv, false, resp.Header.Revision)
+			}
+		}
+		if rw := n.hist.Rewound(); rw != nil {
+			return JobItems{}, fmt.Errorf("read items of job %q: %w", job, rw)
+		}
 		c.fill(gen, resp)
 	}
 	lease := n.currentLease()
@@ -234,6 +242,14 @@ func (n *Node) ReadItem(ctx context.Context, job string, item int) (ItemState, e
 	).Commit()
 	if err != nil {
 		return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, err)
+	}
+	if n.itemCacheOf(job) != nil { // a local job: its records are known from now on
+		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+			n.learnRecord(job, item, kv, false, resp.Header.Revision)
+		}
+		if rw := n.hist.Rewound(); rw != nil {
+			return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, rw)
+		}
 	}
 	lease := n.currentLease()
 	var st ItemState

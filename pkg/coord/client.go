@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -31,6 +30,10 @@ type ClientOptions struct {
 	// Observe, if set, is called after every etcd request with its operation
 	// (the gRPC method's name: Range, Txn, LeaseGrant, ...), latency and error.
 	Observe func(operation string, d time.Duration, err error)
+	// History, if set, sees every answer first and refuses those that show
+	// etcd's history went back (see History); a Node given the same one in
+	// its Options recovers from it.
+	History *History
 }
 
 // NewClient connects to etcd. gRPC keepalives detect a dead or black-holed
@@ -61,13 +64,16 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 		}
 		cfg.TLS = t
 	}
+	if o.History != nil {
+		cfg.DialOptions = append(cfg.DialOptions, o.History.interceptors()...)
+	}
 	if o.Observe != nil {
 		observe := o.Observe
 		cfg.DialOptions = append(cfg.DialOptions,
 			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				start := time.Now()
 				err := invoker(ctx, method, req, reply, cc, opts...)
-				observe(method[strings.LastIndexByte(method, '/')+1:], time.Since(start), err)
+				observe(methodName(method), time.Since(start), err)
 				return err
 			}))
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -55,6 +56,11 @@ type hub struct {
 	// order, and one woken by an event must not read another's state
 	// before that one has the event too.
 	delivering sync.RWMutex
+
+	// fresh, set by restart, makes the watch start over from the current
+	// revision (with a resync); stopWatch ends the watch in progress.
+	fresh     atomic.Bool
+	stopWatch func()
 }
 
 // subscription is one subscriber's interest in the keys of one job under
@@ -102,6 +108,9 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 		close(h.ready)
 	}
 	for ctx.Err() == nil {
+		if h.fresh.Swap(false) {
+			rev = 0
+		}
 		if rev == 0 {
 			r, err := h.startRevision(ctx)
 			if err != nil {
@@ -121,6 +130,12 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 			h.advance(rev)
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		h.mu.Lock()
+		h.stopWatch = cancel
+		h.mu.Unlock()
+		if h.fresh.Load() {
+			cancel() // restart was called before stopWatch was set
+		}
 		wch := h.cli.Watch(wctx, h.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
@@ -146,6 +161,19 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 		}
 		cancel()
 		sleep(ctx, b.next())
+	}
+}
+
+// restart makes the hub start over from the current revision and resync
+// every subscriber, as after a compaction: after etcd's history went back,
+// the revision it would resume after belongs to the history that went.
+func (h *hub) restart() {
+	h.fresh.Store(true)
+	h.mu.Lock()
+	stop := h.stopWatch
+	h.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }
 

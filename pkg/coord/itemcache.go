@@ -162,9 +162,13 @@ func (n *Node) subscribeItemCache(job string) *itemCache {
 			if err != nil {
 				return
 			}
+			deleted := ev.Type == clientv3.EventTypeDelete
+			if kind == 0 {
+				n.learnRecord(job, item, ev.Kv, deleted, 0)
+			}
 			c.mu.Lock()
 			defer c.mu.Unlock()
-			c.apply(item, kind, ev.Type == clientv3.EventTypeDelete, ev.Kv)
+			c.apply(item, kind, deleted, ev.Kv)
 		}
 	}
 	resync := c.invalidate // events were lost: the next ReadItems reads and fills again

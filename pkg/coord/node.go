@@ -50,6 +50,11 @@ type Options struct {
 	// (see Diagnose): added, at most every 30 s, to the log of a failed
 	// connection, which the etcd client reports only as a timeout.
 	Explain func(ctx context.Context) string
+	// History is the one given to the client's ClientOptions: the node
+	// learns from it that etcd's history went back, and recovers (see
+	// rewind.go). Without it the node still sees a key's revision go back in
+	// what it reads, but no answer is refused before it acts on it.
+	History *History
 }
 
 // Node is one shardd instance in the cluster.
@@ -88,6 +93,10 @@ type Node struct {
 	// (wroteItems).
 	itemCaches    map[string]*itemCache
 	lastItemWrite atomic.Int64
+	// hist is what the client saw of etcd's history; known the item
+	// records seen, for a recovery from a rewind (rewind.go).
+	hist  *History
+	known records
 }
 
 // JobView is what an instance knows about one of its jobs.
@@ -133,7 +142,12 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.History == nil {
+		opts.History = NewHistory()
+	}
 	n := &Node{
+		hist:        opts.History,
+		known:       records{jobs: map[string]map[int]knownRecord{}},
 		opts:        opts,
 		keys:        NewKeys(opts.Prefix),
 		log:         opts.Logger.With("instance", opts.ID),
@@ -186,6 +200,7 @@ func (n *Node) SetJobs(jobs []*config.Job) {
 	n.mu.Unlock()
 	for _, name := range dropped {
 		n.dropItemCache(name)
+		n.forgetRecords(name)
 	}
 	n.republish()
 }
@@ -282,6 +297,11 @@ func (n *Node) Run(ctx context.Context) error {
 		return nil
 	}
 	for {
+		if rw := n.hist.Rewound(); rw != nil {
+			if n.recoverRewind(ctx, rw) != nil {
+				return nil
+			}
+		}
 		wasUp, err := n.runSession(ctx, &prevLease)
 		if ctx.Err() != nil {
 			return nil
@@ -320,6 +340,10 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 			return false, fmt.Errorf("revoke previous lease %x: %w", *prevLease, err)
 		}
 		*prevLease = clientv3.NoLease
+	}
+	rewinds := n.hist.changes()
+	if n.hist.Rewound() != nil {
+		return false, n.hist.Rewound()
 	}
 	s, err := openSession(ctx, n.opts.Client, n.opts.TTL, n.opts.Now, n.log)
 	if err != nil {
@@ -374,6 +398,13 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 			}
 			s.close(false)
 			return true, err
+		case <-rewinds:
+			rewinds = nil
+			rw := n.hist.Rewound()
+			n.log.Error("etcd went back in time (restored from a snapshot, wiped, or another cluster): this instance stops starting runs, "+
+				"fences itself and drops what it knew; it resumes by itself once etcd's revision passes every one it saw, "+
+				"after writing back the item records it knew (see docs/operations.md)", "err", rw, "seen", n.hist.Highest())
+			s.cancel(rw)
 		case <-n.changed:
 			if err := n.register(s); err != nil {
 				n.log.Warn("update instance registration", "err", err)

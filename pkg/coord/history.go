@@ -1,0 +1,345 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc"
+)
+
+// History is what one etcd client has seen of its cluster's history: the
+// cluster's id and the highest revision a linearizable answer carried. It
+// sits in the client's gRPC interceptors (ClientOptions.History), so it sees
+// every answer before the code that asked.
+//
+// etcd's revision only rises and its cluster id never changes, until an
+// operator restores a snapshot (the store goes back to the snapshot's
+// revision, unless restored with --bump-revision), wipes the data (a new
+// cluster at revision 1, often with the same id) or points the instance at
+// another cluster. Everything shardd keeps across requests assumes the
+// first two: the watch resumes after the last revision it delivered, the
+// item cache and the views keep the newest value by revision, fences are
+// claim revisions. So the moment an answer shows the history went back,
+// History refuses it, and every answer after it, to the code that asked
+// (ErrRewound), until the node has recovered (Node.recoverRewind):
+//
+//	tracking --answer with a lower revision, another cluster id, or a key
+//	     ^      whose revision went back (noteKeyRevision)--> rewound
+//	     |                                                      |
+//	     +---- recovered: etcd's revision passed every one seen; +
+//	           the node dropped its views and caches, repaired item
+//	           records from what it knew, and starts a new session
+//
+// Which answers prove it. A linearizable answer (a write, a Txn, a
+// non-serializable Range, a lease grant or revoke) carries a revision at
+// least that of every write acknowledged before the request was sent, by
+// any member: so an answer below the highest revision seen before its
+// request was sent (not before its answer came: requests overlap) cannot
+// come from the same history. Serializable reads and stream headers (watch,
+// keepalive) may come from a lagging member and are checked for the
+// cluster id only.
+type History struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	cluster uint64 // 0 until the first answer
+	high    int64  // highest revision seen in a linearizable answer
+	rewound *RewindError
+	changed chan struct{} // closed and replaced when rewound is set
+	noSpace *NoSpaceError // the last write was refused for etcd's NOSPACE alarm
+}
+
+// NewHistory returns an empty History.
+func NewHistory() *History {
+	return &History{now: time.Now, changed: make(chan struct{})}
+}
+
+// ErrRewound is the cause of every refusal while etcd's history is known to
+// have gone back (see History).
+var ErrRewound = errors.New("coord: etcd went back in time (restored from a snapshot, wiped, or another cluster)")
+
+// RewindError says what showed that etcd's history went back.
+type RewindError struct {
+	At time.Time
+	// Seen is the highest revision seen before; Got the revision of the
+	// answer that went below it (0 when Key or a cluster id said it).
+	Seen, Got int64
+	// SeenCluster and GotCluster differ when another cluster answered.
+	SeenCluster, GotCluster uint64
+	// Key, when set, is a key whose revision went back from Seen to Got.
+	Key string
+}
+
+func (e *RewindError) Error() string {
+	switch {
+	case e.SeenCluster != e.GotCluster:
+		return fmt.Sprintf("%v: etcd cluster %x answers where cluster %x did", ErrRewound, e.GotCluster, e.SeenCluster)
+	case e.Key != "":
+		return fmt.Sprintf("%v: key %s has revision %d, which was %d", ErrRewound, e.Key, e.Got, e.Seen)
+	default:
+		return fmt.Sprintf("%v: etcd answered at revision %d after revision %d", ErrRewound, e.Got, e.Seen)
+	}
+}
+
+func (e *RewindError) Unwrap() error { return ErrRewound }
+
+// NoSpaceError says that etcd refused a write for its NOSPACE alarm: no
+// outcome, claim or registration can be written until an operator frees
+// space (compact, defragment, disarm).
+type NoSpaceError struct {
+	Since time.Time
+}
+
+func (e *NoSpaceError) Error() string {
+	return "etcd alarm NOSPACE since " + e.Since.Format(time.RFC3339) +
+		": etcd refuses every write (database space exceeded); no run starts or is recorded until an operator compacts, defragments and disarms it"
+}
+
+// Rewound returns what showed etcd went back, nil while it has not.
+func (h *History) Rewound() *RewindError {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rewound
+}
+
+// NoSpace returns etcd's NOSPACE alarm as the last write saw it, nil if
+// that write went through.
+func (h *History) NoSpace() *NoSpaceError {
+	if h == nil {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.noSpace
+}
+
+// Highest is the highest revision seen.
+func (h *History) Highest() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.high
+}
+
+// changes returns a channel closed the next time the history is found
+// rewound.
+func (h *History) changes() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.changed
+}
+
+// rewind records e, unless a rewind is recorded already. h.mu is held.
+func (h *History) rewindLocked(e *RewindError) *RewindError {
+	if h.rewound != nil {
+		return h.rewound
+	}
+	e.At = h.now()
+	h.rewound = e
+	close(h.changed)
+	h.changed = make(chan struct{})
+	return e
+}
+
+// noteKeyRevision reports that key, read in an answer at revision readRev,
+// has revision got where an answer no later than readRev showed it at seen:
+// a key's revision only rises, so the history went back. It returns the
+// rewind.
+func (h *History) noteKeyRevision(key string, seen, got int64) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rewindLocked(&RewindError{Seen: seen, Got: got, Key: key, SeenCluster: h.cluster, GotCluster: h.cluster})
+}
+
+// recovered ends a rewind once the node has recovered from it: etcd's
+// revision is rev (above every revision seen) and its cluster id cluster.
+func (h *History) recovered(cluster uint64, rev int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rewound = nil
+	h.cluster = cluster
+	h.high = max(h.high, rev)
+}
+
+// recoveringKey marks the requests of a recovery: let through while rewound,
+// and not checked against the revisions of the history that went.
+type recoveringKey struct{}
+
+func recovering(ctx context.Context) context.Context {
+	return context.WithValue(ctx, recoveringKey{}, true)
+}
+
+func isRecovering(ctx context.Context) bool { return ctx.Value(recoveringKey{}) != nil }
+
+// headed is every etcd answer with a header.
+type headed interface {
+	GetHeader() *etcdserverpb.ResponseHeader
+}
+
+// linearizable reports whether an answer to req carries a revision no lower
+// than that of any write acknowledged before req was sent.
+func linearizable(req any) bool {
+	switch r := req.(type) {
+	case *etcdserverpb.RangeRequest:
+		return !r.Serializable
+	case *etcdserverpb.TxnRequest:
+		return !txnSerializable(r)
+	case *etcdserverpb.PutRequest, *etcdserverpb.DeleteRangeRequest,
+		*etcdserverpb.LeaseGrantRequest, *etcdserverpb.LeaseRevokeRequest:
+		return true
+	}
+	return false
+}
+
+// txnSerializable mirrors etcd's rule: a Txn whose every operation is a
+// serializable Range is served from the member's own store.
+func txnSerializable(r *etcdserverpb.TxnRequest) bool {
+	for _, ops := range [][]*etcdserverpb.RequestOp{r.Success, r.Failure} {
+		for _, op := range ops {
+			rr := op.GetRequestRange()
+			if rr == nil || !rr.Serializable {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// writes reports whether req asks etcd to write (so that its success
+// says etcd accepts writes).
+func writes(req any) bool {
+	switch r := req.(type) {
+	case *etcdserverpb.PutRequest, *etcdserverpb.DeleteRangeRequest, *etcdserverpb.LeaseGrantRequest:
+		return true
+	case *etcdserverpb.TxnRequest:
+		for _, ops := range [][]*etcdserverpb.RequestOp{r.Success, r.Failure} {
+			for _, op := range ops {
+				if op.GetRequestRange() == nil {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// observe checks an answer's header against the history seen before its
+// request was sent (floor) and records it. It returns the rewind it shows
+// or is in, nil if the answer may be used.
+func (h *History) observe(ctx context.Context, hdr *etcdserverpb.ResponseHeader, floor int64, lin bool) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if isRecovering(ctx) {
+		return nil
+	}
+	if h.rewound != nil {
+		return h.rewound
+	}
+	if hdr == nil {
+		return nil
+	}
+	if h.cluster != 0 && hdr.ClusterId != 0 && hdr.ClusterId != h.cluster {
+		return h.rewindLocked(&RewindError{Seen: h.high, Got: hdr.Revision, SeenCluster: h.cluster, GotCluster: hdr.ClusterId})
+	}
+	if h.cluster == 0 {
+		h.cluster = hdr.ClusterId
+	}
+	if !lin {
+		return nil
+	}
+	if hdr.Revision < floor {
+		return h.rewindLocked(&RewindError{Seen: floor, Got: hdr.Revision, SeenCluster: h.cluster, GotCluster: hdr.ClusterId})
+	}
+	h.high = max(h.high, hdr.Revision)
+	return nil
+}
+
+// refusal is the error a request gets while the history is rewound, nil
+// when it may go.
+func (h *History) refusal(ctx context.Context) (floor int64, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.rewound != nil && !isRecovering(ctx) {
+		return 0, h.rewound
+	}
+	return h.high, nil
+}
+
+// noteWrite records what a write's answer says of etcd's NOSPACE alarm.
+func (h *History) noteWrite(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case err == nil:
+		h.noSpace = nil
+	case errors.Is(rpctypes.Error(err), rpctypes.ErrNoSpace):
+		if h.noSpace == nil {
+			h.noSpace = &NoSpaceError{Since: h.now()}
+		}
+	}
+}
+
+// unary is the client's unary interceptor.
+func (h *History) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	floor, err := h.refusal(ctx)
+	if err != nil {
+		return err
+	}
+	err = invoker(ctx, method, req, reply, cc, opts...)
+	if writes(req) {
+		h.noteWrite(err)
+	}
+	if err != nil {
+		return err
+	}
+	if r, ok := reply.(headed); ok {
+		return h.observe(ctx, r.GetHeader(), floor, linearizable(req))
+	}
+	return nil
+}
+
+// stream is the client's stream interceptor: watches and keepalives are
+// checked for the cluster id, and refused while rewound.
+func (h *History) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if _, err := h.refusal(ctx); err != nil {
+		return nil, err
+	}
+	cs, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &historyStream{ClientStream: cs, h: h, ctx: ctx}, nil
+}
+
+type historyStream struct {
+	grpc.ClientStream
+	h   *History
+	ctx context.Context
+}
+
+func (s *historyStream) RecvMsg(m any) error {
+	if err := s.ClientStream.RecvMsg(m); err != nil {
+		return err
+	}
+	var hdr *etcdserverpb.ResponseHeader
+	if r, ok := m.(headed); ok {
+		hdr = r.GetHeader()
+	}
+	return s.h.observe(s.ctx, hdr, 0, false)
+}
+
+// interceptors returns the dial options that put h in a client.
+func (h *History) interceptors() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(h.unary), grpc.WithChainStreamInterceptor(h.stream)}
+}
+
+// methodName is a gRPC method's last segment (Range, Txn, LeaseGrant, ...).
+func methodName(method string) string { return method[strings.LastIndexByte(method, '/')+1:] }

@@ -1,0 +1,383 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Recovering from an etcd whose history went back (History says how that
+// is seen). What went back is etcd's state: item records, shard maps,
+// definitions as of the snapshot, or nothing at all after a wipe. What did
+// not go back is what ran: a fire recorded DONE before the restore ran,
+// whatever the restored record says; and downstream systems saw its fence.
+//
+// The node recovers in Run, between sessions (the rewind fences the current
+// one: no run starts, running items are killed as on any session loss):
+//
+//  1. forget: every view's map and definition generation, every item cache
+//     (their revisions belong to the history that went), and restart the
+//     hub's watch from the current revision;
+//  2. raise the floor: new fences must be above every fence this instance
+//     knew, and every revision-ordered structure (the hub's delivered
+//     revision, the item cache's, the views') must see the new history as
+//     newer. So the node waits until etcd's revision passes the highest it
+//     saw, writing its rewind key (rewinds/<id>) to get there when the gap is
+//     at most maxRevisionBump; a larger gap is an operator's to close
+//     (restore again with --bump-revision), said every 30 s;
+//  3. repair: every item record this instance knew that is ahead of etcd's
+//     (a later record, or the same one ended) is written back, so that no
+//     fire that ran is run again, by this instance or any other;
+//  4. resume: a new session; registration, elections, maps and the item
+//     reconcile start from what etcd says now.
+//
+// The records it knows are the newest value of each item key of its local
+// jobs the hub delivered or a read returned (learnRecord), kept across cache
+// invalidations and rewinds. An answer that shows a key at a lower revision
+// than one known, at a read revision covering it, is itself proof of a
+// rewind (an etcd restored with --bump-revision goes up, not back).
+
+// maxRevisionBump is the largest gap between etcd's revision and the
+// highest one seen that an instance closes by writing.
+const maxRevisionBump = 200_000
+
+// knownRecord is the newest value of an item key seen, with the era (the
+// number of rewinds recovered from before it was seen).
+type knownRecord struct {
+	kv  *mvccpb.KeyValue
+	era uint64
+}
+
+// records is what a node knows of its jobs' item records.
+type records struct {
+	mu   sync.Mutex
+	era  uint64
+	jobs map[string]map[int]knownRecord
+}
+
+// learnRecord folds an item record's key as an event (readRev 0) or a read
+// at readRev into what the node knows. A read showing a key at a lower
+// revision than one known of this era at or below readRev proves a rewind,
+// which it reports.
+func (n *Node) learnRecord(job string, item int, kv *mvccpb.KeyValue, deleted bool, readRev int64) {
+	r := &n.known
+	r.mu.Lock()
+	items := r.jobs[job]
+	if items == nil {
+		items = map[int]knownRecord{}
+		r.jobs[job] = items
+	}
+	old, had := items[item]
+	switch {
+	case had && readRev > 0 && old.era == r.era && kv.ModRevision < old.kv.ModRevision && old.kv.ModRevision <= readRev:
+		r.mu.Unlock()
+		n.hist.noteKeyRevision(string(kv.Key), old.kv.ModRevision, kv.ModRevision)
+		return
+	case had && old.era == r.era && kv.ModRevision <= old.kv.ModRevision:
+	case deleted:
+		delete(items, item)
+	default:
+		items[item] = knownRecord{kv: kv, era: r.era}
+	}
+	r.mu.Unlock()
+}
+
+// forgetRecords drops what the node knows of job's records (the job is no
+// longer local).
+func (n *Node) forgetRecords(job string) {
+	n.known.mu.Lock()
+	defer n.known.mu.Unlock()
+	delete(n.known.jobs, job)
+}
+
+// knownRecords returns the records known of job.
+func (n *Node) knownRecords(job string) map[int]*mvccpb.KeyValue {
+	n.known.mu.Lock()
+	defer n.known.mu.Unlock()
+	out := make(map[int]*mvccpb.KeyValue, len(n.known.jobs[job]))
+	for item, k := range n.known.jobs[job] {
+		out[item] = k.kv
+	}
+	return out
+}
+
+// Rewound returns what showed that etcd's history went back while the
+// instance has not recovered from it, nil otherwise.
+func (n *Node) Rewound() *RewindError { return n.hist.Rewound() }
+
+// NoSpace returns etcd's NOSPACE alarm as this instance's last write saw
+// it: nil when that write went through.
+func (n *Node) NoSpace() *NoSpaceError { return n.hist.NoSpace() }
+
+// RewindRecord is the value of rewinds/<id>: what instance <id> saw of
+// etcd going back, and how far its recovery is.
+type RewindRecord struct {
+	Instance string    `json:"instance"`
+	Detected time.Time `json:"detected"`
+	Reason   string    `json:"reason"`
+	// Seen is the highest revision the instance had seen; Revision etcd's
+	// when recovery began.
+	Seen     int64 `json:"seen"`
+	Revision int64 `json:"revision"`
+	// Recovered is when the instance resumed; zero while it waits.
+	Recovered time.Time `json:"recovered,omitzero"`
+	// Waiting says why it has not, when it cannot by itself.
+	Waiting  string `json:"waiting,omitempty"`
+	Repaired int    `json:"repaired,omitempty"`
+}
+
+// recoverRewind brings the node back from a rewind (see the steps above).
+// It returns when the node may start a session, or ctx is done.
+func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
+	high := n.hist.Highest()
+	n.forgetState()
+	rctx := recovering(ctx)
+	rec := RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: high}
+	var said time.Time
+	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
+	for {
+		rev, cluster, err := n.currentRevision(rctx)
+		if err == nil && rec.Revision == 0 {
+			rec.Revision = rev
+		}
+		switch {
+		case err != nil:
+		case rev > high:
+			if rec.Repaired, err = n.repairRecords(rctx); err == nil {
+				rec.Recovered, rec.Waiting = n.opts.Now(), ""
+				if err = n.putRewind(rctx, rec); err == nil {
+					n.hist.recovered(cluster, rev)
+					n.log.Warn("recovered from etcd going back: resuming with a new session; fences rise above every one seen",
+						"revision", rev, "seen", high, "repaired_records", rec.Repaired)
+					return nil
+				}
+			}
+		case high-rev >= maxRevisionBump:
+			rec.Waiting = fmt.Sprintf("etcd is at revision %d, %d below the highest this instance saw (%d): too far to close by writing (at most %d); restore again with `etcdutl snapshot restore --bump-revision %d --mark-compacted`, or see docs/operations.md",
+				rev, high-rev, high, maxRevisionBump, roundUp(high-rev))
+			if n.opts.Now().Sub(said) >= 30*time.Second {
+				said = n.opts.Now()
+				n.log.Error("etcd went back in time and this instance cannot recover by itself: it starts no run", "err", rw, "why", rec.Waiting)
+				n.putRewind(rctx, rec)
+			}
+		default:
+			n.log.Warn("etcd went back in time: raising its revision past every one seen, so that new fences are above old ones",
+				"revision", rev, "seen", high, "writes", high-rev+1, "key", n.keys.Rewind(n.opts.ID))
+			err = n.bumpRevision(rctx, rec, high-rev+1)
+			continue
+		}
+		if err != nil && ctx.Err() == nil {
+			n.log.Debug("rewind recovery; retrying", "err", err)
+		}
+		if !sleep(ctx, b.next()) {
+			return ctx.Err()
+		}
+	}
+}
+
+// roundUp rounds a revision gap up to a round number an operator may type.
+func roundUp(gap int64) int64 {
+	r := int64(1000)
+	for r < gap*2 {
+		r *= 10
+	}
+	return r
+}
+
+// forgetState drops every view's map and definition generation and every
+// item cache, and restarts the hub from the current revision: all of them
+// hold revisions of the history that went.
+func (n *Node) forgetState() {
+	n.mu.Lock()
+	for _, v := range n.views {
+		v.Map, v.MapRev, v.Generation, v.Leading = nil, 0, 0, false
+		v.Children, v.childrenRev = nil, 0
+	}
+	caches := make([]*itemCache, 0, len(n.itemCaches))
+	for _, c := range n.itemCaches {
+		caches = append(caches, c)
+	}
+	n.mu.Unlock()
+	for _, c := range caches {
+		c.invalidate()
+	}
+	n.lastItemWrite.Store(0)
+	n.known.mu.Lock()
+	n.known.era++
+	n.known.mu.Unlock()
+	n.hub.restart()
+}
+
+// currentRevision reads etcd's revision and cluster id.
+func (n *Node) currentRevision(ctx context.Context) (int64, uint64, error) {
+	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Get(gctx, n.keys.Rewind(n.opts.ID), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, 0, err
+	}
+	return resp.Header.Revision, resp.Header.ClusterId, nil
+}
+
+// putRewind writes the node's rewind record.
+func (n *Node) putRewind(ctx context.Context, rec RewindRecord) error {
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	_, err = n.opts.Client.Put(pctx, n.keys.Rewind(n.opts.ID), string(val))
+	return err
+}
+
+// bumpRevision writes the rewind record count times, 16 writes at a time:
+// each write raises etcd's revision by one.
+func (n *Node) bumpRevision(ctx context.Context, rec RewindRecord, count int64) error {
+	rec.Waiting = fmt.Sprintf("raising etcd's revision from %d past %d", rec.Revision, rec.Seen)
+	next := make(chan struct{})
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range next {
+				if err := n.putRewind(ctx, rec); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	var err error
+feed:
+	for i := int64(0); i < count; i++ {
+		select {
+		case next <- struct{}{}:
+		case err = <-errs:
+			break feed
+		case <-ctx.Done():
+			err = ctx.Err()
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	return err
+}
+
+// repairRecords writes back every item record of the local jobs that this
+// node knows and etcd has behind it. It returns how many it wrote.
+func (n *Node) repairRecords(ctx context.Context) (int, error) {
+	total := 0
+	for _, job := range n.Jobs() {
+		known := n.knownRecords(job)
+		if len(known) == 0 {
+			continue
+		}
+		for attempt := 0; ; attempt++ {
+			wrote, conflict, err := n.repairJob(ctx, job, known)
+			total += wrote
+			if err != nil {
+				return total, err
+			}
+			if !conflict {
+				break
+			}
+			if attempt == 5 {
+				return total, fmt.Errorf("repair records of job %q: they keep changing", job)
+			}
+		}
+	}
+	return total, nil
+}
+
+// repairJob is one round of repairRecords for one job: read etcd's records,
+// write back in Txns those known ahead of them, each guarded by the record
+// as read. conflict is set when a guard failed (another instance repaired
+// first): the caller reads again.
+func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.KeyValue) (wrote int, conflict bool, err error) {
+	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	resp, err := n.opts.Client.Get(gctx, n.keys.Items(job), clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return 0, false, fmt.Errorf("read records of job %q: %w", job, err)
+	}
+	current := map[int]*mvccpb.KeyValue{}
+	for _, kv := range resp.Kvs {
+		if item, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+			current[item] = kv
+		}
+	}
+	var cmps []clientv3.Cmp
+	var puts []clientv3.Op
+	flush := func() error {
+		if len(puts) == 0 {
+			return nil
+		}
+		tctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+		defer cancel()
+		r, err := n.opts.Client.Txn(tctx).If(cmps...).Then(puts...).Commit()
+		if err != nil {
+			return fmt.Errorf("repair records of job %q: %w", job, err)
+		}
+		if r.Succeeded {
+			wrote += len(puts)
+		} else {
+			conflict = true
+		}
+		cmps, puts = cmps[:0], puts[:0]
+		return nil
+	}
+	for item, kv := range known {
+		cur := current[item]
+		if !recordAhead(kv, cur) {
+			continue
+		}
+		key := string(kv.Key)
+		if cur == nil {
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision))
+		}
+		puts = append(puts, clientv3.OpPut(key, string(kv.Value)))
+		if len(puts) == 64 {
+			if err := flush(); err != nil {
+				return wrote, conflict, err
+			}
+		}
+	}
+	return wrote, conflict, flush()
+}
+
+// recordAhead reports whether a record known from before the rewind is
+// ahead of etcd's (nil: none): a later record (its Seq), or the same record
+// ended where etcd's is still RUNNING.
+func recordAhead(known, cur *mvccpb.KeyValue) bool {
+	var k ItemRecord
+	if json.Unmarshal(known.Value, &k) != nil {
+		return false
+	}
+	if cur == nil {
+		return true
+	}
+	var c ItemRecord
+	if json.Unmarshal(cur.Value, &c) != nil {
+		return true
+	}
+	switch {
+	case k.Seq != c.Seq:
+		return k.Seq > c.Seq
+	case k.Fence != c.Fence:
+		return k.Fence > c.Fence
+	default:
+		return c.State == StateRunning && k.State != StateRunning
+	}
+}

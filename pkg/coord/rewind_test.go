@@ -1,0 +1,176 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+)
+
+// historyNode runs instance id with one job, orders, of 2 items, on a client
+// whose History the node is given, as shardd run wires them.
+func historyNode(t *testing.T, srv *etcdtest.Server, id string) (*Node, *logBuffer) {
+	t.Helper()
+	hist := NewHistory()
+	cli, err := NewClient(ClientOptions{Endpoints: []string{srv.Endpoint()}, History: hist, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := &logBuffer{}
+	n, err := New(Options{Client: cli, ID: id, TTL: testTTL, History: hist,
+		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))}, jobs(t, "jobs:\n"+job("orders", 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		cli.Close()
+		if t.Failed() {
+			t.Logf("log of %s:\n%s", id, lb.String())
+		}
+	})
+	waitFor(t, 10*time.Second, id+"'s membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	return n, lb
+}
+
+// runFire claims item 0's fire on n and completes it DONE; it returns the
+// fence.
+func runFire(t *testing.T, n *Node, fire time.Time) int64 {
+	t.Helper()
+	ctx := context.Background()
+	var g *Grant
+	waitFor(t, 10*time.Second, "a claim of "+fire.Format(time.TimeOnly), func() bool {
+		if v, ok := n.View("orders"); !ok || v.Map == nil {
+			return false
+		}
+		prev, err := n.ReadItem(ctx, "orders", 0)
+		if err != nil {
+			return false
+		}
+		v, _ := n.View("orders")
+		g, err = n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: prev, Sched: fire, MapRev: v.MapRev})
+		return err == nil
+	})
+	if err := n.Complete(ctx, g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+		t.Fatal(err)
+	}
+	return g.Fence
+}
+
+func readRecord(t *testing.T, cli *clientv3.Client, key string) (ItemRecord, int64) {
+	t.Helper()
+	resp, err := cli.Get(context.Background(), key)
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("read %s: %v (%d keys)", key, err, len(resp.Kvs))
+	}
+	var rec ItemRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec, resp.Header.Revision
+}
+
+// etcd restored from a backup, or wiped, comes back at a lower revision
+// with the state of the past. The node sees it in the first answer, refuses
+// it, fences, and recovers by itself: etcd's revision is raised past every
+// one it saw (new fences rise above old ones), and the records of fires
+// that ran after the backup are written back (no fire that ran runs again).
+func TestEtcdGoneBackIsRecoveredFrom(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		back func(srv *etcdtest.Server, backup string)
+	}{
+		{"restored", func(srv *etcdtest.Server, backup string) { srv.Restore(backup) }},
+		{"wiped", func(srv *etcdtest.Server, _ string) { srv.Wipe() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			srv := etcdtest.Start(t)
+			n, lb := historyNode(t, srv, "a")
+			cli := srv.Client()
+			base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+			runFire(t, n, base)
+			backup := srv.Backup()
+			runFire(t, n, base.Add(time.Minute))
+			last := runFire(t, n, base.Add(2*time.Minute))
+			before, _ := readRecord(t, cli, n.keys.Item("orders", 0))
+
+			tc.back(srv, backup)
+			waitFor(t, 20*time.Second, "the rewind to be seen", func() bool { return n.Rewound() != nil || strings.Contains(lb.String(), "etcd went back in time") })
+			waitFor(t, 30*time.Second, "recovery", func() bool { return n.Rewound() == nil && n.Up() })
+
+			rec, rev := readRecord(t, cli, n.keys.Item("orders", 0))
+			if rec.Seq != before.Seq || rec.Fence != last || rec.State != StateDone || !rec.Fire.Equal(before.Fire) {
+				t.Errorf("item 0's record after recovery: seq %d fence %d %s fire %s; want the last one before: seq %d fence %d DONE fire %s",
+					rec.Seq, rec.Fence, rec.State, rec.Fire, before.Seq, last, before.Fire)
+			}
+			if rev <= last {
+				t.Errorf("etcd's revision after recovery is %d, not above the last fence %d", rev, last)
+			}
+			if f := runFire(t, n, base.Add(3*time.Minute)); f <= last {
+				t.Errorf("a new claim's fence %d is not above the last before the rewind, %d", f, last)
+			}
+			resp, err := cli.Get(context.Background(), n.keys.Rewind("a"))
+			if err != nil || len(resp.Kvs) == 0 {
+				t.Fatalf("no rewind record: %v", err)
+			}
+			var rr RewindRecord
+			json.Unmarshal(resp.Kvs[0].Value, &rr)
+			if rr.Recovered.IsZero() || rr.Seen < last || rr.Repaired < 1 {
+				t.Errorf("rewind record %+v: want recovered, seen >= %d, at least one record repaired", rr, last)
+			}
+		})
+	}
+}
+
+// While rewound, no answer reaches the code that asked.
+func TestRewoundHistoryRefusesAnswers(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	hist := NewHistory()
+	cli, err := NewClient(ClientOptions{Endpoints: []string{srv.Endpoint()}, History: hist})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx := context.Background()
+	for range 5 {
+		if _, err := cli.Put(ctx, "k", "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	backup := srv.Backup()
+	for range 5 {
+		if _, err := cli.Put(ctx, "k", "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Restore(backup)
+	var first error
+	waitFor(t, 10*time.Second, "an answer", func() bool { _, first = cli.Get(ctx, "k"); return !isUnavailable(first) })
+	var rw *RewindError
+	if !errors.As(first, &rw) || rw.Got >= rw.Seen {
+		t.Fatalf("first answer after the restore: %v; want a RewindError with a lower revision", first)
+	}
+	if _, err := cli.Put(ctx, "k", "v"); !errors.Is(err, ErrRewound) {
+		t.Errorf("a write while rewound: %v, want ErrRewound", err)
+	}
+	if _, err := cli.Get(recovering(ctx), "k"); err != nil {
+		t.Errorf("a recovery's read: %v", err)
+	}
+}
+
+func isUnavailable(err error) bool {
+	return err != nil && !errors.Is(err, ErrRewound)
+}
