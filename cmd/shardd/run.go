@@ -226,6 +226,8 @@ func cmdRun(e *env, args []string) error {
 		return err
 	}
 	copts.Observe = m.EtcdRequest
+	hist := coord.NewHistory() // the node recovers from what the client sees of etcd going back
+	copts.History = hist
 	cli, err := coord.NewClient(copts)
 	if err != nil {
 		return err
@@ -260,7 +262,7 @@ func cmdRun(e *env, args []string) error {
 		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, api.RoleWrite), hasRole(tokens, api.RoleRead), files...)
 	}
 	node, err := coord.New(coord.Options{
-		Client: cli, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
+		Client: cli, History: hist, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
 		Info:          coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: tlsCfg != nil},
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },
@@ -315,7 +317,7 @@ func cmdRun(e *env, args []string) error {
 		OnSkipped: func(job string, n int) { m.SkippedFires.WithLabelValues(job).Add(float64(n)) },
 		Observe:   func(r engine.Run) { observeRun(m, r) },
 	})
-	reg.MustRegister(metrics.NewStateCollector(func() (bool, []metrics.JobState) { return nodeState(node) }))
+	reg.MustRegister(metrics.NewStateCollector(func() metrics.State { return nodeState(node) }))
 	var jobs atomic.Pointer[[]*config.Job] // the jobs loaded last
 	jobs.Store(&cfg.Jobs)
 	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, hup: hup, digest: digest, apply: func(c *config.Config) {
@@ -462,7 +464,7 @@ func observeRun(m *metrics.Metrics, r engine.Run) {
 }
 
 // nodeState reads what the state collector exports.
-func nodeState(node *coord.Node) (bool, []metrics.JobState) {
+func nodeState(node *coord.Node) metrics.State {
 	var jobs []metrics.JobState
 	for _, name := range node.Jobs() {
 		v, ok := node.View(name)
@@ -476,7 +478,7 @@ func nodeState(node *coord.Node) (bool, []metrics.JobState) {
 		}
 		jobs = append(jobs, js)
 	}
-	return node.Up(), jobs
+	return metrics.State{SessionUp: node.Up(), Rewound: node.Rewound() != nil, NoSpace: node.NoSpace() != nil, Jobs: jobs}
 }
 
 // loadTokens reads the API's token files ("" for none): the write file's

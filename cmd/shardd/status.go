@@ -38,12 +38,22 @@ func cmdStatus(e *env, args []string) error {
 		st.Endpoints = o.copts.Endpoints
 		return writeJSON(e.stdout, st)
 	}
-	fmt.Fprintf(e.stdout, "cluster: %s, revision %d: %d job(s), %d instance(s)\n\n", o.cluster(), st.Revision, len(st.Jobs), len(st.Instances))
+	fmt.Fprintf(e.stdout, "cluster: %s, revision %d: %d job(s), %d instance(s)\n", o.cluster(), st.Revision, len(st.Jobs), len(st.Instances))
+	writeEtcdHealth(e.stdout, st)
+	fmt.Fprintln(e.stdout)
 	if len(st.Jobs) == 0 && len(st.Instances) == 0 {
 		fmt.Fprintln(e.stdout, "nothing here: no shardd instance has joined this cluster (or it uses another --prefix)")
 		return nil
 	}
 	return writeStatus(e.stdout, st)
+}
+
+// writeEtcdHealth says what keeps etcd from taking shardd's writes, and
+// what instances saw of its history going back.
+func writeEtcdHealth(w io.Writer, st *coord.ClusterStatus) {
+	for _, p := range st.EtcdProblems() {
+		fmt.Fprintln(w, p)
+	}
 }
 
 func writeStatus(w io.Writer, st *coord.ClusterStatus) error {

@@ -70,6 +70,10 @@ import (
 type Cluster interface {
 	ID() string
 	Up() bool
+	// Impaired says why the instance can start no run or record no outcome
+	// although it may hold a session (etcd went back in time, etcd's NOSPACE
+	// alarm); nil when nothing does.
+	Impaired() error
 	View(job string) (coord.JobView, bool)
 	Status(ctx context.Context) (*coord.ClusterStatus, error)
 	JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error)
@@ -323,7 +327,8 @@ func (a *api) record(r *http.Request, e coord.AuditEntry, err error) {
 	a.o.Cluster.RecordAudit(ctx, e)
 }
 
-// readyz is 200 while the instance holds an etcd session, 503 otherwise.
+// readyz is 200 while the instance holds an etcd session and etcd takes
+// its writes, 503 otherwise (etcd went back in time, its NOSPACE alarm).
 // A failed reload does not make it unready (the last good configuration
 // keeps running) but is always said, whatever the status.
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
@@ -336,6 +341,11 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 		note = fmt.Sprintf("; the last configuration reload failed, the previous configuration runs: %v", reload)
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := a.o.Cluster.Impaired(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %v%s\n", err, note)
+		return
+	}
 	if !a.o.Cluster.Up() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: no etcd session%s\n", note)

@@ -17,6 +17,7 @@ import (
 // fakeCluster records what the API asked of it.
 type fakeCluster struct {
 	up          bool
+	impaired    error
 	refuse      bool
 	trigger     []string
 	disabled    []string
@@ -38,8 +39,9 @@ func toks(write, read string) []Token {
 	return out
 }
 
-func (f *fakeCluster) ID() string { return "a" }
-func (f *fakeCluster) Up() bool   { return f.up }
+func (f *fakeCluster) ID() string      { return "a" }
+func (f *fakeCluster) Up() bool        { return f.up }
+func (f *fakeCluster) Impaired() error { return f.impaired }
 func (f *fakeCluster) View(job string) (coord.JobView, bool) {
 	if job != "orders" {
 		return coord.JobView{}, false
@@ -273,6 +275,14 @@ func TestReadyz(t *testing.T) {
 	fc.up = false
 	if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, "no etcd session") || !strings.Contains(body, "reload failed") {
 		t.Errorf("down and a failed reload: %d %s, want 503 naming both", code, body)
+	}
+	// A session is not enough when etcd takes no write, or went back in time.
+	fc.up, cfgErr = true, nil
+	for _, impaired := range []error{&coord.NoSpaceError{Since: time.Now()}, &coord.RewindError{Seen: 40, Got: 25}} {
+		fc.impaired = impaired
+		if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, impaired.Error()) {
+			t.Errorf("impaired (%v): %d %s, want 503 saying so", impaired, code, body)
+		}
 	}
 }
 

@@ -620,6 +620,8 @@ type overviewData struct {
 	Disabled   int
 	Troubled   int
 	Failures   []coord.ItemRecord
+	// Etcd are what keeps etcd from taking writes, and its history going back.
+	Etcd []string
 }
 
 func (c *console) overview(r *http.Request, v *view) (string, error) {
@@ -627,7 +629,8 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	d := overviewData{Endpoints: c.o.Endpoints, Prefix: snap.st.Prefix, Revision: snap.st.Revision, Instances: len(snap.st.Instances), Jobs: len(snap.rows)}
+	d := overviewData{Endpoints: c.o.Endpoints, Prefix: snap.st.Prefix, Revision: snap.st.Revision, Instances: len(snap.st.Instances), Jobs: len(snap.rows),
+		Etcd: snap.st.EtcdProblems()}
 	hourAgo := v.Now.Add(-time.Hour)
 	for _, row := range snap.rows {
 		switch row.Status {

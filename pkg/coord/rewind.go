@@ -115,6 +115,19 @@ func (n *Node) Rewound() *RewindError { return n.hist.Rewound() }
 // it: nil when that write went through.
 func (n *Node) NoSpace() *NoSpaceError { return n.hist.NoSpace() }
 
+// Impaired says why the instance can start no run or record no outcome
+// although it may hold a session: etcd went back in time and the instance
+// has not recovered, or etcd refused its last write for its NOSPACE alarm.
+func (n *Node) Impaired() error {
+	if rw := n.Rewound(); rw != nil {
+		return rw
+	}
+	if ns := n.NoSpace(); ns != nil {
+		return ns
+	}
+	return nil
+}
+
 // RewindRecord is the value of rewinds/<id>: what instance <id> saw of
 // etcd going back, and how far its recovery is.
 type RewindRecord struct {

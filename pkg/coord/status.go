@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
@@ -40,6 +41,13 @@ type ClusterStatus struct {
 	Revision  int64            `json:"revision"`
 	Jobs      []JobStatus      `json:"jobs"`
 	Instances []InstanceStatus `json:"instances"`
+	// Alarms are etcd's raised alarms ("NOSPACE on member 8e9e05c52164694d"):
+	// while NOSPACE is raised etcd refuses every write, and no run starts or
+	// is recorded.
+	Alarms []string `json:"alarms,omitempty"`
+	// Rewinds are what instances saw of etcd going back in time (a restore,
+	// a wipe), from the last day or not yet recovered from.
+	Rewinds []RewindRecord `json:"rewinds,omitempty"`
 }
 
 // JobStatus is one job as etcd has it.
@@ -108,17 +116,71 @@ func ReadJobStatus(ctx context.Context, cli *clientv3.Client, keys Keys, job str
 	return readStatus(ctx, cli, keys, keys.job(job))
 }
 
+// EtcdProblems says, a line each, what keeps etcd from taking shardd's
+// writes (its alarms) and what instances saw of its history going back.
+func (st *ClusterStatus) EtcdProblems() []string {
+	var out []string
+	for _, a := range st.Alarms {
+		out = append(out, fmt.Sprintf("etcd alarm: %s: etcd refuses every write; no run starts or is recorded until it is compacted, defragmented and disarmed (docs/operations.md)", a))
+	}
+	for _, r := range st.Rewinds {
+		what := fmt.Sprintf("etcd went back in time: %s saw it at %s (%s)", r.Instance, r.Detected.Format(time.RFC3339), r.Reason)
+		switch {
+		case !r.Recovered.IsZero():
+			what += fmt.Sprintf("; recovered at %s, %d item record(s) written back", r.Recovered.Format(time.RFC3339), r.Repaired)
+		case r.Waiting != "":
+			what += "; NOT RECOVERED, it starts no run: " + r.Waiting
+		default:
+			what += "; recovering"
+		}
+		out = append(out, what)
+	}
+	return out
+}
+
+// recentRewinds decodes the rewind records not yet recovered from, or
+// recovered from within the last day.
+func recentRewinds(kvs []*mvccpb.KeyValue, now time.Time) []RewindRecord {
+	var out []RewindRecord
+	for _, kv := range kvs {
+		var r RewindRecord
+		if json.Unmarshal(kv.Value, &r) != nil {
+			continue
+		}
+		if r.Recovered.IsZero() || now.Sub(r.Recovered) < 24*time.Hour {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// readAlarms lists etcd's raised alarms; nothing when it cannot (a user
+// without the right to list them).
+func readAlarms(ctx context.Context, cli *clientv3.Client) []string {
+	resp, err := cli.AlarmList(ctx)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, a := range resp.Alarms {
+		out = append(out, fmt.Sprintf("%s on member %x", a.Alarm, a.MemberID))
+	}
+	return out
+}
+
 // readStatus reads the instances and the jobs with keys under jobsPrefix.
 func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix string) (*ClusterStatus, error) {
 	resp, err := cli.Txn(ctx).Then(
 		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix()),
 		clientv3.OpGet(jobsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(keys.Rewinds(), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", keys.Prefix(), err)
 	}
 	rev := resp.Header.Revision
-	cs := &ClusterStatus{Prefix: keys.Prefix(), Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{}}
+	cs := &ClusterStatus{Prefix: keys.Prefix(), Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{},
+		Rewinds: recentRewinds(resp.Responses[2].GetResponseRange().Kvs, time.Now()), Alarms: readAlarms(ctx, cli)}
 	alive := map[string]bool{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		var info InstanceInfo

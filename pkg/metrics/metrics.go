@@ -116,19 +116,33 @@ type JobState struct {
 	Conflict bool
 }
 
-// StateCollector exports gauges read at scrape time from the instance's
-// state: session up, and per job items owned, leadership and map epoch.
-type StateCollector struct {
-	read func() (sessionUp bool, jobs []JobState)
+// State is what the state collector reads of the instance at scrape time.
+type State struct {
+	SessionUp bool
+	// Rewound: etcd's history went back and the instance has not yet
+	// recovered; NoSpace: etcd refused its last write for the NOSPACE alarm.
+	Rewound, NoSpace bool
+	Jobs             []JobState
+}
 
-	up, owned, leader, epoch, conflict *prometheus.Desc
+// StateCollector exports gauges read at scrape time from the instance's
+// state: session up, etcd's state as it sees it, and per job items owned,
+// leadership and map epoch.
+type StateCollector struct {
+	read func() State
+
+	up, rewound, noSpace, owned, leader, epoch, conflict *prometheus.Desc
 }
 
 // NewStateCollector returns a collector that calls read at every scrape.
-func NewStateCollector(read func() (bool, []JobState)) *StateCollector {
+func NewStateCollector(read func() State) *StateCollector {
 	return &StateCollector{
-		read:   read,
-		up:     prometheus.NewDesc("shardd_session_up", "Whether this instance holds a live etcd session (1) or not (0).", nil, nil),
+		read: read,
+		up:   prometheus.NewDesc("shardd_session_up", "Whether this instance holds a live etcd session (1) or not (0).", nil, nil),
+		rewound: prometheus.NewDesc("shardd_etcd_rewound",
+			"Whether etcd's history went back (a restore, a wipe, another cluster) and this instance, which starts no run meanwhile, has not yet recovered (1) or not (0).", nil, nil),
+		noSpace: prometheus.NewDesc("shardd_etcd_nospace",
+			"Whether etcd refused this instance's last write for its NOSPACE alarm (1): no run starts or is recorded until an operator frees space.", nil, nil),
 		owned:  prometheus.NewDesc("shardd_items_owned", "Items of the job this instance owns in its current shard map.", []string{"shardd_job"}, nil),
 		leader: prometheus.NewDesc("shardd_leader", "Whether this instance leads the job (1) or not (0).", []string{"shardd_job"}, nil),
 		epoch:  prometheus.NewDesc("shardd_shard_map_epoch", "Epoch of the job's shard map as this instance last saw it.", []string{"shardd_job"}, nil),
@@ -140,6 +154,8 @@ func NewStateCollector(read func() (bool, []JobState)) *StateCollector {
 // Describe implements prometheus.Collector.
 func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.up
+	ch <- c.rewound
+	ch <- c.noSpace
 	ch <- c.owned
 	ch <- c.leader
 	ch <- c.epoch
@@ -148,9 +164,11 @@ func (c *StateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *StateCollector) Collect(ch chan<- prometheus.Metric) {
-	up, jobs := c.read()
-	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, b2f(up))
-	for _, j := range jobs {
+	st := c.read()
+	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, b2f(st.SessionUp))
+	ch <- prometheus.MustNewConstMetric(c.rewound, prometheus.GaugeValue, b2f(st.Rewound))
+	ch <- prometheus.MustNewConstMetric(c.noSpace, prometheus.GaugeValue, b2f(st.NoSpace))
+	for _, j := range st.Jobs {
 		ch <- prometheus.MustNewConstMetric(c.owned, prometheus.GaugeValue, float64(j.ItemsOwned), j.Job)
 		ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, b2f(j.Leading), j.Job)
 		ch <- prometheus.MustNewConstMetric(c.epoch, prometheus.GaugeValue, float64(j.Epoch), j.Job)
