@@ -74,10 +74,15 @@ type RewindError struct {
 	SeenCluster, GotCluster uint64
 	// Key, when set, is a key whose revision went back from Seen to Got.
 	Key string
+	// By, when set, is the instance that saw it and said so (its rewind
+	// record), Reason what it saw.
+	By, Reason string
 }
 
 func (e *RewindError) Error() string {
 	switch {
+	case e.By != "":
+		return fmt.Sprintf("%v: instance %s saw it (%s)", ErrRewound, e.By, e.Reason)
 	case e.SeenCluster != e.GotCluster:
 		return fmt.Sprintf("%v: etcd cluster %x answers where cluster %x did", ErrRewound, e.GotCluster, e.SeenCluster)
 	case e.Key != "":
@@ -157,6 +162,14 @@ func (h *History) noteKeyRevision(key string, seen, got int64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.rewindLocked(&RewindError{Seen: seen, Got: got, Key: key, SeenCluster: h.cluster, GotCluster: h.cluster})
+}
+
+// noteReport records that another instance saw etcd go back (its rewind
+// record rec): this instance's state may be of the history that went too.
+func (h *History) noteReport(rec RewindRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.rewindLocked(&RewindError{By: rec.Instance, Reason: rec.Reason, Seen: rec.Seen, Got: rec.Revision, SeenCluster: h.cluster, GotCluster: h.cluster})
 }
 
 // recovered ends a rewind once the node has recovered from it: etcd's

@@ -36,10 +36,14 @@ import (
 //     start revision and calls every subscriber's resync, which re-reads.
 //   - Callbacks run on the hub's goroutine and must not block.
 type hub struct {
-	cli    *clientv3.Client
-	prefix string // keys.Jobs()
-	keys   Keys
-	onErr  func(msg string, err error)
+	cli *clientv3.Client
+	// The watch covers [prefix, end): keys.Jobs() and keys.Rewinds(), which
+	// sort next to each other, so that one watcher carries both.
+	prefix, end string
+	keys        Keys
+	onErr       func(msg string, err error)
+	// onRewind is called with every put of a rewind record (rewind.go).
+	onRewind func(*clientv3.Event)
 
 	ready chan struct{}
 
@@ -73,7 +77,7 @@ type subscription struct {
 }
 
 func newHub(cli *clientv3.Client, keys Keys, onErr func(string, error)) *hub {
-	return &hub{cli: cli, prefix: keys.Jobs(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
+	return &hub{cli: cli, prefix: keys.Jobs(), end: keys.rewindsEnd(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
 }
 
 // subscribe calls event for every event on a key of job starting with
@@ -136,7 +140,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 		if h.fresh.Load() {
 			cancel() // restart was called before stopWatch was set
 		}
-		wch := h.cli.Watch(wctx, h.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
+		wch := h.cli.Watch(wctx, h.prefix, clientv3.WithRange(h.end), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
 				if errors.Is(err, rpctypes.ErrCompacted) {
@@ -181,7 +185,7 @@ func (h *hub) restart() {
 func (h *hub) startRevision(ctx context.Context) (int64, error) {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := h.cli.Get(rctx, h.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := h.cli.Get(rctx, h.prefix, clientv3.WithRange(h.end), clientv3.WithCountOnly())
 	if err != nil {
 		return 0, err
 	}
@@ -192,6 +196,9 @@ func (h *hub) deliver(ev *clientv3.Event) {
 	key := string(ev.Kv.Key)
 	job := h.keys.JobOf(key)
 	if job == "" {
+		if h.onRewind != nil && ev.Type == clientv3.EventTypePut && strings.HasPrefix(key, h.keys.Rewinds()) {
+			h.onRewind(ev)
+		}
 		return
 	}
 	h.mu.Lock()

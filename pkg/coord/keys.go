@@ -94,12 +94,6 @@ func (k Keys) LastSuccess(job string) string   { return k.job(job) + "lastsucces
 func (k Keys) Deps(job string) string          { return k.job(job) + "deps" }
 func (k Keys) Kill(job, id string) string      { return k.Kills(job) + id }
 func (k Keys) Audit() string                   { return k.prefix + "/audit/" }
-
-// Rewinds holds, per instance, what it saw of etcd's history going back
-// (RewindRecord); outside jobs/, so the jobs watch never carries the writes
-// that raise the revision.
-func (k Keys) Rewinds() string         { return k.prefix + "/rewinds/" }
-func (k Keys) Rewind(id string) string { return k.Rewinds() + id }
 func (k Keys) History(job string, item int, slot int64) string {
 	return k.HistoryPrefix(job) + strconv.Itoa(item) + "/" + strconv.FormatInt(slot, 10)
 }
@@ -119,3 +113,14 @@ func (k Keys) JobOf(key string) string {
 func lastSegment(key string) string {
 	return key[strings.LastIndexByte(key, '/')+1:]
 }
+
+// Rewinds holds, per instance, what it saw of etcd's history going back
+// (RewindRecord). It sorts right after jobs/, so that the jobs watch covers
+// both: [Jobs(), rewindsEnd()).
+func (k Keys) Rewinds() string         { return k.prefix + "/rewinds/" }
+func (k Keys) Rewind(id string) string { return k.Rewinds() + id }
+func (k Keys) rewindsEnd() string      { return k.prefix + "/rewinds0" } // "0" follows "/"
+
+// Floor is the key written to raise etcd's revision after it went back
+// (rewind.go); outside the jobs watch's range.
+func (k Keys) Floor() string { return k.prefix + "/floor" }

@@ -97,6 +97,10 @@ type Node struct {
 	// records seen, for a recovery from a rewind (rewind.go).
 	hist  *History
 	known records
+	// rewindFloor is the revision another instance's rewind report must
+	// have seen past to concern this one: where its watch began, or where it
+	// last recovered (rewind.go).
+	rewindFloor atomic.Int64
 }
 
 // JobView is what an instance knows about one of its jobs.
@@ -161,6 +165,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		started:     opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
+	n.hub.onRewind = n.onRewindRecord
 	n.SetJobs(jobs)
 	return n, nil
 }
@@ -296,6 +301,7 @@ func (n *Node) Run(ctx context.Context) error {
 	if !n.hub.waitReady(ctx) {
 		return nil
 	}
+	n.rewindFloor.Store(n.hub.deliveredRev())
 	for {
 		if rw := n.hist.Rewound(); rw != nil {
 			if n.recoverRewind(ctx, rw) != nil {
@@ -400,11 +406,8 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 			return true, err
 		case <-rewinds:
 			rewinds = nil
-			rw := n.hist.Rewound()
-			n.log.Error("etcd went back in time (restored from a snapshot, wiped, or another cluster): this instance stops starting runs, "+
-				"fences itself and drops what it knew; it resumes by itself once etcd's revision passes every one it saw, "+
-				"after writing back the item records it knew (see docs/operations.md)", "err", rw, "seen", n.hist.Highest())
-			s.cancel(rw)
+			s.cancel(n.hist.Rewound()) // Run recovers before the next session
+
 		case <-n.changed:
 			if err := n.register(s); err != nil {
 				n.log.Warn("update instance registration", "err", err)

@@ -28,14 +28,23 @@ import (
 //     knew, and every revision-ordered structure (the hub's delivered
 //     revision, the item cache's, the views') must see the new history as
 //     newer. So the node waits until etcd's revision passes the highest it
-//     saw, writing its rewind key (rewinds/<id>) to get there when the gap is
-//     at most maxRevisionBump; a larger gap is an operator's to close
+//     saw (plus rewindMargin), writing the floor key to get there when the
+//     gap is at most maxRevisionBump; a larger gap is an operator's to close
 //     (restore again with --bump-revision), said every 30 s;
 //  3. repair: every item record this instance knew that is ahead of etcd's
 //     (a later record, or the same one ended) is written back, so that no
 //     fire that ran is run again, by this instance or any other;
 //  4. resume: a new session; registration, elections, maps and the item
 //     reconcile start from what etcd says now.
+//
+// The first instance to see a rewind says so: its rewind record
+// (rewinds/<id>, at detection and once recovered) reaches every instance
+// through the jobs watch, which covers rewinds/ too. An instance that has
+// not seen the rewind itself, such as one whose next answer came after the
+// first one raised the revision, takes the report as its own rewind when
+// the reporter had seen past this instance's floor (its start revision, or
+// where it last recovered): a report of the rewind it recovered from
+// already is below it, by rewindMargin at least.
 //
 // The records it knows are the newest value of each item key of its local
 // jobs the hub delivered or a read returned (learnRecord), kept across cache
@@ -46,6 +55,13 @@ import (
 // maxRevisionBump is the largest gap between etcd's revision and the
 // highest one seen that an instance closes by writing.
 const maxRevisionBump = 200_000
+
+// rewindMargin is how far past the highest revision it saw an instance
+// raises etcd's: far enough that the others, which saw about as far, find
+// etcd past every revision they saw too, and that their reports of the same
+// rewind (rewind records whose Seen is below the margin) are told from a
+// new one.
+const rewindMargin = 1000
 
 // knownRecord is the newest value of an item key seen, with the era (the
 // number of rewinds recovered from before it was seen).
@@ -149,31 +165,39 @@ type RewindRecord struct {
 // It returns when the node may start a session, or ctx is done.
 func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 	high := n.hist.Highest()
+	target := high + rewindMargin
+	n.log.Error("etcd went back in time (restored from a snapshot, wiped, or another cluster): this instance stops starting runs, "+
+		"fences itself and drops what it knew; it resumes by itself once etcd's revision passes every one it saw, "+
+		"after writing back the item records it knew (see docs/operations.md)", "err", rw, "seen", high)
 	n.forgetState()
 	rctx := recovering(ctx)
 	rec := RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: high}
-	var said time.Time
+	said, reported := time.Time{}, false
 	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
 	for {
 		rev, cluster, err := n.currentRevision(rctx)
-		if err == nil && rec.Revision == 0 {
+		if err == nil && !reported {
 			rec.Revision = rev
+			if err = n.putRewind(rctx, rec); err == nil {
+				reported = true
+			}
 		}
 		switch {
 		case err != nil:
-		case rev > high:
+		case rev > target:
 			if rec.Repaired, err = n.repairRecords(rctx); err == nil {
 				rec.Recovered, rec.Waiting = n.opts.Now(), ""
 				if err = n.putRewind(rctx, rec); err == nil {
 					n.hist.recovered(cluster, rev)
+					n.rewindFloor.Store(rev)
 					n.log.Warn("recovered from etcd going back: resuming with a new session; fences rise above every one seen",
 						"revision", rev, "seen", high, "repaired_records", rec.Repaired)
 					return nil
 				}
 			}
-		case high-rev >= maxRevisionBump:
+		case target-rev >= maxRevisionBump:
 			rec.Waiting = fmt.Sprintf("etcd is at revision %d, %d below the highest this instance saw (%d): too far to close by writing (at most %d); restore again with `etcdutl snapshot restore --bump-revision %d --mark-compacted`, or see docs/operations.md",
-				rev, high-rev, high, maxRevisionBump, roundUp(high-rev))
+				rev, high-rev, high, maxRevisionBump, roundUp(target-rev))
 			if n.opts.Now().Sub(said) >= 30*time.Second {
 				said = n.opts.Now()
 				n.log.Error("etcd went back in time and this instance cannot recover by itself: it starts no run", "err", rw, "why", rec.Waiting)
@@ -181,8 +205,8 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 			}
 		default:
 			n.log.Warn("etcd went back in time: raising its revision past every one seen, so that new fences are above old ones",
-				"revision", rev, "seen", high, "writes", high-rev+1, "key", n.keys.Rewind(n.opts.ID))
-			err = n.bumpRevision(rctx, rec, high-rev+1)
+				"revision", rev, "seen", high, "writes", target-rev+1, "key", n.keys.Floor())
+			err = n.bumpRevision(rctx, target-rev+1)
 			continue
 		}
 		if err != nil && ctx.Err() == nil {
@@ -192,6 +216,17 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// onRewindRecord takes another instance's report of a rewind (a put of its
+// rewind record the hub delivered) as this instance's own when the
+// reporter had seen past this instance's floor (see above).
+func (n *Node) onRewindRecord(ev *clientv3.Event) {
+	var rec RewindRecord
+	if json.Unmarshal(ev.Kv.Value, &rec) != nil || rec.Instance == n.opts.ID || rec.Seen <= n.rewindFloor.Load() {
+		return
+	}
+	n.hist.noteReport(rec)
 }
 
 // roundUp rounds a revision gap up to a round number an operator may type.
@@ -250,10 +285,15 @@ func (n *Node) putRewind(ctx context.Context, rec RewindRecord) error {
 	return err
 }
 
-// bumpRevision writes the rewind record count times, 16 writes at a time:
-// each write raises etcd's revision by one.
-func (n *Node) bumpRevision(ctx context.Context, rec RewindRecord, count int64) error {
-	rec.Waiting = fmt.Sprintf("raising etcd's revision from %d past %d", rec.Revision, rec.Seen)
+// bumpRevision writes the floor key count times, 16 writes at a time: each
+// write raises etcd's revision by one.
+func (n *Node) bumpRevision(ctx context.Context, count int64) error {
+	put := func() error {
+		pctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+		defer cancel()
+		_, err := n.opts.Client.Put(pctx, n.keys.Floor(), n.opts.ID)
+		return err
+	}
 	next := make(chan struct{})
 	errs := make(chan error, 16)
 	var wg sync.WaitGroup
@@ -262,7 +302,7 @@ func (n *Node) bumpRevision(ctx context.Context, rec RewindRecord, count int64) 
 		go func() {
 			defer wg.Done()
 			for range next {
-				if err := n.putRewind(ctx, rec); err != nil {
+				if err := put(); err != nil {
 					errs <- err
 					return
 				}

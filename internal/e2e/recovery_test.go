@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+// etcd restored from a snapshot (down for less or more than the session
+// TTL, with or without --bump-revision), or wiped: two shardd processes go
+// on without a restart. The snapshot is taken while a fire's items run, and
+// fires run after it; after the restore none of them runs again, no fence
+// falls, and fires run again once the instances have recovered by
+// themselves. The ledger checks every due fire of a 10 s and a 2 s job
+// (G1-G4).
+func TestEtcdRestoredOrWiped(t *testing.T) {
+	longE2E(t)
+	for _, tc := range []struct {
+		name    string
+		outage  time.Duration // etcd down between stop and start
+		restore []string      // testetcd restore flags; nil: wipe
+	}{
+		{name: "restored, down less than the TTL", restore: []string{}},
+		{name: "restored, down longer than the TTL", outage: 3 * ttl, restore: []string{}},
+		{name: "restored with --bump-revision --mark-compacted", restore: []string{"--bump-revision", "1000000", "--mark-compacted"}},
+		{name: "wiped", outage: time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) { etcdGoesBack(t, tc.outage, tc.restore) })
+	}
+}
+
+func etcdGoesBack(t *testing.T, outage time.Duration, restore []string) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "jobs.yaml")
+	jobs := "jobs:\n" + cronLedgerJob(dir, "ten", "@every 10s", 3, "3") + cronLedgerJob(dir, "two", "@every 2s", 2, "0.5")
+	if err := os.WriteFile(cfg, []byte(jobs), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := startEtcd(t)
+	procs := []*proc{startShardd(t, e, "n1", cfg), startShardd(t, e, "n2", cfg)}
+	cli := e.client()
+	waitFor(t, 30*time.Second, "both instances in ten's map", func() bool {
+		m := storedMap(t, cli, "ten")
+		return m != nil && len(m.Instances) == 2
+	})
+	from := time.Now()
+	bound := ttl + 2*time.Second
+
+	// The snapshot, 1 s into a fire of ten: its items run.
+	waitFor(t, 15*time.Second, "1 s into a fire of ten", func() bool { return time.Now().Unix()%10 == 1 })
+	snap := filepath.Join(t.TempDir(), "snap.db")
+	saveSnapshot(t, e, snap)
+	t.Logf("snapshot at %s", time.Now().Format(time.RFC3339Nano))
+	time.Sleep(25 * time.Second) // fires run after the snapshot; ten's runs at it end
+
+	stop := time.Now()
+	e.signal(syscall.SIGTERM)
+	e.dir = t.TempDir()
+	if restore != nil {
+		args := append([]string{"restore", "--snapshot", snap, "--data-dir", e.dir, "--peer-url", e.peerURL}, restore...)
+		if out, err := exec.Command(bin.etcd, args...).CombinedOutput(); err != nil {
+			t.Fatalf("restore: %v\n%s", err, out)
+		}
+	}
+	time.Sleep(outage)
+	e.start()
+	t.Logf("etcd stopped at %s, back (restored: %v) at %s", stop.Format(time.RFC3339Nano), restore != nil, time.Now().Format(time.RFC3339Nano))
+	recovered := func(p *proc) bool { return len(p.find(msg("recovered from etcd going back: resuming with a new session; fences rise above every one seen"))) > 0 }
+	waitFor(t, 60*time.Second, "both instances to recover", func() bool { return recovered(procs[0]) && recovered(procs[1]) })
+	healed := time.Now()
+	t.Logf("both recovered by %s", healed.Format(time.RFC3339Nano))
+	time.Sleep(25 * time.Second)
+	to := time.Now()
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+			t.Fatalf("%s exited: %v", p.name, p.err)
+		default:
+		}
+		p.signal(syscall.SIGTERM)
+		<-p.exited
+	}
+
+	events := ledgerEvents(t, dir)
+	sched := func(spec string) schedule.Schedule {
+		s, err := schedule.Parse(spec, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	r := ledger.Check(events, ledger.Options{
+		Jobs: map[string]ledger.Job{
+			"ten": {Items: 3, Schedule: sched("@every 10s"), Failover: true},
+			"two": {Items: 2, Schedule: sched("@every 2s"), Failover: true},
+		},
+		Bound: bound, From: from, To: to,
+		// The rewind fences every session: runs in flight are cut, and
+		// fires due until the instances recovered run when they have.
+		Failures: []ledger.Failure{{At: stop}},
+		Faults:   []ledger.Window{{From: stop, To: healed.Add(bound)}},
+		Records:  policyRecords(t, procs),
+	})
+	t.Logf("ledger: %s", r)
+	for _, v := range r.Violations {
+		t.Error(v)
+	}
+	ranAfter := map[string]bool{}
+	for _, ev := range events {
+		if ev.Kind == "start" && ev.At.After(healed) {
+			ranAfter[ev.Job] = true
+		}
+	}
+	if !ranAfter["ten"] || !ranAfter["two"] {
+		t.Errorf("jobs that ran after the recovery: %v; want both", ranAfter)
+	}
+	if rewinds := procs[0].find(msg("etcd went back in time (restored from a snapshot, wiped, or another cluster): this instance stops starting runs, fences itself and drops what it knew; it resumes by itself once etcd's revision passes every one it saw, after writing back the item records it knew (see docs/operations.md)")); len(rewinds) == 0 {
+		t.Errorf("n1 logged no ERROR saying etcd went back")
+	}
+	out, err := exec.Command(bin.shardd, "status", "--etcd", e.clientURL).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "etcd went back in time: n1 saw it") || !strings.Contains(string(out), "recovered at") {
+		t.Errorf("status after the recovery does not say etcd went back and was recovered from (%v):\n%s", err, out)
+	}
+}
+
+// saveSnapshot saves etcd's snapshot to path, as etcdctl snapshot save does.
+func saveSnapshot(t *testing.T, e *etcdProc, path string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rc, err := e.client().Snapshot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.ReadFrom(rc); err != nil {
+		t.Fatal(fmt.Errorf("save snapshot: %w", err))
+	}
+}
