@@ -826,9 +826,12 @@ type itemRow struct {
 	coord.ItemStatus
 	Disabled  bool
 	RunningOn string
-	Last      *coord.ItemRecord
-	Result    string
-	LogRun    string
+	// RunningFence is the fence of the run in progress: its Kill button
+	// names it, so that a kill from this page never stops a later run.
+	RunningFence int64
+	Last         *coord.ItemRecord
+	Result       string
+	LogRun       string
 }
 
 type instanceFor struct {
@@ -901,6 +904,9 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
 		if rec, ok := jr.Records[it.Item]; ok && !begun(rec) {
 			row.Last, row.Result = &rec, result(rec)
+			if row.RunningOn != "" && rec.State == coord.StateRunning {
+				row.RunningFence = rec.Fence
+			}
 			if rec.Fence > 0 {
 				row.LogRun = strconv.FormatInt(rec.Fence, 10) + "-" + strconv.Itoa(it.Item)
 			}

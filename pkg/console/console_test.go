@@ -164,7 +164,7 @@ func TestPages(t *testing.T) {
 		{"/jobs?filter=running", 200, []string{"1 job(s)", `href="/jobs/job-00001"`}},
 		{"/jobs?filter=failing", 200, []string{"1 job(s)", `href="/jobs/job-00002"`}},
 		{"/jobs?q=nothing-like-this", 200, []string{"No job matches."}},
-		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `id="run-now"`, `id="rerun"`, "KILLED/operator", "killed by token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
+		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `data-url="/api/v1/jobs/job-00001/kill?item=0&amp;fence=90&amp;instance=a&amp;wait=5s"`, "Kill the run of item 0 on a (fence 90)?", `id="run-now"`, `id="rerun"`, "KILLED/operator", "killed by token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
 		{"/jobs/job-00002?run=91-1", 200, []string{`data-src="/api/v1/jobs/job-00002/runs/91-1/log"`, "Log of run 91-1"}},
 		{"/jobs/job-00002?result=KILLED", 200, []string{"KILLED/operator"}},
 		{"/jobs/job-00002?item=x", 200, []string{"item must be a number"}},
