@@ -16,6 +16,7 @@ func cmdKill(e *env, args []string) error {
 	o.register(fs)
 	var item itemFlag
 	fs.Var(&item, "item", "kill only this `item`'s run (default every running item)")
+	fence := fs.Int64("fence", 0, "kill the item's run only if it is the one with this `fence` (as history or the console shows it); else nothing is killed (needs --item)")
 	wait := fs.Duration("wait", 10*time.Second, "wait this long for the runs to end and say how each ended (0: do not wait)")
 	job, err := o.parseJob(e, fs, args)
 	if err != nil {
@@ -24,11 +25,21 @@ func cmdKill(e *env, args []string) error {
 	if *wait < 0 {
 		return usageError("--wait must not be negative, got %s", *wait)
 	}
+	switch {
+	case *fence < 0:
+		return usageError("--fence must be positive, got %d", *fence)
+	case *fence > 0 && !item.set:
+		return usageError("--fence names the run of one item: give --item N too")
+	}
 	var items []int
 	target := "job " + job
 	if item.set {
 		items = []int{item.n}
 		target = fmt.Sprintf("item %d of job %s", item.n, job)
+	}
+	var detail string
+	if *fence > 0 {
+		detail = fmt.Sprintf("fence %d", *fence)
 	}
 	cli, ctx, done, err := o.connect()
 	if err != nil {
@@ -36,9 +47,9 @@ func cmdKill(e *env, args []string) error {
 	}
 	defer done()
 	keys := coord.NewKeys(o.ef.prefix)
-	k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: job, Items: items, By: cliActor()})
+	k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: job, Items: items, Fence: *fence, By: cliActor()})
 	if err != nil {
-		o.audit(ctx, cli, coord.AuditEntry{Action: "kill", Job: job, Target: target}, err)
+		o.audit(ctx, cli, coord.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail}, err)
 		return o.opError(err)
 	}
 	runs := make([]string, len(k.Runs))
@@ -46,7 +57,7 @@ func cmdKill(e *env, args []string) error {
 		runs[i] = fmt.Sprintf("item %d (fence %d on %s)", r.Item, r.Fence, r.Instance)
 	}
 	msg := fmt.Sprintf("asked to kill %s of job %s", strings.Join(runs, ", "), job)
-	o.audit(ctx, cli, coord.AuditEntry{Action: "kill", Job: job, Target: target, Message: msg}, nil)
+	o.audit(ctx, cli, coord.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail, Message: msg}, nil)
 	fmt.Fprintln(e.stdout, msg)
 	if *wait == 0 {
 		return nil

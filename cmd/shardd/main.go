@@ -55,7 +55,7 @@ func commands() []command {
 		{"run", "run the daemon: join the cluster and run the jobs", "--config PATH [--etcd URL,...] [--name ID] [--data-dir DIR] [--listen ADDR] [--ttl 10s] [--prefix /shardd]", cmdRun},
 		{"status", "show jobs, leaders, shard maps and instances from etcd", "[--etcd URL,...] [-o json]", cmdStatus},
 		{"trigger", "run a job's items once now, on their owners (with a one-off parameter, or again for a past fire)", "JOB [--item N] [--param TEXT] [--fire TIME] [--etcd URL,...]", cmdTrigger},
-		{"kill", "stop a job's runs in progress (recorded KILLED/operator, not failed over)", "JOB [--item N] [--wait 10s] [--etcd URL,...]", cmdKill},
+		{"kill", "stop a job's runs in progress (recorded KILLED/operator, not failed over)", "JOB [--item N [--fence F]] [--wait 10s] [--etcd URL,...]", cmdKill},
 		{"disable", "disable a job, one item, or one instance for a job", "JOB [--item N | --instance ID [--force]] [--etcd URL,...]", cmdDisable},
 		{"enable", "undo disable", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdEnable},
 		{"history", "show a job's recent executions", "JOB [--item N] [-o json] [--etcd URL,...]", cmdHistory},

@@ -128,10 +128,18 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	if codeCLI != 0 || !strings.Contains(out, "KILLED/operator: killed by cli:") {
 		t.Fatalf("shardd kill: exit %d\n%s", codeCLI, out)
 	}
+	// A kill naming a run that has ended (a page loaded before it ended)
+	// says so and stops nothing.
+	fenceB := killed.Runs[0].Fence
+	endedB := fmt.Sprintf("the run of item %d with fence %d has ended (KILLED/operator at ", itemOfB, fenceB)
+	if code, body := call(t, "POST", fmt.Sprintf("http://%s/api/v1/jobs/sleepy/kill?item=%d&fence=%d&instance=b", apiA, itemOfB, fenceB), aliceSecret, nil); code != http.StatusConflict || !strings.Contains(string(body), endedB) {
+		t.Errorf("kill of b's ended run by its fence through the API: %d %s, want 409 saying %q", code, body, endedB)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"kill", "sleepy", "--item", fmt.Sprint(itemOfB), "--fence", fmt.Sprint(fenceB)}, endedB},
 		{[]string{"kill", "nope"}, `no job "nope"`},
 		{[]string{"kill", "sleepy", "--item", "5"}, `job "sleepy" has items 0-1; there is no item 5`},
 		{[]string{"kill", "sleepy"}, `no item of job "sleepy" is running: nothing to kill`},

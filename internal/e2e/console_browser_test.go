@@ -187,10 +187,11 @@ func TestConsoleInABrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS("#run-now button")))
 	waitText(t, ctx, "#flash", "Triggered", 15*time.Second)
 	waitPage(t, ctx, "#items", "RUNNING on a", 20*time.Second)
+	fence := strings.TrimSpace(text(t, ctx, "#item-0 td:nth-child(7)")) // the Fence column
 	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS("#kill-0")))
 	waitText(t, ctx, "#flash", "KILLED/operator", 20*time.Second)
-	if q := d.last(); !strings.Contains(q, "Kill the run of item 0 on a?") {
-		t.Errorf("the kill's confirmation asked %q", q)
+	if q := d.last(); !strings.Contains(q, "Kill the run of item 0 on a (fence "+fence+")?") {
+		t.Errorf("the kill's confirmation asked %q, want the run of fence %s", q, fence)
 	}
 	waitText(t, ctx, "#history", "KILLED/operator", 10*time.Second)
 	if h := text(t, ctx, "#history"); !strings.Contains(h, "token:alice") {
@@ -217,6 +218,39 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	browsertest.Screenshot(t, ctx, "audit")
 	browsertest.NoConsoleErrors(t, ctx)
+
+	// A Kill clicked on a page that shows a run which has ended since (the
+	// next run holds the item) stops nothing: the page names the run it
+	// shows, and the API refuses it, saying so. (After NoConsoleErrors: the
+	// browser logs the 409.)
+	browsertest.Do(t, ctx, chromedp.Navigate(base+"/jobs/long-import"), chromedp.WaitVisible(chromedp.CSS("#run-now")),
+		chromedp.Click(chromedp.CSS("#run-now button")))
+	waitText(t, ctx, "#flash", "Triggered", 15*time.Second)
+	waitPage(t, ctx, "#items", "RUNNING on a", 20*time.Second)
+	shown := strings.TrimSpace(text(t, ctx, "#item-0 td:nth-child(7)"))
+	if code, out := cli(t, e, nil, "kill", "long-import", "--item", "0", "--fence", shown); code != 0 || !strings.Contains(out, "KILLED/operator") {
+		t.Fatalf("shardd kill --fence %s: exit %d\n%s", shown, code, out)
+	}
+	if code, out := cli(t, e, nil, "trigger", "long-import"); code != 0 {
+		t.Fatalf("shardd trigger long-import: exit %d\n%s", code, out)
+	}
+	var next int64
+	waitFor(t, 20*time.Second, "long-import's next run", func() bool {
+		runs, err := coord.ReadJobRuns(ctx, etcd, coord.NewKeys(""), []string{"long-import"})
+		rec := runs["long-import"].Records[0]
+		next = rec.Fence
+		return err == nil && rec.State == coord.StateRunning && fmt.Sprint(rec.Fence) != shown
+	})
+	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS("#kill-0")))
+	refused := waitText(t, ctx, "#flash", "has ended", 20*time.Second)
+	for _, want := range []string{"Refused: ", "the run of item 0 with fence " + shown + " has ended (KILLED/operator", fmt.Sprintf("item 0 now runs fence %d on a: nothing killed", next)} {
+		if !strings.Contains(refused, want) {
+			t.Errorf("the kill from the stale page says %q, want %q", refused, want)
+		}
+	}
+	if runs, err := coord.ReadJobRuns(ctx, etcd, coord.NewKeys(""), []string{"long-import"}); err != nil || runs["long-import"].Records[0].State != coord.StateRunning || runs["long-import"].Records[0].Fence != next {
+		t.Errorf("after the kill from the stale page, long-import's item 0: %+v, %v; want fence %d still running", runs["long-import"].Records[0], err, next)
+	}
 
 	// Log out, and in as bob (read role): the same pages, no action.
 	browsertest.Do(t, ctx, chromedp.Click(chromedp.CSS(`form[action="/logout"] button`)), chromedp.WaitVisible(chromedp.CSS("#token")),

@@ -578,16 +578,32 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 		}
 		wait = d
 	}
-	req := coord.KillRequest{Job: name, By: CallerOf(r.Context()).Actor()}
+	q := r.URL.Query()
+	req := coord.KillRequest{Job: name, Instance: q.Get("instance"), By: CallerOf(r.Context()).Actor()}
 	if item >= 0 {
 		req.Items = []int{item}
+	}
+	if s := q.Get("fence"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			writeError(w, http.StatusBadRequest, "fence must be a positive integer (the fence of the run to kill), got %q", s)
+			return
+		}
+		req.Fence = n
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
 	k, err := a.o.Cluster.Kill(ctx, req)
 	target := coord.Target{Job: name, Item: item}.String()
+	var detail string
+	if req.Fence != 0 {
+		detail = fmt.Sprintf("fence %d", req.Fence)
+		if req.Instance != "" {
+			detail += " on " + req.Instance
+		}
+	}
 	if err != nil {
-		a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target}, err)
+		a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target, Detail: detail}, err)
 		writeError(w, opStatus(err), "%v", err)
 		return
 	}
@@ -596,7 +612,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 		runs[i] = fmt.Sprintf("item %d (fence %d on %s)", run.Item, run.Fence, run.Instance)
 	}
 	out := killOut{Killing: k, Message: "asked to kill " + strings.Join(runs, ", ") + " of job " + name}
-	a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target, Message: out.Message}, nil)
+	a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target, Detail: detail, Message: out.Message}, nil)
 	if wait > 0 {
 		wctx, wcancel := context.WithTimeout(r.Context(), wait)
 		out.Results, _ = a.o.Cluster.WaitKill(wctx, name, k.Kill)

@@ -23,6 +23,7 @@ type fakeCluster struct {
 	disabled    []string
 	historyItem []int
 	triggers    []coord.TriggerRequest
+	kills       []coord.KillRequest
 	audit       []coord.AuditEntry
 }
 
@@ -92,6 +93,11 @@ func (f *fakeCluster) Kill(ctx context.Context, r coord.KillRequest) (coord.Kill
 		if err := f.check(r.Job, i); err != nil {
 			return coord.Killing{}, err
 		}
+	}
+	f.kills = append(f.kills, r)
+	// Item 0 runs fence 42 on a; any other fence has ended.
+	if r.Fence != 0 && r.Fence != 42 {
+		return coord.Killing{}, fmt.Errorf("%w: job %q: the run of item 0 with fence %d has ended (DONE at 2026-11-30T03:00:01Z); item 0 now runs fence 42 on a: nothing killed", coord.ErrRefused, r.Job, r.Fence)
 	}
 	return coord.Killing{Kill: coord.Kill{ID: "k1", By: r.By, Runs: []coord.KillRun{{Item: 0, Fence: 42, Instance: "a"}}}}, nil
 }

@@ -97,6 +97,35 @@ func TestWritesAreAudited(t *testing.T) {
 	}
 }
 
+// A kill names the run the caller saw (?fence=F&instance=I): the request
+// carries them to the cluster, which refuses a run that has ended; the API
+// answers 409 with the cluster's words, and the audit keeps the fence.
+func TestKillNamesTheRunShown(t *testing.T) {
+	fc := &fakeCluster{up: true}
+	h := Handler(Options{Cluster: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
+	code, body := do(t, h, "POST", "/api/v1/jobs/orders/kill?item=0&fence=42&instance=a&wait=1s", "alice-secret-0123456789")
+	if code != http.StatusAccepted || !strings.Contains(body, "asked to kill item 0 (fence 42 on a)") {
+		t.Errorf("kill of the run in progress: %d %s", code, body)
+	}
+	if got := fc.kills[len(fc.kills)-1]; got.Fence != 42 || got.Instance != "a" || len(got.Items) != 1 || got.Items[0] != 0 {
+		t.Errorf("kill request %+v, want item 0, fence 42 on a", got)
+	}
+	code, body = do(t, h, "POST", "/api/v1/jobs/orders/kill?item=0&fence=7&instance=a", "alice-secret-0123456789")
+	if code != http.StatusConflict || !strings.Contains(body, "the run of item 0 with fence 7 has ended") {
+		t.Errorf("kill of an ended run: %d %s, want 409 saying it has ended", code, body)
+	}
+	for _, bad := range []string{"x", "0", "-7"} {
+		n := len(fc.kills)
+		code, body = do(t, h, "POST", "/api/v1/jobs/orders/kill?item=0&fence="+bad, "alice-secret-0123456789")
+		if code != http.StatusBadRequest || !strings.Contains(body, "fence must be a positive integer") || len(fc.kills) != n {
+			t.Errorf("kill with fence %q: %d %s", bad, code, body)
+		}
+	}
+	if len(fc.audit) != 2 || fc.audit[0].Detail != "fence 42 on a" || fc.audit[1].Outcome != coord.AuditRefused || fc.audit[1].Detail != "fence 7 on a" {
+		t.Errorf("audit %+v, want the kill and the refused one, with their fences", fc.audit)
+	}
+}
+
 // A console session acts only with its CSRF token, and only with the
 // write role.
 func TestSessionWrites(t *testing.T) {

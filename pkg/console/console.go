@@ -21,8 +21,11 @@
 // older than 15 s is not shown: the page waits for the refresh (at most
 // PageWait, then it shows what it has, with a warning). While pages are
 // asked for, the snapshot is refreshed in the background (Options.Warm),
-// so pages in use do not wait. The job page reads its job fresh (one
-// job's keys, its items and history).
+// so pages in use do not wait. A write through this instance's API
+// (Invalidate) makes the next page wait for a read begun after the write:
+// a read already in progress saw the cluster before it, however late it
+// ends. The job page reads its job fresh (one job's keys, its items and
+// history).
 //
 // # Acting
 //
@@ -344,20 +347,29 @@ func (s *snapshots) current() *snapshot {
 
 // snapshot is the cluster as read at one time.
 type snapshot struct {
-	at   time.Time
+	at time.Time
+	// gen is the generation of the snapshots (see snapshots.gen) when
+	// its read began: it shows every write invalidated before that.
+	gen  uint64
 	st   *coord.ClusterStatus
 	runs map[string]coord.JobRuns
 	rows []jobRow // by name
 }
 
 // snapshots keeps the latest snapshot and refreshes it, one read at a time.
+//
+// A write through this instance's API (invalidate) bumps gen. A snapshot
+// is current only if its read began at the current generation: a read in
+// progress when a write is made saw the cluster before the write, however
+// late it ends, so it does not count as fresh for the pages after the
+// write; they wait for a read begun after it.
 type snapshots struct {
 	c          *console
 	mu         sync.Mutex
 	cur        *snapshot
 	refreshing chan struct{} // closed when the read in progress ends; nil if none
 	err        error         // the last read's
-	invalid    bool          // a write made cur stale
+	gen        uint64        // bumped by every invalidate
 	lastUse    time.Time     // of a page (real time)
 	warming    bool          // a refresh is scheduled (keepWarm)
 }
@@ -370,35 +382,48 @@ const maxStale = 15 * time.Second
 // get returns a snapshot, and a warning when it is older than it should
 // be: the current one if younger than MaxAge; else, starting a refresh,
 // the current one anyway if younger than maxStale and no write made it
-// stale (invalidate); else the refresh's, if it comes while ctx lasts;
+// stale (invalidate); else a newer one whose read began after every
+// write before the page, if it comes while ctx lasts (a read that began
+// before such a write, in progress or just ended, is followed by another);
 // else the current one, however old, with a warning that says why; else
 // the error.
 func (s *snapshots) get(ctx context.Context) (*snapshot, string, error) {
 	s.mu.Lock()
 	s.lastUse = time.Now()
-	cur, invalid := s.cur, s.invalid
+	cur, want := s.cur, s.gen
 	age := time.Duration(0)
 	if cur != nil {
 		age = s.c.o.Now().Sub(cur.at)
 	}
-	if cur != nil && !invalid && age < s.c.o.MaxAge {
+	valid := cur != nil && cur.gen == want
+	if valid && age < s.c.o.MaxAge {
 		s.mu.Unlock()
 		return cur, "", nil
 	}
 	done := s.refresh()
 	s.mu.Unlock()
-	if cur != nil && !invalid && age < maxStale {
+	if valid && age < maxStale {
 		return cur, "", nil
 	}
-	select {
-	case <-done:
-	case <-ctx.Done():
+	for {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+		if s.cur != nil && s.cur != cur && s.cur.gen >= want {
+			s.mu.Unlock()
+			return s.cur, "", nil // fresh
+		}
+		if s.err != nil || ctx.Err() != nil {
+			break // s.mu held
+		}
+		// The read that ended began before a write the page must show.
+		done = s.refresh()
+		s.mu.Unlock()
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.cur != nil && s.cur != cur:
-		return s.cur, "", nil // fresh
 	case s.cur != nil && s.err != nil:
 		return s.cur, fmt.Sprintf("etcd did not answer (%v): this is the cluster as it was %s ago", s.err, s.c.o.Now().Sub(s.cur.at).Round(time.Second)), nil
 	case s.cur != nil:
@@ -414,9 +439,7 @@ func (s *snapshots) get(ctx context.Context) (*snapshot, string, error) {
 func (s *snapshots) invalidate() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cur != nil {
-		s.invalid = true
-	}
+	s.gen++
 }
 
 // refresh starts a read unless one is in progress; s.mu is held.
@@ -426,6 +449,7 @@ func (s *snapshots) refresh() chan struct{} {
 	}
 	done := make(chan struct{})
 	s.refreshing = done
+	gen := s.gen
 	go func() { // ends with the read, bounded by Timeout
 		defer close(done)
 		began := time.Now()
@@ -435,7 +459,10 @@ func (s *snapshots) refresh() chan struct{} {
 		defer s.mu.Unlock()
 		s.refreshing, s.err = nil, err
 		if err == nil {
-			s.cur, s.invalid = snap, false
+			// Newer than cur, kept even when a write came meanwhile
+			// (then it is not current: its gen is behind).
+			snap.gen = gen
+			s.cur = snap
 		} else {
 			s.c.o.Logger.Warn("console: read the cluster", "err", err)
 		}
@@ -802,9 +829,12 @@ type itemRow struct {
 	coord.ItemStatus
 	Disabled  bool
 	RunningOn string
-	Last      *coord.ItemRecord
-	Result    string
-	LogRun    string
+	// RunningFence is the fence of the run in progress: its Kill button
+	// names it, so that a kill from this page never stops a later run.
+	RunningFence int64
+	Last         *coord.ItemRecord
+	Result       string
+	LogRun       string
 }
 
 type instanceFor struct {
@@ -877,6 +907,9 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
 		if rec, ok := jr.Records[it.Item]; ok && !begun(rec) {
 			row.Last, row.Result = &rec, result(rec)
+			if row.RunningOn != "" && rec.State == coord.StateRunning {
+				row.RunningFence = rec.Fence
+			}
 			if rec.Fence > 0 {
 				row.LogRun = strconv.FormatInt(rec.Fence, 10) + "-" + strconv.Itoa(it.Item)
 			}

@@ -164,7 +164,7 @@ func TestPages(t *testing.T) {
 		{"/jobs?filter=running", 200, []string{"1 job(s)", `href="/jobs/job-00001"`}},
 		{"/jobs?filter=failing", 200, []string{"1 job(s)", `href="/jobs/job-00002"`}},
 		{"/jobs?q=nothing-like-this", 200, []string{"No job matches."}},
-		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `id="run-now"`, `id="rerun"`, "KILLED/operator", "killed by token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
+		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `data-url="/api/v1/jobs/job-00001/kill?item=0&amp;fence=90&amp;instance=a&amp;wait=5s"`, "Kill the run of item 0 on a (fence 90)?", `id="run-now"`, `id="rerun"`, "KILLED/operator", "killed by token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
 		{"/jobs/job-00002?run=91-1", 200, []string{`data-src="/api/v1/jobs/job-00002/runs/91-1/log"`, "Log of run 91-1"}},
 		{"/jobs/job-00002?result=KILLED", 200, []string{"KILLED/operator"}},
 		{"/jobs/job-00002?item=x", 200, []string{"item must be a number"}},
@@ -397,6 +397,137 @@ func TestWriteMakesTheNextPageFresh(t *testing.T) {
 	get(c, "/jobs", nil)
 	if n := f.statuses.Load(); n != 2 {
 		t.Errorf("%d reads: the page after a write did not read the cluster again", n)
+	}
+}
+
+// toggleCluster is fakeCluster whose job-00000 is DISABLED once disabled is
+// set. Status reads the state when it begins, as a read of etcd does at its
+// revision, and then, while gate is set, says so on entered and waits for
+// gate to close.
+type toggleCluster struct {
+	fakeCluster
+	disabled atomic.Bool
+	mu       sync.Mutex
+	gate     chan struct{}
+	entered  chan struct{}
+}
+
+func (f *toggleCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) {
+	st := f.fakeCluster.status(f.names()...)
+	if f.disabled.Load() {
+		st.Jobs[0].Status = coord.StatusDisabled
+	}
+	f.mu.Lock()
+	gate, entered := f.gate, f.entered
+	f.gate, f.entered = nil, nil // one read waits
+	f.mu.Unlock()
+	if gate != nil {
+		close(entered)
+		<-gate
+	}
+	return st, nil
+}
+
+// holdNextRead makes the next read of f wait, once it has read the
+// cluster, until release is called; entered is closed when it has.
+func (f *toggleCluster) holdNextRead() (entered <-chan struct{}, release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	gate, in := make(chan struct{}), make(chan struct{})
+	f.gate, f.entered = gate, in
+	return in, func() { close(gate) }
+}
+
+// waitIdle waits until no read of the console's snapshot is in progress.
+func waitIdle(t *testing.T, h http.Handler) {
+	t.Helper()
+	s := &h.(*console).snap
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		busy := s.refreshing != nil
+		s.mu.Unlock()
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the snapshot's read did not end within 10s")
+		}
+	}
+}
+
+// A write through the API (Invalidate) while a background read of the
+// snapshot is in progress, a read that began before the write: the next
+// page shows the cluster after the write, not what that read saw, whether
+// the page comes after the read ended or while it still goes on.
+func TestWriteDuringARefreshMakesTheNextPageFresh(t *testing.T) {
+	for _, pageDuringRead := range []bool{false, true} {
+		t.Run(fmt.Sprintf("page during the read %v", pageDuringRead), func(t *testing.T) {
+			f := &toggleCluster{fakeCluster: fakeCluster{n: 3}}
+			var (
+				nowMu sync.Mutex
+				now   = time.Now()
+				onNow func()
+			)
+			clock := func() time.Time {
+				nowMu.Lock()
+				defer nowMu.Unlock()
+				if onNow != nil {
+					onNow()
+				}
+				return now
+			}
+			h := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1, Now: clock})
+			page := func() string {
+				_, body, _ := get(h, "/jobs?q=job-00000", nil)
+				return body
+			}
+			if strings.Contains(page(), "DISABLED") {
+				t.Fatal("job-00000 is DISABLED before the write")
+			}
+			// 6 s later (past MaxAge) a page starts a background read,
+			// which reads the cluster before the write...
+			nowMu.Lock()
+			now = now.Add(6 * time.Second)
+			nowMu.Unlock()
+			entered, release := f.holdNextRead()
+			var once sync.Once
+			t.Cleanup(func() { once.Do(release) })
+			page()
+			<-entered
+			// ...then job-00000 is disabled through the API...
+			f.disabled.Store(true)
+			Invalidate(h)
+			// ...and the read ends with what it saw before the write.
+			var p string
+			if pageDuringRead {
+				// The read ends once the next page has taken the
+				// snapshot's lock: a page reads the clock first for
+				// itself, then, under that lock, to age the snapshot.
+				calls := 0
+				nowMu.Lock()
+				onNow = func() {
+					if calls++; calls == 2 {
+						once.Do(release)
+					}
+				}
+				nowMu.Unlock()
+				p = page()
+				nowMu.Lock()
+				onNow = nil
+				nowMu.Unlock()
+				if calls < 2 {
+					t.Fatalf("the page read the clock %d time(s); the test releases the read at the second", calls)
+				}
+			} else {
+				once.Do(release)
+				waitIdle(t, h)
+				p = page()
+			}
+			if !strings.Contains(p, "DISABLED") {
+				warned := strings.Contains(p, "etcd did not answer") || strings.Contains(p, "has not answered")
+				t.Fatalf("after the disable (and Invalidate) the jobs page shows job-00000 not DISABLED (warning shown: %v): the read begun before the write made it look fresh", warned)
+			}
+		})
 	}
 }
 

@@ -51,7 +51,7 @@ type AuditEntry struct {
 	// orders", "item 2 of job orders", "instance host-a for job orders").
 	Target string `json:"target"`
 	// Detail holds the action's arguments worth keeping (a trigger's
-	// parameter and fire, a definition's hash).
+	// parameter and fire, a definition's hash, the fence a kill named).
 	Detail  string `json:"detail,omitempty"`
 	Outcome string `json:"outcome"`
 	Message string `json:"message,omitempty"`

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -20,15 +21,26 @@ import (
 // stopped on purpose (ItemRecord.CutByFailure is false for it).
 //
 // A kill names runs by fence, never just items: a request that arrives
-// after its run ended cannot stop the item's next run.
+// after its run ended cannot stop the item's next run. The operator names
+// the fence when it saw one (the console's page, `shardd kill --fence`):
+// the kill is of that run or of nothing. The request is put by a Txn that
+// compares each run's running marker (its create revision is the run's
+// fence) with the fence named, so the check and the put are one: a run
+// that ended since the operator saw it, or since the read, is refused
+// (ErrRefused, saying how it ended and what runs now) when it was named,
+// and read again when the kill meant "the runs in progress".
 //
 //	operator                          owner of the item
-//	read items, markers  ──put kills/<id>──▶ OnKill: the run with that fence?
-//	wait for the records                     yes: cancel it (cause: who)
-//	  KILLED/operator  ◀──record outcome──   no:  nothing (it ended, or is
-//	  or ended first                              another's; remembered for a
-//	                                              minute in case its start is
-//	                                              still being registered)
+//	read items, markers
+//	  refuse: nothing running, or
+//	  the fence named is not running
+//	Txn: markers still at the fences
+//	  put kills/<id>  ───────────────▶ OnKill: the run with that fence?
+//	  else read again                  yes: cancel it (cause: who)
+//	wait for the records               no:  nothing (it ended, or is
+//	  KILLED/operator  ◀──record outcome──   another's; remembered for a
+//	  or ended first                         minute in case its start is
+//	                                         still being registered)
 
 // Kill is an operator's request to stop runs in progress.
 type Kill struct {
@@ -48,15 +60,25 @@ type KillRun struct {
 }
 
 // KillRequest is what an operator asks to stop: the runs in progress of
-// the job's items (all of them when Items is empty).
+// the job's items (all of them when Items is empty) when the request is
+// recorded. Fence, when set, names the run the operator saw of the one
+// item in Items (and Instance, when set, where it runs): the request
+// stops that run or nothing, and is refused when it is no longer the
+// item's run in progress.
 type KillRequest struct {
-	Job   string
-	Items []int
-	By    string
+	Job      string
+	Items    []int
+	Fence    int64
+	Instance string
+	By       string
 }
 
 // KillTTL is how long a kill request stays in etcd.
 const KillTTL = time.Minute
+
+// killAttempts bounds the reads of a kill without a fence whose runs end
+// between its read and its put.
+const killAttempts = 3
 
 // Killing says what a kill request asked to stop.
 type Killing struct {
@@ -66,9 +88,18 @@ type Killing struct {
 }
 
 // RequestKill asks the instances running the job's items to stop those
-// runs. It refuses an unknown job, an item out of range, and a target with
-// nothing running.
+// runs. It refuses an unknown job, an item out of range, a target with
+// nothing running, and a fence named that is not its item's run in
+// progress.
 func RequestKill(ctx context.Context, cli *clientv3.Client, keys Keys, r KillRequest) (Killing, error) {
+	switch {
+	case r.Fence < 0:
+		return Killing{}, opErr(ErrBadTarget, "fence %d: fences are positive", r.Fence)
+	case r.Fence == 0 && r.Instance != "":
+		return Killing{}, opErr(ErrBadTarget, "instance %s names a run with its fence: give the fence too", r.Instance)
+	case r.Fence != 0 && len(r.Items) != 1:
+		return Killing{}, opErr(ErrBadTarget, "a fence names the run of one item: name exactly one item (got %d)", len(r.Items))
+	}
 	f, err := requireJob(ctx, cli, keys, r.Job)
 	if err != nil {
 		return Killing{}, err
@@ -88,15 +119,47 @@ func RequestKill(ctx context.Context, cli *clientv3.Client, keys Keys, r KillReq
 	if len(items) == 0 {
 		return Killing{}, opErr(ErrRefused, "no item of job %q is running: nothing to kill", r.Job)
 	}
+	// One lease for the attempts; one left unused by a refusal after a
+	// retry expires with its TTL.
+	var lease clientv3.LeaseID
+	for attempt := 1; ; attempt++ {
+		runs, err := killTargets(ctx, cli, keys, r, items)
+		if err != nil {
+			return Killing{}, err
+		}
+		if lease == 0 {
+			l, err := cli.Grant(ctx, int64(KillTTL/time.Second))
+			if err != nil {
+				return Killing{}, fmt.Errorf("kill job %q: %w", r.Job, err)
+			}
+			lease = l.ID
+		}
+		at := time.Now().UTC().Truncate(time.Millisecond)
+		k, ok, err := putKill(ctx, cli, keys, r.Job, Kill{ID: newRequestID(at), Runs: runs, By: r.By, At: at}, lease)
+		if err != nil || ok {
+			return k, err
+		}
+		// A run ended meanwhile: a fence named is refused by the next
+		// read; without one, the next read names the runs in progress.
+		if attempt == killAttempts {
+			return Killing{}, opErr(ErrRefused, "job %q: its runs ended or started %d times while the kill was recorded; nothing killed, try again", r.Job, attempt)
+		}
+	}
+}
+
+// killTargets reads the runs in progress of items, in one Txn, and
+// returns those r asks to stop; it refuses (ErrRefused) when there are
+// none, or when the fence r names is not its item's run in progress.
+func killTargets(ctx context.Context, cli *clientv3.Client, keys Keys, r KillRequest, items []int) ([]KillRun, error) {
 	ops := make([]clientv3.Op, 0, 2*len(items))
 	for _, item := range items {
 		ops = append(ops, clientv3.OpGet(keys.Item(r.Job, item)), clientv3.OpGet(keys.RunningItem(r.Job, item)))
 	}
 	resp, err := cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
-		return Killing{}, fmt.Errorf("kill job %q: read its items: %w", r.Job, err)
+		return nil, fmt.Errorf("kill job %q: read its items: %w", r.Job, err)
 	}
-	k := Kill{By: r.By, At: time.Now().UTC().Truncate(time.Millisecond)}
+	var runs []KillRun
 	var idle []string
 	for i, item := range items {
 		recs := resp.Responses[2*i].GetResponseRange().Kvs
@@ -105,34 +168,93 @@ func RequestKill(ctx context.Context, cli *clientv3.Client, keys Keys, r KillReq
 		if len(recs) > 0 {
 			json.Unmarshal(recs[0].Value, &rec)
 		}
-		if len(markers) == 0 || len(recs) == 0 || rec.State != StateRunning {
+		var run *KillRun
+		if len(markers) > 0 && len(recs) > 0 && rec.State == StateRunning {
+			// The marker is created by the claim: its revision is the fence.
+			run = &KillRun{Item: item, Fence: markers[0].CreateRevision, Instance: string(markers[0].Value)}
+		}
+		if r.Fence != 0 {
+			switch {
+			case run == nil || run.Fence != r.Fence:
+				return nil, ended(ctx, cli, keys, r.Job, item, r.Fence, run, rec, recs)
+			case r.Instance != "" && run.Instance != r.Instance:
+				return nil, opErr(ErrRefused, "job %q: the run of item %d with fence %d is on %s, not %s: nothing killed", r.Job, item, r.Fence, run.Instance, r.Instance)
+			}
+		}
+		if run == nil {
 			idle = append(idle, idleWhy(item, rec, len(recs) > 0))
 			continue
 		}
-		// The marker is created by the claim: its revision is the fence.
-		k.Runs = append(k.Runs, KillRun{Item: item, Fence: markers[0].CreateRevision, Instance: string(markers[0].Value)})
+		runs = append(runs, *run)
 	}
-	if len(k.Runs) == 0 {
+	if len(runs) == 0 {
 		if len(idle) == 1 {
-			return Killing{}, opErr(ErrRefused, "job %q: %s: nothing to kill", r.Job, idle[0])
+			return nil, opErr(ErrRefused, "job %q: %s: nothing to kill", r.Job, idle[0])
 		}
-		return Killing{}, opErr(ErrRefused, "no item of job %q is running (%d asked): nothing to kill", r.Job, len(idle))
+		return nil, opErr(ErrRefused, "no item of job %q is running (%d asked): nothing to kill", r.Job, len(idle))
 	}
-	lease, err := cli.Grant(ctx, int64(KillTTL/time.Second))
-	if err != nil {
-		return Killing{}, fmt.Errorf("kill job %q: %w", r.Job, err)
+	return runs, nil
+}
+
+// ended is the refusal of a kill naming the run of item with fence, which
+// is not the item's run in progress (now, nil if none): how that run
+// ended, as the item's record (rec, of kvs) or history says, and what runs
+// now.
+func ended(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int, fence int64, now *KillRun, rec ItemRecord, kvs []*mvccpb.KeyValue) error {
+	how := fmt.Sprintf("is not running (item %d has no such run in its history)", item)
+	var found *ItemRecord
+	switch {
+	case len(kvs) > 0 && RunFence(&rec, kvs[0].ModRevision) == fence:
+		found = &rec
+	default:
+		hist, err := ReadHistory(ctx, cli, keys, job)
+		if err != nil {
+			return fmt.Errorf("kill job %q: the run of item %d with fence %d is not running; read the history to say how it ended: %w", job, item, fence, err)
+		}
+		for i := range hist {
+			if hist[i].Item == item && hist[i].Fence == fence {
+				found = &hist[i]
+			}
+		}
 	}
-	k.ID = newRequestID(k.At)
-	val, _ := json.Marshal(k)
-	put, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(keys.Kill(r.Job, k.ID)), "=", 0)).
-		Then(clientv3.OpPut(keys.Kill(r.Job, k.ID), string(val), clientv3.WithLease(lease.ID))).Commit()
+	switch {
+	case found == nil:
+	case found.State == StateRunning:
+		how = "has lost its instance (cut off or stopped, its lease expired): the item's next owner fails it over or records it lost"
+	default:
+		what := found.State
+		if found.Reason != "" {
+			what += "/" + found.Reason
+		}
+		how = fmt.Sprintf("has ended (%s at %s)", what, found.End.UTC().Format(time.RFC3339))
+	}
+	cur := fmt.Sprintf("item %d is not running now", item)
+	if now != nil {
+		cur = fmt.Sprintf("item %d now runs fence %d on %s", item, now.Fence, now.Instance)
+	}
+	return opErr(ErrRefused, "job %q: the run of item %d with fence %d %s; %s: nothing killed", job, item, fence, how, cur)
+}
+
+// putKill puts k under lease if every run it names still holds its item
+// (the item's running marker was created at the run's fence), in one Txn;
+// it reports whether it did.
+func putKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, k Kill, lease clientv3.LeaseID) (Killing, bool, error) {
+	val, err := json.Marshal(k)
 	if err != nil {
-		return Killing{}, fmt.Errorf("kill job %q: %w", r.Job, err)
+		return Killing{}, false, err
+	}
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(keys.Kill(job, k.ID)), "=", 0)}
+	for _, r := range k.Runs {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.RunningItem(job, r.Item)), "=", r.Fence))
+	}
+	put, err := cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(keys.Kill(job, k.ID), string(val), clientv3.WithLease(lease))).Commit()
+	if err != nil {
+		return Killing{}, false, fmt.Errorf("kill job %q: %w", job, err)
 	}
 	if !put.Succeeded {
-		return Killing{}, fmt.Errorf("kill job %q: request key %s exists", r.Job, k.ID)
+		return Killing{}, false, nil
 	}
-	return Killing{Kill: k, Rev: put.Header.Revision}, nil
+	return Killing{Kill: k, Rev: put.Header.Revision}, true, nil
 }
 
 // idleWhy says why an item has no run to kill.
