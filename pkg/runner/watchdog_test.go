@@ -492,10 +492,11 @@ func TestScriptHoldsItsGroupIDUntilItsRunEnds(t *testing.T) {
 	w := startWatchdog(t)
 	w.SetDeadline(time.Now().Add(time.Hour))
 	dir := t.TempDir()
-	// The leader exits at once; a process that left the group holds its
-	// output for a second, so the run goes on after the leader's exit.
+	// The leader exits at once; a process that left the group (and
+	// without SHARDD_RUN, so no sweep can tell it) holds its output for a
+	// second, so the run goes on after the leader's exit.
 	pid := filepath.Join(dir, "pid")
-	s := Script{Shell: `echo $$ > ` + filepath.Join(dir, "leader") + `; setsid sh -c 'echo $$ > ` + pid + `; exec sleep 3' & until [ -s ` + pid + ` ]; do sleep 0.01; done`, Watchdog: w}
+	s := Script{Shell: `echo $$ > ` + filepath.Join(dir, "leader") + `; setsid env -i /bin/sh -c 'echo $$ > ` + pid + `; exec /bin/sleep 3' & until [ -s ` + pid + ` ]; do sleep 0.01; done`, Watchdog: w}
 	done := make(chan Result, 1)
 	go func() { done <- s.Run(context.Background(), ctxFixture) }()
 	waitFile(t, filepath.Join(dir, "leader"))
