@@ -279,9 +279,14 @@ func cmdRun(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("find the shardd binary for the script watchdog: %w", err)
+	// The watchdog is this very build: /proc/self/exe is the running
+	// binary even when its file was replaced (an upgrade) or removed since,
+	// so both ends of the pipe speak one protocol (see runner's watchdog.go).
+	self := "/proc/self/exe"
+	if _, err := os.Stat(self); err != nil {
+		if self, err = os.Executable(); err != nil {
+			return fmt.Errorf("find the shardd binary for the script watchdog: %w", err)
+		}
 	}
 	// What a script leaves behind is reparented here, killed when its run
 	// ends, and reaped (see runner's reap.go); as PID 1 in a container too.

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // No work outlives its run. A script runs in a process group of its own,
@@ -240,6 +241,50 @@ func zombie(pid int) bool {
 	// pid (comm) state ...: comm may hold spaces and parentheses.
 	i := bytes.LastIndexByte(b, ')')
 	return i >= 0 && i+2 < len(b) && b[i+2] == 'Z'
+}
+
+// procStart returns pid's start time: /proc/<pid>/stat field 22, in clock
+// ticks since boot. With the pid, it names one process for the life of
+// the system.
+func procStart(pid int) (uint64, error) {
+	path := "/proc/" + strconv.Itoa(pid) + "/stat"
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses;
+	// the fields after it start at field 3.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("%s: no command name", path)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 22-2 {
+		return 0, fmt.Errorf("%s: %d fields, want 22 or more", path, len(f)+2)
+	}
+	start, err := strconv.ParseUint(f[22-3], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: start time (field 22): %w", path, err)
+	}
+	return start, nil
+}
+
+// waitExit waits until the child pid has exited, and leaves it a zombie
+// (waitid WNOWAIT): its pid, and so its process group's id, is given to no
+// other process until its exec.Cmd's Wait reaps it.
+func waitExit(pid int) error {
+	const pPID = 1     // P_PID
+	var info [128]byte // a siginfo_t, not read
+	const opts = syscall.WEXITED | syscall.WNOWAIT
+	for {
+		_, _, errno := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid), uintptr(unsafe.Pointer(&info)), opts, 0, 0)
+		if errno != syscall.EINTR {
+			if errno != 0 {
+				return fmt.Errorf("waitid %d: %w", pid, errno)
+			}
+			return nil
+		}
+	}
 }
 
 // isRunID reports whether id has the shape of newRun's ids: <pid>-<seq>.

@@ -794,7 +794,7 @@ func TestWatchdogKillsTheRunsCgroup(t *testing.T) {
 	if pid == 0 {
 		t.Fatalf("pid file %q", b)
 	}
-	if err := w.Add(cmd.Process.Pid, cg.path()); err != nil {
+	if err := w.Add(registration(t, "wd-test", cmd.Process.Pid, cg.path())); err != nil {
 		t.Fatal(err)
 	}
 	w.Close() // as when shardd dies: the pipe closes
@@ -1022,4 +1022,17 @@ func TestDataflowMore(t *testing.T) {
 			t.Errorf("exit %d, moreExitCode %d: ok %v more %v code %d", tt.exit, tt.more, res.OK, res.More, res.ExitCode)
 		}
 	}
+}
+
+func readInt(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

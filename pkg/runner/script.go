@@ -288,19 +288,42 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		res.Err = fmt.Errorf("start %s: %w", cmd.Path, err)
 		return res
 	}
+	// The leader is reaped last (finish), after the watchdog was told the
+	// run ended and after every kill of its group: until then its pid,
+	// the group's id, is given to no other process (see watchdog.go).
 	pgid := cmd.Process.Pid
-	exited := make(chan error, 1)
-	go func() { err := cmd.Wait(); started(); exited <- err }()
+	exited := make(chan struct{})
+	go func() { waitExit(pgid); close(exited) }()
+	var waitErr error
+	var reg *Registration // registered with the watchdog
+	reaped := false
+	finish := func() { // once the leader has exited
+		if reaped {
+			return
+		}
+		reaped = true
+		if reg != nil {
+			s.Watchdog.Del(reg.Token)
+		}
+		waitErr = cmd.Wait()
+		started()
+	}
+	defer finish()
 	if gate != nil {
 		var why error
-		if err := s.Watchdog.Add(pgid, cg.path()); err != nil {
+		st, err := procStart(pgid)
+		if err == nil {
+			reg = &Registration{Token: runID, PGID: pgid, Start: st, Cgroup: cg.path()}
+			err = s.Watchdog.Add(*reg)
+		}
+		switch {
+		case err != nil:
 			why = fmt.Errorf("watchdog: %w", err) // unguarded work must not run
-		} else if ctx.Err() != nil {
+		case ctx.Err() != nil:
 			why = context.Cause(ctx)
-		} else if s.Watchdog.Expired() {
+		case s.Watchdog.Expired():
 			why = errors.New("the session's fence deadline passed")
 		}
-		defer s.Watchdog.Del(pgid)
 		res.Prepared = time.Now()
 		if why == nil {
 			// Prepared (ahead, with a StartAt): released at its time, if
@@ -316,6 +339,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		if why != nil {
 			syscall.Kill(-pgid, syscall.SIGKILL)
 			<-exited
+			cg.kill()
 			waitCopied(time.Second)
 			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, why)
 			return res
@@ -332,23 +356,22 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		defer t.Stop()
 		timeout = t.C
 	}
-	var waitErr error
 	select {
-	case waitErr = <-exited:
+	case <-exited:
 	case <-ctx.Done():
 		syscall.Kill(-pgid, syscall.SIGKILL)
-		waitErr = <-exited
+		<-exited
 		res.Err = fmt.Errorf("%w: %v", ErrKilled, context.Cause(ctx))
 	case <-timeout:
 		syscall.Kill(-pgid, syscall.SIGTERM)
 		select {
-		case waitErr = <-exited:
+		case <-exited:
 		case <-time.After(grace):
 			syscall.Kill(-pgid, syscall.SIGKILL)
-			waitErr = <-exited
+			<-exited
 		case <-ctx.Done():
 			syscall.Kill(-pgid, syscall.SIGKILL)
-			waitErr = <-exited
+			<-exited
 		}
 		res.Err = fmt.Errorf("%w after %s", ErrTimeout, s.Timeout)
 	}
@@ -358,6 +381,7 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 	cg.kill()
 	sweep(runID)
 	waitCopied(time.Second)
+	finish()
 
 	res.Output = out.String()
 	if cmd.ProcessState != nil {
