@@ -59,9 +59,9 @@ chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_S
 	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_OUT) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
-e2e-long: ## the long fault runs: dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum
+e2e-long: ## the long fault runs: dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum, etcd restored from a snapshot and wiped
 	SHARDD_E2E_LONG=1 $(GO) test ./pkg/engine -run '^TestDeps' -count=1 -v -timeout 10m
-	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum)$$' -count=1 -v -timeout 20m
+	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum|TestEtcdRestoredOrWiped)$$' -count=1 -v -timeout 30m
 
 e2e-compose: ## docker-compose.yml and docker-compose.embedded.yml on a real Docker engine (installs and starts one, builds stand-in base images without a registry): spread, docker kill, network cuts, etcd leader cut, Prometheus targets, per-fire ledger
 	bash internal/e2e/compose.sh

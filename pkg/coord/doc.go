@@ -108,6 +108,9 @@
 //   - etcd restart: leases are refreshed to full TTL by the new server; the
 //     instance keeps its session if keepalives resume in time, else it fences
 //     and re-registers.
+//   - etcd going back in time (a snapshot restored, the data wiped, another
+//     cluster): History refuses every answer once one shows it, the session
+//     fences, and Run recovers before the next session (rewind.go).
 //   - malformed values in the shard map or config keys: logged with the key;
 //     the leader rewrites the map, a malformed config is replaced by the
 //     local definition; followers keep the last good definition meanwhile.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
@@ -173,4 +174,60 @@ func TestRewoundHistoryRefusesAnswers(t *testing.T) {
 
 func isUnavailable(err error) bool {
 	return err != nil && !errors.Is(err, ErrRewound)
+}
+
+// etcd's NOSPACE alarm (raised as etcd raises it when its database reaches
+// its quota) makes every write fail: the node says so until a write goes
+// through again, and status lists the alarm. A defragmentation and a
+// compaction, the operator's remedies, are not taken for a rewind.
+func TestNoSpaceAlarmIsSaid(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	n, _ := historyNode(t, srv, "a")
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	runFire(t, n, base)
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := members.Members[0].ID
+	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &etcdserverpb.AlarmRequest{
+		Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	prev, err := n.ReadItem(ctx, "orders", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := n.View("orders")
+	if _, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: SourceNormal, Prev: prev, MapRev: v.MapRev}); err == nil {
+		t.Fatal("a claim went through under the NOSPACE alarm")
+	}
+	var ns *NoSpaceError
+	if !errors.As(n.Impaired(), &ns) {
+		t.Fatalf("impaired under the NOSPACE alarm: %v, want a NoSpaceError", n.Impaired())
+	}
+	st, err := ReadStatus(ctx, cli, n.keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.EtcdProblems()) != 1 || !strings.Contains(st.EtcdProblems()[0], "NOSPACE") {
+		t.Errorf("status under the NOSPACE alarm says %q, want the alarm", st.EtcdProblems())
+	}
+
+	if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Compact(ctx, st.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Defragment(ctx, srv.Endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	runFire(t, n, base.Add(2*time.Minute))
+	if err := n.Impaired(); err != nil {
+		t.Errorf("impaired after the alarm was disarmed, the store compacted and defragmented: %v", err)
+	}
 }
