@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/schedule"
 )
@@ -74,7 +80,9 @@ func etcdGoesBack(t *testing.T, outage time.Duration, restore []string) {
 	time.Sleep(outage)
 	e.start()
 	t.Logf("etcd stopped at %s, back (restored: %v) at %s", stop.Format(time.RFC3339Nano), restore != nil, time.Now().Format(time.RFC3339Nano))
-	recovered := func(p *proc) bool { return len(p.find(msg("recovered from etcd going back: resuming with a new session; fences rise above every one seen"))) > 0 }
+	recovered := func(p *proc) bool {
+		return len(p.find(msg("recovered from etcd going back: resuming with a new session; fences rise above every one seen"))) > 0
+	}
 	waitFor(t, 60*time.Second, "both instances to recover", func() bool { return recovered(procs[0]) && recovered(procs[1]) })
 	healed := time.Now()
 	t.Logf("both recovered by %s", healed.Format(time.RFC3339Nano))
@@ -150,4 +158,74 @@ func saveSnapshot(t *testing.T, e *etcdProc, path string) {
 	if _, err := f.ReadFrom(rc); err != nil {
 		t.Fatal(fmt.Errorf("save snapshot: %w", err))
 	}
+}
+
+// etcd's NOSPACE alarm, raised as etcd raises it at its quota: shardd says
+// so (/readyz 503 naming it, status) instead of OK, starts nothing it
+// cannot record, and runs the missed fires once the alarm is disarmed.
+func TestEtcdNoSpaceAlarm(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "jobs.yaml")
+	if err := os.WriteFile(cfg, []byte("jobs:\n"+cronLedgerJob(dir, "two", "@every 2s", 2, "0.2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := startEtcd(t)
+	addr := etcdtest.FreeAddr(t)
+	p := startShardd(t, e, "n1", cfg, "--listen", addr)
+	cli := e.client()
+	ready := func() (int, string) {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor(t, 30*time.Second, "n1 ready", func() bool { code, _ := ready(); return code == 200 })
+	waitFor(t, 30*time.Second, "a run", func() bool { return len(readLedger(t, dir)) > 0 })
+
+	ctx := context.Background()
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := members.Members[0].ID
+	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &etcdserverpb.AlarmRequest{
+		Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	raised := time.Now()
+	var body string
+	waitFor(t, 15*time.Second, "/readyz to say NOSPACE", func() bool {
+		var code int
+		code, body = ready()
+		return code == 503 && strings.Contains(body, "NOSPACE")
+	})
+	t.Logf("under the alarm, /readyz: %s", strings.TrimSpace(body))
+	out, _ := exec.Command(bin.shardd, "status", "--etcd", e.clientURL).CombinedOutput()
+	if !strings.Contains(string(out), "etcd alarm: NOSPACE") {
+		t.Errorf("status under the NOSPACE alarm does not name it:\n%s", out)
+	}
+	time.Sleep(5 * time.Second)
+	for _, ev := range readLedger(t, dir) {
+		if ev.At.After(raised.Add(2 * time.Second)) {
+			t.Errorf("a run started under the NOSPACE alarm, where its claim cannot be written: %+v", ev)
+		}
+	}
+	if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	disarmed := time.Now()
+	waitFor(t, 20*time.Second, "a run after the disarm, and /readyz 200", func() bool {
+		code, _ := ready()
+		for _, ev := range readLedger(t, dir) {
+			if ev.At.After(disarmed) && code == 200 {
+				return true
+			}
+		}
+		return false
+	})
+	p.signal(syscall.SIGTERM)
+	<-p.exited
 }
