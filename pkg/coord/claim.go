@@ -605,6 +605,9 @@ func (n *Node) Adopt(ctx context.Context, job string, item int, st ItemState) (*
 	}
 	rec := cur.Record
 	if rec == nil || cur.Rev != st.Rev || !cur.RunningMine || rec.State != StateRunning || rec.Instance != n.opts.ID {
+		// st came from the cache: what etcd says now differs, so the
+		// cache is not to decide again (a restored etcd looped here).
+		n.refused(job)
 		return nil, fmt.Errorf("adopt item %d of job %q: %w", item, job, ErrClaimLost)
 	}
 	r := *rec
