@@ -403,3 +403,28 @@ func TestFinishWithUnknownOutcomeIsReadBack(t *testing.T) {
 		t.Error("a record never written was read back as written")
 	}
 }
+
+// An adopt refused because etcd's item is not the state it was asked on
+// empties the job's item cache: the next decision reads etcd, instead of
+// trying the same adopt again on the same cached state.
+func TestFailedAdoptInvalidatesTheItemCache(t *testing.T) {
+	n := ordersNode(t, 2)
+	ctx := context.Background()
+	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache
+		t.Fatal(err)
+	}
+	if _, err := n.ReadItems(ctx, "orders"); err != nil { // fills it
+		t.Fatal(err)
+	}
+	c := n.itemCacheOf("orders")
+	filled := func() bool { c.mu.Lock(); defer c.mu.Unlock(); return c.filled }
+	if !filled() {
+		t.Fatal("the item cache is not filled after two reads")
+	}
+	if _, err := n.Adopt(ctx, "orders", 0, ItemState{Rev: 12345}); !errors.Is(err, ErrClaimLost) {
+		t.Fatalf("adopt of a state etcd does not have: %v, want ErrClaimLost", err)
+	}
+	if filled() {
+		t.Error("the item cache still serves after a refused adopt")
+	}
+}
