@@ -179,6 +179,7 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 		return nil, nil, err
 	}
 	now := n.opts.Now().UTC()
+	asked := fireAsked(fire, fireTime)
 	for _, child := range children {
 		def := defs[child]
 		switch {
@@ -186,7 +187,7 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 			continue // removed (shardd remove), or unreadable: nothing would serve its triggers
 		case !slices.Contains(def.DependsOn, job):
 			continue // the index is behind the child's definition: it no longer depends on job
-		case fireTime.Before(idx[child].Since):
+		case asked.Before(idx[child].Since):
 			continue // a fire from before the child depended on job
 		}
 		parents := def.DependsOn
