@@ -135,8 +135,11 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 	}
 	if m == nil || disabled {
-		if m != nil && j.loadTriggers(ctx) {
-			j.dropDisabled(ctx, v) // a disabled job's fires do not run, its parents' and operators' included
+		// A disabled job's fires do not run, its parents' and operators'
+		// included: its leader drops its triggers (one instance: no other
+		// needs to read them while the job is disabled).
+		if m != nil && v.Leading && j.loadTriggers(ctx) {
+			j.dropDisabled(ctx, v)
 		}
 		return next
 	}

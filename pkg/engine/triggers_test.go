@@ -353,3 +353,44 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 		t.Errorf("the child was enabled before the parent fire, which succeeded; it ran %d times (want 1)", n)
 	}
 }
+
+// A job loop acting on a view that says the job is disabled, while etcd
+// says it is enabled (a map its leader has not rewritten after an enable),
+// drops no trigger: the drop's Txn compares the disable mark. Once etcd
+// says disabled, the same view drops it.
+func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	a, eng, _ := startEngine(t, srv.Client(), "a", slowJob(dir, 1))
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
+	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow5")) == 1 })
+	tr2, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "T2"}) // waits behind it
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.mu.Lock()
+	j := eng.jobs["j"]
+	eng.mu.Unlock()
+	waitFor(t, 5*time.Second, "the loop to know T2", func() bool {
+		return j.loadTriggers(ctx) && slices.ContainsFunc(j.pendingTriggers(), func(tr coord.Trigger) bool { return tr.Rev == tr2.Rev })
+	})
+	stale, _ := a.View("j")
+	m := *stale.Map
+	m.Disabled, stale.Map = true, &m
+	j.dropDisabled(ctx, stale)
+	if resp, err := cli.Get(ctx, keys.Trigger("j", tr2.ID)); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("T2 dropped on a view that says disabled while etcd says enabled (%v)", err)
+	}
+	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "j", Item: -1}, true, false); err != nil {
+		t.Fatal(err)
+	}
+	j.dropDisabled(ctx, stale)
+	waitTriggerGone(t, cli, tr2) // dropped: by this call, or by the loop's own reconcile
+	if n := servedBy(dir, "T2")["0"]; n != 0 {
+		t.Errorf("T2 ran %d times", n)
+	}
+}
