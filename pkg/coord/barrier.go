@@ -39,6 +39,18 @@ func ManualFireKey(tr Trigger) string {
 	return fmt.Sprintf("m%019d-%d", tr.Fire.UnixNano(), tr.Rev)
 }
 
+// fireAsked is when fire (a FireKey) happened, for the children index's
+// Since: a manual (or upstream) fire when it was asked for, the time its
+// key carries, whatever fire it runs (a re-run of a past fire is asked for
+// now); a scheduled one its scheduled time, sched.
+func fireAsked(fire string, sched time.Time) time.Time {
+	var nanos, rev int64
+	if n, err := fmt.Sscanf(fire, "m%019d-%d", &nanos, &rev); err == nil && n == 2 {
+		return time.Unix(0, nanos).UTC()
+	}
+	return sched
+}
+
 // Barrier is how the items of one fire ended.
 type Barrier struct {
 	Total   int   `json:"total"`

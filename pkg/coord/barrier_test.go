@@ -101,3 +101,16 @@ func TestOldBarriersAreDeleted(t *testing.T) {
 		t.Errorf("barriers after a note: %v, want %v (the two older than a day deleted)", got, want)
 	}
 }
+
+// The children index's since is compared with when a fire happened: a
+// manual fire's when it was asked for, whatever fire it re-runs.
+func TestFireAskedOfAManualFireIsWhenItWasAskedFor(t *testing.T) {
+	asked := time.Date(2026, 12, 1, 10, 0, 0, 123e6, time.UTC)
+	sched := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if got := fireAsked(ManualFireKey(Trigger{Fire: asked, Rev: 4711}), sched); !got.Equal(asked) {
+		t.Errorf("manual fire: %s, want %s", got, asked)
+	}
+	if got := fireAsked(FireKey(&ItemRecord{Fire: sched}), sched); !got.Equal(sched) {
+		t.Errorf("scheduled fire: %s, want %s", got, sched)
+	}
+}

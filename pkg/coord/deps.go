@@ -179,6 +179,7 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 		return nil, nil, err
 	}
 	now := n.opts.Now().UTC()
+	asked := fireAsked(fire, fireTime)
 	for _, child := range children {
 		def := defs[child]
 		switch {
@@ -186,7 +187,7 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 			continue // removed (shardd remove), or unreadable: nothing would serve its triggers
 		case !slices.Contains(def.DependsOn, job):
 			continue // the index is behind the child's definition: it no longer depends on job
-		case fireTime.Before(idx[child].Since):
+		case asked.Before(idx[child].Since):
 			continue // a fire from before the child depended on job
 		}
 		parents := def.DependsOn
@@ -313,40 +314,3 @@ func barrierWhy(job, fire string, fireTime time.Time, b Barrier) string {
 }
 
 func sortedInts(s []int) []int { return slices.Sorted(slices.Values(s)) }
-
-// ReadTriggers reads the job's pending triggers (operators' and
-// upstream), oldest first: a child's instance that starts after its
-// parent's fire completed still serves it.
-func (n *Node) ReadTriggers(ctx context.Context, job string) ([]Trigger, error) {
-	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-	defer cancel()
-	resp, err := n.opts.Client.Get(rctx, n.keys.Triggers(job), clientv3.WithPrefix())
-	if err != nil {
-		return nil, fmt.Errorf("read triggers of %s: %w", job, err)
-	}
-	var out []Trigger
-	for _, kv := range resp.Kvs {
-		var tr Trigger
-		if err := json.Unmarshal(kv.Value, &tr); err != nil {
-			n.log.Error("ignoring malformed trigger", "job", job, "key", string(kv.Key), "err", err)
-			continue
-		}
-		tr.Rev = kv.CreateRevision
-		out = append(out, tr)
-	}
-	slices.SortFunc(out, func(a, b Trigger) int { return int(a.Rev - b.Rev) })
-	return out, nil
-}
-
-// DoneTrigger deletes an upstream trigger every item of the job served.
-// Operators' triggers expire with their lease.
-func (n *Node) DoneTrigger(ctx context.Context, job string, tr Trigger) error {
-	if tr.Upstream == nil {
-		return nil
-	}
-	key := n.keys.Trigger(job, tr.ID)
-	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-	defer cancel()
-	_, err := n.opts.Client.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", tr.Rev)).Then(clientv3.OpDelete(key)).Commit()
-	return err
-}

@@ -216,8 +216,11 @@ func (f *jobFacts) eligible() []string {
 	return out
 }
 
-// TriggerTTL is how long a trigger request stays in etcd.
-const TriggerTTL = time.Minute
+// TriggerTTL is how long a trigger request stays in etcd at most (its
+// lease): it is deleted sooner once every item it names served it. A run
+// queued behind a long one waits for it, on whichever instance then owns
+// its item, up to this long.
+const TriggerTTL = time.Hour
 
 // Triggered says what a trigger request will run.
 type Triggered struct {
@@ -276,7 +279,8 @@ const MaxTriggerParam = 16 << 10
 // (r.Rerun). It refuses an unknown job or item, a disabled job or item, a
 // job no instance can run, a bad parameter, and a rerun time that is not a
 // past fire of the job's schedule. The owners of the items run them; the
-// request expires after TriggerTTL.
+// request is deleted once every item served it, or expires after
+// TriggerTTL.
 func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r TriggerRequest) (Triggered, error) {
 	job, items := r.Job, r.Items
 	if err := checkParam(r.Param); err != nil {

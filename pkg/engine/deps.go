@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"slices"
-	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/shard"
@@ -94,67 +93,4 @@ func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec coord
 			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "children", slices.Sorted(maps.Keys(v.Children)))
 	}
 	return true
-}
-
-// loadTriggers reads the triggers waiting in etcd, once per loop, for a
-// job with parents: an upstream trigger put while this instance was away
-// is served (operators' triggers are only watched: they last a minute).
-func (j *jobLoop) loadTriggers(ctx context.Context) bool {
-	j.mu.Lock()
-	done, gen := j.triggersRead, j.triggersGen
-	j.mu.Unlock()
-	if done {
-		return true
-	}
-	trs, err := j.e.opts.Node.ReadTriggers(ctx, j.name)
-	if err != nil {
-		j.log.Warn("read the job's waiting triggers; trying again", "err", err)
-		return false
-	}
-	now := j.e.opts.Now()
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for _, tr := range trs {
-		j.addTriggerLocked(tr, now)
-	}
-	// A lost stretch of the watch after this read began may hold a
-	// trigger the read missed: read again before serving.
-	j.triggersRead = j.triggersGen == gen
-	return j.triggersRead
-}
-
-// addTriggerLocked queues tr unless it is queued already (a trigger both
-// read and watched). j.mu is held.
-func (j *jobLoop) addTriggerLocked(tr coord.Trigger, now time.Time) bool {
-	if slices.ContainsFunc(j.triggers, func(pt pendingTrigger) bool { return pt.tr.Rev == tr.Rev }) {
-		return false
-	}
-	j.triggers = append(j.triggers, pendingTrigger{tr: tr, received: now})
-	return true
-}
-
-// dropUpstream deletes the upstream triggers of a disabled job, as its
-// scheduled fires are recorded skipped: enabling it does not run the
-// parent fires that completed meanwhile.
-func (j *jobLoop) dropUpstream(ctx context.Context) {
-	var drop []coord.Trigger
-	j.mu.Lock()
-	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool {
-		if pt.tr.Upstream != nil {
-			drop = append(drop, pt.tr)
-			return true
-		}
-		return false
-	})
-	j.mu.Unlock()
-	for _, tr := range drop {
-		if err := j.e.opts.Node.DoneTrigger(ctx, j.name, tr); err != nil {
-			j.log.Warn("delete an upstream trigger of a disabled job; trying again", "trigger", tr.ID, "err", err)
-			j.mu.Lock()
-			j.addTriggerLocked(tr, j.e.opts.Now()) // dropped at the next reconcile
-			j.mu.Unlock()
-			continue
-		}
-		j.log.Info("upstream trigger dropped: the job is disabled", "trigger", tr.ID, "parent", tr.Upstream.Job, "parent_fire", tr.Upstream.FireTime)
-	}
 }

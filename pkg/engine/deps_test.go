@@ -289,3 +289,41 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 	}
 	waitFor(t, 15*time.Second, "the enabled child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
 }
+
+// `shardd trigger parent --fire <past fire>` says the children run after
+// it, and they do: the re-run is a fire of its own, asked for now, so a
+// child that began to depend on the parent after the past fire runs for
+// it, with the re-run fire's time.
+func TestRerunOfAPastFireTriggersTheChildren(t *testing.T) {
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := `jobs:
+  - name: parent
+    cron: "0 0 0 1 1 ?"
+    shardingTotalCount: 2
+    script: 'echo "$SHARDD_ITEM $SHARDD_SOURCE $SHARDD_FIRE_TIME" >> ` + dir + `/parent'
+  - name: child
+    dependsOn: [parent]
+    script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
+`
+	a := instance(t, srv, "a", yaml)
+	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	waitFor(t, 15*time.Second, "the parent's children index and both maps", func() bool {
+		v, _ := a.View("parent")
+		c, _ := a.View("child")
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && c.Map != nil
+	})
+	past := time.Date(time.Now().UTC().Year(), 1, 1, 0, 0, 0, 0, time.UTC) // the parent's last scheduled fire, before the child's since
+	res, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent", Fire: past.Format(time.RFC3339)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.NoPropagate || !slices.Equal(res.Children, []string{"child"}) {
+		t.Fatalf("the trigger does not say the child runs after it: %+v", res)
+	}
+	waitFor(t, 15*time.Second, "the parent's 2 items to re-run the past fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 2 })
+	waitFor(t, 15*time.Second, "the child after the re-run", func() bool { return len(lines(filepath.Join(dir, "child"))) >= 1 })
+	if got := lines(filepath.Join(dir, "child")); !slices.Equal(got, []string{past.Format(time.RFC3339)}) {
+		t.Errorf("the child's runs got SHARDD_PARENT_FIRE %q, want once the re-run fire %s", got, past.Format(time.RFC3339))
+	}
+}

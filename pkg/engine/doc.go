@@ -57,6 +57,16 @@
 // its loop's: a job removed and added back while an item runs still knows
 // the run.
 //
+// Triggers (triggers.go) are served from etcd, not from memory: each job
+// loop keeps the job's trigger keys from the watch and a read that follows
+// its subscription, serves none until that read is in (nor after a gap of
+// the watch until it has read again), and serves, per item it owns and
+// oldest first, those newer than the item's record says it served; the
+// claim that serves one writes that, so a trigger is served once per item
+// by whichever instance owns the item when it is free. A trigger no item
+// is left to serve is deleted by a Txn that checks, as etcd has them then,
+// the disable marks it counted on (docs/design.md, Triggers).
+//
 // Concurrency slots (the job's maxConcurrency, --max-concurrency) are taken
 // when the reconcile decides, the items whose fires have waited longest
 // first, and never waited for: an item without a slot is decided again,

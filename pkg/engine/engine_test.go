@@ -64,6 +64,13 @@ func instanceWith(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...f
 // called at the test's end).
 func startInstance(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...func(*Options)) (*coord.Node, func()) {
 	t.Helper()
+	node, _, stop := startEngine(t, cli, id, yaml, opts...)
+	return node, stop
+}
+
+// startEngine is startInstance that also returns the engine.
+func startEngine(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...func(*Options)) (*coord.Node, *Engine, func()) {
+	t.Helper()
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +97,7 @@ func startInstance(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...
 	go func() { defer wg.Done(); node.Run(ctx) }()
 	stop := sync.OnceFunc(func() { ecancel(); cancel(); wg.Wait(); wd.Close() })
 	t.Cleanup(stop)
-	return node, stop
+	return node, eng, stop
 }
 
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {

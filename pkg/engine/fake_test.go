@@ -33,6 +33,8 @@ type fakeNode struct {
 	outcomes []coord.Outcome
 	// claimErr, if set, fails a claim before it applies.
 	claimErr func(coord.Claim) error
+	// triggers are the job's trigger keys (no watch: the loop reads them).
+	triggers []coord.Trigger
 }
 
 func newFakeNode(t *testing.T, yaml string, owned map[string][]int) *fakeNode {
@@ -193,12 +195,33 @@ func (f *fakeNode) NoteOutcome(context.Context, string, int, coord.ItemRecord, c
 	panic("fakeNode: NoteOutcome of a job with no children")
 }
 func (f *fakeNode) ReadTriggers(context.Context, string) ([]coord.Trigger, error) {
-	panic("fakeNode: ReadTriggers of a job with no parents")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.triggers), nil
 }
-func (f *fakeNode) DoneTrigger(context.Context, string, coord.Trigger) error { return nil }
-func (f *fakeNode) OnChange(string, func()) func()                           { return func() {} }
-func (f *fakeNode) OnTrigger(string, func(coord.Trigger), func()) func()     { return func() {} }
-func (f *fakeNode) OnKill(string, func(coord.Kill)) func()                   { return func() {} }
+
+// DeleteTrigger deletes tr; the fake's jobs and items are never disabled
+// (decide's tests set st.Disabled on items they do not serve triggers of).
+func (f *fakeNode) DeleteTrigger(_ context.Context, _ string, tr coord.Trigger, _ coord.TriggerGuard) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := len(f.triggers)
+	f.triggers = slices.DeleteFunc(f.triggers, func(t coord.Trigger) bool { return t.Rev == tr.Rev })
+	return len(f.triggers) < n, nil
+}
+func (f *fakeNode) OnChange(string, func()) func()                            { return func() {} }
+func (f *fakeNode) OnTrigger(string, func(coord.TriggerEvent), func()) func() { return func() {} }
+func (f *fakeNode) OnKill(string, func(coord.Kill)) func()                    { return func() {} }
+
+// putTrigger puts a trigger in the fake's etcd at a new revision.
+func (f *fakeNode) putTrigger(tr coord.Trigger) coord.Trigger {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rev++
+	tr.Rev, tr.ModRev = f.rev, f.rev
+	f.triggers = append(f.triggers, tr)
+	return tr
+}
 
 // set replaces an item's state in the fake's etcd.
 func (f *fakeNode) set(item int, st coord.ItemState) {
@@ -451,15 +474,15 @@ func TestReconcileTakesSlotsWhenItDecides(t *testing.T) {
 	}
 }
 
-// A manual trigger for an item busy for longer than the trigger's minute
-// in etcd runs when the item is free; it is not forgotten.
+// A manual trigger for an item busy for minutes runs when the item is
+// free; it is not forgotten, and once served it is deleted.
 func TestReconcileKeepsATriggerWhileTheItemIsBusy(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 1h\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
 	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	clock := &fakeClock{now: noon.Add(10 * time.Second)}
 	j, wait := loopOn(f, clock, nil)
 	j.runs.running[0] = true // a run of the item is in progress here
-	j.triggers = append(j.triggers, pendingTrigger{tr: coord.Trigger{ID: "t1", Rev: 500}, received: clock.Now()})
+	f.putTrigger(coord.Trigger{ID: "t1"})
 	j.reconcile(context.Background())
 	clock.set(noon.Add(3 * time.Minute)) // still busy, well past the trigger's minute
 	j.reconcile(context.Background())
@@ -475,8 +498,8 @@ func TestReconcileKeepsATriggerWhileTheItemIsBusy(t *testing.T) {
 	}
 	j.reconcile(context.Background())
 	wait()
-	if got := f.claimed(); len(got) != 1 || len(j.triggers) != 0 {
-		t.Fatalf("the trigger ran again or stayed pending: claims %q, pending %d", got, len(j.triggers))
+	if got := f.claimed(); len(got) != 1 || len(f.triggers) != 0 || len(j.pendingTriggers()) != 0 {
+		t.Fatalf("the trigger ran again or stayed pending: claims %q, in etcd %d, in the loop %d", got, len(f.triggers), len(j.pendingTriggers()))
 	}
 }
 

@@ -43,10 +43,10 @@ type Items interface {
 	// NoteOutcome notes an item's final record in its fire's barrier;
 	// the completing note triggers the job's children (coord/deps.go).
 	NoteOutcome(ctx context.Context, job string, total int, rec coord.ItemRecord, children coord.ParentsOf) (coord.Barrier, bool, error)
-	// ReadTriggers reads the job's waiting triggers; DoneTrigger deletes
-	// an upstream trigger every item served.
+	// ReadTriggers reads the job's waiting triggers; DeleteTrigger deletes
+	// one no item is left to serve, if etcd says so still (its guard).
 	ReadTriggers(ctx context.Context, job string) ([]coord.Trigger, error)
-	DoneTrigger(ctx context.Context, job string, tr coord.Trigger) error
+	DeleteTrigger(ctx context.Context, job string, tr coord.Trigger, g coord.TriggerGuard) (bool, error)
 }
 
 // Events delivers what wakes a job's loop. Callbacks must not block.
@@ -54,8 +54,9 @@ type Events interface {
 	// OnChange: a newer map, a running marker deleted, an item disabled
 	// or enabled, or events possibly lost.
 	OnChange(job string, fn func()) (cancel func())
-	// OnTrigger: a trigger requested; lost: the watch may have lost some.
-	OnTrigger(job string, fn func(coord.Trigger), lost func()) (cancel func())
+	// OnTrigger: a trigger key put or deleted; lost: the watch may have
+	// lost some.
+	OnTrigger(job string, fn func(coord.TriggerEvent), lost func()) (cancel func())
 	OnKill(job string, fn func(coord.Kill)) (cancel func())
 }
 

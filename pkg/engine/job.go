@@ -14,8 +14,8 @@ import (
 )
 
 // jobLoop is one job's reconcile, run by the engine's scheduler, and the
-// local state it keeps: which items run in this process, the manual
-// triggers not yet served, the job's concurrency limit and runner. It is
+// local state it keeps: which items run in this process, the job's
+// triggers as etcd has them, the job's concurrency limit and runner. It is
 // plain data: no goroutine of its own while idle.
 type jobLoop struct {
 	e    *Engine
@@ -35,23 +35,15 @@ type jobLoop struct {
 	runs *localRuns
 
 	mu       sync.Mutex
-	triggers []pendingTrigger
-	sem      semaphore // the job's maxConcurrency; replaced when it changes
+	triggers triggerSet // the job's trigger keys (triggers.go)
+	sem      semaphore  // the job's maxConcurrency; replaced when it changes
 	semCap   int
 	clockErr string    // the last clock refusal logged
 	disabled bool      // the job was disabled at the last reconcile
 	lastRead time.Time // when the items were last read
 	// noted is, per item, the Seq of the record last noted in its fire's
-	// barrier (deps.go); triggersRead is set once the triggers waiting
-	// in etcd were read (a job with parents).
-	noted        map[int]int64
-	triggersRead bool
-	triggersGen  int // counts the watch's lost stretches
-}
-
-type pendingTrigger struct {
-	tr       coord.Trigger
-	received time.Time
+	// barrier (deps.go).
+	noted map[int]int64
 }
 
 // localRuns are the runs of one job's items in this process, from the
@@ -91,33 +83,11 @@ func (j *jobLoop) poke() { j.e.sched.WakeAt(j.slot, time.Time{}) }
 func (j *jobLoop) pokeAfter(d time.Duration) { j.e.sched.WakeAt(j.slot, j.e.opts.Now().Add(d)) }
 
 // follow subscribes the job to what wakes it (see OnChange), to its
-// manual triggers and to operators' kills; the returned stop ends them.
+// triggers and to operators' kills; the returned stop ends them.
 func (j *jobLoop) follow() (stop func()) {
 	node := j.e.opts.Node
 	stopChanges := node.OnChange(j.name, j.poke)
-	stopTriggers := node.OnTrigger(j.name, func(tr coord.Trigger) {
-		j.mu.Lock()
-		added := j.addTriggerLocked(tr, j.e.opts.Now())
-		j.mu.Unlock()
-		if !added {
-			return
-		}
-		if tr.Upstream != nil {
-			j.log.Info("upstream trigger", "trigger", tr.ID, "parent", tr.Upstream.Job, "parent_fire", tr.Upstream.FireTime, "failed", tr.Upstream.Failed)
-		} else {
-			j.log.Info("manual trigger", "trigger", tr.ID, "items", tr.Items, "by", tr.By)
-		}
-		j.poke()
-	}, func() {
-		// Triggers put in a lost stretch of the watch are in etcd still:
-		// read them again before serving any (a job with parents; an
-		// operator's trigger is repeated by its operator).
-		j.mu.Lock()
-		j.triggersRead = false
-		j.triggersGen++ // a read in flight may predate the gap
-		j.mu.Unlock()
-		j.poke()
-	})
+	stopTriggers := j.followTriggers()
 	stopKills := node.OnKill(j.name, j.onKill)
 	return func() {
 		stopChanges()
@@ -165,9 +135,11 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 	}
 	if m == nil || disabled {
-		j.expireTriggers(now, nil)
-		if m != nil && len(job.DependsOn) > 0 && j.loadTriggers(ctx) {
-			j.dropUpstream(ctx) // a disabled job's fires do not run, its parents' included
+		// A disabled job's fires do not run, its parents' and operators'
+		// included: its leader drops its triggers (one instance: no other
+		// needs to read them while the job is disabled).
+		if m != nil && v.Leading && j.loadTriggers(ctx) {
+			j.dropDisabled(ctx, v)
 		}
 		return next
 	}
@@ -207,12 +179,13 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	for item := range total {
 		snap[item].running, snap[item].ended = j.runs.snapshot(item)
 	}
-	// An instance that owns none of the job's items, runs none and has no
-	// trigger to serve has nothing to decide at a fire: it reads only at
-	// the sweep (a claim of its own that applied late, after the item moved
-	// away, is adopted then). With thousands of jobs on every instance,
-	// reading every job at every fire on every instance is most of etcd's load.
-	if !m.PerFire && !job.Shard.Runtime() && len(m.ItemsOf(e.opts.Node.ID())) == 0 && !j.runs.busy() && !j.hasTriggers() {
+	// An instance that owns none of the job's items and runs none has
+	// nothing to decide at a fire, nor a trigger to serve (the items'
+	// owners serve them, from etcd): it reads only at the sweep (a claim of
+	// its own that applied late, after the item moved away, is adopted
+	// then). With thousands of jobs on every instance, reading every job at
+	// every fire on every instance is most of etcd's load.
+	if !m.PerFire && !job.Shard.Runtime() && len(m.ItemsOf(e.opts.Node.ID())) == 0 && !j.runs.busy() {
 		if sweep := j.lastRead.Add(e.opts.Sweep); now.Before(sweep) {
 			return earliest(next, sweep)
 		}
@@ -227,8 +200,14 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		return now.Add(500 * time.Millisecond)
 	}
 	now = e.opts.Now()
-	loaded := len(job.DependsOn) == 0 || j.loadTriggers(ctx)
-	if !loaded {
+	// Triggers are served from a set complete as of a revision: the
+	// record of an item keeps only the newest it served, so serving one
+	// while an older one is unknown here would skip that one.
+	var triggers []coord.Trigger
+	loaded := j.loadTriggers(ctx)
+	if loaded {
+		triggers = j.pendingTriggers()
+	} else {
 		next = earliest(next, now.Add(500*time.Millisecond))
 	}
 	me := e.opts.Node.ID()
@@ -267,7 +246,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 			continue
 		}
 		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && loaded {
-			a = j.manual(item, st, now)
+			a = manual(triggers, item, st, now, j.baseline)
 		}
 		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && !ahead.IsZero() {
 			// Nothing due now: claim the next fire ahead if, as of that
@@ -342,26 +321,8 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		starts[i].slots = slots
 	}
-	served := j.expireTriggers(now, func(tr coord.Trigger) bool {
-		for item := range total {
-			if len(tr.Items) > 0 && !slices.Contains(tr.Items, item) {
-				continue
-			}
-			st := items.Items[item]
-			if !st.Disabled && (st.Record == nil || st.Record.Trigger < tr.Rev) {
-				// An item still to serve it, on whichever instance owns it
-				// when it is free: the item may move here meanwhile.
-				return true
-			}
-		}
-		return false
-	})
-	j.launch(ctx, v, starts) // runs first: the records below may take a while
-	for _, tr := range served {
-		if err := e.opts.Node.DoneTrigger(ctx, j.name, tr); err != nil {
-			j.log.Warn("delete a served upstream trigger (the next instance to start reads it, and finds it served)", "trigger", tr.ID, "err", err)
-		}
-	}
+	j.launch(ctx, v, starts)                    // runs first: the records below may take a while
+	j.deleteServed(ctx, triggers, total, items) // as read: the claims just made count at the next look
 	for _, s := range skips {
 		switch s.a.kind {
 		case settle:
@@ -406,22 +367,21 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// manual returns the run of the oldest pending trigger that item has not
-// served, or none: triggers are served in the order they were made, one
-// run each (each may carry its own parameter or fire), so none is lost.
-func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
+// manual returns the run of the oldest of triggers (oldest first) that
+// item has not served, or none: triggers are served in the order they
+// were made, one run each (each may carry its own parameter or fire), so
+// none is lost. baseline is the watermark of an item never claimed.
+func manual(triggers []coord.Trigger, item int, st coord.ItemState, now, baseline time.Time) action {
 	var served int64
-	sched := j.baseline
+	sched := baseline
 	if st.Record != nil {
 		served, sched = st.Record.Trigger, st.Record.Watermark()
 	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
 	var tr *coord.Trigger
-	for i := range j.triggers {
-		t := &j.triggers[i].tr
-		if t.Rev > served && (tr == nil || t.Rev < tr.Rev) && (len(t.Items) == 0 || slices.Contains(t.Items, item)) {
+	for i := range triggers {
+		if t := &triggers[i]; t.Rev > served && (len(t.Items) == 0 || slices.Contains(t.Items, item)) {
 			tr = t
+			break
 		}
 	}
 	if tr == nil {
@@ -437,50 +397,6 @@ func (j *jobLoop) manual(item int, st coord.ItemState, now time.Time) action {
 		a.source = coord.SourceUpstream
 	}
 	return a
-}
-
-// hasTriggers reports whether manual triggers wait to be served.
-func (j *jobLoop) hasTriggers() bool {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return len(j.triggers) > 0
-}
-
-// maxTriggerAge bounds how long an instance keeps a trigger no item has
-// served (its items disabled, or the job stopped here).
-const maxTriggerAge = time.Hour
-
-// expireTriggers forgets the triggers that every item they name has served
-// (pending says none is left), whoever owns the items: a trigger queued
-// behind a long run is still served when its item moves to another
-// instance meanwhile, every instance of the job keeping it. One that
-// waits longer than maxTriggerAge is dropped, said in the log.
-//
-// An upstream trigger (dependencies) is kept until served, whatever its
-// age, and returned once served: the caller deletes it from etcd. A
-// disabled item counts as served: like its scheduled fires, the parent
-// fires that complete while it is disabled do not run on it.
-func (j *jobLoop) expireTriggers(now time.Time, pending func(coord.Trigger) bool) (served []coord.Trigger) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.triggers = slices.DeleteFunc(j.triggers, func(pt pendingTrigger) bool {
-		if pt.tr.Upstream != nil {
-			if pending == nil || pending(pt.tr) {
-				return false
-			}
-			served = append(served, pt.tr)
-			return true
-		}
-		if now.Sub(pt.received) > maxTriggerAge {
-			j.log.Warn("manual trigger dropped: not served within an hour", "trigger", pt.tr.ID, "items", pt.tr.Items, "by", pt.tr.By)
-			return true
-		}
-		if pending == nil { // the job is disabled or has no map: as long as etcd keeps it
-			return now.Sub(pt.received) > coord.TriggerTTL
-		}
-		return !pending(pt.tr)
-	})
-	return served
 }
 
 // skip records fires as skipped by the misfire policy.

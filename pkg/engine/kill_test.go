@@ -166,11 +166,11 @@ func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
 	}
 }
 
-// A trigger queued behind a long run is kept by every instance of the job
-// until its item served it: when the item moves (a reshard) after the
-// trigger's minute in etcd and before the run ends, the new owner runs
-// it. The clocks jump a minute ahead here, as a run of more than a minute
-// would take.
+// A trigger queued behind a long run waits in etcd until its item served
+// it: when the item moves (a reshard) before the run ends, the new owner
+// runs it, whatever the instances' clocks say (they jump a minute ahead
+// here, as a run of more than a minute would take: the trigger's lease,
+// an hour, is etcd's to count).
 func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
 	srv := etcdtest.Start(t)
 	starts := filepath.Join(t.TempDir(), "starts")
