@@ -314,6 +314,11 @@ func WaitKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 			switch {
 			case rec.State == StateRunning && rev == r.Fence: // a RUNNING record's fence is its claim's revision
 				pending++
+			case rec.Fence == r.Fence && rec.CutByFailure():
+				// Cut by its instance's fence or stop before the kill
+				// reached it: the item's owner settles it next, KILLED by
+				// the operator (the kill request stands) or failed over.
+				pending++
 			case rec.Fence == r.Fence:
 				out[i].State, out[i].Reason, out[i].Error = rec.State, rec.Reason, rec.Error
 			case rev > r.Fence:
