@@ -34,8 +34,12 @@ type Change struct {
 	Follows bool
 }
 
-// maxReadings bounds a Change's Readings.
-const maxReadings = 3
+// maxReadings bounds a Change's Readings, maxFires the fires its String
+// lists.
+const (
+	maxReadings = 3
+	maxFires    = 6
+)
 
 // Changes returns the changes of offset in (from, to] that skip or repeat
 // a reading of s, earliest first. A schedule that is not a cron
@@ -117,14 +121,21 @@ func (c Change) String() string {
 		fmt.Fprintf(&b, " and %d more", c.More)
 	}
 	one := len(c.Readings) == 1 && c.More == 0
-	fires := make([]string, len(c.Fires))
-	for i, f := range c.Fires {
-		fires[i] = f.Format("15:04:05 MST")
+	var fires []string
+	for _, f := range c.Fires {
+		if len(fires) == maxFires {
+			break
+		}
 		if f.Format(time.DateOnly) != c.Before.Format(time.DateOnly) {
-			fires[i] = f.Format("Mon 15:04:05 MST")
+			fires = append(fires, f.Format("Mon 15:04:05 MST"))
+		} else {
+			fires = append(fires, f.Format("15:04:05 MST"))
 		}
 	}
 	list := strings.Join(fires, ", ")
+	if more := len(c.Fires) - len(fires); more > 0 {
+		list += fmt.Sprintf(" and %d more", more)
+	}
 	switch {
 	case c.Forward && c.Follows:
 		b.WriteString(pick(one, " does not exist; no fire for it", " do not exist; no fire for them"))

@@ -227,11 +227,15 @@ func TestChanges(t *testing.T) {
 		}},
 		{"Europe/Berlin", "0 0/10 2 * * ?", []string{
 			"clocks jump Sun 2026-03-29 02:00 CET -> 03:00 CEST: 02:00:00, 02:10:00, 02:20:00 and 3 more do not exist; no fire for them (the schedule follows the clock)",
-			"clocks go back Sun 2026-10-25 03:00 CEST -> 02:00 CET: 02:00:00, 02:10:00, 02:20:00 and 3 more come twice; fire both times: 02:00:00 CEST, 02:10:00 CEST, 02:20:00 CEST, 02:30:00 CEST, 02:40:00 CEST, 02:50:00 CEST, 02:00:00 CET, 02:10:00 CET, 02:20:00 CET, 02:30:00 CET, 02:40:00 CET, 02:50:00 CET",
+			"clocks go back Sun 2026-10-25 03:00 CEST -> 02:00 CET: 02:00:00, 02:10:00, 02:20:00 and 3 more come twice; fire both times: 02:00:00 CEST, 02:10:00 CEST, 02:20:00 CEST, 02:30:00 CEST, 02:40:00 CEST, 02:50:00 CEST and 6 more",
 		}},
 		{"Europe/Berlin", "0 0,30 2 * * ?", []string{
 			"clocks jump Sun 2026-03-29 02:00 CET -> 03:00 CEST: 02:00:00, 02:30:00 do not exist; fire once when the clocks jump: 03:00:00 CEST",
 			"clocks go back Sun 2026-10-25 03:00 CEST -> 02:00 CET: 02:00:00, 02:30:00 come twice; fire the first time only: 02:00:00 CEST, 02:30:00 CEST; the second (CET) is skipped",
+		}},
+		{"Europe/Berlin", "* * 2 * * ?", []string{
+			"clocks jump Sun 2026-03-29 02:00 CET -> 03:00 CEST: 02:00:00, 02:00:01, 02:00:02 and 3597 more do not exist; no fire for them (the schedule follows the clock)",
+			"clocks go back Sun 2026-10-25 03:00 CEST -> 02:00 CET: 02:00:00, 02:00:01, 02:00:02 and 3597 more come twice; fire both times: 02:00:00 CEST, 02:00:01 CEST, 02:00:02 CEST, 02:00:03 CEST, 02:00:04 CEST, 02:00:05 CEST and 7194 more",
 		}},
 		{"Europe/Berlin", "0 0 12 * * ?", nil},
 		{"Australia/Lord_Howe", "0 45 1 * * ?", []string{
