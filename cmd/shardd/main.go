@@ -14,7 +14,7 @@ import (
 	"io"
 	"os"
 	"strings"
-
+	"time"
 	_ "time/tzdata" // time zones for timeZone on hosts without tzdata
 
 	"github.com/shardd/shardd/pkg/config"
@@ -33,6 +33,15 @@ type command struct {
 type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
+	now            func() time.Time // nil: time.Now
+}
+
+// clock returns the time now, as the command should see it.
+func (e *env) clock() time.Time {
+	if e.now != nil {
+		return e.now()
+	}
+	return time.Now()
 }
 
 // exitError carries a specific exit code.

@@ -19,8 +19,18 @@ import (
 // shardd runs the command line args and returns exit code, stdout and stderr.
 func shardd(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
+	return sharddAt(t, time.Time{}, args...)
+}
+
+// sharddAt runs shardd with its clock at now (zero: the real clock).
+func sharddAt(t *testing.T, now time.Time, args ...string) (int, string, string) {
+	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(args, &env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }})
+	e := &env{stdout: &out, stderr: &errOut, getenv: func(string) string { return "" }}
+	if !now.IsZero() {
+		e.now = func() time.Time { return now }
+	}
+	code := run(args, e)
 	return code, out.String(), errOut.String()
 }
 
@@ -407,5 +417,48 @@ func TestPlanAndValidateShowDependencies(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("validate output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// validate and plan print the fires around a daylight-saving change as
+// they will run, and say what each change of the next year does to a job.
+func TestValidateShowsDSTChanges(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "jobs.yaml")
+	os.WriteFile(path, []byte(`jobs:
+  - name: nightly
+    cron: "0 15 2 * * ?"
+    timeZone: Europe/Berlin
+    script: "true"
+  - name: hourly
+    cron: "0 0 * * * ?"
+    timeZone: Europe/Berlin
+    script: "true"
+  - name: noon
+    cron: "0 0 12 * * ?"
+    timeZone: Europe/Berlin
+    script: "true"
+  - name: howe
+    cron: "0 45 1 * * ?"
+    timeZone: Australia/Lord_Howe
+    script: "true"
+`), 0o644)
+	now := time.Date(2026, 10, 23, 12, 0, 0, 0, time.UTC)
+	want := `  hourly (0 0 * * * ?, Europe/Berlin): next Fri 2026-10-23 15:00:00 CEST, Fri 2026-10-23 16:00:00 CEST, Fri 2026-10-23 17:00:00 CEST
+    DST: clocks go back Sun 2026-10-25 03:00 CEST -> 02:00 CET: 02:00:00 comes twice; fires both times: 02:00:00 CEST, 02:00:00 CET
+    DST: clocks jump Sun 2027-03-28 02:00 CET -> 03:00 CEST: 02:00:00 does not exist; no fire for it (the schedule follows the clock)
+  howe (0 45 1 * * ?, Australia/Lord_Howe): next Sat 2026-10-24 01:45:00 +11, Sun 2026-10-25 01:45:00 +11, Mon 2026-10-26 01:45:00 +11
+    DST: clocks go back Sun 2027-04-04 02:00 +11 -> 01:30 +1030: 01:45:00 comes twice; fires the first time only: 01:45:00 +11; the second (+1030) is skipped
+  nightly (0 15 2 * * ?, Europe/Berlin): next Sat 2026-10-24 02:15:00 CEST, Sun 2026-10-25 02:15:00 CEST, Mon 2026-10-26 02:15:00 CET
+    DST: clocks go back Sun 2026-10-25 03:00 CEST -> 02:00 CET: 02:15:00 comes twice; fires the first time only: 02:15:00 CEST; the second (CET) is skipped
+    DST: clocks jump Sun 2027-03-28 02:00 CET -> 03:00 CEST: 02:15:00 does not exist; fires when the clocks jump: 03:00:00 CEST
+  noon (0 0 12 * * ?, Europe/Berlin): next Sat 2026-10-24 12:00:00 CEST, Sun 2026-10-25 12:00:00 CET, Mon 2026-10-26 12:00:00 CET
+`
+	code, out, errOut := sharddAt(t, now, "validate", path)
+	if code != 0 || !strings.HasSuffix(out, "valid\n"+want) {
+		t.Errorf("validate: exit %d %s; output\n%s\nwant it to end with\n%s", code, errOut, out, want)
+	}
+	code, out, errOut = sharddAt(t, now, "plan", "--config", path, "--instances", "a")
+	if code != 0 || !strings.Contains(out, "next fires:\n"+want) {
+		t.Errorf("plan: exit %d %s; output\n%s\nwant it to have\n%s", code, errOut, out, want)
 	}
 }

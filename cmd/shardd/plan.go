@@ -36,7 +36,8 @@ func cmdPlan(e *env, args []string) error {
 	if err != nil {
 		return usageError("--instances: %v", err)
 	}
-	fire := shard.Fire{Time: time.Now().Truncate(time.Second), Seq: *fireSeq}
+	now := e.clock()
+	fire := shard.Fire{Time: now.Truncate(time.Second), Seq: *fireSeq}
 	if *fireTime != "" {
 		if fire.Time, err = time.Parse(time.RFC3339, *fireTime); err != nil {
 			return usageError("--fire-time: want RFC 3339 like 2026-01-02T15:04:05Z, got %q", *fireTime)
@@ -48,7 +49,7 @@ func cmdPlan(e *env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("load %s:\n%w", *cfgPath, err)
 		}
-		return planConfig(e.stdout, c, ids, fire, *output == "json", *fireTime != "")
+		return planConfig(e.stdout, c, ids, fire, *output == "json", *fireTime != "", now)
 	}
 	if *job == "" {
 		return usageError("--job is required (or --config)")
@@ -68,8 +69,9 @@ func cmdPlan(e *env, args []string) error {
 }
 
 // planConfig previews every job of c. Per-fire strategies use the job's next
-// fire at or after fire.Time (its sequence number from the schedule).
-func planConfig(w io.Writer, c *config.Config, ids []string, fire shard.Fire, asJSON, fireGiven bool) error {
+// fire at or after fire.Time (its sequence number from the schedule); the
+// next fires listed are those after now.
+func planConfig(w io.Writer, c *config.Config, ids []string, fire shard.Fire, asJSON, fireGiven bool, now time.Time) error {
 	all := map[string]map[string][]int{}
 	for i, j := range c.Jobs {
 		f := fire
@@ -103,7 +105,7 @@ func planConfig(w io.Writer, c *config.Config, ids []string, fire shard.Fire, as
 		return writeJSON(w, all)
 	}
 	fmt.Fprintln(w, "\nnext fires:")
-	writeNextFires(w, c, 3)
+	writeNextFires(w, c, 3, now)
 	writeGraph(w, c)
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/schedule"
 )
 
 func cmdValidate(e *env, args []string) error {
@@ -38,14 +39,15 @@ func cmdValidate(e *env, args []string) error {
 		return &exitError{exitFailure, fmt.Errorf("%s: 0 jobs in %d file(s); shardd run refuses a config without jobs", *path, len(c.Files))}
 	}
 	fmt.Fprintf(e.stdout, "%s: %d job(s) in %d file(s), valid\n", *path, len(c.Jobs), len(c.Files))
-	writeNextFires(e.stdout, c, 3)
+	writeNextFires(e.stdout, c, 3, e.clock())
 	return nil
 }
 
-// writeNextFires prints each job's next n fire times in its time zone (a
-// Quartz day of week 1 is SUNDAY: seeing the dates catches such slips).
-func writeNextFires(w io.Writer, c *config.Config, n int) {
-	now := time.Now()
+// writeNextFires prints each job's next n fire times after now in its time
+// zone (a Quartz day of week 1 is SUNDAY: seeing the dates catches such
+// slips) and, under a job, each daylight-saving change of the next year
+// that skips or repeats one of its times, with the fires it leaves.
+func writeNextFires(w io.Writer, c *config.Config, n int, now time.Time) {
 	for _, j := range c.Jobs {
 		after, stream := "", ""
 		if len(j.DependsOn) > 0 {
@@ -78,8 +80,18 @@ func writeNextFires(w io.Writer, c *config.Config, n int) {
 			off = " [disabled: true, so none of these runs]"
 		}
 		fmt.Fprintf(w, "  %s (%s, %s): next %s%s%s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), after, stream, off)
+		for i, ch := range schedule.Changes(j.Schedule, now, now.AddDate(1, 0, 0)) {
+			if i == maxChanges {
+				fmt.Fprintf(w, "    DST: and more within the year\n")
+				break
+			}
+			fmt.Fprintf(w, "    DST: %s\n", ch)
+		}
 	}
 }
+
+// maxChanges bounds the daylight-saving changes shown per job.
+const maxChanges = 4
 
 // dependencyRule says when a job with dependsOn runs after its parents.
 func dependencyRule(j *config.Job) string {

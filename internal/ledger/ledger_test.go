@@ -360,3 +360,56 @@ func TestLongPeriodFireLost(t *testing.T) {
 		t.Errorf("%s %v", r, r.Violations)
 	}
 }
+
+// The checker's due fires are the schedule's, so G3 follows the DST rule
+// of pkg/schedule: in Berlin, a daily 02:15 is due at 03:00 CEST on the
+// night the clocks jump over it (the old reading of the cron had no fire
+// that day), and once, at 02:15 CEST, on the night they go back.
+func TestDueFiresFollowTheDSTRule(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nightly, err := schedule.Parse("0 15 2 * * ?", berlin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(fire string, fence int) string {
+		f, err := time.Parse(time.RFC3339, fire)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := f.Add(50 * time.Millisecond).UnixNano()
+		return fmt.Sprintf("start nightly 0 %s 1 %d a NORMAL %d\nend nightly 0 %[1]s 1 %[2]d a NORMAL %d\n", f.UTC().Format(time.RFC3339), fence, at, at+int64(time.Second))
+	}
+	tests := []struct {
+		name     string
+		from, to string
+		fires    []string
+		misses   int
+	}{
+		{"spring forward, run at the jump", "2026-03-28T00:00:00+01:00", "2026-03-31T00:00:00+02:00",
+			[]string{"2026-03-28T02:15:00+01:00", "2026-03-29T03:00:00+02:00", "2026-03-30T02:15:00+02:00"}, 0},
+		{"spring forward, the jump's fire missing", "2026-03-28T00:00:00+01:00", "2026-03-31T00:00:00+02:00",
+			[]string{"2026-03-28T02:15:00+01:00", "2026-03-30T02:15:00+02:00"}, 1},
+		{"fall back, once", "2026-10-24T00:00:00+02:00", "2026-10-27T00:00:00+01:00",
+			[]string{"2026-10-24T02:15:00+02:00", "2026-10-25T02:15:00+02:00", "2026-10-26T02:15:00+01:00"}, 0},
+	}
+	for _, tt := range tests {
+		var b strings.Builder
+		for i, f := range tt.fires {
+			b.WriteString(run(f, 10*(i+1)))
+		}
+		b.WriteString(run("2026-12-01T02:15:00+01:00", 1000)) // the ledger goes on past every deadline
+		ev, err := Parse(strings.NewReader(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		from, _ := time.Parse(time.RFC3339, tt.from)
+		to, _ := time.Parse(time.RFC3339, tt.to)
+		r := Check(ev, Options{Jobs: map[string]Job{"nightly": {Items: 1, Schedule: nightly}}, Bound: 3 * time.Second, From: from, To: to})
+		if r.Misses != tt.misses || r.FiresChecked != 3 {
+			t.Errorf("%s: %d fires checked, %d misses (want 3, %d): %v", tt.name, r.FiresChecked, r.Misses, tt.misses, r.Violations)
+		}
+	}
+}

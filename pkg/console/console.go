@@ -67,6 +67,7 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/runlog"
+	sched "github.com/shardd/shardd/pkg/schedule"
 )
 
 // Cluster is what the console reads; *coord.Node implements it.
@@ -802,7 +803,9 @@ type errorData struct {
 }
 
 // pastFires returns the job's last n fires before now, newest first, as
-// the re-run form takes them (in the job's time zone).
+// the re-run form takes them: in the job's time zone, with the offset
+// where the clocks show that time twice (a schedule that follows the
+// clock fires at both).
 func pastFires(j *config.Job, now time.Time, n int) []string {
 	if j.Schedule == nil {
 		return nil
@@ -820,7 +823,12 @@ func pastFires(j *config.Job, now time.Time, n int) []string {
 	}
 	var out []string
 	for i := len(fires) - 1; i >= 0 && len(out) < n; i-- {
-		out = append(out, fires[i].In(loc).Format("2006-01-02 15:04:05"))
+		f := fires[i].In(loc)
+		if at, _ := sched.Instants(loc, f); len(at) > 1 {
+			out = append(out, f.Format(time.RFC3339))
+			continue
+		}
+		out = append(out, f.Format("2006-01-02 15:04:05"))
 	}
 	return out
 }

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	sched "github.com/shardd/shardd/pkg/schedule"
 )
 
 // fakeCluster is a cluster of n jobs named job-00000...; job-00001's item 0
@@ -549,5 +551,24 @@ func TestSnapshotKeptWarmWhileUsed(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if m := f.statuses.Load(); m != n {
 		t.Errorf("%d reads after the console went unused, want none", m-n)
+	}
+}
+
+// The re-run form's past fires name one instant each: a time the clocks
+// showed twice (the hourly job fired at both 02:00s) carries its offset.
+func TestPastFiresAroundTheClocksGoingBack(t *testing.T) {
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := sched.Parse("0 0 * * * ?", berlin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := &config.Job{Name: "hourly", Cron: "0 0 * * * ?", Schedule: s, Location: berlin}
+	got := pastFires(j, time.Date(2026, 10, 25, 3, 30, 0, 0, berlin), 4)
+	want := []string{"2026-10-25 03:00:00", "2026-10-25T02:00:00+01:00", "2026-10-25T02:00:00+02:00", "2026-10-25 01:00:00"}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("pastFires = %q, want %q", got, want)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/schedule"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -416,28 +417,24 @@ func (f *jobFacts) checkRerun(text string, now time.Time) (time.Time, error) {
 }
 
 // localFire reads a date and time without an offset in loc. A wall-clock
-// time that loc skips (a daylight-saving gap) or has twice (the hour
-// repeated when clocks go back) is refused: it names no fire, or two.
+// time that loc skips (a daylight-saving gap) or has twice (the hour, or
+// half hour, repeated when clocks go back) is refused: it names no
+// instant, or two.
 func localFire(text string, loc *time.Location) (time.Time, error) {
 	for _, layout := range fireLayouts {
-		t, err := time.ParseInLocation(layout, text, loc)
+		wall, err := time.Parse(layout, text)
 		if err != nil {
 			continue
 		}
-		wall := t.Format(layout)
-		if wall != text {
-			return time.Time{}, opErr(ErrBadTarget, "fire %q does not exist in time zone %s (the clocks skipped it); give an offset, e.g. %s", text, loc, t.Format(time.RFC3339))
+		at, jump := schedule.Instants(loc, wall)
+		switch len(at) {
+		case 0:
+			return time.Time{}, opErr(ErrBadTarget, "fire %q does not exist in time zone %s (the clocks skipped it; a fixed-time fire for it ran when they jumped, at %s): give an offset, e.g. %s", text, loc, jump.Format(time.RFC3339), jump.Format(time.RFC3339))
+		case 1:
+			return at[0], nil
+		default:
+			return time.Time{}, opErr(ErrBadTarget, "fire %q happens twice in time zone %s (the clocks went back): give its offset, %s or %s", text, loc, at[0].Format(time.RFC3339), at[1].Format(time.RFC3339))
 		}
-		for _, other := range []time.Time{t.Add(-time.Hour), t.Add(time.Hour)} {
-			if other.In(loc).Format(layout) == wall {
-				a, b := t, other
-				if b.Before(a) {
-					a, b = b, a
-				}
-				return time.Time{}, opErr(ErrBadTarget, "fire %q happens twice in time zone %s (the clocks went back): give its offset, %s or %s", text, loc, a.Format(time.RFC3339), b.Format(time.RFC3339))
-			}
-		}
-		return t, nil
 	}
 	return time.Time{}, opErr(ErrBadTarget, "fire %q: want RFC 3339 (2026-12-01T02:00:00Z) or a date and time in the job's time zone %s (2026-12-01 02:00:00)", text, loc)
 }

@@ -52,6 +52,52 @@ func TestRerunFire(t *testing.T) {
 	}
 }
 
+// The same around half-hour shifts (Lord Howe: 2026-04-05 02:00 +11 ->
+// 01:30 +1030, 2026-10-04 02:00 +1030 -> 02:30 +11) and for the fire a
+// fixed-time job runs when the clocks jump over its time.
+func TestRerunFireAroundDST(t *testing.T) {
+	howe, err := time.LoadLocation("Australia/Lord_Howe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	berlin, err := time.LoadLocation("Europe/Berlin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2027, 12, 1, 0, 0, 0, 0, time.UTC)
+	tests := []struct {
+		cron string
+		loc  *time.Location
+		text string
+		want string // RFC 3339, or an error's words
+	}{
+		{"0 45 * * * ?", howe, "2026-04-05 01:45", "happens twice in time zone Australia/Lord_Howe (the clocks went back): give its offset, 2026-04-05T01:45:00+11:00 or 2026-04-05T01:45:00+10:30"},
+		{"0 45 * * * ?", howe, "2026-04-05T01:45:00+10:30", "2026-04-05T01:45:00+10:30"},
+		{"0 45 * * * ?", howe, "2026-04-05 02:45", "2026-04-05T02:45:00+10:30"},
+		{"0 15 2 * * ?", howe, "2026-10-04 02:15", "does not exist in time zone Australia/Lord_Howe (the clocks skipped it; a fixed-time fire for it ran when they jumped, at 2026-10-04T02:30:00+11:00)"},
+		{"0 15 2 * * ?", howe, "2026-10-04 02:30", "2026-10-04T02:30:00+11:00"},
+		{"0 15 2 * * ?", berlin, "2027-03-28T03:00:00+02:00", "2027-03-28T03:00:00+02:00"},
+		{"0 15 2 * * ?", berlin, "2027-03-28 03:15", `is not a fire of job "j"`},
+		{"0 15 2 * * ?", berlin, "2026-10-25T02:15:00+01:00", `is not a fire of job "j"`}, // the second 02:15 is skipped
+	}
+	for _, tt := range tests {
+		s, err := schedule.Parse(tt.cron, tt.loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := &jobFacts{name: "j", def: &config.Job{Name: "j", Cron: tt.cron, Schedule: s, Location: tt.loc}}
+		got, err := f.checkRerun(tt.text, now)
+		switch {
+		case strings.Contains(tt.want, " "):
+			if !errors.Is(err, ErrBadTarget) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%q in %s: %v, want an error saying %q", tt.text, tt.loc, err, tt.want)
+			}
+		case err != nil || !got.Equal(mustTime(t, tt.want)):
+			t.Errorf("%q in %s: %s, %v; want %s", tt.text, tt.loc, got.In(tt.loc).Format(time.RFC3339), err, tt.want)
+		}
+	}
+}
+
 func mustTime(t *testing.T, s string) time.Time {
 	t.Helper()
 	v, err := time.Parse(time.RFC3339, s)

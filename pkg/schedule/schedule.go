@@ -1,7 +1,7 @@
 // Package schedule parses the cron expressions of shardd jobs into schedules.
 //
-// It accepts what ElasticJob, XXL-JOB and Unix users write, and maps each onto
-// robfig/cron v3 without changing its meaning:
+// It accepts what ElasticJob, XXL-JOB and Unix users write, and matches
+// times as robfig/cron v3 would, without changing their meaning:
 //
 //	6 or 7 fields   Quartz: sec min hour day-of-month month day-of-week [year]
 //	                day-of-week 1-7 = SUN-SAT (as in Quartz), "?" for "no value";
@@ -16,6 +16,57 @@
 // an expression is never silently read differently from how Quartz reads it.
 //
 // A Schedule is a pure function of time: Next takes the time to start from.
+//
+// # Time zones and daylight saving
+//
+// A cron expression names wall-clock times (readings of a clock: a date and
+// a time of day) in the job's time zone. Where the zone's UTC offset changes
+// (a daylight-saving transition, or a zone changing its standard time), some
+// readings happen twice (the clocks go back over them) and some never happen
+// (the clocks jump over them). Which instants fire is decided as vixie cron
+// does, by what the expression means:
+//
+//   - A schedule follows the clock when its second, minute or hour field
+//     is a wildcard: "*", or a step or range over the whole field ("*/n",
+//     "0/n", "0-59/n", "0-23") that matches more than one value. Such a
+//     schedule names a rhythm, not a time: it fires at every instant at
+//     which the clock shows a matching reading, so it fires twice for a
+//     reading the clocks show twice, and not at all for one they skip.
+//     "0 0 * * * ?" fires at each real hour's :00, both 02:00s of a
+//     fall-back night in Berlin, and no 02:00 on the spring-forward night
+//     (01:00 CET, then 03:00 CEST: one real hour apart); "0 0/30 * * * ?"
+//     fires every real 30 minutes across both.
+//   - Every other schedule is fixed-time ("0 15 2 * * ?", "0 0 2,14 * * ?",
+//     "0 0,30 1 * * ?", "5/15" with a fixed hour, @daily): each matching
+//     reading fires once, at the first instant at which the clock shows
+//     that reading or a later one. A reading shown twice fires the first
+//     time only; a reading skipped fires at the instant the clocks jump
+//     (the first instant after the gap: 02:15 on a night that jumps from
+//     02:00 CET to 03:00 CEST fires at 03:00 CEST). Several readings in one
+//     gap fire once between them, and a skipped reading whose jump lands on
+//     a matching reading fires with it, once. So a job with one time a day
+//     fires exactly once for every local calendar day, transition days
+//     included, in every zone and for every size of shift (Lord_Howe's 30
+//     minutes too): on that day, or, where the clocks jump over the end of
+//     the day (America/Nuuk goes from Saturday 23:00 -02 to Sunday 00:00
+//     -01), at the jump, the first instant of the next day.
+//
+// Quartz's "0/30" is "*/30": in the minute field both make a wildcard, so
+// "0 0/30 1 * * ?" (every 30 minutes during 01:00-01:59) follows the clock
+// and fires four times on a night that shows 01:00-01:59 twice, where the
+// fixed-time "0 0,30 1 * * ?" fires twice. "0 0 */2 * * ?" follows the
+// clock; "0 0 2/12 * * ?" (02:00 and 14:00) is fixed-time, since its step
+// does not start at the field's first value. A seconds step ("0/10 15 2 * *
+// ?") is a wildcard as a minutes step is; a Unix expression's seconds are a
+// fixed 0. The day-of-month, month and day-of-week fields never make a
+// schedule follow the clock. @every counts real seconds; no transition
+// changes it.
+//
+// Fires are strictly increasing and every fire f satisfies Next(f-1ns) == f:
+// callers enumerate fires between two times by calling Next from the last
+// one (misfire counts, previews, the ledger's checks), with no duplicate and
+// no stall at a gap. Changes describes what the transitions in a span do to
+// a schedule, for previews.
 package schedule
 
 import (
@@ -41,7 +92,7 @@ var ErrSyntax = errors.New("schedule: invalid cron expression")
 
 var (
 	quartzParser = cron.NewParser(cron.Second | cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow)
-	unixParser   = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+	unixParser   = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow)
 )
 
 // reference is the fixed time from which Parse checks that a schedule fires at all.
@@ -80,32 +131,34 @@ func parse(expr string, loc *time.Location) (Schedule, error) {
 			return nil, err
 		}
 		s, err := unixParser.Parse(strings.Join(fields, " "))
-		return withLocation(s, namedField(unixParser, unixFieldNames, fields, fields, err))(loc)
+		if err := namedField(unixParser, unixFieldNames, fields, fields, err); err != nil {
+			return nil, err
+		}
+		return newCron(s, loc, wildcard(fields[0], 59) || wildcard(fields[1], 23))
 	case 6, 7:
 		converted, err := quartzToRobfig(fields)
 		if err != nil {
 			return nil, err
 		}
 		s, err := quartzParser.Parse(strings.Join(converted, " "))
-		return withLocation(s, namedField(quartzParser, quartzFieldNames, fields, converted, err))(loc)
+		if err := namedField(quartzParser, quartzFieldNames, fields, converted, err); err != nil {
+			return nil, err
+		}
+		return newCron(s, loc, wildcard(converted[0], 59) || wildcard(converted[1], 59) || wildcard(converted[2], 23))
 	default:
 		return nil, fmt.Errorf("%d fields; want 6 or 7 (Quartz: sec min hour day-of-month month day-of-week [year]), 5 (Unix: min hour day-of-month month day-of-week) or a descriptor like @every 30s", len(fields))
 	}
 }
 
-// withLocation sets loc on a robfig schedule, and trims robfig's error text.
-func withLocation(s cron.Schedule, err error) func(*time.Location) (Schedule, error) {
-	return func(loc *time.Location) (Schedule, error) {
-		if err != nil {
-			return nil, err
-		}
-		spec, ok := s.(*cron.SpecSchedule)
-		if !ok {
-			return nil, fmt.Errorf("unexpected schedule type %T", s)
-		}
-		spec.Location = loc
-		return spec, nil
-	}
+// descriptors are the Unix expressions of the descriptors other than @every.
+var descriptors = map[string]string{
+	"@yearly":   "0 0 1 1 *",
+	"@annually": "0 0 1 1 *",
+	"@monthly":  "0 0 1 * *",
+	"@weekly":   "0 0 * * 0",
+	"@daily":    "0 0 * * *",
+	"@midnight": "0 0 * * *",
+	"@hourly":   "0 * * * *",
 }
 
 func parseDescriptor(expr string, loc *time.Location) (Schedule, error) {
@@ -120,14 +173,50 @@ func parseDescriptor(expr string, loc *time.Location) (Schedule, error) {
 		}
 		return Every(d), nil
 	}
-	switch expr {
-	case "@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly":
-		s, err := unixParser.Parse(expr)
-		return withLocation(s, err)(loc)
-	case "@reboot":
+	if unix, ok := descriptors[expr]; ok {
+		return parse(unix, loc)
+	}
+	if expr == "@reboot" {
 		return nil, errors.New("@reboot is not supported: shardd fires by the clock")
 	}
 	return nil, fmt.Errorf("unknown descriptor %s (want @every <duration>, @hourly, @daily, @midnight, @weekly, @monthly, @yearly or @annually)", expr)
+}
+
+// wildcard reports whether a second, minute or hour field (robfig's
+// syntax, its values 0-max) makes a schedule follow the clock: one of its
+// terms is "*" or a step or range over the whole field, matching more
+// than one value ("*", "*/15", "0/15", "0-59/15", "0-23"; not "5/15",
+// "0-30/15" or "*/60").
+func wildcard(field string, max int) bool {
+	for _, term := range strings.Split(field, ",") {
+		rng, step, hasStep := strings.Cut(term, "/")
+		n := 1
+		if hasStep {
+			var err error
+			if n, err = strconv.Atoi(step); err != nil || n < 1 {
+				continue
+			}
+		}
+		lo, hi := 0, max
+		if rng != "*" && rng != "?" {
+			a, b, isRange := strings.Cut(rng, "-")
+			var err1, err2 error
+			lo, err1 = strconv.Atoi(a)
+			switch {
+			case isRange:
+				hi, err2 = strconv.Atoi(b)
+			case !hasStep:
+				hi = lo
+			}
+			if err1 != nil || err2 != nil {
+				continue
+			}
+		}
+		if lo == 0 && hi == max && n <= max {
+			return true
+		}
+	}
+	return false
 }
 
 // Every fires at every multiple of a whole number of seconds since the Unix
@@ -156,11 +245,13 @@ func Seq(s Schedule, fire time.Time) int64 {
 		return fire.Unix() / int64(time.Duration(e)/time.Second)
 	}
 	loc := fire.Location()
-	if spec, ok := s.(*cron.SpecSchedule); ok && spec.Location != nil {
-		loc = spec.Location
+	if c, ok := s.(*cronSchedule); ok {
+		loc = c.loc
 	}
 	local := fire.In(loc)
-	t := time.Date(local.Year(), local.Month(), local.Day(), 0, 0, 0, 0, loc).Add(-time.Nanosecond)
+	// The day starts at the first instant whose reading is its 00:00 or
+	// later (where midnight is skipped, when the clocks jump).
+	t := firstShowing(loc, time.Date(local.Year(), local.Month(), local.Day(), 0, 0, 0, 0, time.UTC)).Add(-time.Nanosecond)
 	var n int64
 	for t = s.Next(t); !t.IsZero() && t.Before(fire); t = s.Next(t) {
 		n++

@@ -166,3 +166,73 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzNext checks what every caller that enumerates fires relies on, in
+// zones with 1-hour, 30-minute, 2-hour and midnight transitions: fires
+// strictly increase, each within five years of the one before, each is
+// found again from just before it, and each shows a matching reading or,
+// for a fixed-time schedule, is the jump over one.
+func FuzzNext(f *testing.F) {
+	zones := []string{"UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "America/Santiago", "Asia/Beirut", "Pacific/Chatham", "Antarctica/Troll"}
+	locs := make([]*time.Location, len(zones))
+	for i, z := range zones {
+		loc, err := time.LoadLocation(z)
+		if err != nil {
+			f.Fatal(err)
+		}
+		locs[i] = loc
+	}
+	berlinFallBack := time.Date(2026, 10, 24, 22, 0, 0, 0, time.UTC).Unix()
+	for _, seed := range []struct {
+		expr string
+		zone uint8
+		t    int64
+	}{
+		{"0 15 2 * * ?", 1, berlinFallBack}, {"0 0 * * * ?", 1, berlinFallBack}, {"0 0/30 1 7 11 ?", 2, time.Date(2027, 11, 6, 0, 0, 0, 0, time.UTC).Unix()},
+		{"0 0 2 * * ?", 3, time.Date(2026, 4, 4, 0, 0, 0, 0, time.UTC).Unix()}, {"0 0 0 * * ?", 4, time.Date(2026, 9, 5, 0, 0, 0, 0, time.UTC).Unix()},
+		{"0 15 2 28 3 ?", 1, time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC).Unix()}, {"*/7 * * * * ?", 6, 0}, {"0 30 1 * * ?", 7, time.Date(2026, 3, 28, 0, 0, 0, 0, time.UTC).Unix()},
+		{"0 0 0 29 2 ?", 5, 0}, {"@every 90s", 1, berlinFallBack},
+	} {
+		f.Add(seed.expr, seed.zone, seed.t)
+	}
+	const span = 100 * 366 * 24 * 3600 // starts from 2026 to about 2126
+	f.Fuzz(func(t *testing.T, expr string, zone uint8, start int64) {
+		loc := locs[int(zone)%len(locs)]
+		s, err := Parse(expr, loc)
+		if err != nil {
+			return
+		}
+		prev := time.Unix(from.Unix()+(start%span+span)%span, 0)
+		for range 20 {
+			fire := s.Next(prev)
+			if fire.IsZero() {
+				return
+			}
+			if !fire.After(prev) || fire.Sub(prev) > 5*366*24*time.Hour+48*time.Hour {
+				t.Fatalf("%q in %s: Next(%s) = %s", expr, loc, prev.Format(time.RFC3339), fire.Format(time.RFC3339))
+			}
+			if again := s.Next(fire.Add(-time.Nanosecond)); !again.Equal(fire) {
+				t.Fatalf("%q in %s: fire %s, but Next of just before it is %s", expr, loc, fire.Format(time.RFC3339), again.Format(time.RFC3339))
+			}
+			if c, ok := s.(*cronSchedule); ok && !c.matches(fire) && (c.follow || !c.jumpsOverMatch(fire)) {
+				t.Fatalf("%q in %s: fire %s matches no reading", expr, loc, fire.In(loc).Format(time.RFC3339))
+			}
+			prev = fire
+		}
+	})
+}
+
+// matches reports whether the reading at fire matches c.
+func (c *cronSchedule) matches(fire time.Time) bool {
+	r := periodAt(c.loc, fire).reading(fire)
+	return c.match.Next(r.Add(-time.Nanosecond)).Equal(r)
+}
+
+// jumpsOverMatch reports whether the clocks jump at fire over a reading
+// that matches c.
+func (c *cronSchedule) jumpsOverMatch(fire time.Time) bool {
+	before, after := periodAt(c.loc, fire.Add(-time.Nanosecond)), periodAt(c.loc, fire)
+	lo, hi := before.reading(fire), after.reading(fire)
+	r := c.match.Next(lo.Add(-time.Nanosecond))
+	return !r.IsZero() && r.Before(hi)
+}
