@@ -45,6 +45,14 @@
 // goes on. Memory per open log is bounded: two partial-line buffers (32 KiB
 // each) and a batch of records (flushed at 64 KiB, kept up to 128 KiB).
 //
+// # Locks
+//
+// The store's lock covers its index (each job's logs, the open ones and
+// their readers' notifications) and is held for at most one file system
+// call (an unlink, an rmdir): listing a job's directory, reading sizes and
+// writing logs are done without it. So creating a run's log never waits
+// for a Sweep, nor for another run's retention, longer than one unlink.
+//
 // # Reading
 //
 // Store.Open reads a run's log by job and RunID, Store.Runs lists a job's
@@ -70,8 +78,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,29 +134,13 @@ type Store struct {
 	// writes are followed by notification, however long they are silent.
 	FollowIdle time.Duration
 	now        func() time.Time
+	// sweepHook, when set (tests), is called by Sweep holding no lock,
+	// after it lists a job's logs ("listed") and after each log it
+	// removes ("removed").
+	sweepHook func(job, what string)
 
 	mu   sync.Mutex
 	jobs map[string]*jobIndex // loaded on first use
-}
-
-// jobIndex lists a job's log files, oldest first.
-type jobIndex struct {
-	files []file
-	open  map[RunID]int // runs whose logs are being written: how many writers
-	bytes int64         // disk used by files
-	// watch tells the readers of each open log when it grows and when it
-	// closes (see read.go); closed remembers, for FollowIdle, when this
-	// store closed a log, so that its followers need not poll.
-	watch  map[RunID]*activity
-	closed recentCloses
-}
-
-// file is one log in the index: 32 bytes, so that a job's index stays
-// small even with tens of thousands of logs.
-type file struct {
-	id    RunID
-	mtime int64 // Unix nanoseconds
-	bytes int64 // disk used, in blocks
 }
 
 // RunID names a run within its job: its claim's fence and its item.
@@ -225,20 +215,14 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	}
 	id := RunID{Fence: h.Fence, Item: int32(h.Item)}
 	r = r.withDefaults()
-	var act *activity
-	s.mu.Lock() // Sweep removes a job's directory once it is empty
-	idx, err := s.index(h.Job)
-	if err == nil {
-		if err = os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
-			err = fmt.Errorf("run log of job %q: %w", h.Job, err)
-		} else {
-			idx.open[id]++
-			act = idx.activity(id)
-		}
-	}
+	s.mu.Lock()
+	idx := s.entry(h.Job)
+	idx.open[id]++ // from here, Sweep leaves the job's directory alone
+	act := idx.activity(id)
 	s.mu.Unlock()
-	if err != nil {
-		return nil, err
+	if err := os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
+		s.release(h.Job, id, r)
+		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
 	}
 	f, err := os.OpenFile(s.Path(h.Job, id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
@@ -246,8 +230,11 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
 	}
 	l := &Log{s: s, f: f, job: h.Job, id: id, ret: r, act: act}
-	if fi, err := f.Stat(); err == nil {
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
 		l.size = fi.Size() // a retry's log goes on from its earlier tries
+		s.mu.Lock()
+		s.entry(h.Job).reopened(id)
+		s.mu.Unlock()
 	}
 	l.mu.Lock()
 	head := fmt.Appendf(nil, "run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
@@ -261,118 +248,12 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	return l, nil
 }
 
-// index returns job's index, loading it from the directory the first
-// time. s.mu is held.
-func (s *Store) index(job string) (*jobIndex, error) {
-	if idx := s.jobs[job]; idx != nil {
-		return idx, nil
-	}
-	idx := &jobIndex{open: map[RunID]int{}, watch: map[RunID]*activity{}}
-	entries, err := os.ReadDir(filepath.Join(s.dir, job))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
-	}
-	for _, e := range entries {
-		id, ok := runOfFile(e.Name())
-		if !e.Type().IsRegular() || !ok {
-			continue // not a run log
-		}
-		fi, err := e.Info()
-		if err != nil {
-			continue // removed meanwhile
-		}
-		idx.files = append(idx.files, file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
-		idx.bytes += diskBytes(fi)
-	}
-	sort.SliceStable(idx.files, func(a, b int) bool { return idx.files[a].mtime < idx.files[b].mtime })
-	s.jobs[job] = idx
-	return idx, nil
-}
-
 // diskBytes is the disk a file takes, in blocks as du counts them.
 func diskBytes(fi os.FileInfo) int64 {
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		return st.Blocks * 512
 	}
 	return fi.Size()
-}
-
-// release marks a job's log as written, records its size and applies
-// the retention.
-func (s *Store) release(job string, id RunID, r Retention) {
-	fi, statErr := os.Stat(s.Path(job, id))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	idx := s.jobs[job]
-	if idx == nil {
-		return
-	}
-	if idx.open[id]--; idx.open[id] <= 0 {
-		delete(idx.open, id)
-		idx.closeWatch(id, s.now(), s.followIdle())
-	}
-	if statErr == nil {
-		i := slices.IndexFunc(idx.files, func(f file) bool { return f.id == id })
-		if i >= 0 { // appended to: it moves to the end
-			idx.bytes -= idx.files[i].bytes
-			idx.files = slices.Delete(idx.files, i, i+1)
-		}
-		f := file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)}
-		idx.files = append(idx.files, f)
-		idx.bytes += f.bytes
-	}
-	s.prune(job, idx, r)
-}
-
-// prune removes job's oldest finished logs while they are older than
-// r.MaxAge or take more than r.MaxTotalBytes. s.mu is held.
-func (s *Store) prune(job string, idx *jobIndex, r Retention) {
-	cutoff := s.now().Add(-r.MaxAge).UnixNano()
-	kept := idx.files[:0]
-	for i, f := range idx.files {
-		over := f.mtime < cutoff || idx.bytes > r.MaxTotalBytes
-		if !over || idx.open[f.id] > 0 {
-			kept = append(kept, f)
-			continue
-		}
-		err := os.Remove(s.Path(job, f.id))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			kept = append(kept, idx.files[i:]...) // try again next time
-			break
-		}
-		idx.bytes -= f.bytes
-	}
-	idx.files = kept
-}
-
-// Sweep applies retention to every job's logs, those of jobs no longer
-// defined included (retention gives their retention; unknown jobs get the
-// defaults), and forgets jobs whose logs are all gone. Run it now and then
-// (shardd does hourly): jobs that no longer run have no run end to do it.
-func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
-	entries, err := os.ReadDir(s.dir)
-	if err != nil {
-		return fmt.Errorf("run logs: %w", err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range entries {
-		if !e.IsDir() || !isJobName(e.Name()) {
-			continue // not a job's: lost+found, or another program's
-		}
-		job := e.Name()
-		idx, err := s.index(job)
-		if err != nil {
-			continue
-		}
-		r, _ := retention(job)
-		s.prune(job, idx, r.withDefaults())
-		if len(idx.files) == 0 && len(idx.open) == 0 {
-			delete(s.jobs, job)
-			os.Remove(filepath.Join(s.dir, job)) // only if empty
-		}
-	}
-	return nil
 }
 
 // isJobName reports whether name can be a job's directory: what shardd

@@ -1,0 +1,272 @@
+package runlog
+
+// Retention and the store's index of its logs (see Bounds and Locks in the
+// package doc).
+//
+// The index of a job is loaded on first need (retention at a run's end, a
+// Sweep, making room), listing the job's directory without the store's
+// lock; logs closed meanwhile are remembered apart (fresh) and win over
+// what the listing saw. Every removal takes the lock for one log: it
+// checks that the log is not open, unlinks it and drops it from the index,
+// so that a run appending to its log (a retry) either keeps it open
+// through the removal's check or creates it anew after.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+)
+
+// jobIndex is what the store knows of a job's logs.
+type jobIndex struct {
+	open map[RunID]int // runs whose logs are being written: how many writers
+	// watch tells the readers of each open log when it grows and when it
+	// closes (see read.go); closed remembers, for FollowIdle, when this
+	// store closed a log, so that its followers need not poll.
+	watch  map[RunID]*activity
+	closed recentCloses
+
+	// loaded says that files lists the job's directory: its log files,
+	// oldest first, taking bytes of disk. Before, fresh holds the logs
+	// closed since the store began.
+	loaded bool
+	files  []file
+	bytes  int64
+	fresh  map[RunID]file
+}
+
+// file is one log in the index: 32 bytes, so that a job's index stays
+// small even with tens of thousands of logs.
+type file struct {
+	id    RunID
+	mtime int64 // Unix nanoseconds
+	bytes int64 // disk used, in blocks
+}
+
+// entry returns job's index, empty and not loaded when new. s.mu is held.
+func (s *Store) entry(job string) *jobIndex {
+	idx := s.jobs[job]
+	if idx == nil {
+		idx = &jobIndex{open: map[RunID]int{}, watch: map[RunID]*activity{}}
+		s.jobs[job] = idx
+	}
+	return idx
+}
+
+// loaded returns job's index, loaded: the first time, it lists the job's
+// directory, holding no lock.
+func (s *Store) loaded(job string) (*jobIndex, error) {
+	s.mu.Lock()
+	idx := s.entry(job)
+	done := idx.loaded
+	s.mu.Unlock()
+	if done {
+		return idx, nil
+	}
+	files, err := s.list(job)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	idx = s.entry(job) // another one, if Sweep forgot the job meanwhile
+	if !idx.loaded {
+		idx.install(files)
+	}
+	return idx, nil
+}
+
+// list reads job's log files from its directory, oldest first.
+func (s *Store) list(job string) ([]file, error) {
+	entries, err := os.ReadDir(filepath.Join(s.dir, job))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
+	}
+	var files []file
+	for _, e := range entries {
+		id, ok := runOfFile(e.Name())
+		if !e.Type().IsRegular() || !ok {
+			continue // not a run log
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue // removed meanwhile
+		}
+		files = append(files, file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
+	}
+	return files, nil
+}
+
+// install makes files (a listing) the index, with the logs closed since
+// the listing began; logs being written come in when they close. s.mu is
+// held.
+func (idx *jobIndex) install(files []file) {
+	files = slices.DeleteFunc(files, func(f file) bool { return idx.open[f.id] > 0 })
+	for i, f := range files {
+		if g, ok := idx.fresh[f.id]; ok {
+			files[i] = g
+			delete(idx.fresh, f.id)
+		}
+	}
+	for _, g := range idx.fresh { // closed after the listing read the directory
+		files = append(files, g)
+	}
+	sort.SliceStable(files, func(a, b int) bool { return files[a].mtime < files[b].mtime })
+	idx.files, idx.fresh, idx.loaded = files, nil, true
+	idx.bytes = 0
+	for _, f := range files {
+		idx.bytes += f.bytes
+	}
+}
+
+// reopened takes log id out of the index while it is written again (a
+// retry appends to its run's log): logs being written are not counted
+// against the job's retention, and are never removed. s.mu is held.
+func (idx *jobIndex) reopened(id RunID) {
+	if !idx.loaded {
+		return
+	}
+	if i := slices.IndexFunc(idx.files, func(f file) bool { return f.id == id }); i >= 0 {
+		idx.bytes -= idx.files[i].bytes
+		idx.files = slices.Delete(idx.files, i, i+1)
+	}
+}
+
+// closedLog records in the index that log id was closed, as fi (nil: it is
+// gone). s.mu is held.
+func (idx *jobIndex) closedLog(id RunID, fi os.FileInfo) {
+	if fi == nil {
+		return
+	}
+	f := file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)}
+	if !idx.loaded {
+		if idx.fresh == nil {
+			idx.fresh = map[RunID]file{}
+		}
+		idx.fresh[id] = f
+		return
+	}
+	idx.reopened(id) // in case it was listed: it moves to the end
+	idx.files = append(idx.files, f)
+	idx.bytes += f.bytes
+}
+
+// release marks a job's log as written and applies the job's retention.
+func (s *Store) release(job string, id RunID, r Retention) {
+	fi, err := os.Stat(s.Path(job, id))
+	if err != nil {
+		fi = nil
+	}
+	s.mu.Lock()
+	idx := s.entry(job)
+	if idx.open[id]--; idx.open[id] <= 0 {
+		delete(idx.open, id)
+		idx.closeWatch(id, s.now(), s.followIdle())
+	}
+	idx.closedLog(id, fi)
+	s.mu.Unlock()
+	s.prune(job, r, nil)
+}
+
+// prune removes job's oldest finished logs while they are older than
+// r.MaxAge or take more than r.MaxTotalBytes; each, if set, is called
+// after each removal.
+func (s *Store) prune(job string, r Retention, each func()) error {
+	idx, err := s.loaded(job)
+	if err != nil {
+		return err
+	}
+	cutoff := s.now().Add(-r.MaxAge).UnixNano()
+	over := func(f file) bool { return f.mtime < cutoff || idx.bytes > r.MaxTotalBytes }
+	for {
+		if _, ok := s.removeOldest(job, idx, over); !ok {
+			return nil
+		}
+		if each != nil {
+			each()
+		}
+	}
+}
+
+// oldest returns the position of the oldest finished log of idx, -1 when
+// none. s.mu is held.
+func (idx *jobIndex) oldest() int {
+	for i, f := range idx.files {
+		if idx.open[f.id] == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// removeOldest removes job's oldest finished log if over says so, and
+// returns the disk it took. A log that cannot be removed stops it (tried
+// again next time).
+func (s *Store) removeOldest(job string, idx *jobIndex, over func(file) bool) (int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := idx.oldest()
+	if i < 0 || !over(idx.files[i]) {
+		return 0, false
+	}
+	return s.remove(job, idx, i)
+}
+
+// remove unlinks log i of job's index and drops it. s.mu is held.
+func (s *Store) remove(job string, idx *jobIndex, i int) (int64, bool) {
+	f := idx.files[i]
+	if err := os.Remove(s.Path(job, f.id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, false
+	}
+	if i == 0 {
+		idx.files = idx.files[1:]
+	} else {
+		idx.files = slices.Delete(idx.files, i, i+1)
+	}
+	idx.bytes -= f.bytes
+	return f.bytes, true
+}
+
+// Sweep applies retention to every job's logs, those of jobs no longer
+// defined included (retention gives their retention; unknown jobs get the
+// defaults), and forgets jobs whose logs are all gone. Run it now and then
+// (shardd does hourly): jobs that no longer run have no run end to do it.
+// It holds the store's lock for one file system call at a time: runs
+// create and close their logs meanwhile.
+func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return fmt.Errorf("run logs: %w", err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !isJobName(e.Name()) {
+			continue // not a job's: lost+found, or another program's
+		}
+		job := e.Name()
+		if _, err := s.loaded(job); err != nil {
+			continue
+		}
+		var each func()
+		if s.sweepHook != nil {
+			s.sweepHook(job, "listed")
+			each = func() { s.sweepHook(job, "removed") }
+		}
+		r, _ := retention(job)
+		s.prune(job, r.withDefaults(), each)
+		s.forget(job)
+	}
+	return nil
+}
+
+// forget drops job's index, and its directory, when it has no log left.
+func (s *Store) forget(job string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if idx := s.jobs[job]; idx != nil && idx.loaded && len(idx.files) == 0 && len(idx.open) == 0 {
+		delete(s.jobs, job)
+		os.Remove(filepath.Join(s.dir, job)) // only if empty
+	}
+}
