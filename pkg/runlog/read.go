@@ -262,6 +262,18 @@ func (r *Reader) Writing() bool {
 	return r.act != nil
 }
 
+// Stopped says why the log stopped early, when it ran out of space and
+// the records saying so (and how the run ended) found no room in its
+// file: they wait in its store's memory (see Space in the package doc).
+// "" otherwise: a log that stopped says so itself, in a shardd record
+// beginning "run log stopped:", whenever that could be written.
+func (r *Reader) Stopped() string {
+	if r.s == nil {
+		return ""
+	}
+	return r.s.stoppedWhy(r.job, r.id)
+}
+
 // refresh looks at the store's state again: the writer may have closed the
 // log, or a writer opened it since (a retry appending, a run just begun).
 func (r *Reader) refresh() {

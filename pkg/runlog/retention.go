@@ -1,7 +1,7 @@
 package runlog
 
-// Retention and the store's index of its logs (see Bounds and Locks in the
-// package doc).
+// Retention and the store's index of its logs (see Bounds, Space and Locks
+// in the package doc).
 //
 // The index of a job is loaded on first need (retention at a run's end, a
 // Sweep, making room), listing the job's directory without the store's
@@ -154,14 +154,19 @@ func (idx *jobIndex) closedLog(id RunID, fi os.FileInfo) {
 	idx.bytes += f.bytes
 }
 
-// release marks a job's log as written and applies the job's retention.
-func (s *Store) release(job string, id RunID, r Retention) {
+// release marks a job's log as written (u: its closing records, kept for
+// room) and applies the job's retention; whole says the log was closed
+// with all its records, so that there is room for the records of others.
+func (s *Store) release(job string, id RunID, r Retention, u *unwritten, whole bool) {
 	fi, err := os.Stat(s.Path(job, id))
 	if err != nil {
 		fi = nil
 	}
 	s.mu.Lock()
 	idx := s.entry(job)
+	if u != nil { // before its readers learn that it closed
+		s.unwritten.keep(runKey{job, id}, u)
+	}
 	if idx.open[id]--; idx.open[id] <= 0 {
 		delete(idx.open, id)
 		idx.closeWatch(id, s.now(), s.followIdle())
@@ -169,6 +174,9 @@ func (s *Store) release(job string, id RunID, r Retention) {
 	idx.closedLog(id, fi)
 	s.mu.Unlock()
 	s.prune(job, r, nil)
+	if whole {
+		s.flushUnwritten()
+	}
 }
 
 // prune removes job's oldest finished logs while they are older than
@@ -227,12 +235,73 @@ func (s *Store) remove(job string, idx *jobIndex, i int) (int64, bool) {
 		idx.files = slices.Delete(idx.files, i, i+1)
 	}
 	idx.bytes -= f.bytes
+	s.unwritten.drop(runKey{job, f.id}) // its file is gone: its space with it
 	return f.bytes, true
+}
+
+// makeRoom removes finished logs, oldest first, until want bytes (of disk,
+// in blocks) are freed or none is left: job's own first, then any job's,
+// the store's oldest first. It returns the bytes freed and the logs
+// removed.
+func (s *Store) makeRoom(job string, want int64) (freed int64, removed int) {
+	all := func(file) bool { return true }
+	if idx, err := s.loaded(job); err == nil {
+		for freed < want {
+			b, ok := s.removeOldest(job, idx, all)
+			if !ok {
+				break
+			}
+			freed, removed = freed+b, removed+1
+		}
+	}
+	if freed >= want {
+		return freed, removed
+	}
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return freed, removed
+	}
+	for _, e := range entries { // every job's logs, to know the oldest
+		if e.IsDir() && isJobName(e.Name()) {
+			s.loaded(e.Name())
+		}
+	}
+	for freed < want {
+		b, ok := s.removeOldestOfAll()
+		if !ok {
+			break
+		}
+		freed, removed = freed+b, removed+1
+	}
+	return freed, removed
+}
+
+// removeOldestOfAll removes the oldest finished log of the store's loaded
+// jobs.
+func (s *Store) removeOldestOfAll() (int64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var job string
+	var idx *jobIndex
+	at := -1
+	for name, x := range s.jobs {
+		if !x.loaded {
+			continue
+		}
+		if i := x.oldest(); i >= 0 && (at < 0 || x.files[i].mtime < idx.files[at].mtime) {
+			job, idx, at = name, x, i
+		}
+	}
+	if at < 0 {
+		return 0, false
+	}
+	return s.remove(job, idx, at)
 }
 
 // Sweep applies retention to every job's logs, those of jobs no longer
 // defined included (retention gives their retention; unknown jobs get the
-// defaults), and forgets jobs whose logs are all gone. Run it now and then
+// defaults), and forgets jobs whose logs are all gone; then it appends the
+// closing records kept for room, if there is room now. Run it now and then
 // (shardd does hourly): jobs that no longer run have no run end to do it.
 // It holds the store's lock for one file system call at a time: runs
 // create and close their logs meanwhile.
@@ -258,6 +327,7 @@ func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
 		s.prune(job, r.withDefaults(), each)
 		s.forget(job)
 	}
+	s.flushUnwritten()
 	return nil
 }
 

@@ -2,7 +2,9 @@ package runlog
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -108,6 +110,242 @@ func TestCreateIsNotBlockedByASweepInProgress(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// fakeDisk is a file system of capacity bytes holding only the store's
+// files (counted as the index counts them, in blocks): a test sets how
+// short of space it is.
+type fakeDisk struct {
+	dir      string
+	capacity int64
+}
+
+func (d *fakeDisk) used(t *testing.T) int64 {
+	var n int64
+	filepath.WalkDir(d.dir, func(path string, e fs.DirEntry, err error) error {
+		if err == nil && e.Type().IsRegular() {
+			if fi, err := e.Info(); err == nil {
+				n += diskBytes(fi)
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+func (d *fakeDisk) statfs(t *testing.T) func(int) (uint64, uint64, error) {
+	return func(int) (uint64, uint64, error) {
+		return uint64(max(0, d.capacity-d.used(t))), uint64(d.capacity), nil
+	}
+}
+
+// On a disk short of space, a log removes finished logs to make room:
+// its own job's oldest first, then the store's oldest of any job; only when
+// none is left does it stop, and it still ends with how the run ended.
+func TestAShortDiskRemovesTheJobsOldestLogsFirst(t *testing.T) {
+	s := newStore(t)
+	const floor, size = 1 << 20, 8 << 10 // logs of 8 KiB, more than a file system keeps inline
+	disk := &fakeDisk{dir: s.Dir()}
+	s.statfs = disk.statfs(t)
+	s.MinFree = func(uint64) uint64 { return floor }
+	base := time.Now().Add(-3 * time.Hour)
+	writeOld(t, s, "b", base, size, 1, 2, 3)             // the oldest
+	writeOld(t, s, "a", base.Add(time.Hour), size, 1, 2) // then a's
+	run := func(job string, fence int64) []string {
+		t.Helper()
+		// The disk is full to one byte under the floor: the run's log
+		// must make room, and one old log is enough.
+		disk.capacity = disk.used(t) + floor - 1
+		l, err := s.Create(Header{Job: job, Fence: fence}, Retention{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintln(l.Stdout(), strings.Repeat("y", size))
+		if err := l.Close("end state=DONE exit=0"); err != nil {
+			t.Errorf("run %d of %s: Close() = %v", fence, job, err)
+		}
+		return notes(read(t, s, job, fence))
+	}
+	for _, tc := range []struct {
+		job   string
+		fence int64
+		gone  string // the log it removed
+	}{
+		{"a", 10, "a/1-0.log"},  // its job's oldest, though b's are older
+		{"a", 11, "a/2-0.log"},  // and the next
+		{"a", 12, "a/10-0.log"}, // a's own newer log before any of b's
+		{"c", 20, "b/1-0.log"},  // c has none: the store's oldest
+		{"b", 30, "b/2-0.log"},
+	} {
+		if n := run(tc.job, tc.fence); len(n) != 2 || n[1] != "end state=DONE exit=0" {
+			t.Errorf("run %d of %s: notes %q, want the header and the end", tc.fence, tc.job, n)
+		}
+		if _, err := os.Stat(filepath.Join(s.Dir(), tc.gone)); !os.IsNotExist(err) {
+			t.Errorf("run %d of %s: %s is still there (%v)", tc.fence, tc.job, tc.gone, err)
+		}
+	}
+	var left []string
+	for _, job := range []string{"a", "b", "c"} {
+		for _, name := range logsOf(t, s, job) {
+			left = append(left, job+"/"+name)
+		}
+	}
+	if want := []string{"a/11-0.log", "a/12-0.log", "b/3-0.log", "b/30-0.log", "c/20-0.log"}; !slices.Equal(left, want) {
+		t.Errorf("logs left %q, want %q (one removed per run)", left, want)
+	}
+
+	// Nothing finished left to remove is enough: the log removes them
+	// all, then stops, and still says what it did not keep and how the
+	// run ended.
+	s.MinFree = func(total uint64) uint64 { return total + 1 }
+	l, err := s.Create(Header{Job: "d", Fence: 40}, Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(l.Stdout(), "not kept")
+	l.Close("end state=DONE exit=0")
+	n := notes(read(t, s, "d", 40))
+	if len(n) != 4 || !strings.HasPrefix(n[1], "run log stopped: the file system has ") || !strings.HasSuffix(n[1], "and no finished run log is left to remove") ||
+		n[2] != "output cut: 9 bytes not kept, after the run log stopped for lack of space" || n[3] != "end state=DONE exit=0" {
+		t.Errorf("notes of the log that found no room: %q", n)
+	}
+	for _, job := range []string{"a", "b", "c"} {
+		if got := logsOf(t, s, job); len(got) != 0 {
+			t.Errorf("job %s kept %q: every finished log should have gone first", job, got)
+		}
+	}
+}
+
+// smallFS mounts a tmpfs of size bytes for the test (root only: skipped
+// otherwise), unmounted at its end.
+func smallFS(t *testing.T, size int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small file system needs root")
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0700", size), "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	return dir
+}
+
+// fill writes path until the file system is full.
+func fill(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	block := make([]byte, 4096)
+	for {
+		if _, err := f.Write(block); err != nil {
+			if !noSpace(err) {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
+
+// Run logs on a real file system of 1 MiB: runs that write more than it
+// holds keep their logs whole, the oldest making room; when something else
+// fills the disk, a log still makes room; with nothing left to remove, a
+// log that stops says why (in memory, then in the file once there is room).
+func TestRunLogsOnAFullFileSystem(t *testing.T) {
+	mnt := smallFS(t, 1<<20)
+	s, err := New(filepath.Join(mnt, "runs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.Repeat("z", 99)
+	run := func(job string, fence int64, lines int) error {
+		t.Helper()
+		l, err := s.Create(Header{Job: job, Fence: fence}, Retention{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range lines {
+			fmt.Fprintln(l.Stdout(), line)
+		}
+		return l.Close("end state=DONE exit=0")
+	}
+	whole := func(job string, fence int64, lines int) {
+		t.Helper()
+		recs := read(t, s, job, fence)
+		out, _ := Streams(recs)
+		if n := notes(recs); len(out) != lines*100 || len(n) != 2 || n[1] != "end state=DONE exit=0" {
+			t.Errorf("log of run %d of %s: %d bytes of output (want %d), notes %q", fence, job, len(out), lines*100, n)
+		}
+	}
+
+	// 8 runs of 300 KiB of output each (about 400 KiB of log): the disk
+	// holds two.
+	for fence := int64(1); fence <= 8; fence++ {
+		if err := run("loud", fence, 3000); err != nil {
+			t.Errorf("run %d: %v", fence, err)
+		}
+		whole("loud", fence, 3000)
+	}
+	if got := logsOf(t, s, "loud"); !slices.Equal(got, []string{"7-0.log", "8-0.log"}) {
+		t.Errorf("logs kept %q, want the newest two", got)
+	}
+
+	// Something else fills the disk: a run of another job makes room with
+	// the oldest log of any job.
+	fill(t, filepath.Join(mnt, "filler"))
+	if err := run("other", 1, 10); err != nil {
+		t.Errorf("a run on the full disk: %v", err)
+	}
+	whole("other", 1, 10)
+	if got := logsOf(t, s, "loud"); !slices.Equal(got, []string{"8-0.log"}) {
+		t.Errorf("loud's logs %q, want only its newest: its oldest made room", got)
+	}
+
+	// Nothing left to remove: the log stops, and its closing records wait
+	// in memory, which its readers see.
+	if err := s.Sweep(func(string) (Retention, bool) { return Retention{MaxAge: time.Nanosecond}, true }); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, filepath.Join(mnt, "filler"))
+	err = run("last", 1, 10)
+	if err == nil || !strings.Contains(err.Error(), "run log stopped: no space left on device") {
+		t.Errorf("Close() on a full disk = %v, want it to say the log stopped", err)
+	}
+	r, err := s.Open("last", RunID{Fence: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if why := r.Stopped(); why != "run log stopped: no space left on device" {
+		t.Errorf("Stopped() = %q", why)
+	}
+	if b, _ := os.ReadFile(s.Path("last", RunID{Fence: 1})); strings.Contains(string(b), " end ") {
+		t.Errorf("the log has its end record on a full disk: %q", b)
+	}
+	r.Close()
+
+	// Space returns: the next log closed whole appends them.
+	os.Remove(filepath.Join(mnt, "filler"))
+	if err := run("next", 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	recs := read(t, s, "last", 1)
+	want := []string{"run job=last item=0 fence=1 fire=0001-01-01T00:00:00Z attempt=0 source= instance=", "run log stopped: no space left on device",
+		"output cut: 1000 bytes not kept, after the run log stopped for lack of space", "end state=DONE exit=0"}
+	if n := notes(recs); !slices.Equal(n, want) {
+		t.Errorf("the stopped log, once there is room:\n%q\nwant\n%q", n, want)
+	}
+	if r, err := s.Open("last", RunID{Fence: 1}); err != nil || r.Stopped() != "" {
+		t.Errorf("Stopped() after its records were written: %v", err)
+	} else {
+		r.Close()
 	}
 }
 
