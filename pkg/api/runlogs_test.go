@@ -10,6 +10,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -537,5 +539,73 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 			t.Errorf("%s: instance b received Authorization %q, want %q twice", tc.name, got, tc.want)
 		}
 		mu.Unlock()
+	}
+}
+
+// A log that ran out of space, with its closing records still waiting in
+// the instance's memory for room: the answer says why it stopped, in a
+// header, or in a trailer when the answer followed the log to its end.
+// Needs root, for a file system small enough to fill.
+func TestRunLogStoppedForLackOfSpace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small file system needs root")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount: %v: %s", err, out)
+		}
+	})
+	s, err := runlog.New(filepath.Join(mnt, "runs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := Handler(Options{Cluster: named{&fakeCluster{up: true}, "a"}, RunLogs: &RunLogs{Store: s}})
+	srv := serve(t, h, false)
+	filler, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := filler.Write(make([]byte, 4096)); err != nil {
+			break // full
+		}
+	}
+	filler.Close()
+	l, err := s.Create(runlog.Header{Job: "orders", Fence: 50, Instance: "a"}, runlog.Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(l.Stdout(), "not kept")
+	// The answer begins (its headers come) while the log is written, so
+	// the reason is known only at its end.
+	resp, err := srv.Client().Get(srv.URL + "/api/v1/jobs/orders/runs/50-0/log?follow=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get(WritingHeader) != "true" || resp.Header.Get(StoppedHeader) != "" {
+		t.Fatalf("follow: %s %v", resp.Status, resp.Header)
+	}
+	l.Close("end state=DONE exit=0")
+	body, err := io.ReadAll(resp.Body) // the trailer comes after the body
+	const why = "run log stopped: no space left on device"
+	if err != nil || resp.Trailer.Get(StoppedHeader) != why || strings.Contains(string(body), "end state") {
+		t.Errorf("followed: %v, trailer %v, body %q", err, resp.Trailer, body)
+	}
+	rec := get(t, h, "/api/v1/jobs/orders/runs/50-0/log", "")
+	if rec.Code != 200 || rec.Header().Get(StoppedHeader) != why {
+		t.Errorf("read after the run: %d %v", rec.Code, rec.Header())
+	}
+	// Room again: the records go to the file, which says it all itself.
+	os.Remove(filepath.Join(mnt, "filler"))
+	s.Sweep(func(string) (runlog.Retention, bool) { return runlog.Retention{}, false })
+	rec = get(t, h, "/api/v1/jobs/orders/runs/50-0/log", "")
+	if rec.Code != 200 || rec.Header().Get(StoppedHeader) != "" || !strings.Contains(rec.Body.String(), " shardd "+why+"\n") ||
+		!strings.Contains(rec.Body.String(), " shardd end state=DONE exit=0\n") {
+		t.Errorf("read once there is room: %d %v %q", rec.Code, rec.Header(), rec.Body)
 	}
 }
