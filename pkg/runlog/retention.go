@@ -240,40 +240,64 @@ func (s *Store) remove(job string, idx *jobIndex, i int) (int64, bool) {
 }
 
 // makeRoom removes finished logs, oldest first, until want bytes (of disk,
-// in blocks) are freed or none is left: job's own first, then any job's,
-// the store's oldest first. It returns the bytes freed and the logs
-// removed.
-func (s *Store) makeRoom(job string, want int64) (freed int64, removed int) {
-	all := func(file) bool { return true }
-	if idx, err := s.loaded(job); err == nil {
-		for freed < want {
-			b, ok := s.removeOldest(job, idx, all)
-			if !ok {
-				break
+// in blocks) are freed: job's own first, then any job's, the store's
+// oldest first. When removing every finished log would not free want, it
+// removes none: they would go for nothing, the log still could not write.
+// It returns the bytes freed, the logs removed, and the disk the finished
+// logs it chose from took.
+func (s *Store) makeRoom(job string, want int64) (freed int64, removed int, finished int64) {
+	own, err := s.loaded(job)
+	if err == nil {
+		finished = s.finished(own)
+	}
+	all := err != nil || finished < want
+	if all { // its own are not enough: every job's, to know the store's oldest
+		entries, err := os.ReadDir(s.dir)
+		if err != nil {
+			return 0, 0, finished
+		}
+		for _, e := range entries {
+			if e.IsDir() && isJobName(e.Name()) {
+				s.loaded(e.Name())
 			}
-			freed, removed = freed+b, removed+1
+		}
+		if finished = s.finished(nil); finished < want {
+			return 0, 0, finished
 		}
 	}
-	if freed >= want {
-		return freed, removed
-	}
-	entries, err := os.ReadDir(s.dir)
-	if err != nil {
-		return freed, removed
-	}
-	for _, e := range entries { // every job's logs, to know the oldest
-		if e.IsDir() && isJobName(e.Name()) {
-			s.loaded(e.Name())
+	everything := func(file) bool { return true }
+	for own != nil && freed < want {
+		b, ok := s.removeOldest(job, own, everything)
+		if !ok {
+			break
 		}
+		freed, removed = freed+b, removed+1
 	}
-	for freed < want {
+	for all && freed < want {
 		b, ok := s.removeOldestOfAll()
 		if !ok {
 			break
 		}
 		freed, removed = freed+b, removed+1
 	}
-	return freed, removed
+	return freed, removed, finished
+}
+
+// finished returns the disk idx's finished logs take, or with idx nil
+// every loaded job's (as the index counts them).
+func (s *Store) finished(idx *jobIndex) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if idx != nil {
+		return idx.bytes
+	}
+	var n int64
+	for _, x := range s.jobs {
+		if x.loaded {
+			n += x.bytes
+		}
+	}
+	return n
 }
 
 // removeOldestOfAll removes the oldest finished log of the store's loaded

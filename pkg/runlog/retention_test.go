@@ -141,8 +141,9 @@ func (d *fakeDisk) statfs(t *testing.T) func(int) (uint64, uint64, error) {
 }
 
 // On a disk short of space, a log removes finished logs to make room:
-// its own job's oldest first, then the store's oldest of any job; only when
-// none is left does it stop, and it still ends with how the run ended.
+// its own job's oldest first, then the store's oldest of any job; when
+// removing them all would not make room it removes none and stops, and it
+// still ends with how the run ended.
 func TestAShortDiskRemovesTheJobsOldestLogsFirst(t *testing.T) {
 	s := newStore(t)
 	const floor, size = 1 << 20, 8 << 10 // logs of 8 KiB, more than a file system keeps inline
@@ -195,9 +196,9 @@ func TestAShortDiskRemovesTheJobsOldestLogsFirst(t *testing.T) {
 		t.Errorf("logs left %q, want %q (one removed per run)", left, want)
 	}
 
-	// Nothing finished left to remove is enough: the log removes them
-	// all, then stops, and still says what it did not keep and how the
-	// run ended.
+	// A disk so short that removing every finished log would not make
+	// room: they stay (they would go for nothing), and the log stops,
+	// saying why, what it did not keep and how the run ended.
 	s.MinFree = func(total uint64) uint64 { return total + 1 }
 	l, err := s.Create(Header{Job: "d", Fence: 40}, Retention{})
 	if err != nil {
@@ -206,14 +207,18 @@ func TestAShortDiskRemovesTheJobsOldestLogsFirst(t *testing.T) {
 	fmt.Fprintln(l.Stdout(), "not kept")
 	l.Close("end state=DONE exit=0")
 	n := notes(read(t, s, "d", 40))
-	if len(n) != 4 || !strings.HasPrefix(n[1], "run log stopped: the file system has ") || !strings.HasSuffix(n[1], "and no finished run log is left to remove") ||
+	if len(n) != 4 || !strings.HasPrefix(n[1], "run log stopped: the file system has ") || !strings.HasSuffix(n[1], " would not make up the difference") ||
 		n[2] != "output cut: 9 bytes not kept, after the run log stopped for lack of space" || n[3] != "end state=DONE exit=0" {
 		t.Errorf("notes of the log that found no room: %q", n)
 	}
+	var kept []string
 	for _, job := range []string{"a", "b", "c"} {
-		if got := logsOf(t, s, job); len(got) != 0 {
-			t.Errorf("job %s kept %q: every finished log should have gone first", job, got)
+		for _, name := range logsOf(t, s, job) {
+			kept = append(kept, job+"/"+name)
 		}
+	}
+	if !slices.Equal(kept, left) {
+		t.Errorf("logs left %q, want %q: removing them could not make room", kept, left)
 	}
 }
 

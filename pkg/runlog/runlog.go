@@ -54,9 +54,11 @@
 // history before others', and a disk that was full becomes usable again as
 // soon as old logs can go. A write that fails for lack of space (ENOSPC,
 // EDQUOT: something else filled the disk past the floor) makes room the
-// same way and is tried once more. Only when nothing finished is left to
-// remove does a log stop: a record says why ("run log stopped: ..."), the
-// run goes on, and its output from there on is counted, not kept. A
+// same way and is tried once more. When removing every finished log would
+// not restore the floor (something else holds the disk), none is removed:
+// they would go for nothing. Then the log stops: a record says why ("run
+// log stopped: ..."), the run goes on, and its output from there on is
+// counted, not kept. A
 // stopped log still ends with its closing records (what was not kept, how
 // the run ended): they may use the floor. When even those cannot be
 // written, the store keeps them, with the file, for at most maxUnwritten
@@ -527,7 +529,7 @@ func (l *Log) put(b []byte) error {
 func (l *Log) putRoom(b []byte) error {
 	err := l.put(b)
 	if noSpace(err) {
-		if ok, _, _ := l.makeRoom(len(b), true); ok {
+		if ok, _, _, _ := l.makeRoom(len(b), true); ok {
 			err = l.put(b)
 		}
 	}
@@ -537,16 +539,17 @@ func (l *Log) putRoom(b []byte) error {
 // makeRoom removes finished logs (Store.makeRoom) until the file system
 // has MinFree and n more bytes available, and reports whether it has (after
 // a write that failed for lack of space, whether it freed any), with the
-// space available then and the floor. l.mu is held.
-func (l *Log) makeRoom(n int, failed bool) (ok bool, avail, floor uint64) {
+// space available then, the floor and the disk the finished logs took.
+// l.mu is held.
+func (l *Log) makeRoom(n int, failed bool) (ok bool, avail, floor uint64, finished int64) {
 	avail, total, err := l.s.statfs(int(l.f.Fd()))
 	if err != nil {
-		return !failed, 0, 0
+		return !failed, 0, 0, 0
 	}
 	floor = l.s.MinFree(total)
 	need := floor + uint64(n)
 	if avail >= need && !failed {
-		return true, avail, floor
+		return true, avail, floor, 0
 	}
 	var want int64
 	if avail < need {
@@ -555,22 +558,22 @@ func (l *Log) makeRoom(n int, failed bool) (ok bool, avail, floor uint64) {
 	if failed { // a quota (EDQUOT) does not show in the file system's space
 		want = max(want, int64(n)+4096)
 	}
-	freed, removed := l.s.makeRoom(l.job, want)
+	freed, removed, finished := l.s.makeRoom(l.job, want)
 	l.removed, l.freed = l.removed+removed, l.freed+freed
 	avail += uint64(freed)
 	if failed {
-		return freed > 0, avail, floor
+		return freed > 0, avail, floor, finished
 	}
-	return avail >= need, avail, floor
+	return avail >= need, avail, floor, finished
 }
 
 // checkSpaceLocked reports whether n more bytes leave the file system
 // MinFree available, making room if need be; if not, it stops the log.
 // l.mu is held.
 func (l *Log) checkSpaceLocked(n int) bool {
-	ok, avail, floor := l.makeRoom(n, false)
+	ok, avail, floor, finished := l.makeRoom(n, false)
 	if !ok {
-		l.stop(fmt.Sprintf(StoppedPrefix+"the file system has %d bytes available, below the %d bytes run logs leave free, and no finished run log is left to remove", avail, floor))
+		l.stop(fmt.Sprintf(StoppedPrefix+"the file system has %d bytes available, below the %d bytes run logs leave free, and removing the finished run logs (%d bytes) would not make up the difference", avail, floor, finished))
 	}
 	return ok
 }
