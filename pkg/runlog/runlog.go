@@ -58,12 +58,13 @@
 // not restore the floor (something else holds the disk), none is removed:
 // they would go for nothing. Then the log stops: a record says why ("run
 // log stopped: ..."), the run goes on, and its output from there on is
-// counted, not kept. A
-// stopped log still ends with its closing records (what was not kept, how
-// the run ended): they may use the floor. When even those cannot be
-// written, the store keeps them, with the file, for at most maxUnwritten
-// logs, appends them once another log closes whole (or at Sweep), and
-// meanwhile Reader.Stopped says why the log stopped.
+// counted, not kept. A stopped log still ends with its closing records
+// (what was not kept, how the run ended): they may use the floor. When
+// even those cannot be written, the store keeps them, with the file, for
+// at most maxUnwritten logs, and appends them once another log closes
+// whole (or at Sweep). Whenever the record saying why a log stopped is not
+// in its file (while the run goes on, or its closing records wait),
+// Reader.Stopped says why.
 //
 // # Locks
 //
@@ -586,6 +587,7 @@ func (l *Log) stop(why string) {
 	rec := record(nil, l.stamp(), "shardd", []byte(why))
 	if l.put(rec) != nil {
 		l.owed = append(l.owed, rec...)
+		l.act.stop(why) // its readers learn it from the store meanwhile
 	}
 }
 
