@@ -336,14 +336,21 @@ func TestRunLogsOnAFullFileSystem(t *testing.T) {
 	}
 	r.Close()
 
+	// A retry of the run (its log again) while the disk is still full:
+	// the first try's records go first, when room comes.
+	if err := run("last", 1, 10); err == nil {
+		t.Errorf("Close() of the retry on a full disk = nil, want it to say the log stopped")
+	}
+
 	// Space returns: the next log closed whole appends them.
 	os.Remove(filepath.Join(mnt, "filler"))
 	if err := run("next", 1, 1); err != nil {
 		t.Fatal(err)
 	}
 	recs := read(t, s, "last", 1)
-	want := []string{"run job=last item=0 fence=1 fire=0001-01-01T00:00:00Z attempt=0 source= instance=", "run log stopped: no space left on device",
+	try := []string{"run job=last item=0 fence=1 fire=0001-01-01T00:00:00Z attempt=0 source= instance=", "run log stopped: no space left on device",
 		"output cut: 1000 bytes not kept, after the run log stopped for lack of space", "end state=DONE exit=0"}
+	want := append(slices.Clone(try), try...)
 	if n := notes(recs); !slices.Equal(n, want) {
 		t.Errorf("the stopped log, once there is room:\n%q\nwant\n%q", n, want)
 	}

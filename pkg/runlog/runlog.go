@@ -270,10 +270,10 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	act := idx.activity(id)
 	earlier := s.unwritten.take(runKey{h.Job, id})
 	s.mu.Unlock()
-	if earlier != nil { // an earlier try's end, kept for room: before this try's header
-		if !earlier.flush() {
-			earlier.f.Close() // still no room: this try's log says so
-		}
+	var carried []byte // an earlier try's closing records, kept for room
+	if earlier != nil && !earlier.flush() {
+		earlier.f.Close()
+		carried = earlier.recs // still no room: they go before this try's header, when it finds some
 	}
 	if err := os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
 		s.release(h.Job, id, r, nil, false)
@@ -297,7 +297,7 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	if !h.StartAt.IsZero() {
 		head = fmt.Appendf(head, " starts_at=%s", h.StartAt.UTC().Format(time.RFC3339Nano))
 	}
-	if hrec := record(nil, l.stamp(), "shardd", head); !l.write(hrec) {
+	if hrec := append(carried, record(nil, l.stamp(), "shardd", head)...); !l.write(hrec) {
 		l.owed = append(hrec, l.owed...) // the header first, when it finds room
 	}
 	if l.stopped == "" && l.err == nil {
