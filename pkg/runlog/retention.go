@@ -12,12 +12,12 @@ package runlog
 // through the removal's check or creates it anew after.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 )
 
 // jobIndex is what the store knows of a job's logs.
@@ -79,7 +79,8 @@ func (s *Store) loaded(job string) (*jobIndex, error) {
 	return idx, nil
 }
 
-// list reads job's log files from its directory, oldest first.
+// list reads job's log files from its directory, oldest first. It holds
+// no lock.
 func (s *Store) list(job string) ([]file, error) {
 	entries, err := os.ReadDir(filepath.Join(s.dir, job))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -97,12 +98,16 @@ func (s *Store) list(job string) ([]file, error) {
 		}
 		files = append(files, file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
 	}
+	slices.SortStableFunc(files, older)
 	return files, nil
 }
 
-// install makes files (a listing) the index, with the logs closed since
-// the listing began; logs being written come in when they close. s.mu is
-// held.
+// older orders logs by their mtime, oldest first.
+func older(a, b file) int { return cmp.Compare(a.mtime, b.mtime) }
+
+// install makes files (a listing, oldest first) the index, with the logs
+// closed since the listing began; logs being written come in when they
+// close. s.mu is held: the listing was sorted without it.
 func (idx *jobIndex) install(files []file) {
 	files = slices.DeleteFunc(files, func(f file) bool { return idx.open[f.id] > 0 })
 	for i, f := range files {
@@ -114,7 +119,9 @@ func (idx *jobIndex) install(files []file) {
 	for _, g := range idx.fresh { // closed after the listing read the directory
 		files = append(files, g)
 	}
-	sort.SliceStable(files, func(a, b int) bool { return files[a].mtime < files[b].mtime })
+	if !slices.IsSortedFunc(files, older) { // the listing is sorted: only logs closed since move
+		slices.SortStableFunc(files, older)
+	}
 	idx.files, idx.fresh, idx.loaded = files, nil, true
 	idx.bytes = 0
 	for _, f := range files {
