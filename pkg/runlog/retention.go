@@ -134,6 +134,7 @@ func (idx *jobIndex) install(files []file) {
 // against the job's retention, and are never removed. s.mu is held.
 func (idx *jobIndex) reopened(id RunID) {
 	if !idx.loaded {
+		delete(idx.fresh, id) // it comes in again when it closes
 		return
 	}
 	if i := slices.IndexFunc(idx.files, func(f file) bool { return f.id == id }); i >= 0 {
