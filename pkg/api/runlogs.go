@@ -38,8 +38,9 @@ const (
 	// RunHeader names the run served, FENCE-ITEM.
 	RunHeader = "X-Shardd-Run"
 	// StoppedHeader says why the log stopped early, when it ran out of
-	// space and the records saying so (and how the run ended) are not in
-	// its file yet: they wait in the instance's memory for room. A header
+	// space and the record saying so is not in its file (runlog
+	// Reader.Stopped): while the run goes on, and after it while its
+	// closing records wait in the instance's memory for room. A header
 	// when that is known as the answer begins; otherwise, of an answer that
 	// follows the log (follow=1), a trailer.
 	StoppedHeader = "X-Shardd-Log-Stopped"
