@@ -276,6 +276,11 @@ func cmdLogs(e *env, args []string) error {
 	if served == "" {
 		served = info.ID
 	}
+	if stopped := resp.Header.Get(api.StoppedHeader); stopped != "" {
+		p.stopped = stopped // the record saying so is not in the file yet
+	} else if stopped := resp.Trailer.Get(api.StoppedHeader); stopped != "" {
+		p.stopped = stopped // known when the followed log closed
+	}
 	p.summary(what, "instance "+served+"'s API", *followFlag, resp.Header.Get(api.WritingHeader) == "true")
 	if err != nil {
 		return &exitError{exitFailure, fmt.Errorf("%s: the answer broke off: %v", what, err)}
@@ -339,6 +344,7 @@ type logPrinter struct {
 	bytes   [2]int // and their bytes
 	open    bool   // the last output printed did not end its line
 	end     string // the run's end, as its last shardd record says
+	stopped string // why the log stopped early (lack of space), as a record or its instance says
 	bad     int    // lines that are not records
 }
 
@@ -361,6 +367,8 @@ func (p *logPrinter) copyLines(next func() ([]byte, error)) error {
 			p.bad++
 		} else if rec.Tag == "shardd" && strings.HasPrefix(string(rec.Text), "end ") {
 			p.end = string(rec.Text)
+		} else if rec.Tag == "shardd" && strings.HasPrefix(string(rec.Text), runlog.StoppedPrefix) {
+			p.stopped = string(rec.Text)
 		}
 		if p.raw {
 			stdout.Write(line)
@@ -402,11 +410,18 @@ func (p *logPrinter) summary(what, from string, followed, writing bool) {
 		printed = fmt.Sprintf("printed its stdout on stdout (%s) and its stderr on stderr (%s)", lines(p.lines[0], p.bytes[0]), lines(p.lines[1], p.bytes[1]))
 	}
 	var state string
+	stop := strings.TrimPrefix(p.stopped, runlog.StoppedPrefix)
 	switch {
+	case p.end != "" && stop != "":
+		state = "the run ended: " + p.end + "; the log stopped: " + stop + " (the output after that was not kept)"
 	case p.end != "":
 		state = "the run ended: " + p.end
+	case writing && !followed && stop != "":
+		state = "the run is still going, but its log stopped: " + stop
 	case writing && !followed:
 		state = "the run is still going (its log is being written): -f follows it to its end"
+	case stop != "":
+		state = "the log stopped: " + stop + "; how the run ended is in its history (shardd history)"
 	case followed:
 		state = "the log ended without the run's end record (its instance stopped mid-run, or the log was cut)"
 	default:

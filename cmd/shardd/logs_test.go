@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,5 +64,46 @@ func TestLogsToken(t *testing.T) {
 	}
 	if got, err := cliToken(""); got != "" || err != nil {
 		t.Errorf("no file: %q, %v", got, err)
+	}
+}
+
+// shardd logs says a log stopped for lack of space when it did (its own
+// record, or its instance's word when that record is not in the file
+// yet), not that the run was cut by an instance stop.
+func TestLogsSaysALogStoppedForLackOfSpace(t *testing.T) {
+	const head = "2026-01-02T03:04:05.000000Z shardd run job=j item=0 fence=7 fire=2026-01-02T03:04:05Z attempt=1 source=NORMAL instance=a"
+	for _, tc := range []struct {
+		name     string
+		lines    []string
+		told     string // by the instance's API
+		followed bool
+		want     string
+	}{
+		{"stopped, then ended", []string{head, "2026-01-02T03:04:06.000000Z shardd run log stopped: no space left on device",
+			"2026-01-02T03:04:07.000000Z shardd output cut: 10 bytes not kept, after the run log stopped for lack of space", "2026-01-02T03:04:07.000000Z shardd end state=DONE exit=0"},
+			"", false, "the run ended: end state=DONE exit=0; the log stopped: no space left on device (the output after that was not kept)"},
+		{"stopped, its instance then stopped", []string{head, "2026-01-02T03:04:06.000000Z shardd run log stopped: no space left on device"},
+			"", false, "the log stopped: no space left on device; how the run ended is in its history"},
+		{"its end waits for room", []string{head}, "run log stopped: no space left on device", false,
+			"the log stopped: no space left on device; how the run ended is in its history"},
+		{"followed, its end waits for room", []string{head}, "run log stopped: no space left on device", true,
+			"the log stopped: no space left on device; how the run ended is in its history"},
+		{"cut", []string{head}, "", false, "its log has no end record: the run was cut (its instance stopped mid-run) or its log stopped"},
+	} {
+		var out, errOut bytes.Buffer
+		p := &logPrinter{e: &env{stdout: &out, stderr: &errOut}, stopped: tc.told}
+		lines := tc.lines
+		p.copyLines(func() ([]byte, error) {
+			if len(lines) == 0 {
+				return nil, io.EOF
+			}
+			l := lines[0]
+			lines = lines[1:]
+			return []byte(l), nil
+		})
+		p.summary("run 7-0 of job j", "instance a's API", tc.followed, false)
+		if got := errOut.String(); !strings.Contains(got, tc.want) || strings.Contains(got, "instance stopped") != strings.Contains(tc.want, "instance stopped") {
+			t.Errorf("%s: %q, want it to say %q", tc.name, got, tc.want)
+		}
 	}
 }

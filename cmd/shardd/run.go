@@ -216,6 +216,7 @@ func cmdRun(e *env, args []string) error {
 		return err
 	}
 	if runLogs != nil {
+		runLogs.Logger = log
 		log.Info("each run's whole output is kept in its run log", "dir", runLogs.Dir())
 	} else {
 		log.Info("run logs are off (--run-log-dir none): only the last 4 KiB of each run's output is kept, in its history")

@@ -2,7 +2,7 @@
 // use, then writes bench/results.json and bench/results.md. `make bench`
 // runs it.
 //
-// Methodology: the Go benchmarks of pkg/coord and pkg/engine run with a
+// Methodology: the Go benchmarks of pkg/coord, pkg/engine and pkg/runlog run with a
 // fixed count of trials (-benchtime Nx) and report percentiles of their
 // trials; see their doc comments. Resource use is measured on separate
 // processes built from this tree: one etcd (testetcd) and shardd instances
@@ -209,7 +209,7 @@ var (
 
 // goBench runs the benchmarks, streaming their output, and parses it.
 func goBench(benchtime string) ([]benchResult, error) {
-	cmd := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "./pkg/coord", "./pkg/engine")
+	cmd := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "./pkg/coord", "./pkg/engine", "./pkg/runlog")
 	var buf bytes.Buffer
 	cmd.Stdout = io.MultiWriter(os.Stdout, &buf)
 	cmd.Stderr = os.Stderr

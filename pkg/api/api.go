@@ -37,7 +37,9 @@
 // stream's records; follow=1 streams the records as the run writes them
 // and ends when its log is closed. The header X-Shardd-Log-Writing says
 // whether the run was still writing it, X-Shardd-Served-By which instance
-// answered. A log that is not on this instance is looked up in etcd (the
+// answered, X-Shardd-Log-Stopped (a header, or a trailer of a followed log
+// that stops meanwhile) why the log stopped for lack of space when the
+// record saying so is not in its file. A log that is not on this instance is looked up in etcd (the
 // run's history record names the instance that ran it, the registry that
 // instance's API) and the request is proxied there with the caller's
 // token (a console session's too), at most once (X-Shardd-Hop): the

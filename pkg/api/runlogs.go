@@ -37,6 +37,13 @@ const (
 	WritingHeader = "X-Shardd-Log-Writing"
 	// RunHeader names the run served, FENCE-ITEM.
 	RunHeader = "X-Shardd-Run"
+	// StoppedHeader says why the log stopped early, when it ran out of
+	// space and the record saying so is not in its file (runlog
+	// Reader.Stopped): while the run goes on, and after it while its
+	// closing records wait in the instance's memory for room. A header
+	// when that is known as the answer begins; otherwise, of an answer that
+	// follows the log (follow=1), a trailer.
+	StoppedHeader = "X-Shardd-Log-Stopped"
 )
 
 // RunLogs serve run logs.
@@ -314,6 +321,12 @@ func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job 
 	h := w.Header()
 	h.Set(RunHeader, id.String())
 	h.Set(WritingHeader, strconv.FormatBool(rd.Writing()))
+	stopped := rd.Stopped()
+	if stopped != "" {
+		h.Set(StoppedHeader, stopped)
+	} else if q.follow {
+		h.Set("Trailer", StoppedHeader)
+	}
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	if q.json {
@@ -366,6 +379,9 @@ func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job 
 		}
 	}
 	flush()
+	if why := rd.Stopped(); stopped == "" && q.follow && why != "" {
+		h.Set(StoppedHeader, why) // the trailer
+	}
 }
 
 // proxyLog answers with the answer of the instance that ran the run.

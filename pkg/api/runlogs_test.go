@@ -10,6 +10,8 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -537,5 +539,88 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 			t.Errorf("%s: instance b received Authorization %q, want %q twice", tc.name, got, tc.want)
 		}
 		mu.Unlock()
+	}
+}
+
+// A log that ran out of space with nothing to remove, so that the record
+// saying so found no room in its file: the answer says why it stopped, in
+// a header while the run goes on and while its closing records wait in the
+// instance's memory, or in a trailer when a followed log stops after the
+// answer began. Needs root, for a file system small enough to fill.
+func TestRunLogStoppedForLackOfSpace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a small file system needs root")
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k,mode=0700", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount: %v: %s", err, out)
+		}
+	})
+	s, err := runlog.New(filepath.Join(mnt, "runs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := Handler(Options{Cluster: named{&fakeCluster{up: true}, "a"}, RunLogs: &RunLogs{Store: s}})
+	srv := serve(t, h, false)
+	l, err := s.Create(runlog.Header{Job: "orders", Fence: 50, Instance: "a"}, runlog.Retention{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A line that ends the log's file at a page's end: once the disk is
+	// full, its next record needs a page the file system does not have.
+	fi, err := os.Stat(s.Path("orders", runlog.RunID{Fence: 50}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const stamped = len("2006-01-02T15:04:05.000000Z out \n")
+	fmt.Fprintln(l.Stdout(), strings.Repeat("k", 4096-int(fi.Size())-stamped))
+	if fi, err := os.Stat(s.Path("orders", runlog.RunID{Fence: 50})); err != nil || fi.Size() != 4096 {
+		t.Fatalf("the log is not one page: %v, %v", fi, err)
+	}
+	// The answer begins (its headers come) before the log stops.
+	resp, err := srv.Client().Get(srv.URL + "/api/v1/jobs/orders/runs/50-0/log?follow=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get(WritingHeader) != "true" || resp.Header.Get(StoppedHeader) != "" {
+		t.Fatalf("follow: %s %v", resp.Status, resp.Header)
+	}
+	filler, err := os.Create(filepath.Join(mnt, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := filler.Write(make([]byte, 4096)); err != nil {
+			break // full
+		}
+	}
+	filler.Close()
+	fmt.Fprintln(l.Stdout(), "not kept")
+	const why = "run log stopped: no space left on device"
+	rec := get(t, h, "/api/v1/jobs/orders/runs/50-0/log", "")
+	if rec.Code != 200 || rec.Header().Get(WritingHeader) != "true" || rec.Header().Get(StoppedHeader) != why {
+		t.Errorf("read while the run goes on: %d %v", rec.Code, rec.Header())
+	}
+	l.Close("end state=DONE exit=0")
+	body, err := io.ReadAll(resp.Body) // the trailer comes after the body
+	if err != nil || resp.Trailer.Get(StoppedHeader) != why || strings.Contains(string(body), "end state") {
+		t.Errorf("followed: %v, trailer %v, body %q", err, resp.Trailer, body)
+	}
+	rec = get(t, h, "/api/v1/jobs/orders/runs/50-0/log", "")
+	if rec.Code != 200 || rec.Header().Get(WritingHeader) != "false" || rec.Header().Get(StoppedHeader) != why {
+		t.Errorf("read after the run: %d %v", rec.Code, rec.Header())
+	}
+	// Room again: the records go to the file, which says it all itself.
+	os.Remove(filepath.Join(mnt, "filler"))
+	s.Sweep(func(string) (runlog.Retention, bool) { return runlog.Retention{}, false })
+	rec = get(t, h, "/api/v1/jobs/orders/runs/50-0/log", "")
+	if rec.Code != 200 || rec.Header().Get(StoppedHeader) != "" || !strings.Contains(rec.Body.String(), " shardd "+why+"\n") ||
+		!strings.Contains(rec.Body.String(), " shardd end state=DONE exit=0\n") {
+		t.Errorf("read once there is room: %d %v %q", rec.Code, rec.Header(), rec.Body)
 	}
 }

@@ -49,6 +49,25 @@ type activity struct {
 	mu   sync.Mutex
 	grew chan struct{} // closed at the log's next write; nil while nobody waits
 	done chan struct{} // closed when the run's last writer closed its Log
+	// stopped says why the log stopped for lack of space, when the record
+	// saying so found no room in its file.
+	stopped string
+}
+
+// stop tells the readers why the log stopped, which its file cannot say.
+func (a *activity) stop(why string) {
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.stopped = why
+	a.mu.Unlock()
+}
+
+func (a *activity) why() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stopped
 }
 
 // wait returns a channel closed at the log's next write.
@@ -260,6 +279,25 @@ func (r *Reader) Close() error { return r.f.Close() }
 func (r *Reader) Writing() bool {
 	r.refresh()
 	return r.act != nil
+}
+
+// Stopped says why the log stopped early, when it ran out of space and
+// the record saying so found no room in its file: while the run goes on,
+// and after, while its closing records wait in its store's memory (see
+// Space in the package doc). "" otherwise: a log that stopped says so
+// itself, in a shardd record beginning "run log stopped:", whenever that
+// could be written.
+func (r *Reader) Stopped() string {
+	if r.s == nil {
+		return ""
+	}
+	r.refresh()
+	if r.act != nil {
+		if why := r.act.why(); why != "" {
+			return why
+		}
+	}
+	return r.s.stoppedWhy(r.job, r.id)
 }
 
 // refresh looks at the store's state again: the writer may have closed the

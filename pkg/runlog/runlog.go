@@ -39,11 +39,43 @@
 // disk (in blocks, as du counts them; logs being written come on top) and
 // none is kept longer than Retention.MaxAge: the oldest finished logs are
 // removed first, when a run of the job ends and at Sweep. A log being
-// written is never removed. Writing stops (with a shardd record saying so)
-// before a write would leave the file system less than MinFree available
-// (looked at every 64 KiB), so run logs never fill the disk; the run itself
-// goes on. Memory per open log is bounded: two partial-line buffers (32 KiB
-// each) and a batch of records (flushed at 64 KiB, kept up to 128 KiB).
+// written is never removed. Memory per open log is bounded: two
+// partial-line buffers (32 KiB each) and a batch of records (flushed at
+// 64 KiB, kept up to 128 KiB).
+//
+// # Space
+//
+// Run logs leave the file system MinFree available (the floor). A log
+// looks at the space available when it is created and every 64 KiB it
+// writes; below the floor (and what it is about to write), it makes room:
+// it removes finished logs, oldest first, of its own job first, then of
+// any job (the store's oldest first), until the floor holds again. So the
+// newest logs survive a short disk, a job's output pays with its own
+// history before others', and a disk that was full becomes usable again as
+// soon as old logs can go. A write that fails for lack of space (ENOSPC,
+// EDQUOT: something else filled the disk past the floor) makes room the
+// same way and is tried once more. When removing every finished log would
+// not restore the floor (something else holds the disk), none is removed:
+// they would go for nothing. Then the log stops: a record says why ("run
+// log stopped: ..."), the run goes on, and its output from there on is
+// counted, not kept. A stopped log still ends with its closing records
+// (what was not kept, how the run ended): they may use the floor. When
+// even those cannot be written, the store keeps them, with the file, for
+// at most maxUnwritten logs, and appends them once another log closes
+// whole (or at Sweep). Whenever the record saying why a log stopped is not
+// in its file (while the run goes on, or its closing records wait),
+// Reader.Stopped says why.
+//
+// # Locks
+//
+// The store's lock covers its index (each job's logs, the open ones and
+// their readers' notifications) and is held for at most one file system
+// call (an unlink, an rmdir, or appending kept closing records): listing
+// a job's directory, reading sizes and writing logs are done without it.
+// So creating a run's log never waits for a Sweep, nor for another run's
+// retention, longer than one unlink. On a short disk, a log waits for the
+// removals that make its room (the first time, for the listing of the
+// logs it chooses from): that is the price of having a log at all.
 //
 // # Reading
 //
@@ -67,11 +99,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -118,39 +150,31 @@ const checkEvery = 64 << 10
 // Store is a directory of run logs.
 type Store struct {
 	dir string
-	// MinFree is the space (bytes) the file system must keep available:
-	// below it, logs stop writing. Default: the smaller of 1 GiB and 5 % of
-	// the file system.
+	// MinFree is the space (bytes) run logs leave the file system
+	// available (see Space in the package doc): below it, a log removes
+	// finished logs to make room, and stops when none is left. Default: the
+	// smaller of 1 GiB and 5 % of the file system.
 	MinFree func(total uint64) uint64
 	// FollowIdle bounds how long a follower (Reader.Follow) waits, polling,
 	// for a log this store does not write to grow: one that a previous
 	// process still writes, during a restart. Default 5 s. Logs this store
 	// writes are followed by notification, however long they are silent.
 	FollowIdle time.Duration
-	now        func() time.Time
+	// Logger receives what the store does on its own: logs it removed to
+	// make room on a short disk. Default: discarded.
+	Logger *slog.Logger
+	now    func() time.Time
+	// statfs returns the space available and the file system's size, of
+	// the file system of fd (tests give a file system of their own).
+	statfs func(fd int) (avail, total uint64, err error)
+	// sweepHook, when set (tests), is called by Sweep holding no lock,
+	// after it lists a job's logs ("listed") and after each log it
+	// removes ("removed").
+	sweepHook func(job, what string)
 
-	mu   sync.Mutex
-	jobs map[string]*jobIndex // loaded on first use
-}
-
-// jobIndex lists a job's log files, oldest first.
-type jobIndex struct {
-	files []file
-	open  map[RunID]int // runs whose logs are being written: how many writers
-	bytes int64         // disk used by files
-	// watch tells the readers of each open log when it grows and when it
-	// closes (see read.go); closed remembers, for FollowIdle, when this
-	// store closed a log, so that its followers need not poll.
-	watch  map[RunID]*activity
-	closed recentCloses
-}
-
-// file is one log in the index: 32 bytes, so that a job's index stays
-// small even with tens of thousands of logs.
-type file struct {
-	id    RunID
-	mtime int64 // Unix nanoseconds
-	bytes int64 // disk used, in blocks
+	mu        sync.Mutex
+	jobs      map[string]*jobIndex // loaded on first use
+	unwritten unwrittenSet         // closing records waiting for room
 }
 
 // RunID names a run within its job: its claim's fence and its item.
@@ -187,10 +211,25 @@ func New(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("run log directory: %w", err)
 	}
-	return &Store{dir: dir, now: time.Now, jobs: map[string]*jobIndex{}, MinFree: defaultMinFree, FollowIdle: defaultFollowIdle}, nil
+	return &Store{dir: dir, now: time.Now, statfs: statfs, jobs: map[string]*jobIndex{}, MinFree: defaultMinFree, FollowIdle: defaultFollowIdle}, nil
 }
 
 func defaultMinFree(total uint64) uint64 { return min(1<<30, total/20) }
+
+func statfs(fd int) (avail, total uint64, err error) {
+	var st syscall.Statfs_t
+	if err := syscall.Fstatfs(fd, &st); err != nil {
+		return 0, 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), st.Blocks * uint64(st.Bsize), nil
+}
+
+func (s *Store) logger() *slog.Logger {
+	if s.Logger != nil {
+		return s.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
 
 // Dir returns the store's directory.
 func (s *Store) Dir() string { return s.dir }
@@ -225,29 +264,32 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	}
 	id := RunID{Fence: h.Fence, Item: int32(h.Item)}
 	r = r.withDefaults()
-	var act *activity
-	s.mu.Lock() // Sweep removes a job's directory once it is empty
-	idx, err := s.index(h.Job)
-	if err == nil {
-		if err = os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
-			err = fmt.Errorf("run log of job %q: %w", h.Job, err)
-		} else {
-			idx.open[id]++
-			act = idx.activity(id)
-		}
-	}
+	s.mu.Lock()
+	idx := s.entry(h.Job)
+	idx.open[id]++ // from here, Sweep leaves the job's directory alone
+	act := idx.activity(id)
+	earlier := s.unwritten.take(runKey{h.Job, id})
 	s.mu.Unlock()
-	if err != nil {
-		return nil, err
+	var carried []byte // an earlier try's closing records, kept for room
+	if earlier != nil && !earlier.flush() {
+		earlier.f.Close()
+		carried = earlier.recs // still no room: they go before this try's header, when it finds some
+	}
+	if err := os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
+		s.release(h.Job, id, r, nil, false)
+		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
 	}
 	f, err := os.OpenFile(s.Path(h.Job, id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		s.release(h.Job, id, r)
+		s.release(h.Job, id, r, nil, false)
 		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
 	}
 	l := &Log{s: s, f: f, job: h.Job, id: id, ret: r, act: act}
-	if fi, err := f.Stat(); err == nil {
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
 		l.size = fi.Size() // a retry's log goes on from its earlier tries
+		s.mu.Lock()
+		s.entry(h.Job).reopened(id)
+		s.mu.Unlock()
 	}
 	l.mu.Lock()
 	head := fmt.Appendf(nil, "run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
@@ -255,38 +297,14 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	if !h.StartAt.IsZero() {
 		head = fmt.Appendf(head, " starts_at=%s", h.StartAt.UTC().Format(time.RFC3339Nano))
 	}
-	l.write(record(nil, l.stamp(), "shardd", head))
+	if hrec := append(carried, record(nil, l.stamp(), "shardd", head)...); !l.write(hrec) {
+		l.owed = append(hrec, l.owed...) // the header first, when it finds room
+	}
+	if l.stopped == "" && l.err == nil {
+		l.checkSpaceLocked(0)
+	}
 	l.mu.Unlock()
-	l.checkSpace()
 	return l, nil
-}
-
-// index returns job's index, loading it from the directory the first
-// time. s.mu is held.
-func (s *Store) index(job string) (*jobIndex, error) {
-	if idx := s.jobs[job]; idx != nil {
-		return idx, nil
-	}
-	idx := &jobIndex{open: map[RunID]int{}, watch: map[RunID]*activity{}}
-	entries, err := os.ReadDir(filepath.Join(s.dir, job))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
-	}
-	for _, e := range entries {
-		id, ok := runOfFile(e.Name())
-		if !e.Type().IsRegular() || !ok {
-			continue // not a run log
-		}
-		fi, err := e.Info()
-		if err != nil {
-			continue // removed meanwhile
-		}
-		idx.files = append(idx.files, file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
-		idx.bytes += diskBytes(fi)
-	}
-	sort.SliceStable(idx.files, func(a, b int) bool { return idx.files[a].mtime < idx.files[b].mtime })
-	s.jobs[job] = idx
-	return idx, nil
 }
 
 // diskBytes is the disk a file takes, in blocks as du counts them.
@@ -295,84 +313,6 @@ func diskBytes(fi os.FileInfo) int64 {
 		return st.Blocks * 512
 	}
 	return fi.Size()
-}
-
-// release marks a job's log as written, records its size and applies
-// the retention.
-func (s *Store) release(job string, id RunID, r Retention) {
-	fi, statErr := os.Stat(s.Path(job, id))
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	idx := s.jobs[job]
-	if idx == nil {
-		return
-	}
-	if idx.open[id]--; idx.open[id] <= 0 {
-		delete(idx.open, id)
-		idx.closeWatch(id, s.now(), s.followIdle())
-	}
-	if statErr == nil {
-		i := slices.IndexFunc(idx.files, func(f file) bool { return f.id == id })
-		if i >= 0 { // appended to: it moves to the end
-			idx.bytes -= idx.files[i].bytes
-			idx.files = slices.Delete(idx.files, i, i+1)
-		}
-		f := file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)}
-		idx.files = append(idx.files, f)
-		idx.bytes += f.bytes
-	}
-	s.prune(job, idx, r)
-}
-
-// prune removes job's oldest finished logs while they are older than
-// r.MaxAge or take more than r.MaxTotalBytes. s.mu is held.
-func (s *Store) prune(job string, idx *jobIndex, r Retention) {
-	cutoff := s.now().Add(-r.MaxAge).UnixNano()
-	kept := idx.files[:0]
-	for i, f := range idx.files {
-		over := f.mtime < cutoff || idx.bytes > r.MaxTotalBytes
-		if !over || idx.open[f.id] > 0 {
-			kept = append(kept, f)
-			continue
-		}
-		err := os.Remove(s.Path(job, f.id))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			kept = append(kept, idx.files[i:]...) // try again next time
-			break
-		}
-		idx.bytes -= f.bytes
-	}
-	idx.files = kept
-}
-
-// Sweep applies retention to every job's logs, those of jobs no longer
-// defined included (retention gives their retention; unknown jobs get the
-// defaults), and forgets jobs whose logs are all gone. Run it now and then
-// (shardd does hourly): jobs that no longer run have no run end to do it.
-func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
-	entries, err := os.ReadDir(s.dir)
-	if err != nil {
-		return fmt.Errorf("run logs: %w", err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, e := range entries {
-		if !e.IsDir() || !isJobName(e.Name()) {
-			continue // not a job's: lost+found, or another program's
-		}
-		job := e.Name()
-		idx, err := s.index(job)
-		if err != nil {
-			continue
-		}
-		r, _ := retention(job)
-		s.prune(job, idx, r.withDefaults())
-		if len(idx.files) == 0 && len(idx.open) == 0 {
-			delete(s.jobs, job)
-			os.Remove(filepath.Join(s.dir, job)) // only if empty
-		}
-	}
-	return nil
 }
 
 // isJobName reports whether name can be a job's directory: what shardd
@@ -419,14 +359,18 @@ type Log struct {
 	mu           sync.Mutex
 	f            *os.File
 	size         int64     // the file's size
-	full         bool      // no more output fits
+	full         bool      // no more output fits under MaxBytesPerRun
 	dropped      int64     // output bytes not kept
 	droppedNotes int       // shardd records not kept
 	batch        []byte    // records of one Write
+	batchOut     int64     // output bytes in batch
 	partial      [2][]byte // each stream's unfinished line
 	unsaid       int64     // bytes written since the last free-space check
-	stopped      string    // why writing stopped; "" while it goes on
-	err          error     // the first write error
+	stopped      string    // why writing stopped for lack of space; "" while it goes on
+	owed         []byte    // shardd records that found no room: the closing records begin with them
+	removed      int       // finished logs removed to make room for this one
+	freed        int64     // and the disk they took
+	err          error     // the first write error, other than a lack of space
 	closed       bool
 }
 
@@ -452,7 +396,7 @@ func (w stream) Write(p []byte) (int, error) {
 	if l.closed {
 		return len(p), nil
 	}
-	if l.full {
+	if l.full || l.stopped != "" {
 		l.dropped += int64(len(p))
 		return len(p), nil
 	}
@@ -479,8 +423,7 @@ func (w stream) Write(p []byte) (int, error) {
 		*buf = (*buf)[:0]
 		p = p[i+1:]
 	}
-	l.write(l.batch)
-	l.batch = l.batch[:0]
+	l.flush()
 	if cap(l.batch) > 2*maxBatch {
 		l.batch = nil
 	}
@@ -498,15 +441,24 @@ func (l *Log) add(ts, tag string, text []byte) {
 	if !l.full && l.size+int64(len(l.batch)+len(ts)+len(tag)+len(text)+3) > l.room() {
 		l.full = true
 	}
-	if l.full {
+	if l.full || l.stopped != "" {
 		l.dropped += lost
 		return
 	}
 	l.batch = record(l.batch, ts, tag, text)
+	l.batchOut += lost
 	if len(l.batch) >= maxBatch { // memory per log stays bounded
-		l.write(l.batch)
-		l.batch = l.batch[:0]
+		l.flush()
 	}
+}
+
+// flush writes the batch; its output that a stopped log cannot write is
+// counted as not kept. l.mu is held.
+func (l *Log) flush() {
+	if len(l.batch) > 0 && !l.write(l.batch) {
+		l.dropped += l.batchOut
+	}
+	l.batch, l.batchOut = l.batch[:0], 0
 }
 
 // maxBatch bounds the records a Write holds before they go to the file.
@@ -536,57 +488,107 @@ func record(out []byte, ts, tag string, text []byte) []byte {
 	return append(out, '\n')
 }
 
-// write appends records to the file. l.mu is held.
-func (l *Log) write(b []byte) {
-	if len(b) == 0 || l.stopped != "" || l.err != nil {
-		return
+// write appends records to the file, looking at the space left every
+// checkEvery bytes, and reports whether they are in it. l.mu is held.
+func (l *Log) write(b []byte) bool {
+	if len(b) == 0 {
+		return true
+	}
+	if l.stopped != "" || l.err != nil {
+		return false
 	}
 	if l.unsaid += int64(len(b)); l.unsaid >= checkEvery {
 		l.unsaid = 0
 		if !l.checkSpaceLocked(len(b)) {
-			return
+			return false
 		}
 	}
+	switch err := l.putRoom(b); {
+	case err == nil:
+		return true
+	case noSpace(err):
+		l.stop(spaceText(err))
+	default:
+		l.err = err
+	}
+	return false
+}
+
+// put appends b to the file, whole or not at all. l.mu is held.
+func (l *Log) put(b []byte) error {
 	if _, err := l.f.Write(b); err != nil {
 		l.f.Truncate(l.size) // no half record at the end
-		l.err = err
-		if errors.Is(err, syscall.ENOSPC) {
-			l.stopped = "run log stopped: no space left on the device"
-		}
-		return
+		return err
 	}
 	l.size += int64(len(b))
 	l.act.wake()
+	return nil
 }
 
-func (l *Log) checkSpace() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.checkSpaceLocked(0)
+// putRoom is put, which, when the file system has no room for b, makes
+// room and tries once more. l.mu is held.
+func (l *Log) putRoom(b []byte) error {
+	err := l.put(b)
+	if noSpace(err) {
+		if ok, _, _, _ := l.makeRoom(len(b), true); ok {
+			err = l.put(b)
+		}
+	}
+	return err
+}
+
+// makeRoom removes finished logs (Store.makeRoom) until the file system
+// has MinFree and n more bytes available, and reports whether it has (after
+// a write that failed for lack of space, whether it freed any), with the
+// space available then, the floor and the disk the finished logs took.
+// l.mu is held.
+func (l *Log) makeRoom(n int, failed bool) (ok bool, avail, floor uint64, finished int64) {
+	avail, total, err := l.s.statfs(int(l.f.Fd()))
+	if err != nil {
+		return !failed, 0, 0, 0
+	}
+	floor = l.s.MinFree(total)
+	need := floor + uint64(n)
+	if avail >= need && !failed {
+		return true, avail, floor, 0
+	}
+	var want int64
+	if avail < need {
+		want = int64(min(need-avail, math.MaxInt64))
+	}
+	if failed { // a quota (EDQUOT) does not show in the file system's space
+		want = max(want, int64(n)+4096)
+	}
+	freed, removed, finished := l.s.makeRoom(l.job, want)
+	l.removed, l.freed = l.removed+removed, l.freed+freed
+	avail += uint64(freed)
+	if failed {
+		return freed > 0, avail, floor, finished
+	}
+	return avail >= need, avail, floor, finished
 }
 
 // checkSpaceLocked reports whether n more bytes leave the file system
-// MinFree available; if not, it stops the log (with a last record, if
-// that fits).
+// MinFree available, making room if need be; if not, it stops the log.
+// l.mu is held.
 func (l *Log) checkSpaceLocked(n int) bool {
-	var st syscall.Statfs_t
-	if err := syscall.Fstatfs(int(l.f.Fd()), &st); err != nil {
-		return true
+	ok, avail, floor, finished := l.makeRoom(n, false)
+	if !ok {
+		l.stop(fmt.Sprintf(StoppedPrefix+"the file system has %d bytes available, below the %d bytes run logs leave free, and removing the finished run logs (%d bytes) would not make up the difference", avail, floor, finished))
 	}
-	avail, total := st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize)
-	if need := l.s.MinFree(total); avail < need+uint64(n) {
-		why := fmt.Sprintf("run log stopped: the file system has %d bytes available, and keeps %d free", avail, need)
-		rec := record(nil, l.stamp(), "shardd", []byte(why))
-		if _, err := l.f.Write(rec); err == nil {
-			l.size += int64(len(rec))
-			l.act.wake()
-		} else {
-			l.f.Truncate(l.size)
-		}
-		l.stopped = why
-		return false
+	return ok
+}
+
+// stop ends the log's output for lack of space, with a record saying
+// why: now, or first among the closing records if it finds no room. l.mu
+// is held.
+func (l *Log) stop(why string) {
+	l.stopped = why
+	rec := record(nil, l.stamp(), "shardd", []byte(why))
+	if l.put(rec) != nil {
+		l.owed = append(l.owed, rec...)
+		l.act.stop(why) // its readers learn it from the store meanwhile
 	}
-	return true
 }
 
 // stampLayout is a record's time: UTC, microseconds, fixed width.
@@ -611,15 +613,16 @@ func (l *Log) Note(text string) {
 			l.partial[n] = l.partial[n][:0]
 		}
 	}
-	l.write(l.batch)
-	l.batch = l.batch[:0]
+	l.flush()
 	rec := record(nil, ts, "shardd", []byte(oneLine(text)))
 	if l.full || l.size+int64(len(rec)) > l.room() {
 		l.full = true // notes count against the cap like output
 		l.droppedNotes++
 		return
 	}
-	l.write(rec)
+	if !l.write(rec) {
+		l.droppedNotes++
+	}
 }
 
 // Err returns the first error met writing the log, or why it stopped.
@@ -637,6 +640,9 @@ func (l *Log) Err() error {
 
 // Close writes the streams' unfinished lines, what was not kept and end
 // (how the run ended) and closes the file; then the job's retention runs.
+// The closing records are written even when the log stopped for lack of
+// space (making room for them, see Space in the package doc); when they
+// find none, the store keeps them until there is, and Close says so.
 func (l *Log) Close(end string) error {
 	l.mu.Lock()
 	if l.closed {
@@ -651,13 +657,66 @@ func (l *Log) Close(end string) error {
 			l.partial[n] = nil
 		}
 	}
-	out := l.batch
+	l.flush()
+	var kept *unwritten // the closing records, when they find no room
+	if out := l.closing(ts, end); len(out) > 0 && l.err == nil {
+		err := l.putRoom(out)
+		if noSpace(err) {
+			if l.stopped == "" { // the closing records are the first to find no room
+				l.stopped = spaceText(err)
+				l.owed = append(l.owed, record(nil, ts, "shardd", []byte(l.stopped))...)
+				out = l.closing(ts, end)
+			}
+			kept = &unwritten{f: l.f, size: l.size, recs: out, why: l.stopped}
+		} else if err != nil {
+			l.err = err
+		}
+	}
+	l.closed = true
+	var gone error
+	if fi, err := l.f.Stat(); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+			gone = fmt.Errorf("run log %s was removed while the run wrote it", l.f.Name())
+			kept = nil // nothing to keep them for
+		}
+	}
+	var err error
+	if kept == nil {
+		err = l.f.Close()
+	} else {
+		err = fmt.Errorf("%s: its last records (what was not kept, how the run ended) wait in memory until there is room", l.stopped)
+	}
+	if gone != nil {
+		err = gone
+	}
+	if l.err != nil {
+		err = l.err
+	}
+	whole := kept == nil && gone == nil && l.err == nil
+	removed, freed := l.removed, l.freed
+	l.mu.Unlock()
+	if removed > 0 {
+		l.s.logger().Info("run logs: the file system was short of space; removed the oldest finished run logs to make room",
+			"job", l.job, "run", l.id.String(), "removed", removed, "freed_bytes", freed)
+	}
+	l.s.release(l.job, l.id, l.ret, kept, whole)
+	return err
+}
+
+// closing returns the records that close the log: those owed, what was
+// not kept, and end, cut to fit the cap when it can be. l.mu is held.
+func (l *Log) closing(ts, end string) []byte {
+	out := slices.Clone(l.owed)
 	if l.dropped > 0 || l.droppedNotes > 0 {
 		notes := ""
 		if l.droppedNotes > 0 {
 			notes = fmt.Sprintf(" and %d shardd records", l.droppedNotes)
 		}
-		out = record(out, ts, "shardd", fmt.Appendf(nil, "output cut: %d bytes%s not kept, beyond maxBytesPerRun (%d bytes of run log)", l.dropped, notes, l.ret.MaxBytesPerRun))
+		why := fmt.Sprintf("beyond maxBytesPerRun (%d bytes of run log)", l.ret.MaxBytesPerRun)
+		if l.stopped != "" && !l.full {
+			why = "after the run log stopped for lack of space"
+		}
+		out = record(out, ts, "shardd", fmt.Appendf(nil, "output cut: %d bytes%s not kept, %s", l.dropped, notes, why))
 	}
 	if end != "" { // cut to fit the cap, when it can
 		text := oneLine(end)
@@ -666,24 +725,7 @@ func (l *Log) Close(end string) error {
 		}
 		out = record(out, ts, "shardd", []byte(text))
 	}
-	l.write(out)
-	l.closed = true
-	var gone error
-	if fi, err := l.f.Stat(); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
-			gone = fmt.Errorf("run log %s was removed while the run wrote it", l.f.Name())
-		}
-	}
-	err := l.f.Close()
-	if gone != nil {
-		err = gone
-	}
-	if l.err != nil {
-		err = l.err
-	}
-	l.mu.Unlock()
-	l.s.release(l.job, l.id, l.ret)
-	return err
+	return out
 }
 
 // Record is one record of a run log.

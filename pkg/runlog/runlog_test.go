@@ -211,7 +211,9 @@ func TestStopsWhenTheDiskIsNearlyFull(t *testing.T) {
 	if len(out) != 0 {
 		t.Errorf("output kept on a full disk: %q", out)
 	}
-	if n := notes(recs); len(n) != 2 || !strings.HasPrefix(n[1], "run log stopped") {
+	// It says why it stopped, what it did not keep, and how the run ended.
+	if n := notes(recs); len(n) != 4 || !strings.HasPrefix(n[1], "run log stopped: the file system has") ||
+		n[2] != "output cut: 9 bytes not kept, after the run log stopped for lack of space" || n[3] != "end" {
 		t.Errorf("notes = %q", n)
 	}
 }
@@ -414,8 +416,8 @@ func TestStopsWhenTheDiskFillsDuringARun(t *testing.T) {
 		t.Errorf("the log grew to %d bytes; it should stop within %d", fi.Size(), checkEvery)
 	}
 	recs := read(t, s, "j", 1) // fails on a half record
-	if n := notes(recs); !strings.HasPrefix(n[len(n)-1], "run log stopped") {
-		t.Errorf("last record %q", n[len(n)-1])
+	if n := notes(recs); len(n) != 4 || !strings.HasPrefix(n[1], "run log stopped") || !strings.HasPrefix(n[2], "output cut: ") || n[3] != "end" {
+		t.Errorf("notes %q, want the header, the stop, the cut and the end", n)
 	}
 }
 
