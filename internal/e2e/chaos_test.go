@@ -285,13 +285,7 @@ func nextCalendarFire(after time.Time) time.Time {
 
 // chaosJobs is what the ledger checker is told of the chaos jobs.
 func chaosJobs(t *testing.T) map[string]ledger.Job {
-	sched := func(spec string) schedule.Schedule {
-		s, err := schedule.Parse(spec, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
+	sched := func(spec string) schedule.Schedule { return mustSchedule(t, spec) }
 	every := sched("@every 1s")
 	return map[string]ledger.Job{
 		"tick":     {Items: 6, Schedule: every, Failover: true},

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/ledger"
-	"github.com/shardd/shardd/pkg/schedule"
 )
 
 // ledgerScript appends start/end lines to the ledger and holds the item's
@@ -151,18 +150,11 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sched := func(spec string) schedule.Schedule {
-		s, err := schedule.Parse(spec, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
 	r := ledger.Check(events, ledger.Options{
 		Jobs: map[string]ledger.Job{
-			"tick":     {Items: 6, Schedule: sched("@every 1s"), Failover: true},
-			"ten":      {Items: 3, Schedule: sched("@every 10s"), Failover: true},
-			"calendar": {Items: 2, Schedule: sched("7,37 * * * * ?"), Failover: true},
+			"tick":     {Items: 6, Schedule: mustSchedule(t, "@every 1s"), Failover: true},
+			"ten":      {Items: 3, Schedule: mustSchedule(t, "@every 10s"), Failover: true},
+			"calendar": {Items: 2, Schedule: mustSchedule(t, "7,37 * * * * ?"), Failover: true},
 		},
 		Bound: bound, From: from, To: to, Failures: failures, Records: policyRecords(t, []*proc{procs["a"], procs["b"], procs["c"]}),
 		// Fires due during a fault are judged against the fault's bound.

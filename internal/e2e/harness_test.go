@@ -28,6 +28,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/schedule"
 )
 
 // ttl is the session TTL the tests run shardd with.
@@ -455,4 +456,14 @@ func policyRecordsOf(t *testing.T, logs []map[string]any) []ledger.Record {
 		out = append(out, rec)
 	}
 	return out
+}
+
+// mustSchedule parses a job's cron spec for the ledger checker.
+func mustSchedule(t *testing.T, spec string) schedule.Schedule {
+	t.Helper()
+	s, err := schedule.Parse(spec, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

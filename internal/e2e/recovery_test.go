@@ -13,12 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
-	"github.com/shardd/shardd/pkg/schedule"
 )
 
 // etcd restored from a snapshot (down for less or more than the session
@@ -99,17 +95,10 @@ func etcdGoesBack(t *testing.T, outage time.Duration, restore []string) {
 	}
 
 	events := ledgerEvents(t, dir)
-	sched := func(spec string) schedule.Schedule {
-		s, err := schedule.Parse(spec, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
 	r := ledger.Check(events, ledger.Options{
 		Jobs: map[string]ledger.Job{
-			"ten": {Items: 3, Schedule: sched("@every 10s"), Failover: true},
-			"two": {Items: 2, Schedule: sched("@every 2s"), Failover: true},
+			"ten": {Items: 3, Schedule: mustSchedule(t, "@every 10s"), Failover: true},
+			"two": {Items: 2, Schedule: mustSchedule(t, "@every 2s"), Failover: true},
 		},
 		Bound: bound, From: from, To: to,
 		// The rewind fences every session: runs in flight are cut, and
@@ -185,16 +174,7 @@ func TestEtcdNoSpaceAlarm(t *testing.T) {
 	waitFor(t, 30*time.Second, "n1 ready", func() bool { code, _ := ready(); return code == 200 })
 	waitFor(t, 30*time.Second, "a run", func() bool { return len(readLedger(t, dir)) > 0 })
 
-	ctx := context.Background()
-	members, err := cli.MemberList(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := members.Members[0].ID
-	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &etcdserverpb.AlarmRequest{
-		Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
-		t.Fatal(err)
-	}
+	disarm := etcdtest.RaiseNoSpace(t, cli)
 	raised := time.Now()
 	var body string
 	waitFor(t, 15*time.Second, "/readyz to say NOSPACE", func() bool {
@@ -213,9 +193,7 @@ func TestEtcdNoSpaceAlarm(t *testing.T) {
 			t.Errorf("a run started under the NOSPACE alarm, where its claim cannot be written: %+v", ev)
 		}
 	}
-	if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
-		t.Fatal(err)
-	}
+	disarm()
 	disarmed := time.Now()
 	waitFor(t, 20*time.Second, "a run after the disarm, and /readyz 200", func() bool {
 		code, _ := ready()

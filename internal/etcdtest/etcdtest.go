@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -160,4 +161,27 @@ func FreeAddr(t testing.TB) string {
 	}
 	defer ln.Close()
 	return fmt.Sprint(ln.Addr())
+}
+
+// RaiseNoSpace raises the NOSPACE alarm on cli's first member, as etcd
+// raises it when its database reaches its quota: etcd refuses every write
+// until the returned disarm is called.
+func RaiseNoSpace(t testing.TB, cli *clientv3.Client) (disarm func()) {
+	t.Helper()
+	ctx := context.Background()
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := members.Members[0].ID
+	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &etcdserverpb.AlarmRequest{
+		Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatalf("raise NOSPACE: %v", err)
+	}
+	return func() {
+		t.Helper()
+		if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+			t.Fatalf("disarm NOSPACE: %v", err)
+		}
+	}
 }

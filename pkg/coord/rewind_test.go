@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
@@ -188,15 +187,7 @@ func TestNoSpaceAlarmIsSaid(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	runFire(t, n, base)
-	members, err := cli.MemberList(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := members.Members[0].ID
-	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &etcdserverpb.AlarmRequest{
-		Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
-		t.Fatal(err)
-	}
+	disarm := etcdtest.RaiseNoSpace(t, cli)
 	prev, err := n.ReadItem(ctx, "orders", 0)
 	if err != nil {
 		t.Fatal(err)
@@ -217,9 +208,7 @@ func TestNoSpaceAlarmIsSaid(t *testing.T) {
 		t.Errorf("status under the NOSPACE alarm says %q, want the alarm", st.EtcdProblems())
 	}
 
-	if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
-		t.Fatal(err)
-	}
+	disarm()
 	if _, err := cli.Compact(ctx, st.Revision); err != nil {
 		t.Fatal(err)
 	}
