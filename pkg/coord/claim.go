@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -357,6 +358,9 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	resp, err := n.opts.Client.Txn(wctx).If(append(n.claimShared(c, member), p.cmps...)...).Then(p.ops...).Commit()
+	if refusedWrite(err) {
+		return nil, fmt.Errorf("claim item %d of job %q: %w", c.Item, c.Job, err)
+	}
 	if err != nil {
 		// Unknown outcome. If the claim applied, its marker holds the item
 		// for as long as this session lives: nobody else may run the item,
@@ -641,6 +645,8 @@ type Outcome struct {
 // ErrClaimLost), or ctx is done.
 func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	rec := g.Final(o)
+	po := n.outcomes.add(rec, g.Fence) // a rewind's repair writes it if the claim's record went
+	defer n.outcomes.remove(po)
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for try := 0; ; try++ {
 		var err error
@@ -648,6 +654,9 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 			err = n.completions.do(ctx, n, rec, g.Fence) // with the outcomes of others
 		} else {
 			err = n.finish(ctx, rec, g.Fence, true)
+		}
+		if errors.Is(err, ErrClaimLost) && po.written() {
+			return nil // written by the repair after etcd went back (rewind.go)
 		}
 		if err == nil || errors.Is(err, ErrClaimLost) {
 			return err
@@ -766,7 +775,11 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 	}
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Commit()
+	key := n.keys.Item(rec.Job, rec.Item)
+	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Else(clientv3.OpGet(key)).Commit()
+	if refusedWrite(err) {
+		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
+	}
 	if err != nil {
 		// Unknown outcome (a timeout, a member lost, or ctx ended with the
 		// request on its way): read it back, so that a record written is
@@ -779,11 +792,28 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 	}
 	if !resp.Succeeded {
 		n.refused(rec.Job)
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) > 0 && bytes.Equal(kvs[0].Value, ops[0].ValueBytes()) {
+			return nil // written already (a write whose answer was lost, or a rewind's repair)
+		}
+		if len(kvs) > 0 && kvs[0].ModRevision < rev {
+			// The record is older than the claim that wrote it: etcd went
+			// back. Not lost: the repair writes the outcome (rewind.go).
+			return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job,
+				n.hist.noteKeyRevision(key, rev, kvs[0].ModRevision))
+		}
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
 	}
 	n.wroteItems(resp.Header.Revision)
 	return nil
+}
+
+// refusedWrite reports whether etcd refused a write outright, so that it
+// did not apply: its NOSPACE alarm, or a rewind History found. Such a
+// write's outcome is known; it is not read back.
+func refusedWrite(err error) bool {
+	return err != nil && (errors.Is(err, ErrRewound) || errors.Is(rpctypes.Error(err), rpctypes.ErrNoSpace))
 }
 
 // finishApplied reports whether a finish whose outcome is unknown applied:

@@ -53,6 +53,9 @@ type History struct {
 	rewound *RewindError
 	changed chan struct{} // closed and replaced when rewound is set
 	noSpace *NoSpaceError // the last write was refused for etcd's NOSPACE alarm
+	// onNoSpace, if set, is called (without h.mu) when noSpace is set or
+	// cleared.
+	onNoSpace func(*NoSpaceError)
 }
 
 // NewHistory returns an empty History.
@@ -169,7 +172,11 @@ func (h *History) noteKeyRevision(key string, seen, got int64) error {
 func (h *History) noteReport(rec RewindRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.rewindLocked(&RewindError{By: rec.Instance, Reason: rec.Reason, Seen: rec.Seen, Got: rec.Revision, SeenCluster: h.cluster, GotCluster: h.cluster})
+	by := rec.By // a report passed on names the first to see it
+	if by == "" {
+		by = rec.Instance
+	}
+	h.rewindLocked(&RewindError{By: by, Reason: rec.Reason, Seen: rec.Seen, Got: rec.Revision, SeenCluster: h.cluster, GotCluster: h.cluster})
 }
 
 // recovered ends a rewind once the node has recovered from it: etcd's
@@ -289,7 +296,7 @@ func (h *History) refusal(ctx context.Context) (floor int64, err error) {
 // noteWrite records what a write's answer says of etcd's NOSPACE alarm.
 func (h *History) noteWrite(err error) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	was := h.noSpace
 	switch {
 	case err == nil:
 		h.noSpace = nil
@@ -297,6 +304,11 @@ func (h *History) noteWrite(err error) {
 		if h.noSpace == nil {
 			h.noSpace = &NoSpaceError{Since: h.now()}
 		}
+	}
+	now, on := h.noSpace, h.onNoSpace
+	h.mu.Unlock()
+	if on != nil && (was == nil) != (now == nil) {
+		on(now)
 	}
 }
 

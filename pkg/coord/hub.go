@@ -118,7 +118,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 		if rev == 0 {
 			r, err := h.startRevision(ctx)
 			if err != nil {
-				if ctx.Err() == nil {
+				if ctx.Err() == nil && !errors.Is(err, ErrRewound) { // the recovery says so
 					h.onErr("cannot reach etcd; retrying", err)
 				}
 				sleep(ctx, b.next())
@@ -146,7 +146,7 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 				if errors.Is(err, rpctypes.ErrCompacted) {
 					h.onErr("jobs watch: revision compacted; re-reading", err)
 					rev = 0
-				} else if ctx.Err() == nil {
+				} else if ctx.Err() == nil && !errors.Is(err, ErrRewound) {
 					h.onErr("jobs watch ended; resuming", err)
 				}
 				break

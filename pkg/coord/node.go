@@ -95,8 +95,9 @@ type Node struct {
 	lastItemWrite atomic.Int64
 	// hist is what the client saw of etcd's history; known the item
 	// records seen, for a recovery from a rewind (rewind.go).
-	hist  *History
-	known records
+	hist     *History
+	known    records
+	outcomes outcomes
 	// rewindFloor is the revision another instance's rewind report must
 	// have seen past to concern this one: where its watch began, or where it
 	// last recovered (rewind.go).
@@ -166,6 +167,15 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
 	n.hub.onRewind = n.onRewindRecord
+	n.hist.mu.Lock()
+	n.hist.onNoSpace = func(ns *NoSpaceError) {
+		if ns != nil {
+			n.log.Error("etcd refuses writes: its NOSPACE alarm is raised; no run starts or is recorded until it is compacted, defragmented and disarmed (docs/operations.md)")
+		} else {
+			n.log.Info("etcd takes writes again: its NOSPACE alarm is gone")
+		}
+	}
+	n.hist.mu.Unlock()
 	n.SetJobs(jobs)
 	return n, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -104,6 +105,61 @@ func (n *Node) learnRecord(job string, item int, kv *mvccpb.KeyValue, deleted bo
 	r.mu.Unlock()
 }
 
+// outcomes are the outcomes this node is writing (Complete), by item. A run
+// that ended while etcd was away or going back has its claim's record in
+// the node's known records, RUNNING; the repair writes the outcome instead,
+// and Complete, whose guard (the claim's revision) the repair's write
+// moved, returns as written.
+type outcomes struct {
+	mu sync.Mutex
+	m  map[outcomeKey]*pendingOutcome
+}
+
+type outcomeKey struct {
+	job  string
+	item int
+}
+
+type pendingOutcome struct {
+	rec   ItemRecord
+	fence int64
+	done  atomic.Bool // written by a repair
+}
+
+func (p *pendingOutcome) written() bool { return p.done.Load() }
+
+func (o *outcomes) add(rec ItemRecord, fence int64) *pendingOutcome {
+	p := &pendingOutcome{rec: rec, fence: fence}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[outcomeKey]*pendingOutcome{}
+	}
+	o.m[outcomeKey{rec.Job, rec.Item}] = p
+	return p
+}
+
+func (o *outcomes) remove(p *pendingOutcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if k := (outcomeKey{p.rec.Job, p.rec.Item}); o.m[k] == p {
+		delete(o.m, k)
+	}
+}
+
+// of returns job's outcomes being written, by item.
+func (o *outcomes) of(job string) map[int]*pendingOutcome {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := map[int]*pendingOutcome{}
+	for k, p := range o.m {
+		if k.job == job {
+			out[k.item] = p
+		}
+	}
+	return out
+}
+
 // forgetRecords drops what the node knows of job's records (the job is no
 // longer local).
 func (n *Node) forgetRecords(job string) {
@@ -154,6 +210,9 @@ type RewindRecord struct {
 	// when recovery began.
 	Seen     int64 `json:"seen"`
 	Revision int64 `json:"revision"`
+	// By, when set, is the instance whose report this one took as its own
+	// rewind (Reason and Seen are then that instance's).
+	By string `json:"by,omitempty"`
 	// Recovered is when the instance resumed; zero while it waits.
 	Recovered time.Time `json:"recovered,omitzero"`
 	// Waiting says why it has not, when it cannot by itself.
@@ -172,6 +231,12 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 	n.forgetState()
 	rctx := recovering(ctx)
 	rec := RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: high}
+	if rw.By != "" {
+		// A report passed on: the first to see it, what it saw, and the
+		// revision it had seen, so that the others, which have recovered
+		// past that, do not take this record for a new rewind.
+		rec.By, rec.Reason, rec.Seen = rw.By, rw.Reason, rw.Seen
+	}
 	said, reported := time.Time{}, false
 	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
 	for {
@@ -188,6 +253,7 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 			if rec.Repaired, err = n.repairRecords(rctx); err == nil {
 				rec.Recovered, rec.Waiting = n.opts.Now(), ""
 				if err = n.putRewind(rctx, rec); err == nil {
+					n.revokeOwnPast(rctx)
 					n.hist.recovered(cluster, rev)
 					n.rewindFloor.Store(rev)
 					n.log.Warn("recovered from etcd going back: resuming with a new session; fences rise above every one seen",
@@ -227,6 +293,27 @@ func (n *Node) onRewindRecord(ev *clientv3.Event) {
 		return
 	}
 	n.hist.noteReport(rec)
+}
+
+// revokeOwnPast revokes the lease of this process's instance key as etcd
+// has it, when a restore brought back one of its earlier sessions: that
+// session's keys (its instance key, member keys, running markers) would
+// hold the id and the items until the lease expired.
+func (n *Node) revokeOwnPast(ctx context.Context) {
+	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Get(gctx, n.keys.Instance(n.opts.ID))
+	if err != nil || len(resp.Kvs) == 0 {
+		return
+	}
+	kv := resp.Kvs[0]
+	var info InstanceInfo
+	if json.Unmarshal(kv.Value, &info) != nil || info.PID != n.opts.Info.PID || info.Host != n.opts.Info.Host || !info.Started.Equal(n.started) {
+		return // another process's (the duplicate-id check decides)
+	}
+	if lease := clientv3.LeaseID(kv.Lease); lease != n.currentLease() {
+		n.opts.Client.Revoke(gctx, lease)
+	}
 }
 
 // roundUp rounds a revision gap up to a round number an operator may type.
@@ -327,16 +414,17 @@ feed:
 }
 
 // repairRecords writes back every item record of the local jobs that this
-// node knows and etcd has behind it. It returns how many it wrote.
+// node knows and etcd has behind it, and the outcomes it is writing in
+// place of their claims' records. It returns how many it wrote.
 func (n *Node) repairRecords(ctx context.Context) (int, error) {
 	total := 0
 	for _, job := range n.Jobs() {
-		known := n.knownRecords(job)
-		if len(known) == 0 {
+		known, pending := n.knownRecords(job), n.outcomes.of(job)
+		if len(known) == 0 && len(pending) == 0 {
 			continue
 		}
 		for attempt := 0; ; attempt++ {
-			wrote, conflict, err := n.repairJob(ctx, job, known)
+			wrote, conflict, err := n.repairJob(ctx, job, known, pending)
 			total += wrote
 			if err != nil {
 				return total, err
@@ -356,7 +444,7 @@ func (n *Node) repairRecords(ctx context.Context) (int, error) {
 // write back in Txns those known ahead of them, each guarded by the record
 // as read. conflict is set when a guard failed (another instance repaired
 // first): the caller reads again.
-func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.KeyValue) (wrote int, conflict bool, err error) {
+func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.KeyValue, pending map[int]*pendingOutcome) (wrote int, conflict bool, err error) {
 	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	resp, err := n.opts.Client.Get(gctx, n.keys.Items(job), clientv3.WithPrefix())
 	cancel()
@@ -370,38 +458,53 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 		}
 	}
 	var cmps []clientv3.Cmp
-	var puts []clientv3.Op
+	var ops []clientv3.Op
+	var outs []*pendingOutcome
+	items := 0
 	flush := func() error {
-		if len(puts) == 0 {
+		if items == 0 {
 			return nil
 		}
 		tctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 		defer cancel()
-		r, err := n.opts.Client.Txn(tctx).If(cmps...).Then(puts...).Commit()
+		r, err := n.opts.Client.Txn(tctx).If(cmps...).Then(ops...).Commit()
 		if err != nil {
 			return fmt.Errorf("repair records of job %q: %w", job, err)
 		}
 		if r.Succeeded {
-			wrote += len(puts)
+			wrote += items
+			for _, p := range outs {
+				p.done.Store(true)
+			}
 		} else {
 			conflict = true
 		}
-		cmps, puts = cmps[:0], puts[:0]
+		cmps, ops, outs, items = cmps[:0], ops[:0], outs[:0], 0
 		return nil
 	}
-	for item, kv := range known {
+	for item := range union(known, pending) {
 		cur := current[item]
-		if !recordAhead(kv, cur) {
+		var curRev int64 // 0: absent, which a ModRevision compare of 0 matches
+		var c *ItemRecord
+		if cur != nil {
+			curRev, c = cur.ModRevision, decodeRecord(cur.Value)
+		}
+		if p := pending[item]; p != nil && ahead(&p.rec, c) {
+			// The run's outcome, as Complete would write it, guarded by
+			// etcd's record as read.
+			_, o, err := n.finishTxn(p.rec, curRev, true)
+			if err != nil {
+				return wrote, conflict, err
+			}
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Item(job, item)), "=", curRev))
+			ops, outs = append(ops, o...), append(outs, p)
+		} else if kv := known[item]; kv != nil && ahead(decodeRecord(kv.Value), c) {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", curRev))
+			ops = append(ops, clientv3.OpPut(string(kv.Key), string(kv.Value)))
+		} else {
 			continue
 		}
-		key := string(kv.Key)
-		if cur == nil {
-			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
-		} else {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(key), "=", cur.ModRevision))
-		}
-		puts = append(puts, clientv3.OpPut(key, string(kv.Value)))
-		if len(puts) == 64 {
+		if items++; len(ops) > 100 { // within etcd's 128 operations per Txn
 			if err := flush(); err != nil {
 				return wrote, conflict, err
 			}
@@ -410,22 +513,36 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 	return wrote, conflict, flush()
 }
 
-// recordAhead reports whether a record known from before the rewind is
-// ahead of etcd's (nil: none): a later record (its Seq), or the same record
-// ended where etcd's is still RUNNING.
-func recordAhead(known, cur *mvccpb.KeyValue) bool {
-	var k ItemRecord
-	if json.Unmarshal(known.Value, &k) != nil {
-		return false
+// union is the set of items of a and b.
+func union(a map[int]*mvccpb.KeyValue, b map[int]*pendingOutcome) map[int]bool {
+	out := make(map[int]bool, len(a)+len(b))
+	for item := range a {
+		out[item] = true
 	}
-	if cur == nil {
-		return true
+	for item := range b {
+		out[item] = true
 	}
-	var c ItemRecord
-	if json.Unmarshal(cur.Value, &c) != nil {
-		return true
+	return out
+}
+
+// decodeRecord decodes an item record; nil when it is malformed.
+func decodeRecord(val []byte) *ItemRecord {
+	var r ItemRecord
+	if json.Unmarshal(val, &r) != nil {
+		return nil
 	}
+	return &r
+}
+
+// ahead reports whether a record known from before the rewind (k) is ahead
+// of etcd's (c; nil: none, or malformed): a later record (its Seq), or the
+// same record ended where etcd's is still RUNNING.
+func ahead(k, c *ItemRecord) bool {
 	switch {
+	case k == nil:
+		return false
+	case c == nil:
+		return true
 	case k.Seq != c.Seq:
 		return k.Seq > c.Seq
 	case k.Fence != c.Fence:

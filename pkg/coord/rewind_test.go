@@ -220,3 +220,47 @@ func TestNoSpaceAlarmIsSaid(t *testing.T) {
 		t.Errorf("impaired after the alarm was disarmed, the store compacted and defragmented: %v", err)
 	}
 }
+
+// A run that ends while etcd is away and comes back restored from a backup
+// taken before the run's claim: its outcome is written by the recovery (the
+// claim's record, which Complete's guard names, is gone with the history),
+// not dropped as if another instance had taken the item over, which would
+// fail the run over and run its fire again.
+func TestOutcomeOfARunEndedAcrossARestoreIsWritten(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	n, _ := historyNode(t, srv, "a")
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	runFire(t, n, base)
+	backup := srv.Backup()
+
+	var g *Grant
+	waitFor(t, 10*time.Second, "the claim of the next fire", func() bool {
+		prev, err := n.ReadItem(ctx, "orders", 0)
+		v, _ := n.View("orders")
+		if err != nil || v.Map == nil {
+			return false
+		}
+		g, err = n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: SourceNormal, Prev: prev, Sched: base.Add(time.Minute), MapRev: v.MapRev})
+		return err == nil
+	})
+	claimed, _ := readRecord(t, cli, n.keys.Item("orders", 0))
+	srv.Stop()
+	done := make(chan error, 1)
+	go func() { done <- n.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}) }()
+	srv.Restore(backup)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Complete of the run that ended across the restore: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Complete did not return within a minute of the restore")
+	}
+	rec, _ := readRecord(t, cli, n.keys.Item("orders", 0))
+	if rec.State != StateDone || rec.Fence != g.Fence || rec.Seq != claimed.Seq {
+		t.Errorf("item 0's record after the restore: %s fence %d seq %d; want the run's outcome, DONE fence %d seq %d", rec.State, rec.Fence, rec.Seq, g.Fence, claimed.Seq)
+	}
+}

@@ -163,7 +163,7 @@ func readAlarms(ctx context.Context, cli *clientv3.Client) []string {
 	}
 	var out []string
 	for _, a := range resp.Alarms {
-		out = append(out, fmt.Sprintf("%s on member %x", a.Alarm, a.MemberID))
+		out = append(out, fmt.Sprintf("%s on member %x (memberID:%d in etcdctl alarm list)", a.Alarm, a.MemberID, a.MemberID))
 	}
 	return out
 }
