@@ -205,11 +205,7 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
 	if c != nil {
-		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-			if item, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
-				n.learnRecord(job, item, kv, false, resp.Header.Revision)
-			}
-		}
+		n.learnRead(job, resp.Responses[0].GetResponseRange().Kvs, resp.Header.Revision, -1)
 		if rw := n.hist.Rewound(); rw != nil {
 			return JobItems{}, fmt.Errorf("read items of job %q: %w", job, rw)
 		}
@@ -245,9 +241,7 @@ func (n *Node) ReadItem(ctx context.Context, job string, item int) (ItemState, e
 		return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, err)
 	}
 	if n.itemCacheOf(job) != nil { // a local job: its records are known from now on
-		for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-			n.learnRecord(job, item, kv, false, resp.Header.Revision)
-		}
+		n.learnRead(job, resp.Responses[0].GetResponseRange().Kvs, resp.Header.Revision, item)
 		if rw := n.hist.Rewound(); rw != nil {
 			return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, rw)
 		}

@@ -88,6 +88,8 @@ func (e *RewindError) Error() string {
 		return fmt.Sprintf("%v: instance %s saw it (%s)", ErrRewound, e.By, e.Reason)
 	case e.SeenCluster != e.GotCluster:
 		return fmt.Sprintf("%v: etcd cluster %x answers where cluster %x did", ErrRewound, e.GotCluster, e.SeenCluster)
+	case e.Key != "" && e.Got == 0:
+		return fmt.Sprintf("%v: key %s, seen at revision %d, is gone", ErrRewound, e.Key, e.Seen)
 	case e.Key != "":
 		return fmt.Sprintf("%v: key %s has revision %d, which was %d", ErrRewound, e.Key, e.Got, e.Seen)
 	default:

@@ -160,6 +160,35 @@ func (o *outcomes) of(job string) map[int]*pendingOutcome {
 	return out
 }
 
+// learnRead folds a read at readRev of job's item records (of every item,
+// or of item alone when item >= 0) into what the node knows. Besides the
+// revision checks of learnRecord, a record known at or below readRev that
+// the read does not return proves a rewind: the records of a local job are
+// never deleted (remove refuses a job an instance defines), so etcd lost it
+// (a wipe, or a restore from before it was written).
+func (n *Node) learnRead(job string, kvs []*mvccpb.KeyValue, readRev int64, item int) {
+	present := map[int]bool{}
+	for _, kv := range kvs {
+		if i, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+			present[i] = true
+			n.learnRecord(job, i, kv, false, readRev)
+		}
+	}
+	r := &n.known
+	r.mu.Lock()
+	var lost *mvccpb.KeyValue
+	for i, k := range r.jobs[job] {
+		if (item < 0 || i == item) && !present[i] && k.era == r.era && k.kv.ModRevision <= readRev {
+			lost = k.kv
+			break
+		}
+	}
+	r.mu.Unlock()
+	if lost != nil {
+		n.hist.noteKeyRevision(string(lost.Key), lost.ModRevision, 0)
+	}
+}
+
 // forgetRecords drops what the node knows of job's records (the job is no
 // longer local).
 func (n *Node) forgetRecords(job string) {
