@@ -458,9 +458,9 @@ func (s *snapshots) get(ctx context.Context) (*snapshot, string, error) {
 		case <-ctx.Done():
 		}
 		s.mu.Lock()
-		if s.cur != nil && s.cur != cur && s.cur.gen >= want {
+		if fresh := s.cur; fresh != nil && fresh != cur && fresh.gen >= want {
 			s.mu.Unlock()
-			return s.cur, "", nil // fresh
+			return fresh, "", nil
 		}
 		if s.err != nil || ctx.Err() != nil {
 			break // s.mu held
