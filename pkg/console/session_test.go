@@ -246,6 +246,7 @@ func TestLoginRateLimit(t *testing.T) {
 			t.Errorf("wrong secret: %d", rec.Code)
 		}
 	}
+	t.Logf("%d wrong secrets in parallel from one address: %d tried, %d refused (429)", n, tried, limited)
 	if tried > budget || limited == 0 {
 		t.Errorf("%d attempts in parallel from one address: %d tried, %d refused; want at most %d tried", n, tried, limited, budget)
 	}
