@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -261,11 +264,140 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("a read-role login sees %d action forms", acts)
 	}
 	// Even a hand-made request from the page is refused by the API.
-	status := browsertest.Run(t, ctx, chromedp.Evaluate[int](`fetch("/api/v1/jobs/regions/enable?item=1", {method: "POST", headers: {"X-Shardd-CSRF": document.querySelector('meta[name="csrf"]').content}}).then(r => r.status)`, chromedp.EvalAwaitPromise))
+	status := browsertest.Run(t, ctx, chromedp.Evaluate[int](`fetch("/api/v1/jobs/regions/enable?item=1", {method: "POST", headers: {"X-Shardd-Key": localStorage.getItem("shardd-key")}}).then(r => r.status)`, chromedp.EvalAwaitPromise))
 	if status != 403 {
 		t.Errorf("a read-role session's POST: %d, want 403", status)
 	}
 	if off, _ := coord.ReadJobStatus(ctx, etcd, coord.NewKeys(""), "regions"); fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
 		t.Errorf("the read-role session changed regions: disabled items %v", off.Jobs[0].DisabledItems)
+	}
+}
+
+// A browser sends a host's cookies to every port of the host. The
+// operator logs in to the console, then opens a page of another local
+// user's server on another port of 127.0.0.1: that server receives the
+// console's cookie (the browser does send it) but cannot read the
+// console's key (web storage is per origin, and the port is part of it).
+// Replaying the cookie to the console's port, it reads no page and no API
+// endpoint, changes nothing and logs nobody out; the operator's session
+// goes on.
+func TestConsoleCookieOnAnotherPortIsWorthNothingInABrowser(t *testing.T) {
+	dir := t.TempDir()
+	e := startEtcd(t)
+	etcd := e.client()
+	cfg := filepath.Join(dir, "jobs.yaml")
+	os.WriteFile(cfg, []byte(`jobs:
+  - name: regions
+    cron: '0 0 3 * * ?'
+    shardingTotalCount: 3
+    script: [/bin/true]
+`), 0o644)
+	api := etcdtest.FreeAddr(t)
+	a := startShardd(t, e, "a", cfg, "--listen", api, "--api-token-file", tokenFile(t))
+	waitFor(t, 20*time.Second, "the map", func() bool { return agreed(t, etcd, "regions", map[string][]int{"a": {0, 1, 2}}, a) })
+	base := "http://" + api
+
+	// The other user's server: it keeps the Cookie headers it receives.
+	var mu sync.Mutex
+	var received []string
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		received = append(received, r.Header.Get("Cookie"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, `<!doctype html><html><head><link rel="icon" href="data:,"><title>cat pictures</title></head><body><p id="cats">cats</p></body></html>`)
+	}))
+	defer other.Close()
+	if !strings.HasPrefix(other.URL, "http://127.0.0.1:") || !strings.HasPrefix(base, "http://127.0.0.1:") {
+		t.Fatalf("the console at %s and the other server at %s are not on the same host", base, other.URL)
+	}
+
+	ctx := browsertest.New(t, browsertest.WithTimeout(2*time.Minute))
+	browsertest.Do(t, ctx,
+		chromedp.Navigate(base+"/jobs/regions"),
+		chromedp.WaitVisible(chromedp.CSS("#token")),
+		chromedp.SendKeys(chromedp.CSS("#token"), aliceSecret),
+		chromedp.Click(chromedp.CSS("#login")),
+		chromedp.WaitVisible(chromedp.CSS("#disable-job")),
+	)
+	browsertest.Do(t, ctx, chromedp.Navigate(other.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#cats")))
+	mu.Lock()
+	stolen := strings.Join(received, "; ")
+	mu.Unlock()
+	if !strings.Contains(stolen, "shardd_session=") {
+		t.Fatalf("the server on another port received no console cookie (Cookie: %q): this test's premise, that browsers send a host's cookies to all its ports, no longer holds", stolen)
+	}
+	if key := browsertest.Run(t, ctx, chromedp.Evaluate[string](`String(localStorage.getItem("shardd-key")) + " " + localStorage.length`)); key != "null 0" {
+		t.Errorf("a page of the other server reads the console's storage: %q", key)
+	}
+
+	// The other user replays the cookie, with what it can find.
+	replay := func(method, path string, header map[string]string) (int, string) {
+		req, _ := http.NewRequest(method, base+path, nil)
+		req.Header.Set("Cookie", stolen)
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	var tokens []string
+	for _, p := range []string{"/", "/jobs", "/jobs/regions", "/instances", "/audit"} {
+		code, body := replay("GET", p, nil)
+		for _, secret := range []string{"regions", "alice", "/bin/true"} {
+			if strings.Contains(body, secret) {
+				t.Errorf("GET %s with the cookie from the other server: %d, the page shows %q", p, code, secret)
+			}
+		}
+		if _, rest, ok := strings.Cut(body, `name="csrf" content="`); ok {
+			v, _, _ := strings.Cut(rest, `"`)
+			tokens = append(tokens, v)
+		}
+	}
+	for _, p := range []string{"/api/v1/jobs", "/api/v1/jobs/regions", "/api/v1/audit"} {
+		if code, body := replay("GET", p, nil); code != http.StatusUnauthorized {
+			t.Errorf("GET %s with the cookie from the other server: %d, want 401: %.200s", p, code, body)
+		}
+	}
+	for _, v := range append(tokens, "") {
+		if code, body := replay("POST", "/api/v1/jobs/regions/disable", map[string]string{"X-Shardd-CSRF": v, "X-Shardd-Key": v}); code < 400 {
+			t.Errorf("POST disable with the cookie from the other server: %d %s", code, body)
+		}
+	}
+	replay("POST", "/logout", nil)
+	if st, err := coord.ReadJobStatus(ctx, etcd, coord.NewKeys(""), "regions"); err != nil || len(st.Jobs) != 1 || st.Jobs[0].Status == coord.StatusDisabled {
+		t.Errorf("regions after the replays: %+v, %v; want it enabled", st, err)
+	}
+	if entries, err := coord.ReadAudit(ctx, etcd, coord.NewKeys(""), coord.AuditFilter{Job: "regions", Limit: 10}); err != nil || len(entries) != 0 {
+		t.Errorf("audit of regions after the replays: %+v, %v; want none", entries, err)
+	}
+
+	// The operator's session goes on: back on the console, still alice,
+	// still able to act.
+	browsertest.Do(t, ctx, chromedp.Navigate(base+"/jobs/regions"), chromedp.WaitVisible(chromedp.CSS("#disable-job")))
+	if who := text(t, ctx, "#who"); !strings.Contains(who, "alice") {
+		t.Errorf("back on the console: logged in as %q, want alice", who)
+	}
+	browsertest.NoConsoleErrors(t, ctx)
+
+	// The other server's page itself, in the operator's browser (same
+	// site, another origin), sends a write and a logout with the browser's
+	// cookies: refused, and the session goes on. (After NoConsoleErrors:
+	// the browser logs the refusals.)
+	browsertest.Do(t, ctx, chromedp.Navigate(other.URL+"/"), chromedp.WaitVisible(chromedp.CSS("#cats")))
+	browsertest.Run(t, ctx, chromedp.Evaluate[string](`fetch("`+base+`/api/v1/jobs/regions/disable", {method: "POST", mode: "no-cors", credentials: "include"}).then(() => "sent", e => String(e))`, chromedp.EvalAwaitPromise))
+	browsertest.Do(t, ctx, chromedp.Evaluate[chromedp.Void](`const f = document.createElement("form"); f.method = "POST"; f.action = "`+base+`/logout"; document.body.appendChild(f); f.submit()`))
+	waitText(t, ctx, "body", "logout refused", 10*time.Second)
+	browsertest.Do(t, ctx, chromedp.Navigate(base+"/jobs/regions"), chromedp.WaitVisible(chromedp.CSS("#disable-job")))
+	if who := text(t, ctx, "#who"); !strings.Contains(who, "alice") {
+		t.Errorf("after the other page's logout: logged in as %q, want alice", who)
+	}
+	if st, err := coord.ReadJobStatus(ctx, etcd, coord.NewKeys(""), "regions"); err != nil || len(st.Jobs) != 1 || st.Jobs[0].Status == coord.StatusDisabled {
+		t.Errorf("regions after the other page's write: %+v, %v; want it enabled", st, err)
 	}
 }

@@ -25,6 +25,9 @@
 // CVE-2022-36157). The CLI does not need them: it changes the cluster
 // through etcd. A read token, if set, guards the read endpoints of /api
 // (either token reads). /healthz, /readyz and /metrics need no token.
+// The console's sessions stand for a token with two halves, the session
+// cookie and the session's key in X-Shardd-Key; the cookie alone is
+// nothing (see Auth).
 //
 // # Run logs
 //
@@ -253,15 +256,26 @@ func (a *api) read(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "%v", err)
 			return
 		case c == nil && !a.auth.ReadsOpen():
-			writeError(w, http.StatusUnauthorized, "a bearer token is required")
+			writeError(w, http.StatusUnauthorized, "a bearer token is required%s", cookieOnly(r))
 			return
 		}
 		h(w, r.WithContext(WithCaller(r.Context(), c)))
 	}
 }
 
+// cookieOnly explains a refusal of a request that came with a console
+// session cookie: the cookie is half of the session.
+func cookieOnly(r *http.Request) string {
+	if _, err := r.Cookie(sessionCookie); err != nil {
+		return ""
+	}
+	return " (a console session's cookie is not enough: the console's script sends the session's key in " + KeyHeader + "; log in again if it has none)"
+}
+
 // write guards a write endpoint: a token of the write role, from a page of
-// no other origin (and, through a console session, with its CSRF token).
+// no other origin. A console session is a caller only with its key, in a
+// header that a page of another origin can neither know nor send: that
+// is the proof that the write comes from the console's own script.
 func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if crossOrigin(r) {
@@ -277,15 +291,13 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 		case err != nil:
 			writeError(w, http.StatusUnauthorized, "%v", err)
 		case c == nil:
-			writeError(w, http.StatusUnauthorized, "a bearer token is required")
+			writeError(w, http.StatusUnauthorized, "a bearer token is required%s", cookieOnly(r))
 		case c.Token.Role != RoleWrite:
 			// Said in this instance's log, not in the audit log in etcd:
 			// a reader must not be able to flush that log with refusals.
 			a.o.Logger.Warn("write refused: the token has the read role", "token", c.Token.Name, "action", actionOf(r),
 				"path", oneLine(r.URL.Path, 300), "remote", r.RemoteAddr)
 			writeError(w, http.StatusForbidden, "token %q has the read role: it cannot change anything", c.Token.Name)
-		case !csrfOK(r, c):
-			writeError(w, http.StatusForbidden, "missing or wrong %s header: a console session acts only from the console's own pages", csrfHeader)
 		default:
 			h(w, r.WithContext(WithCaller(r.Context(), c)))
 		}

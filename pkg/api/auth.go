@@ -18,10 +18,10 @@ import (
 
 // Who may do what. A request is made by one of the named tokens of the
 // token files, given as a bearer token (API) or through a console session
-// (a cookie made at login from a token). A token's role is read (see
-// everything) or write (also act). Reads need a token only when some token
-// has the read role; writes always need a write token, and are refused by
-// an instance that has none.
+// (made at login from a token: a cookie and a key, see below). A token's
+// role is read (see everything) or write (also act). Reads need a token
+// only when some token has the read role; writes always need a write
+// token, and are refused by an instance that has none.
 
 // Roles of a token.
 const (
@@ -116,10 +116,24 @@ func (ts tokens) has(role string) bool {
 	return slices.ContainsFunc(ts, func(t Token) bool { return t.Role == role })
 }
 
+// A console session is two random halves, both needed (docs/security.md,
+// "Console sessions"): the id, in the session cookie, and the key, which
+// the login gives the console's page, whose script keeps it in the
+// origin's localStorage and sends it in KeyHeader. A browser sends a
+// host's cookies to every port of that host, so another local user's
+// server on another port receives the cookie and can replay it here with
+// any header; it never receives the key, which web storage keeps per
+// origin (port included). A request with the cookie alone is anonymous.
+//
+// Sessions live in memory, at most maxSessionsPerToken per token (a login
+// beyond that ends that token's oldest-expiring session, never another
+// token's), and end after the idle TTL; only a request with the key
+// extends one.
+
 // session is a console login: a token, for a while.
 type session struct {
 	token   Token
-	csrf    string
+	key     string
 	expires time.Time
 }
 
@@ -132,13 +146,18 @@ type sessions struct {
 	now  func() time.Time
 }
 
-// SessionCookie is the console session's cookie.
+// SessionCookie is the console session's cookie: the session's id.
 const SessionCookie = "shardd_session"
 
 const sessionCookie = SessionCookie
 
-// maxSessions bounds the logins kept; the oldest-expiring goes first.
-const maxSessions = 1000
+// KeyHeader carries a console session's key, the half of the session
+// that is not in its cookie.
+const KeyHeader = "X-Shardd-Key"
+
+// maxSessionsPerToken bounds the logins kept for one token; the
+// oldest-expiring of that token goes first.
+const maxSessionsPerToken = 100
 
 func newSessions(ttl time.Duration) *sessions {
 	return &sessions{byID: map[string]*session{}, ttl: ttl, now: time.Now}
@@ -150,61 +169,87 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// create logs t in and returns the session's id.
-func (s *sessions) create(t Token) (string, *session) {
+// create logs t in and returns the session's id and key.
+func (s *sessions) create(t Token) (id, key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
+	var oldest string
+	n := 0
 	for id, ss := range s.byID {
-		if !now.Before(ss.expires) {
+		switch {
+		case !now.Before(ss.expires):
 			delete(s.byID, id)
-		}
-	}
-	if len(s.byID) >= maxSessions {
-		var oldest string
-		for id, ss := range s.byID {
+		case ss.token.Name == t.Name:
+			n++
 			if oldest == "" || ss.expires.Before(s.byID[oldest].expires) {
 				oldest = id
 			}
 		}
+	}
+	if n >= maxSessionsPerToken {
 		delete(s.byID, oldest)
 	}
-	id := randomHex(32)
-	ss := &session{token: t, csrf: randomHex(16), expires: now.Add(s.ttl)}
-	s.byID[id] = ss
-	return id, ss
+	id, key = randomHex(32), randomHex(32)
+	s.byID[id] = &session{token: t, key: key, expires: now.Add(s.ttl)}
+	return id, key
 }
 
-// get returns the live session of id, extending it.
-func (s *sessions) get(id string) (*session, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// find returns the live session of id whose key is key, nil if none.
+// s.mu must be held.
+func (s *sessions) find(id, key string) *session {
 	ss, ok := s.byID[id]
 	if !ok {
-		return nil, false
+		return nil
 	}
-	if now := s.now(); !now.Before(ss.expires) {
+	if !s.now().Before(ss.expires) {
 		delete(s.byID, id)
-		return nil, false
-	} else {
-		ss.expires = now.Add(s.ttl)
+		return nil
 	}
+	if key == "" || subtle.ConstantTimeCompare([]byte(key), []byte(ss.key)) != 1 {
+		return nil
+	}
+	return ss
+}
+
+// get returns the live session of id whose key is key, extending it.
+func (s *sessions) get(id, key string) (*session, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss := s.find(id, key)
+	if ss == nil {
+		return nil, false
+	}
+	ss.expires = s.now().Add(s.ttl)
 	return ss, true
 }
 
-func (s *sessions) remove(id string) {
+// live reports whether id names a live session, whatever its key; it
+// extends nothing.
+func (s *sessions) live(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ss, ok := s.byID[id]
+	return ok && s.now().Before(ss.expires)
+}
+
+// remove ends the session of id if key is its key.
+func (s *sessions) remove(id, key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.find(id, key) == nil {
+		return false
+	}
 	delete(s.byID, id)
+	return true
 }
 
 // Caller is who made a request.
 type Caller struct {
 	Token Token
-	// Session is set when the request came with a console session
-	// cookie; CSRF is that session's anti-forgery token.
+	// Session is set when the request came with a console session: its
+	// cookie and its key.
 	Session bool
-	CSRF    string
 }
 
 // Actor names the caller in the audit log.
@@ -228,6 +273,7 @@ func CallerOf(ctx context.Context) *Caller {
 type Auth struct {
 	tokens   tokens
 	sessions *sessions
+	logins   *loginLimit
 	secure   bool // cookies only over TLS
 }
 
@@ -237,7 +283,7 @@ func NewAuth(ts []Token, ttl time.Duration, secure bool) *Auth {
 	if ttl <= 0 {
 		ttl = 12 * time.Hour
 	}
-	return &Auth{tokens: tokens(slices.Clone(ts)), sessions: newSessions(ttl), secure: secure}
+	return &Auth{tokens: tokens(slices.Clone(ts)), sessions: newSessions(ttl), logins: newLoginLimit(), secure: secure}
 }
 
 // ReadsOpen reports whether reading needs no token (no token has the read
@@ -248,8 +294,10 @@ func (a *Auth) ReadsOpen() bool { return !a.tokens.has(RoleRead) }
 func (a *Auth) Writable() bool { return a.tokens.has(RoleWrite) }
 
 // Identify finds the caller of r: its bearer token, else its console
-// session. A bearer token that matches none is an error (401), a cookie
-// that matches none is ignored (an expired login): nil, nil.
+// session (the cookie and the key in KeyHeader). A bearer token that
+// matches none is an error (401); a session cookie without its key, with
+// another key, or of no live session is ignored (an expired login, or a
+// cookie replayed by whoever received it): nil, nil.
 func (a *Auth) Identify(r *http.Request) (*Caller, error) {
 	if h := r.Header.Get("Authorization"); h != "" {
 		t, ok := strings.CutPrefix(h, "Bearer ")
@@ -263,33 +311,53 @@ func (a *Auth) Identify(r *http.Request) (*Caller, error) {
 		return &Caller{Token: tok}, nil
 	}
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		if ss, ok := a.sessions.get(c.Value); ok {
-			return &Caller{Token: ss.token, Session: true, CSRF: ss.csrf}, nil
+		if ss, ok := a.sessions.get(c.Value, r.Header.Get(KeyHeader)); ok {
+			return &Caller{Token: ss.token, Session: true}, nil
 		}
 	}
 	return nil, nil
 }
 
-// Login starts a console session for the token whose secret is given and
-// sets its cookie (HttpOnly, SameSite=Strict, Secure over TLS).
-func (a *Auth) Login(w http.ResponseWriter, secret string) (*Caller, error) {
-	tok, ok := a.tokens.lookup(strings.TrimSpace(secret))
-	if !ok {
-		return nil, fmt.Errorf("no token of this instance has that secret")
-	}
-	id, ss := a.sessions.create(tok)
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: a.secure,
-		SameSite: http.SameSiteStrictMode, MaxAge: int(a.sessions.ttl / time.Second)})
-	return &Caller{Token: tok, Session: true, CSRF: ss.csrf}, nil
+// KeyMissing reports whether r carries the cookie of a live console
+// session but no key at all: a navigation of the console's (which sends
+// cookies only), whose page then asks again with the key. It extends
+// nothing.
+func (a *Auth) KeyMissing(r *http.Request) bool {
+	c, err := r.Cookie(sessionCookie)
+	return err == nil && r.Header.Get(KeyHeader) == "" && a.sessions.live(c.Value)
 }
 
-// Logout ends r's console session and clears its cookie.
-func (a *Auth) Logout(w http.ResponseWriter, r *http.Request) {
+// Login starts a console session for the token whose secret is given,
+// asked for by r; it sets the session's cookie (HttpOnly, SameSite=Strict,
+// Secure over TLS) and returns the session's key, for the console's page
+// and never for a cookie. Logins are rate-limited per source address and
+// on the instance (see loginLimit) before the secret is looked at: a
+// refused one is a *LimitError.
+func (a *Auth) Login(w http.ResponseWriter, r *http.Request, secret string) (*Caller, string, error) {
+	if err := a.logins.allow(r.RemoteAddr, a.sessions.now()); err != nil {
+		return nil, "", err
+	}
+	tok, ok := a.tokens.lookup(strings.TrimSpace(secret))
+	if !ok {
+		return nil, "", fmt.Errorf("no token of this instance has that secret")
+	}
+	id, key := a.sessions.create(tok)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/", HttpOnly: true, Secure: a.secure,
+		SameSite: http.SameSiteStrictMode, MaxAge: int(a.sessions.ttl / time.Second)})
+	return &Caller{Token: tok, Session: true}, key, nil
+}
+
+// Logout clears r's session cookie, and ends its session if key is the
+// session's (whoever received the cookie alone cannot end it). It
+// reports whether it ended one.
+func (a *Auth) Logout(w http.ResponseWriter, r *http.Request, key string) bool {
+	ended := false
 	if c, err := r.Cookie(sessionCookie); err == nil {
-		a.sessions.remove(c.Value)
+		ended = a.sessions.remove(c.Value, key)
 	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", HttpOnly: true, Secure: a.secure,
 		SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	return ended
 }
 
 // ReadSecret returns the bearer secret with which to read for a caller
@@ -315,23 +383,4 @@ func (a *Auth) ReadSecret(c *Caller) string {
 // WithCaller returns ctx carrying c (see CallerOf).
 func WithCaller(ctx context.Context, c *Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
-}
-
-// csrfHeader carries a console session's anti-forgery token on its API
-// writes (the console's forms carry it as the field csrf).
-const csrfHeader = "X-Shardd-CSRF"
-
-// csrfOK reports whether a write request made with a session proves it
-// came from the console's own page: the session's CSRF token in the
-// header or the form. (The cookie is SameSite=Strict, and cross-origin
-// writes are refused before this, too.)
-func csrfOK(r *http.Request, c *Caller) bool {
-	if !c.Session {
-		return true // a bearer token is not sent by browsers on their own
-	}
-	got := r.Header.Get(csrfHeader)
-	if got == "" {
-		got = r.PostFormValue("csrf")
-	}
-	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(c.CSRF)) == 1
 }

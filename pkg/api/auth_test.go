@@ -1,11 +1,13 @@
 package api
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
 )
@@ -126,15 +128,14 @@ func TestKillNamesTheRunShown(t *testing.T) {
 	}
 }
 
-// A console session acts only with its CSRF token, and only with the
-// write role.
+// A console session acts only with its key, and only with the write role.
 func TestSessionWrites(t *testing.T) {
 	auth := NewAuth([]Token{{"alice", RoleWrite, "alice-secret-0123456789"}, {"bob", RoleRead, "bob-secret-0123456789"}}, 0, true)
 	fc := &fakeCluster{up: true}
 	h := Handler(Options{Cluster: fc, Auth: auth})
 	session := func(secret string) (*http.Cookie, string) {
 		rec := httptest.NewRecorder()
-		c, err := auth.Login(rec, secret)
+		_, key, err := auth.Login(rec, httptest.NewRequest("POST", "/login", nil), secret)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,45 +143,224 @@ func TestSessionWrites(t *testing.T) {
 		if !ck.HttpOnly || !ck.Secure || ck.SameSite != http.SameSiteStrictMode {
 			t.Errorf("cookie %+v: want HttpOnly, Secure (TLS) and SameSite=Strict", ck)
 		}
-		return ck, c.CSRF
+		return ck, key
 	}
-	post := func(ck *http.Cookie, csrf string) int {
+	post := func(ck *http.Cookie, key string) int {
 		req := httptest.NewRequest("POST", "/api/v1/jobs/orders/trigger", nil)
 		req.AddCookie(ck)
-		if csrf != "" {
-			req.Header.Set(csrfHeader, csrf)
+		if key != "" {
+			req.Header.Set(KeyHeader, key)
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		return rec.Code
 	}
-	alice, aliceCSRF := session("alice-secret-0123456789")
-	bob, bobCSRF := session("bob-secret-0123456789")
-	if c := post(alice, ""); c != http.StatusForbidden {
-		t.Errorf("session write without CSRF: %d, want 403", c)
+	alice, aliceKey := session("alice-secret-0123456789")
+	bob, bobKey := session("bob-secret-0123456789")
+	if c := post(alice, ""); c != http.StatusUnauthorized {
+		t.Errorf("session write without the key: %d, want 401", c)
 	}
-	if c := post(alice, bobCSRF); c != http.StatusForbidden {
-		t.Errorf("session write with another session's CSRF: %d, want 403", c)
+	if c := post(alice, bobKey); c != http.StatusUnauthorized {
+		t.Errorf("session write with another session's key: %d, want 401", c)
 	}
-	if c := post(alice, aliceCSRF); c != http.StatusAccepted {
+	if c := post(alice, aliceKey); c != http.StatusAccepted {
 		t.Errorf("session write: %d, want 202", c)
 	}
-	if c := post(bob, bobCSRF); c != http.StatusForbidden {
+	if c := post(bob, bobKey); c != http.StatusForbidden {
 		t.Errorf("read-role session write: %d, want 403", c)
 	}
 	if a := fc.audit; len(a) != 1 || a[0].Actor != "token:alice" {
 		t.Errorf("audit %+v: want alice's trigger only (a reader's refused writes are logged, not audited: no reader can flush the audit log)", a)
 	}
-	// Reads with the session cookie (the console's log view) need no token.
+	// Reads with the session (the console's log view) need no token.
 	req := httptest.NewRequest("GET", "/api/v1/jobs", nil)
 	req.AddCookie(bob)
+	req.Header.Set(KeyHeader, bobKey)
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK {
 		t.Errorf("session read: %d", rec.Code)
 	}
-	if _, err := auth.Login(httptest.NewRecorder(), "not-a-secret"); err == nil {
+	if _, _, err := auth.Login(httptest.NewRecorder(), httptest.NewRequest("POST", "/login", nil), "not-a-secret"); err == nil {
 		t.Error("login with an unknown secret succeeded")
+	}
+}
+
+// A session is its cookie and its key: either alone, or with the other
+// half of another session, is nobody; only a request with both extends
+// the session, and one without the key says what is missing.
+func TestSessionNeedsBothHalves(t *testing.T) {
+	auth := NewAuth(toks("writer-secret-0123456789", "reader-secret-0123456789"), time.Hour, false)
+	now := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
+	auth.sessions.now = func() time.Time { return now }
+	w, wKey := loginOf(t, auth, "writer-secret-0123456789")
+	r, rKey := loginOf(t, auth, "reader-secret-0123456789")
+	who := func(ck *http.Cookie, key string) string {
+		req := httptest.NewRequest("GET", "/api/v1/jobs", nil)
+		if ck != nil {
+			req.AddCookie(ck)
+		}
+		if key != "" {
+			req.Header.Set(KeyHeader, key)
+		}
+		c, err := auth.Identify(req)
+		if err != nil || c == nil {
+			return fmt.Sprint("nobody ", err)
+		}
+		return c.Token.Name
+	}
+	for _, tc := range []struct {
+		name string
+		ck   *http.Cookie
+		key  string
+		want string
+	}{
+		{"cookie alone", w, "", "nobody <nil>"},
+		{"key alone", nil, wKey, "nobody <nil>"},
+		{"cookie and a wrong key", w, "none", "nobody <nil>"},
+		{"cookie and the key of another session", w, rKey, "nobody <nil>"},
+		{"cookie and the key as the cookie's value", w, w.Value, "nobody <nil>"},
+		{"both", w, wKey, "writer"},
+		{"both, the other session", r, rKey, "reader"},
+	} {
+		if got := who(tc.ck, tc.key); got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	// The cookie alone keeps nothing alive; the key does.
+	for range 3 {
+		now = now.Add(40 * time.Minute)
+		who(w, "")
+		who(r, rKey)
+	}
+	if got := who(w, wKey); got != "nobody <nil>" {
+		t.Errorf("a session used only with its cookie for 2 h (TTL 1 h): %s, want expired", got)
+	}
+	if got := who(r, rKey); got != "reader" {
+		t.Errorf("a session used with its key every 40 min: %s, want live", got)
+	}
+	h := Handler(Options{Cluster: &fakeCluster{up: true}, Auth: auth})
+	req := httptest.NewRequest("GET", "/api/v1/jobs", nil)
+	req.AddCookie(r)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), "a console session's cookie is not enough") {
+		t.Errorf("read with the cookie alone: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// loginOf logs in to auth with secret from a fresh address, returning the
+// session's cookie and key.
+func loginOf(t *testing.T, auth *Auth, secret string) (*http.Cookie, string) {
+	t.Helper()
+	loginAddr++
+	req := httptest.NewRequest("POST", "/login", nil)
+	req.RemoteAddr = fmt.Sprintf("10.%d.%d.%d:5000", loginAddr>>16&255, loginAddr>>8&255, loginAddr&255)
+	rec := httptest.NewRecorder()
+	_, key, err := auth.Login(rec, req, secret)
+	if err != nil {
+		t.Fatalf("login: %v", err)
+	}
+	ck := rec.Result().Cookies()[0]
+	if ck.Value == key || len(key) != 64 {
+		t.Fatalf("session key %q, cookie %q: want a 256-bit key of its own", key, ck.Value)
+	}
+	return ck, key
+}
+
+var loginAddr int
+
+// A token's logins end that token's oldest sessions, never another
+// token's: a holder of one token cannot log out the users of another by
+// logging in again and again.
+func TestSessionsOfOneTokenDoNotEvictAnothers(t *testing.T) {
+	auth := NewAuth(toks("writer-secret-0123456789", "reader-secret-0123456789"), 0, false)
+	now := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
+	tick := func() time.Time { now = now.Add(time.Second); return now } // past the instance's login budget
+	auth.sessions.now = tick
+	operator, key := loginOf(t, auth, "writer-secret-0123456789")
+	first, firstKey := loginOf(t, auth, "reader-secret-0123456789")
+	for range 1000 {
+		loginOf(t, auth, "reader-secret-0123456789")
+	}
+	live := func(ck *http.Cookie, key string) bool {
+		req := httptest.NewRequest("GET", "/", nil)
+		req.AddCookie(ck)
+		req.Header.Set(KeyHeader, key)
+		c, _ := auth.Identify(req)
+		return c != nil
+	}
+	if !live(operator, key) {
+		t.Error("1001 logins of the reader's token ended the writer's session")
+	}
+	if live(first, firstKey) {
+		t.Errorf("the reader's first of 1001 sessions is live: want its token's oldest ended (at most %d a token)", maxSessionsPerToken)
+	}
+	n := 0
+	for _, ss := range auth.sessions.byID {
+		if ss.token.Name == "reader" {
+			n++
+		}
+	}
+	if n != maxSessionsPerToken {
+		t.Errorf("the reader's token has %d sessions, want %d", n, maxSessionsPerToken)
+	}
+}
+
+// Logins are limited per source address (an IPv6 /64) and on the
+// instance, before the secret is looked at; the budgets refill with time.
+func TestLoginLimit(t *testing.T) {
+	l := newLoginLimit()
+	now := time.Date(2026, 11, 30, 3, 0, 0, 0, time.UTC)
+	for i := range loginsPerSource {
+		if err := l.allow("192.0.2.1:4000", now); err != nil {
+			t.Fatalf("attempt %d: %v", i+1, err)
+		}
+	}
+	err := l.allow("192.0.2.1:4001", now)
+	var le *LimitError
+	if !errors.As(err, &le) || le.Source != "192.0.2.1" || le.Retry != sourceRefill {
+		t.Fatalf("attempt %d from one address: %v, want a LimitError for it, retry in %s", loginsPerSource+1, err, sourceRefill)
+	}
+	if want := "too many login attempts from 192.0.2.1 (at most 10 a minute from one address): try again in 6s"; err.Error() != want {
+		t.Errorf("the refusal says %q, want %q", err, want)
+	}
+	if err := l.allow("192.0.2.2:4000", now); err != nil {
+		t.Errorf("another address: %v", err)
+	}
+	if err := l.allow("192.0.2.1:4000", now.Add(sourceRefill-time.Millisecond)); err == nil {
+		t.Error("an attempt before the budget refilled was allowed")
+	}
+	if err := l.allow("192.0.2.1:4000", now.Add(sourceRefill)); err != nil {
+		t.Errorf("an attempt once the budget refilled by one: %v", err)
+	}
+	// One IPv6 /64 is one source.
+	for i := range loginsPerSource {
+		if err := l.allow(fmt.Sprintf("[2001:db8:1:2::%x]:4000", i+1), now); err != nil {
+			t.Fatalf("IPv6 attempt %d: %v", i+1, err)
+		}
+	}
+	if err := l.allow("[2001:db8:1:2:ffff::1]:4000", now); !errors.As(err, &le) || le.Source != "2001:db8:1:2::/64" {
+		t.Errorf("another address of the same /64: %v, want its budget spent", err)
+	}
+	// The instance's budget: 60 at once from as many addresses, then one a second.
+	l = newLoginLimit()
+	for i := range loginsInAll {
+		if err := l.allow(fmt.Sprintf("198.51.100.%d:4000", i), now); err != nil {
+			t.Fatalf("attempt %d from its own address: %v", i+1, err)
+		}
+	}
+	if err := l.allow("203.0.113.1:4000", now); !errors.As(err, &le) || le.Source != "" || le.Retry != allRefill ||
+		err.Error() != "too many login attempts on this instance (at most 60 a minute from all addresses): try again in 1s" {
+		t.Errorf("attempt %d on the instance: %v", loginsInAll+1, err)
+	}
+	if err := l.allow("203.0.113.1:4000", now.Add(allRefill)); err != nil {
+		t.Errorf("an attempt a second later: %v", err)
+	}
+	// Full budgets are forgotten.
+	l.allow("203.0.113.9:4000", now.Add(time.Hour))
+	if len(l.bySource) != 1 {
+		t.Errorf("%d sources kept an hour later, want 1", len(l.bySource))
 	}
 }
 

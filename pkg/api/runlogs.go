@@ -404,8 +404,9 @@ func (a *api) proxyLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, info
 			pr.Out.Header.Set(HopHeader, self)
 			// A read token for the caller (authenticated here), never its
 			// own header: a write token must not travel for a read. The
-			// session's cookie is this instance's own.
+			// session's cookie and key are this instance's own.
 			pr.Out.Header.Del("Cookie")
+			pr.Out.Header.Del(KeyHeader)
 			pr.Out.Header.Del("Authorization")
 			if secret := a.auth.ReadSecret(CallerOf(pr.In.Context())); secret != "" {
 				pr.Out.Header.Set("Authorization", "Bearer "+secret)

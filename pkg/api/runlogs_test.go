@@ -375,14 +375,10 @@ func TestRunLogProxy(t *testing.T) {
 		t.Errorf("without the token: %d %s", rec.Code, rec.Body)
 	}
 	// A console session of a: b knows the session's token, not the session.
-	login := httptest.NewRecorder()
-	if _, err := authA.Login(login, token); err != nil {
-		t.Fatal(err)
-	}
+	ck, key := loginOf(t, authA, token)
 	req := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
-	for _, c := range login.Result().Cookies() {
-		req.AddCookie(c)
-	}
+	req.AddCookie(ck)
+	req.Header.Set(KeyHeader, key)
 	rec = httptest.NewRecorder()
 	a.h.ServeHTTP(rec, req)
 	if rec.Code != 200 || rec.Header().Get(ServedByHeader) != "b" || !strings.Contains(rec.Body.String(), " out from b\n") {
@@ -490,7 +486,7 @@ func TestRunLogRemovedByRetention(t *testing.T) {
 
 // A proxied read carries a read-role secret, or none when reads are open:
 // never the write secret of the caller, whether it came as a bearer token
-// or through a console session.
+// or through a console session, nor the session's cookie or key.
 func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 	const writeSecret, readSecret = "cluster-WRITE-token-0123", "cluster-READ-token-01234"
 	var mu sync.Mutex
@@ -498,6 +494,9 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		got = append(got, r.Header.Get("Authorization"))
+		if r.Header.Get("Cookie") != "" || r.Header.Get(KeyHeader) != "" {
+			got = append(got, "a session's cookie or key")
+		}
 		mu.Unlock()
 		w.Write([]byte("2026-01-01T00:00:00.000000Z out hi\n"))
 	}))
@@ -517,14 +516,10 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 		}
 		auth := NewAuth(tc.tokens, 0, false)
 		a := newInstance(t, "a", runs, Options{Auth: auth})
-		login := httptest.NewRecorder()
-		if _, err := auth.Login(login, writeSecret); err != nil {
-			t.Fatal(err)
-		}
+		ck, key := loginOf(t, auth, writeSecret)
 		bySession := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
-		for _, c := range login.Result().Cookies() {
-			bySession.AddCookie(c)
-		}
+		bySession.AddCookie(ck)
+		bySession.Header.Set(KeyHeader, key)
 		byBearer := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
 		byBearer.Header.Set("Authorization", "Bearer "+writeSecret)
 		for _, req := range []*http.Request{bySession, byBearer} {

@@ -31,17 +31,30 @@
 //
 // Actions are forms that the page's script sends to the API
 // (/api/v1/jobs/{job}/trigger, kill, disable, enable) with the session's
-// cookie and its CSRF token in a header, after a confirmation; the API
-// checks, does and records them in the audit log exactly as for any other
-// caller. The console itself changes nothing: one mechanism, one audit.
+// cookie and its key in a header, after a confirmation; the API checks,
+// does and records them in the audit log exactly as for any other caller.
+// The console itself changes nothing: one mechanism, one audit.
 //
 // # Who
 //
 // api.Auth decides: when some token has the read role, every page needs a
 // login; otherwise pages are open and a login is needed only to act. A
-// read-role login sees everything and no action. Sessions are HttpOnly,
-// SameSite=Strict cookies (Secure over TLS) of the instance that made them;
-// login and logout refuse cross-origin posts.
+// read-role login sees everything and no action. Login and logout refuse
+// cross-origin posts; logins are rate-limited (429).
+//
+// A session is two halves (see api.Auth): an HttpOnly, SameSite=Strict
+// cookie (Secure over TLS), which the browser sends to every port of the
+// host, so to other local users' servers too, and a key, which only this
+// origin's script has. The login answers with a page that gives the key to
+// the script, which keeps it in the origin's localStorage and sends it in
+// api.KeyHeader with every request it makes. A navigation sends only the
+// cookie: a page asked for with the cookie of a live session and no key
+// is answered with a bootstrap page that holds no data, whose script asks
+// for the same URL with the key and shows that page in its place. So the
+// cookie alone gets nothing but the bootstrap; and the key replaces a CSRF
+// token (no page of another origin can know or send it). Logout takes the
+// key from its form (the script fills it in); without it, it only clears
+// the caller's cookie.
 package console
 
 import (
@@ -187,7 +200,9 @@ type view struct {
 	Nav      string
 	Caller   *api.Caller
 	CanWrite bool
-	CSRF     string
+	// Key is the new session's key, on the page that answers a login:
+	// the page's script keeps it (see the package doc).
+	Key      string
 	Instance string
 	Version  string
 	Now      time.Time
@@ -208,6 +223,10 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 		if err != nil {
 			caller = nil
 		}
+		if caller == nil && c.o.Auth.KeyMissing(r) {
+			c.boot(w)
+			return
+		}
 		if caller == nil && !c.o.Auth.ReadsOpen() {
 			to := "/login?next=" + url.QueryEscape(r.URL.RequestURI())
 			if _, err := r.Cookie(api.SessionCookie); err == nil {
@@ -218,7 +237,6 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 		}
 		v := &view{Caller: caller, Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK}
 		if caller != nil {
-			v.CSRF = caller.CSRF
 			v.CanWrite = caller.Token.Role == api.RoleWrite && caller.Session
 		}
 		name, err := h(r, v)
@@ -245,6 +263,15 @@ func (c *console) render(w http.ResponseWriter, name string, v *view) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(v.Status)
 	w.Write([]byte(b.String()))
+}
+
+// boot answers a navigation that came with a session's cookie and without
+// its key: a page with no data, whose script asks for the same URL again
+// with the key (see the package doc).
+func (c *console) boot(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Write(bootPage)
 }
 
 func (c *console) ctx(r *http.Request) (context.Context, context.CancelFunc) {
@@ -282,32 +309,51 @@ func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, "login", v)
 }
 
+// welcomeData is the page that answers a login: it gives the session's
+// key to the page's script (view.Key), which goes on to Next.
+type welcomeData struct {
+	Name, Role, Next string
+}
+
 func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	if crossOrigin(r) {
 		http.Error(w, "cross-origin login refused", http.StatusForbidden)
 		return
 	}
 	next := safeNext(r.PostFormValue("next"))
-	caller, err := c.o.Auth.Login(w, r.PostFormValue("token"))
-	if err != nil {
-		c.o.Logger.Warn("console login refused: no token has that secret", "remote", r.RemoteAddr)
-		time.Sleep(300 * time.Millisecond) // a guess costs time; secrets are long anyway
-		v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusUnauthorized,
-			Data: loginData{Next: next, Problem: "That is not the secret of any of this instance's tokens (--api-token-file): paste the secret (the third field of a NAME ROLE SECRET line), not the token's name.", Writable: c.o.Auth.Writable()}}
+	refused := func(status int, problem string) {
+		v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: status,
+			Data: loginData{Next: next, Problem: problem, Writable: c.o.Auth.Writable()}}
 		c.render(w, "login", v)
+	}
+	caller, key, err := c.o.Auth.Login(w, r, r.PostFormValue("token"))
+	var limited *api.LimitError
+	switch {
+	case errors.As(err, &limited):
+		// Not a warning each: a flood of attempts would flood the log.
+		c.o.Logger.Debug("console login refused: rate limit", "remote", r.RemoteAddr, "err", err)
+		w.Header().Set("Retry-After", strconv.Itoa(int((limited.Retry+time.Second-1)/time.Second)))
+		refused(http.StatusTooManyRequests, "Not tried: "+err.Error()+".")
+		return
+	case err != nil:
+		c.o.Logger.Warn("console login refused: no token has that secret", "remote", r.RemoteAddr)
+		refused(http.StatusUnauthorized, "That is not the secret of any of this instance's tokens (--api-token-file): paste the secret (the third field of a NAME ROLE SECRET line), not the token's name.")
 		return
 	}
 	c.o.Logger.Info("console login", "token", caller.Token.Name, "role", caller.Token.Role, "remote", r.RemoteAddr)
-	http.Redirect(w, r, next, http.StatusSeeOther)
+	c.render(w, "welcome", &view{Title: "Logged in", Caller: caller, Key: key, Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(),
+		Status: http.StatusOK, Data: welcomeData{Name: caller.Token.Name, Role: caller.Token.Role, Next: next}})
 }
 
+// logout clears the caller's cookie, and ends its session when the form
+// carries the session's key (the page's script puts it there): whoever
+// received the cookie alone cannot log its owner out.
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
-	caller, _ := c.o.Auth.Identify(r)
-	if crossOrigin(r) || (caller != nil && caller.Session && r.PostFormValue("csrf") != caller.CSRF) {
+	if crossOrigin(r) {
 		http.Error(w, "logout refused: not from this console's page", http.StatusForbidden)
 		return
 	}
-	c.o.Auth.Logout(w, r)
+	c.o.Auth.Logout(w, r, r.PostFormValue("key"))
 	http.Redirect(w, r, "/login?bye=1", http.StatusSeeOther)
 }
 
@@ -412,9 +458,9 @@ func (s *snapshots) get(ctx context.Context) (*snapshot, string, error) {
 		case <-ctx.Done():
 		}
 		s.mu.Lock()
-		if s.cur != nil && s.cur != cur && s.cur.gen >= want {
+		if fresh := s.cur; fresh != nil && fresh != cur && fresh.gen >= want {
 			s.mu.Unlock()
-			return s.cur, "", nil // fresh
+			return fresh, "", nil
 		}
 		if s.err != nil || ctx.Err() != nil {
 			break // s.mu held
@@ -1067,11 +1113,19 @@ func parsePages() map[string]*template.Template {
 	}
 	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "jobs", "job", "instances", "audit", "login", "error"} {
+	for _, name := range []string{"overview", "jobs", "job", "instances", "audit", "login", "welcome", "error"} {
 		pages[name] = template.Must(template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+name+".html"))
 	}
 	return pages
 }
+
+// bootPage is the page a navigation with a session's cookie and without
+// its key gets (see console.boot): always the same, with no data.
+var bootPage = func() []byte {
+	var b bytes.Buffer
+	template.Must(template.ParseFS(templateFS, "templates/boot.html")).ExecuteTemplate(&b, "boot", nil)
+	return b.Bytes()
+}()
 
 // code is a record's exit code or HTTP status ("exit 1", "http 503").
 func code(r coord.ItemRecord) string {

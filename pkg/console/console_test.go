@@ -115,22 +115,49 @@ func newTestConsole(f *fakeCluster, ts ...api.Token) http.Handler {
 	return New(Options{Cluster: f, Auth: api.NewAuth(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
 }
 
-// login returns the session cookie of a login with secret.
-func login(t *testing.T, h http.Handler, secret string) *http.Cookie {
+// session is what a browser keeps of a login: the cookie, and the key
+// that the console's script keeps and sends.
+type session struct {
+	cookie *http.Cookie
+	key    string
+}
+
+// add makes req a request of the session's, as the console's script makes
+// them.
+func (s *session) add(req *http.Request) {
+	req.AddCookie(s.cookie)
+	req.Header.Set(api.KeyHeader, s.key)
+}
+
+// login logs in with secret as a browser does:
+// the answer sets the session cookie and gives the page the session's key.
+func login(t *testing.T, h http.Handler, secret string) *session {
 	t.Helper()
 	req := httptest.NewRequest("POST", "/login", strings.NewReader(url.Values{"token": {secret}, "next": {"/jobs"}}.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/jobs" {
-		t.Fatalf("login: %d to %q, want 303 to /jobs", rec.Code, rec.Header().Get("Location"))
+	body := rec.Body.String()
+	if rec.Code != http.StatusOK || !strings.Contains(body, `id="next" href="/jobs"`) {
+		t.Fatalf("login: %d, want 200 and a way on to /jobs:\n%s", rec.Code, body)
+	}
+	if cc := rec.Header().Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("login's answer (with the key): Cache-Control %q, want no-store", cc)
+	}
+	s := &session{key: between(body, `<meta name="shardd-key" content="`, `"`)}
+	if len(s.key) != 64 {
+		t.Fatalf("login's answer gives the page no key:\n%s", body)
 	}
 	for _, c := range rec.Result().Cookies() {
 		if c.Name == sessionCookieName {
 			if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode {
 				t.Errorf("session cookie %+v: want HttpOnly and SameSite=Strict", c)
 			}
-			return c
+			if strings.Contains(c.Value, s.key) {
+				t.Errorf("the session cookie holds the key")
+			}
+			s.cookie = c
+			return s
 		}
 	}
 	t.Fatal("login set no session cookie")
@@ -139,10 +166,10 @@ func login(t *testing.T, h http.Handler, secret string) *http.Cookie {
 
 const sessionCookieName = "shardd_session"
 
-func get(h http.Handler, path string, c *http.Cookie) (int, string, http.Header) {
+func get(h http.Handler, path string, s *session) (int, string, http.Header) {
 	req := httptest.NewRequest("GET", path, nil)
-	if c != nil {
-		req.AddCookie(c)
+	if s != nil {
+		s.add(req)
 	}
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
@@ -193,7 +220,7 @@ func TestPages(t *testing.T) {
 			t.Errorf("GET %s: CSP %q", tt.path, csp)
 		}
 	}
-	if code, body, _ := get(h, "/static/console.js", nil); code != 200 || !strings.Contains(body, "X-Shardd-CSRF") {
+	if code, body, _ := get(h, "/static/console.js", nil); code != 200 || !strings.Contains(body, `"X-Shardd-Key"`) {
 		t.Errorf("GET /static/console.js = %d", code)
 	}
 }
@@ -235,26 +262,28 @@ func TestRolesAndLogin(t *testing.T) {
 	if rec.Code != http.StatusForbidden {
 		t.Errorf("cross-origin login: %d, want 403", rec.Code)
 	}
-	// Logout needs the page's CSRF token, then ends the session.
-	req = httptest.NewRequest("POST", "/logout", nil)
-	req.AddCookie(bob)
-	rec = httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusForbidden {
-		t.Errorf("logout without the CSRF token: %d, want 403", rec.Code)
+	// Logout without the key (the form the page's script fills) clears
+	// the cookie and ends nothing; with it, it ends the session.
+	logout := func(key string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/logout", strings.NewReader(url.Values{"key": {key}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(bob.cookie)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
 	}
-	_, page, _ := get(h, "/jobs", bob)
-	csrf := between(page, `name="csrf" content="`, `"`)
-	req = httptest.NewRequest("POST", "/logout", strings.NewReader("csrf="+csrf))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.AddCookie(bob)
-	rec = httptest.NewRecorder()
-	h.ServeHTTP(rec, req)
-	if rec.Code != http.StatusSeeOther {
-		t.Errorf("logout: %d", rec.Code)
+	rec = logout("")
+	if c := rec.Result().Cookies(); rec.Code != http.StatusSeeOther || len(c) != 1 || c[0].MaxAge >= 0 {
+		t.Errorf("logout without the key: %d, cookies %v; want 303 and the cookie cleared", rec.Code, c)
 	}
-	if code, _, _ := get(h, "/jobs", bob); code != http.StatusSeeOther {
-		t.Errorf("GET after logout = %d, want a redirect to the login", code)
+	if code, body, _ := get(h, "/jobs", bob); code != 200 || !strings.Contains(body, "bob") {
+		t.Errorf("GET after a logout without the key = %d, want bob's page", code)
+	}
+	if rec = logout(bob.key); rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/login?bye=1" {
+		t.Errorf("logout: %d to %q", rec.Code, rec.Header().Get("Location"))
+	}
+	if code, _, hdr := get(h, "/jobs", bob); code != http.StatusSeeOther || !strings.Contains(hdr.Get("Location"), "expired=1") {
+		t.Errorf("GET after logout = %d to %q, want a redirect to the login", code, hdr.Get("Location"))
 	}
 }
 
