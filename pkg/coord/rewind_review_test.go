@@ -192,3 +192,113 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 			ga.Fence, gb.Fence, h, rewindMargin)
 	}
 }
+
+// After a rewind: an instance whose watch waits at a future revision never
+// learns of it.
+//
+// Scenario: instances a and b run orders; their sessions began before the
+// backup, so their leases come back with the restore and they keep them. After a
+// backup of etcd, b claims item 1 and runs it (a long run: b sends etcd
+// nothing meanwhile); a claims and completes item 0 (the highest revision a
+// saw in an answer is h). 1,500 writes to other jobs' keys follow (jobs a
+// and b do not run; or, on an etcd shared with other applications, a
+// progress notification): b's watch delivers them, and is at h+1500. etcd
+// is restored from the backup. a sees it, reports it (rewinds/a, at about
+// the backup's revision and again past h+1000) and recovers, writing b's
+// record of item 1 back (RUNNING by b, with no running marker: the backup
+// had none). b's watch resumes after h+1500, and etcd delivers it nothing
+// below that: neither of a's reports. b's next answers are above the
+// highest b saw, and its read of item 1 shows a later revision than b knew
+// (a's write-back). So b never learns that etcd went back (docs/
+// operations.md: another instance's report makes it fence itself): its run
+// goes on unfenced, and when it ends its outcome is refused (the record's
+// revision is a's write-back, not b's claim), leaving item 1 RUNNING with
+// no marker: a run cut by a failure, which failover runs again though it
+// completed (G2). Had the restored map given item 1 to a, a's failover
+// would overlap b's run (G1).
+func TestInstanceWithWatchAheadLearnsOfAnotherInstancesRewind(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	// Sessions that outlive the restarts of etcd: no membership changes.
+	a := startRewindNode(t, srv, "a", 30*time.Second, yaml)
+	b := startRewindNode(t, srv, "b", 30*time.Second, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+
+	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	backup := srv.Backup()
+	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), SourceNormal, 1) // b's run: not completed
+	g = claimItem(t, a.Node, 0, base.Add(time.Minute), SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to know b's claim of item 1", func() bool { return knownModRevision(a.Node, 1) >= gb.Fence })
+	fillRevisions(t, cli, NewKeys("").Jobs()+"reports/k", 1500)
+	end := a.hist.Highest() + 1500
+	waitFor(t, 10*time.Second, "b's watch to deliver the other jobs' writes", func() bool { return b.hub.deliveredRev() >= end })
+	t.Logf("a's highest revision seen %d, b's %d; b's watch at %d", a.hist.Highest(), b.hist.Highest(), b.hub.deliveredRev())
+
+	srv.Restore(backup)
+	waitRewindSeen(t, a)
+	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	b.ReadItem(ctx, "orders", 1) // b reads etcd: not even that shows it
+	select {
+	case <-gb.Ctx.Done():
+		return // b fenced itself: it learned of the rewind
+	case <-time.After(15 * time.Second):
+	}
+	t.Errorf("b's run of item 1 (fence %d) is still unfenced 15 s after a recovered from the restore; b rewound: %v, b's watch at %d",
+		gb.Fence, b.Rewound(), b.hub.deliveredRev())
+	if err := b.Complete(ctx, gb, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		rec, _ := readRecord(t, cli, b.keys.Item("orders", 1))
+		t.Errorf("b's run ended DONE, and its outcome was refused (%v): item 1's record is %s by %s (attempt %d), which failover runs again", err, rec.State, rec.Instance, rec.Attempt)
+	}
+}
+
+// G2 across a rewind: the outcome of a run that ended after the restore.
+//
+// Scenario: one instance, a. After a backup of etcd, a claims item 0's
+// fire t1 (a knows the claim's record through its watch) and runs it.
+// etcd is restored from the backup, which has the record of t0. The run
+// ends DONE; its outcome's write is the first answer a gets after the
+// restore: refused (etcd went back), and retried by Complete. a recovers:
+// it writes back the claim's record it knew (t1 RUNNING by a), at a new
+// revision. Complete's retry is guarded by the claim's revision (its
+// fence), which that record no longer has: refused for good (claim lost).
+// Item 0's record stays RUNNING with no running marker: a run cut by a
+// failure, which failover runs again, though it ran to the end and its
+// outcome was in hand (G2 allows a re-run only of an attempt whose instance
+// died mid-run).
+func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+
+	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	backup := srv.Backup()
+	t1 := base.Add(time.Minute)
+	g = claimItem(t, a.Node, 0, t1, SourceNormal, 1)
+	waitFor(t, 10*time.Second, "a to know its claim's record", func() bool { return knownModRevision(a.Node, 0) >= g.Fence })
+
+	srv.Restore(backup)
+	cctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	err := a.Complete(cctx, g, Outcome{State: StateDone, Start: t1, End: t1.Add(time.Second)})
+	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	rec, _ := readRecord(t, cli, a.keys.Item("orders", 0))
+	if err != nil || rec.State != StateDone || !rec.Fire.Equal(t1) {
+		t.Errorf("the run of t1 ended DONE after the restore; Complete: %v; item 0's record after the recovery: %s fire %s attempt %d (want DONE, fire %s): failover runs it again",
+			err, rec.State, rec.Fire.Format(time.TimeOnly), rec.Attempt, t1.Format(time.TimeOnly))
+	}
+}
