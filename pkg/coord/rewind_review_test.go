@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
@@ -300,5 +301,75 @@ func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
 	if err != nil || rec.State != StateDone || !rec.Fire.Equal(t1) {
 		t.Errorf("the run of t1 ended DONE after the restore; Complete: %v; item 0's record after the recovery: %s fire %s attempt %d (want DONE, fire %s): failover runs it again",
 			err, rec.State, rec.Fire.Format(time.TimeOnly), rec.Attempt, t1.Format(time.TimeOnly))
+	}
+}
+
+// NOSPACE: what the instance says follows etcd's alarm.
+//
+// Scenario: one instance, a. An operator disabled item 1. etcd raises its
+// NOSPACE alarm; a's claim is refused for it, and a says so (Impaired,
+// /readyz 503, shardd_etcd_nospace). (1) The operator enables item 1 (the
+// API on a's client): a delete, which etcd's quota lets through under the
+// alarm (it costs no space), and a takes it for "writes go through again":
+// a says it is no longer impaired while every claim is still refused. (2)
+// The operator disarms the alarm; a writes nothing (its jobs are not due):
+// it keeps saying NOSPACE, /readyz 503, until its next write, which for an
+// hourly or daily job is an hour or a day away.
+func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.SetDisabled(ctx, Target{Job: "orders", Item: 1}, true, false); err != nil {
+		t.Fatal(err)
+	}
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := members.Members[0].ID
+	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &etcdserverpb.AlarmRequest{
+		Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	claim := func() error {
+		prev, err := a.ReadItem(ctx, "orders", 0)
+		if err != nil {
+			return err
+		}
+		v, _ := a.View("orders")
+		_, err = a.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: SourceNormal, Prev: prev, MapRev: v.MapRev})
+		return err
+	}
+	if err := claim(); err == nil {
+		t.Fatal("a claim went through under the NOSPACE alarm")
+	}
+	if a.NoSpace() == nil {
+		t.Fatal("not impaired after a claim refused for NOSPACE")
+	}
+
+	if _, err := a.SetDisabled(ctx, Target{Job: "orders", Item: 1}, false, false); err != nil {
+		t.Logf("enable under the alarm: %v", err)
+	}
+	if a.NoSpace() == nil {
+		err := claim() // refused again, and impaired again for the part below
+		t.Errorf("a says it is not impaired after an enable (a delete) went through under the NOSPACE alarm; yet its next claim is refused (%v; impaired again: %v)", err, a.NoSpace() != nil)
+	}
+
+	if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for a.NoSpace() != nil && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ns := a.NoSpace(); ns != nil {
+		t.Errorf("15 s after the NOSPACE alarm was disarmed a still says %q (it wrote nothing since)", ns)
 	}
 }
