@@ -373,3 +373,63 @@ func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 		t.Errorf("15 s after the NOSPACE alarm was disarmed a still says %q (it wrote nothing since)", ns)
 	}
 }
+
+// The write-back after a rewind never puts back an older fire.
+//
+// Scenario: instance a runs orders; after a backup of etcd it runs item
+// 0's fires t1 and t2 (a knows the record of t2, Seq 2). a is cut off from
+// etcd (a partition), and etcd is restored from the backup (item 0's record
+// is t0's, Seq 0). Meanwhile instance c starts (a new or restarted host; it
+// knows nothing of the history that went) and runs item 0's latest due
+// fire, t5: its record is Seq 1, the record after the restored one. a's
+// partition heals; a sees the rewind and writes back what it knew ahead of
+// etcd's, comparing Seq first: its t2 (Seq 2) is "ahead" of c's t5 (Seq
+// 1), and goes back over it. Item 0's watermark goes back from t5 to t2:
+// t5, which ran after the restore, is due again and runs a second time
+// (G2), and so does every fire between.
+func TestRewindWriteBackNeverPutsBackAnOlderFire(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	run := func(n *Node, fire time.Time) {
+		g := claimItem(t, n, 0, fire, SourceNormal, 1)
+		if err := n.Complete(ctx, g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(a.Node, base)
+	backup := srv.Backup()
+	run(a.Node, base.Add(time.Minute))
+	run(a.Node, base.Add(2*time.Minute))
+	waitFor(t, 10*time.Second, "a to know its record of t2", func() bool {
+		kv := a.knownRecords("orders")[0]
+		return kv != nil && strings.Contains(string(kv.Value), `"seq":2`)
+	})
+	// Other applications' writes, and a read of a's: a saw etcd 200 past
+	// the backup, more than c writes below.
+	fillRevisions(t, cli, "/another-app/key", 200)
+	if _, err := a.ReadItem(ctx, "orders", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	a.proxy.Blackhole()
+	srv.Restore(backup)
+	c := startRewindNode(t, srv, "c", testTTL, yaml)
+	t5 := base.Add(5 * time.Minute)
+	run(c.Node, t5)
+	before, rev := readRecord(t, cli, a.keys.Item("orders", 0))
+	t.Logf("item 0's record after c's run: seq %d fire %s; etcd at %d, a saw %d", before.Seq, before.Fire.Format(time.TimeOnly), rev, a.hist.Highest())
+
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	rec, _ := readRecord(t, cli, a.keys.Item("orders", 0))
+	if rec.Watermark().Before(t5) {
+		t.Errorf("item 0's record after a's recovery is seq %d fire %s %s by %s: its watermark went back from %s (c's run after the restore), which runs again",
+			rec.Seq, rec.Fire.Format(time.TimeOnly), rec.State, rec.Instance, t5.Format(time.TimeOnly))
+	}
+}
