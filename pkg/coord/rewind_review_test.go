@@ -494,3 +494,74 @@ func TestClaimsGoOnAfterRestoreWithBumpedRevision(t *testing.T) {
 	t.Errorf("no claim of item 0 won in 30 s after the restore (last: %v); a's view: map epoch %d; etcd's map: epoch %d; a rewound: %v",
 		last, v.Map.Epoch, now.Epoch, a.Rewound())
 }
+
+// A rewind seen by an instance that sent etcd nothing since the backup.
+//
+// Scenario: instances a and b run orders, with sessions that outlive the
+// restarts of etcd; b leads the job and runs item 1, a owns no item that
+// is due (it sends etcd nothing but keepalives). A backup of etcd is taken
+// (at the highest revision a saw in an answer). b runs item 1's fire t1;
+// a's watch delivers the record. b's host dies, and etcd is restored from
+// the backup (item 1's record is t0's again). a's answers are all at or
+// above the highest it saw, and no read of a's shows a key below a
+// revision it knew at a read revision above it: a sees no rewind. Its
+// watch resumes after the revision it had reached, in the history that
+// went: etcd delivers it nothing below that, so the deletions of b's
+// member and election keys when b's lease expires, at lower revisions,
+// never reach it. a never leads (its campaign waits for a deletion it is
+// never told of), no map is written, and item 1, still b's, never runs
+// again (G3). Had a taken item 1 over, etcd's record says t1 is due: a
+// would run it a second time (G2), with a fence below b's (G4); nobody
+// wrote back b's record.
+func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", 30*time.Second, yaml)
+	b := startRewindNode(t, srv, "b", 15*time.Second, yaml)
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	t1 := base.Add(time.Minute)
+	g := claimItem(t, b.Node, 1, base, SourceNormal, 1)
+	if err := b.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ReadItems(ctx, "orders"); err != nil { // as a's engine does at each sweep
+		t.Fatal(err)
+	}
+	backup := srv.Backup()
+	gb := claimItem(t, b.Node, 1, t1, SourceNormal, 1)
+	if err := b.Complete(ctx, gb, Outcome{State: StateDone, Start: t1, End: t1}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to know b's record of t1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
+	t.Logf("a's highest revision seen %d; b's fence of t1 %d; a's watch at %d", a.hist.Highest(), gb.Fence, a.hub.deliveredRev())
+	b.proxy.Blackhole()
+
+	srv.Restore(backup)
+	owns := func() bool { v, _ := a.View("orders"); return v.Map != nil && len(v.Map.ItemsOf("a")) == 2 }
+	seen := func() bool { return a.Rewound() != nil || countRecoveries(a.log) > 0 }
+	deadline := time.Now().Add(60 * time.Second)
+	for !owns() && !seen() && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	switch {
+	case seen():
+		return
+	case !owns():
+		v, _ := a.View("orders")
+		t.Errorf("60 s after the restore (and b's lease of 15 s) a neither saw the rewind nor took item 1 over: a's map epoch %d gives a %v; a leads: %v; a's watch at %d",
+			v.Map.Epoch, v.Map.ItemsOf("a"), v.Leading, a.hub.deliveredRev())
+		return
+	}
+	t.Errorf("a saw no rewind: etcd is below b's record of item 1 that a knew (revision %d)", knownModRevision(a.Node, 1))
+	st, err := a.ReadItem(ctx, "orders", 1)
+	if err != nil || st.Record == nil {
+		t.Fatalf("read item 1: %v", err)
+	}
+	v, _ := a.View("orders")
+	if ga, err := a.Claim(ctx, Claim{Job: "orders", Item: 1, Fire: t1, Attempt: 1, Source: SourceNormal, Prev: st, Sched: t1, MapRev: v.MapRev}); err == nil {
+		t.Errorf("etcd's record of item 1 is fire %s, so t1 is due: a, its owner now, claimed t1 again (fence %d, b's was %d)",
+			st.Record.Fire.Format(time.TimeOnly), ga.Fence, gb.Fence)
+	}
+}
