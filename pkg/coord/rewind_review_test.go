@@ -151,8 +151,9 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	t.Parallel()
 	srv := etcdtest.Start(t)
 	yaml := "jobs:\n" + job("orders", 2)
-	a := startRewindNode(t, srv, "a", testTTL, yaml)
-	b := startRewindNode(t, srv, "b", 10*time.Second, yaml)
+	// Sessions that outlive the restarts of etcd: a writes nothing of its own.
+	a := startRewindNode(t, srv, "a", 30*time.Second, yaml)
+	b := startRewindNode(t, srv, "b", 30*time.Second, yaml)
 	cli := srv.Client()
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
@@ -176,7 +177,9 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	waitFor(t, 10*time.Second, "a to know b's record of item 1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
 	t.Logf("a's highest revision seen %d; b's fence of item 1 %d", h, gb.Fence)
 	b.proxy.Blackhole()
-	t.Logf("a's highest revision seen before the restore %d", a.hist.Highest())
+	if h = a.hist.Highest(); h+rewindMargin >= gb.Fence {
+		t.Fatalf("a saw revision %d before the restore: the scenario needs it more than %d below b's fence %d", h, rewindMargin, gb.Fence)
+	}
 
 	srv.Restore(backup)
 	waitRewindSeen(t, a)
