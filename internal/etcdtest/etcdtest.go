@@ -5,13 +5,16 @@ package etcdtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
@@ -112,6 +115,55 @@ func (s *Server) Wipe() {
 	s.t.Helper()
 	s.Stop()
 	s.replaceData(func(string) error { return nil })
+	s.Restart()
+}
+
+// Snapshot saves a snapshot of the running server (the Maintenance API,
+// as etcdctl snapshot save does) and returns its file, for
+// RestoreSnapshot.
+func (s *Server) Snapshot() string {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	r, err := s.Client().Snapshot(ctx)
+	if err != nil {
+		s.t.Fatalf("snapshot etcd: %v", err)
+	}
+	defer r.Close()
+	path := filepath.Join(s.t.TempDir(), "snap.db")
+	f, err := os.Create(path)
+	if err == nil {
+		_, err = io.Copy(f, r)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		s.t.Fatalf("save etcd's snapshot: %v", err)
+	}
+	return path
+}
+
+// RestoreSnapshot stops the server and starts it again on a snapshot (from
+// Snapshot) restored with etcd's own restore code (etcdutl snapshot
+// restore), raising the revision by bump and, if markCompacted, marking
+// the revisions up to it compacted: the operator's procedure of
+// docs/operations.md.
+func (s *Server) RestoreSnapshot(snap string, bump uint64, markCompacted bool) {
+	s.t.Helper()
+	s.Stop()
+	s.replaceData(func(dir string) error {
+		return snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
+			SnapshotPath:        snap,
+			Name:                "shardd",
+			OutputDataDir:       filepath.Join(dir, "etcd"),
+			PeerURLs:            []string{s.peerURL},
+			InitialCluster:      "shardd=" + s.peerURL,
+			InitialClusterToken: "etcd-cluster",
+			RevisionBump:        bump,
+			MarkCompacted:       markCompacted,
+		})
+	})
 	s.Restart()
 }
 
