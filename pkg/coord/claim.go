@@ -374,6 +374,7 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 		return nil, ErrClaimLost
 	}
 	n.wroteItems(resp.Header.Revision)
+	n.learnWrite(c.Job, c.Item, val, resp.Header.Revision)
 	rec.Fence = resp.Header.Revision
 	return &Grant{Fence: resp.Header.Revision, Ctx: s.ctx, record: rec}, nil
 }
@@ -800,6 +801,7 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
 	}
 	n.wroteItems(resp.Header.Revision)
+	n.learnWrite(rec.Job, rec.Item, ops[0].ValueBytes(), resp.Header.Revision)
 	return nil
 }
 
@@ -1051,6 +1053,9 @@ func (c *completer) write(n *Node, batch []*completion) {
 	case resp.Succeeded:
 		n.wroteItems(resp.Header.Revision)
 		for _, r := range batch {
+			if _, o, err := n.finishTxn(r.rec, r.fence, true); err == nil {
+				n.learnWrite(r.rec.Job, r.rec.Item, o[0].ValueBytes(), resp.Header.Revision)
+			}
 			r.done <- nil
 		}
 	default: // some guard failed: each on its own

@@ -135,7 +135,8 @@ func (n *Node) indexChild(ctx context.Context, def *config.Job, was []string) er
 // followChildren keeps the job's view of its children index current; the
 // registration read it first (registerConfig).
 func (n *Node) followChildren(ctx context.Context, job string) (stop func()) {
-	return n.followKey(ctx, job, n.keys.Children(job), false, func(kv *mvccpb.KeyValue) { n.takeChildren(job, kv) })
+	return n.followKey(ctx, job, n.keys.Children(job), false, func(kv *mvccpb.KeyValue) { n.takeChildren(job, kv) },
+		func(v *JobView) int64 { return v.childrenRev })
 }
 
 // takeChildren takes a children index newer than the view's.

@@ -56,6 +56,11 @@ type History struct {
 	// onNoSpace, if set, is called (without h.mu) when noSpace is set or
 	// cleared.
 	onNoSpace func(*NoSpaceError)
+	// onWatchStream, if set, is called (in a goroutine of its own) when the
+	// client opens a watch stream: after a reconnect (etcd restarted,
+	// restored), the watch resumes silently at a revision etcd may no longer
+	// have; a linearizable read then is checked against the history.
+	onWatchStream func()
 }
 
 // NewHistory returns an empty History.
@@ -111,6 +116,17 @@ func (e *NoSpaceError) Error() string {
 		": etcd refuses every write (database space exceeded); no run starts or is recorded until an operator compacts, defragments and disarms it"
 }
 
+// clearNoSpace forgets the NOSPACE alarm: etcd no longer lists it.
+func (h *History) clearNoSpace() {
+	h.mu.Lock()
+	was, on := h.noSpace, h.onNoSpace
+	h.noSpace = nil
+	h.mu.Unlock()
+	if was != nil && on != nil {
+		on(nil)
+	}
+}
+
 // Rewound returns what showed etcd went back, nil while it has not.
 func (h *History) Rewound() *RewindError {
 	if h == nil {
@@ -137,6 +153,17 @@ func (h *History) Highest() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.high
+}
+
+// sawCommitted records that revision rev was committed: a revision the
+// jobs watch delivered (an event's, or a progress notification's). A
+// linearizable answer to a request sent after it carries rev at least.
+func (h *History) sawCommitted(rev int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.rewound == nil {
+		h.high = max(h.high, rev)
+	}
 }
 
 // changes returns a channel closed the next time the history is found
@@ -235,22 +262,29 @@ func txnSerializable(r *etcdserverpb.TxnRequest) bool {
 	return true
 }
 
-// writes reports whether req asks etcd to write (so that its success
-// says etcd accepts writes).
-func writes(req any) bool {
+// writes reports whether req asks etcd to write, and whether it costs
+// quota (a put, a lease): under the NOSPACE alarm etcd refuses those and
+// lets deletions through, so only their success says the alarm is gone.
+func writes(req any) (write, quota bool) {
 	switch r := req.(type) {
-	case *etcdserverpb.PutRequest, *etcdserverpb.DeleteRangeRequest, *etcdserverpb.LeaseGrantRequest:
-		return true
+	case *etcdserverpb.PutRequest, *etcdserverpb.LeaseGrantRequest:
+		return true, true
+	case *etcdserverpb.DeleteRangeRequest:
+		return true, false
 	case *etcdserverpb.TxnRequest:
 		for _, ops := range [][]*etcdserverpb.RequestOp{r.Success, r.Failure} {
 			for _, op := range ops {
-				if op.GetRequestRange() == nil {
-					return true
+				switch {
+				case op.GetRequestPut() != nil:
+					return true, true
+				case op.GetRequestDeleteRange() != nil:
+					write = true
 				}
 			}
 		}
+		return write, false
 	}
-	return false
+	return false, false
 }
 
 // observe checks an answer's header against the history seen before its
@@ -295,12 +329,13 @@ func (h *History) refusal(ctx context.Context) (floor int64, err error) {
 	return h.high, nil
 }
 
-// noteWrite records what a write's answer says of etcd's NOSPACE alarm.
-func (h *History) noteWrite(err error) {
+// noteWrite records what a write's answer says of etcd's NOSPACE alarm
+// (quota: it was a write that costs quota).
+func (h *History) noteWrite(err error, quota bool) {
 	h.mu.Lock()
 	was := h.noSpace
 	switch {
-	case err == nil:
+	case err == nil && quota:
 		h.noSpace = nil
 	case errors.Is(rpctypes.Error(err), rpctypes.ErrNoSpace):
 		if h.noSpace == nil {
@@ -321,8 +356,8 @@ func (h *History) unary(ctx context.Context, method string, req, reply any, cc *
 		return err
 	}
 	err = invoker(ctx, method, req, reply, cc, opts...)
-	if writes(req) {
-		h.noteWrite(err)
+	if write, quota := writes(req); write {
+		h.noteWrite(err, quota)
 	}
 	if err != nil {
 		return err
@@ -342,6 +377,14 @@ func (h *History) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cl
 	cs, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil {
 		return nil, err
+	}
+	if methodName(method) == "Watch" {
+		h.mu.Lock()
+		probe := h.onWatchStream
+		h.mu.Unlock()
+		if probe != nil {
+			go probe()
+		}
 	}
 	return &historyStream{ClientStream: cs, h: h, ctx: ctx}, nil
 }

@@ -42,8 +42,10 @@ type hub struct {
 	prefix, end string
 	keys        Keys
 	onErr       func(msg string, err error)
-	// onRewind is called with every put of a rewind record (rewind.go).
-	onRewind func(*clientv3.Event)
+	// onRewind is called with every put of a rewind record (rewind.go);
+	// onAdvance with every revision through which events were delivered.
+	onRewind  func(*clientv3.Event)
+	onAdvance func(rev int64)
 
 	ready chan struct{}
 
@@ -232,6 +234,9 @@ func (h *hub) resyncAll() {
 
 // advance records that every event through rev was delivered.
 func (h *hub) advance(rev int64) {
+	if h.onAdvance != nil {
+		h.onAdvance(rev)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if rev > h.delivered {

@@ -299,7 +299,7 @@ func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 			n.takeDefinition(job, def, kv.ModRevision)
 		}
 	}
-	return n.followKey(ctx, job, key, false, take)
+	return n.followKey(ctx, job, key, false, take, func(v *JobView) int64 { return v.Generation })
 }
 
 // errUnreadable marks a registered definition of the right job that this
@@ -375,7 +375,8 @@ func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error
 // done or stop is called: it reads the map, takes every newer map the hub
 // delivers, and reads again when the hub may have lost events.
 func (n *Node) followMap(ctx context.Context, job string) (stop func()) {
-	return n.followKey(ctx, job, n.keys.Shards(job), true, func(kv *mvccpb.KeyValue) { n.observeMap(job, kv) })
+	return n.followKey(ctx, job, n.keys.Shards(job), true, func(kv *mvccpb.KeyValue) { n.observeMap(job, kv) },
+		func(v *JobView) int64 { return v.MapRev })
 }
 
 // followKey calls take with every put of key (a key of job) the hub
@@ -383,12 +384,40 @@ func (n *Node) followMap(ctx context.Context, job string) (stop func()) {
 // events, and at once if readNow, until ctx is done or stop is called. It
 // holds no goroutine between reads: with thousands of jobs, a goroutine
 // per job and purpose is most of an instance's memory.
-func (n *Node) followKey(ctx context.Context, job, key string, readNow bool, take func(*mvccpb.KeyValue)) (stop func()) {
+//
+// viewRev is the revision of the key the job's view holds: it outlives a
+// session's followKey, until a rewind's recovery forgets it.
+func (n *Node) followKey(ctx context.Context, job, key string, readNow bool, take func(*mvccpb.KeyValue), viewRev func(*JobView) int64) (stop func()) {
 	var (
 		mu      sync.Mutex
 		stopped bool
 		reads   sync.WaitGroup
+		seen    int64 // the key's highest ModRevision delivered or read
 	)
+	// A read at readRev that shows the key older than a revision seen at
+	// or below readRev, or gone, proves etcd went back (the map and the
+	// config key of a local job are never deleted): the view keeps newer
+	// values by epoch and generation, and would never take etcd's again.
+	fromRead := func(kv *mvccpb.KeyValue, readRev int64) {
+		var held int64
+		n.updateView(job, func(v *JobView) { held = viewRev(v) })
+		mu.Lock()
+		was := max(seen, held)
+		if kv != nil {
+			seen = max(seen, kv.ModRevision)
+		}
+		mu.Unlock()
+		switch {
+		case was > 0 && was <= readRev && (kv == nil || kv.ModRevision < was):
+			got := int64(0)
+			if kv != nil {
+				got = kv.ModRevision
+			}
+			n.hist.noteKeyRevision(key, was, got)
+		case kv != nil:
+			take(kv)
+		}
+	}
 	read := func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -398,11 +427,14 @@ func (n *Node) followKey(ctx context.Context, job, key string, readNow bool, tak
 		reads.Add(1)
 		go func() {
 			defer reads.Done()
-			n.readKey(ctx, key, take)
+			n.readKey(ctx, key, fromRead)
 		}()
 	}
 	unsubscribe := n.hub.subscribe(job, key, func(ev *clientv3.Event) {
 		if ev.Type == clientv3.EventTypePut && string(ev.Kv.Key) == key {
+			mu.Lock()
+			seen = max(seen, ev.Kv.ModRevision)
+			mu.Unlock()
 			take(ev.Kv)
 		}
 	}, read)
@@ -418,9 +450,9 @@ func (n *Node) followKey(ctx context.Context, job, key string, readNow bool, tak
 	}
 }
 
-// readKey reads key and calls take with it, retrying until the read
-// succeeds or ctx is done.
-func (n *Node) readKey(ctx context.Context, key string, take func(*mvccpb.KeyValue)) {
+// readKey reads key and calls take with it (nil when it is absent) and the
+// read's revision, retrying until the read succeeds or ctx is done.
+func (n *Node) readKey(ctx context.Context, key string, take func(kv *mvccpb.KeyValue, readRev int64)) {
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
@@ -430,9 +462,11 @@ func (n *Node) readKey(ctx context.Context, key string, take func(*mvccpb.KeyVal
 		case ctx.Err() != nil:
 			return
 		case err == nil:
-			for _, kv := range resp.Kvs {
-				take(kv)
+			var kv *mvccpb.KeyValue
+			if len(resp.Kvs) > 0 {
+				kv = resp.Kvs[0]
 			}
+			take(kv, resp.Header.Revision)
 			return
 		}
 		n.log.Debug("read key; retrying", "key", key, "err", err)

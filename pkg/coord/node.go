@@ -102,6 +102,13 @@ type Node struct {
 	// have seen past to concern this one: where its watch began, or where it
 	// last recovered (rewind.go).
 	rewindFloor atomic.Int64
+	// probes (buffered(1)) asks checkEtcd for a linearizable read: a watch
+	// stream was opened again (rewind.go).
+	probes chan struct{}
+	// reports are the rewind records of other instances already taken, by
+	// instance: a record rewritten while its instance waits is not a new
+	// rewind.
+	reports map[string]time.Time
 }
 
 // JobView is what an instance knows about one of its jobs.
@@ -162,12 +169,20 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		registered:  map[string]string{},
 		changed:     make(chan struct{}, 1),
 		registering: newPacer(opts.TTL / 10),
+		probes:      make(chan struct{}, 1),
 		steps:       sched.New(time.Now),
 		started:     opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
 	n.hub.onRewind = n.onRewindRecord
+	n.hub.onAdvance = n.hist.sawCommitted
 	n.hist.mu.Lock()
+	n.hist.onWatchStream = func() {
+		select {
+		case n.probes <- struct{}{}:
+		default:
+		}
+	}
 	n.hist.onNoSpace = func(ns *NoSpaceError) {
 		if ns != nil {
 			n.log.Error("etcd refuses writes: its NOSPACE alarm is raised; no run starts or is recorded until it is compacted, defragmented and disarmed (docs/operations.md)")
@@ -308,6 +323,12 @@ func (n *Node) Run(ctx context.Context) error {
 		n.logMembership(hctx)
 	}()
 	defer func() { stopHub(); <-membersDone }()
+	checksDone := make(chan struct{})
+	go func() {
+		defer close(checksDone)
+		n.checkEtcd(hctx)
+	}()
+	defer func() { stopHub(); <-checksDone }()
 	if !n.hub.waitReady(ctx) {
 		return nil
 	}

@@ -39,5 +39,11 @@ func (n *Node) OnChange(job string, fn func()) (cancel func()) {
 
 // Status reads the cluster's state (see ReadStatus).
 func (n *Node) Status(ctx context.Context) (*ClusterStatus, error) {
+	if n.hist.Rewound() != nil {
+		// Shown, never acted on: the console and the API then show what
+		// etcd holds now, with the instances' rewind records (what is being
+		// done, or what the operator must do).
+		ctx = recovering(ctx)
+	}
 	return ReadStatus(ctx, n.opts.Client, n.keys)
 }

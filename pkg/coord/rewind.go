@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -158,6 +159,18 @@ func (o *outcomes) of(job string) map[int]*pendingOutcome {
 		}
 	}
 	return out
+}
+
+// learnWrite folds a record this node wrote (val, at rev) into what it
+// knows at once, not when the watch delivers it: an outcome etcd
+// acknowledged and then lost with its history must be written back.
+func (n *Node) learnWrite(job string, item int, val []byte, rev int64) {
+	n.mu.Lock()
+	_, local := n.jobs[job]
+	n.mu.Unlock()
+	if local {
+		n.learnRecord(job, item, &mvccpb.KeyValue{Key: []byte(n.keys.Item(job, item)), Value: val, ModRevision: rev}, false, 0)
+	}
 }
 
 // learnRead folds a read at readRev of job's item records (of every item,
@@ -321,7 +334,57 @@ func (n *Node) onRewindRecord(ev *clientv3.Event) {
 	if json.Unmarshal(ev.Kv.Value, &rec) != nil || rec.Instance == n.opts.ID || rec.Seen <= n.rewindFloor.Load() {
 		return
 	}
-	n.hist.noteReport(rec)
+	n.mu.Lock()
+	if n.reports == nil {
+		n.reports = map[string]time.Time{}
+	}
+	seen := n.reports[rec.Instance].Equal(rec.Detected)
+	n.reports[rec.Instance] = rec.Detected
+	n.mu.Unlock()
+	if !seen { // the record of a rewind already taken, rewritten while its instance waits
+		n.hist.noteReport(rec)
+	}
+}
+
+// checkEtcd runs until ctx is done: a linearizable read whenever a watch
+// stream was opened again, which History checks against every revision seen
+// (an idle instance's only traffic after etcd came back restored would
+// otherwise be its watch, resumed silently at a revision etcd no longer
+// has); and, while etcd's NOSPACE alarm is on, a look at etcd's alarms every
+// 5 s, so that an instance that writes nothing does not say NOSPACE after
+// the alarm is gone.
+func (n *Node) checkEtcd(ctx context.Context) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.probes:
+			if n.hist.Rewound() == nil {
+				n.currentRevision(ctx) // the interceptor judges the answer
+			}
+		case <-t.C:
+			if n.hist.NoSpace() == nil {
+				continue
+			}
+			actx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+			resp, err := n.opts.Client.AlarmList(actx)
+			cancel()
+			if err == nil && !hasNoSpace(resp.Alarms) {
+				n.hist.clearNoSpace()
+			}
+		}
+	}
+}
+
+func hasNoSpace(alarms []*etcdserverpb.AlarmMember) bool {
+	for _, a := range alarms {
+		if a.Alarm == etcdserverpb.AlarmType_NOSPACE {
+			return true
+		}
+	}
+	return false
 }
 
 // revokeOwnPast revokes the lease of this process's instance key as etcd
@@ -564,19 +627,22 @@ func decodeRecord(val []byte) *ItemRecord {
 }
 
 // ahead reports whether a record known from before the rewind (k) is ahead
-// of etcd's (c; nil: none, or malformed): a later record (its Seq), or the
-// same record ended where etcd's is still RUNNING.
+// of etcd's (c; nil: none, or malformed): it accounts for a later scheduled
+// fire (its watermark), or it is the same run ended where etcd's is still
+// RUNNING. Times, not counters: Seq, fences and trigger revisions start
+// again from the restored record, and a record an instance wrote since
+// (one that never knew the old history) may carry a lower Seq for a later
+// fire.
 func ahead(k, c *ItemRecord) bool {
 	switch {
 	case k == nil:
 		return false
 	case c == nil:
 		return true
-	case k.Seq != c.Seq:
-		return k.Seq > c.Seq
-	case k.Fence != c.Fence:
-		return k.Fence > c.Fence
+	case !k.Watermark().Equal(c.Watermark()):
+		return k.Watermark().After(c.Watermark())
 	default:
-		return c.State == StateRunning && k.State != StateRunning
+		return k.Fire.Equal(c.Fire) && k.Attempt == c.Attempt && k.Source == c.Source &&
+			c.State == StateRunning && k.State != StateRunning
 	}
 }
