@@ -56,7 +56,7 @@ type History struct {
 	// onNoSpace, if set, is called (without h.mu) when noSpace is set or
 	// cleared.
 	onNoSpace func(*NoSpaceError)
-	// onWatchStream, if set, is called (in a goroutine of its own) when the
+	// onWatchStream, if set, is called (and must not block) when the
 	// client opens a watch stream: after a reconnect (etcd restarted,
 	// restored), the watch resumes silently at a revision etcd may no longer
 	// have; a linearizable read then is checked against the history.
@@ -383,7 +383,7 @@ func (h *History) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cl
 		probe := h.onWatchStream
 		h.mu.Unlock()
 		if probe != nil {
-			go probe()
+			probe() // must not block
 		}
 	}
 	return &historyStream{ClientStream: cs, h: h, ctx: ctx}, nil
