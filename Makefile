@@ -15,8 +15,10 @@ CHAOS_SEED   ?=
 CHAOS_OUT    ?= $(CURDIR)/bench/chaos-summary.json
 SOAK_DURATION ?= 1h
 SOAK_OUT      ?= $(CURDIR)/bench/soak.json
+RACE_PKGS     ?= ./...
+RACE_TIMEOUT  ?= 30m
 
-.PHONY: help build test lint fuzz bench chaos soak e2e-long e2e-compose run install verify-deploy clean
+.PHONY: help build test test-race lint fuzz bench chaos soak e2e-long e2e-compose run install verify-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -26,6 +28,12 @@ build: ## build bin/shardd
 
 test: ## run the default test suite
 	$(GO) test ./...
+
+# One package at a time (-p 1): a race-instrumented binary is 2-10x slower
+# and uses 5-10x the memory, and the timing of the fault tests is judged.
+# RACE_TIMEOUT bounds each package's binary; RACE_PKGS narrows the run.
+test-race: ## the default test suite under the race detector (-race), one package at a time; RACE_PKGS (default ./...)
+	$(GO) test -race -p 1 -timeout $(RACE_TIMEOUT) $(RACE_PKGS)
 
 lint: ## go vet, a gofmt check, and go.mod/go.sum tidy
 	$(GO) vet ./...

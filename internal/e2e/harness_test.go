@@ -52,8 +52,13 @@ func TestMain(m *testing.M) {
 	}
 	bin.shardd = filepath.Join(dir, "shardd")
 	bin.etcd = filepath.Join(dir, "testetcd")
+	build := []string{"build"}
+	if raceEnabled {
+		build = append(build, "-race")
+		os.Setenv("GORACE", "log_path="+filepath.Join(dir, "race"))
+	}
 	for out, pkg := range map[string]string{bin.shardd: "github.com/shardd/shardd/cmd/shardd", bin.etcd: "github.com/shardd/shardd/internal/etcdtest/testetcd"} {
-		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd := exec.Command("go", append(build, "-o", out, pkg)...)
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		if err := cmd.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: build", pkg, err)
@@ -61,6 +66,13 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	if reports, _ := filepath.Glob(filepath.Join(dir, "race.*")); len(reports) > 0 {
+		for _, r := range reports {
+			b, _ := os.ReadFile(r)
+			fmt.Fprintf(os.Stderr, "e2e: a shardd process found a data race (%s):\n%s\n", r, b)
+		}
+		code = 1
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -280,10 +292,15 @@ func (p *proc) signal(s syscall.Signal) {
 // stop sends sig and waits for the process to exit.
 func (p *proc) stop(sig syscall.Signal) {
 	p.signal(sig)
+	p.wait(sig.String())
+}
+
+// wait waits for the process to exit, after what (a signal sent).
+func (p *proc) wait(after string) {
 	select {
 	case <-p.exited:
 	case <-time.After(15 * time.Second):
-		p.t.Fatalf("%s did not exit after %s", p.name, sig)
+		p.t.Fatalf("%s did not exit after %s", p.name, after)
 	}
 }
 

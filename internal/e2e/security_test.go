@@ -455,9 +455,14 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
     script: [/bin/sh, -c, 'env > %[1]s/env-$SHARDD_INSTANCE; cat /proc/[0-9]*/environ 2>/dev/null | tr "\\0" "\\n" | grep -c "^SHARDD_ETCD_PASSWORD=" > %[1]s/proc-$SHARDD_INSTANCE; echo $SHARDD_ITEM >> %[1]s/ran']
 `, work)), 0o644)
 	conn := []string{"--etcd", client, "--etcd-ca", files.CA, "--etcd-cert", files.ClientCert, "--etcd-key", files.ClientKey}
+	// This etcd runs in the test process, where a password check (bcrypt,
+	// each connect of c's client) costs a second of CPU under -race: a
+	// 2 s TTL fenced all three on that stall. The test judges access, not
+	// failover speed.
+	const sessionTTL = "6s"
 	var ds []*daemon
 	for _, name := range []string{"a", "b", "c"} {
-		args := append([]string{"run", "--config", cfg, "--name", name, "--ttl", "2s", "--listen", "", "--log-format", "json", "--run-log-dir", t.TempDir()}, conn...)
+		args := append([]string{"run", "--config", cfg, "--name", name, "--ttl", sessionTTL, "--listen", "", "--log-format", "json", "--run-log-dir", t.TempDir()}, conn...)
 		var env []string
 		var prepare func(*exec.Cmd)
 		if name == "c" {
@@ -476,7 +481,7 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 					os.Chown(filepath.Join(own, filepath.Base(f)), uid, gid)
 				}
 			}
-			args = []string{"run", "--config", cfg, "--name", name, "--ttl", "2s", "--listen", "", "--log-format", "json",
+			args = []string{"run", "--config", cfg, "--name", name, "--ttl", sessionTTL, "--listen", "", "--log-format", "json",
 				"--etcd", client, "--etcd-ca", filepath.Join(own, "ca.crt"), "--etcd-cert", filepath.Join(own, "client.crt"), "--etcd-key", filepath.Join(own, "client.key"),
 				"--etcd-user", "shardd-pw", "--run-log-dir", filepath.Join(own, "runs")}
 			env = []string{"SHARDD_ETCD_PASSWORD=" + pw}

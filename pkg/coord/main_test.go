@@ -7,9 +7,8 @@ import (
 )
 
 // Every goroutine a Node starts must be gone when Run returns and the test
-// has closed its clients and servers. One is not ours to stop: the embedded
-// etcd's rotating log (lumberjack) keeps a goroutine for the process's life,
-// and etcd never closes its logger.
+// has closed its clients and servers (the embedded etcd's too: its log is
+// its own, with no goroutine left behind).
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("gopkg.in/natefinch/lumberjack%2ev2.(*Logger).millRun"))
+	goleak.VerifyTestMain(m)
 }

@@ -19,7 +19,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -35,6 +34,7 @@ type Server struct {
 	errc      chan error
 	clientURL string
 	unlock    func() // releases the data dir's lock
+	log       *logFile
 }
 
 // Options configure Start.
@@ -62,7 +62,8 @@ type Options struct {
 	// LogLevel of etcd's own log (debug, info, warn, error); default warn.
 	LogLevel string
 	// LogFile receives etcd's own log; default Dir/etcd.log, rotated at
-	// 64 MB, 3 old files kept. Fatal errors also come out of Err.
+	// 64 MB, 3 old files kept (LogFile.1, the newest, to .3). Fatal
+	// errors also come out of Err.
 	LogFile string
 	// Waiting, if set, is called every 30 s while a member of a cluster
 	// waits for a quorum, with what etcd's log said last of its peers
@@ -155,16 +156,18 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if o.LogFile == "" {
 		o.LogFile = filepath.Join(o.Dir, "etcd.log")
 	}
-	// etcd's log names keys and members: keep it the owner's, like the data.
-	f, err := os.OpenFile(o.LogFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	// A logger of this server's own (logfile.go), not etcd's log rotation.
+	lf, err := openLogFile(o.LogFile, logMaxSize, logMaxBackups)
 	if err != nil {
-		return nil, fmt.Errorf("embedded etcd log: %w", err)
+		return nil, err
 	}
-	f.Chmod(0o600)
-	f.Close()
+	defer func() {
+		if !started {
+			lf.Close()
+		}
+	}()
 	cfg.LogOutputs = []string{o.LogFile}
-	cfg.EnableLogRotation = true
-	cfg.LogRotationConfigJSON = `{"maxsize": 64, "maxage": 0, "maxbackups": 3, "localtime": false, "compress": false}`
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newLogger(lf, o.LogLevel))
 	// Keep revisions for an hour, so watches rarely see compaction.
 	cfg.AutoCompactionMode = "periodic"
 	cfg.AutoCompactionRetention = "1h"
@@ -211,7 +214,6 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	for {
 		select {
 		case <-e.Server.ReadyNotify():
-			started = true
 			if inCluster {
 				// Marks the data dir as a member's: see the check above.
 				id := fmt.Sprintf("%s %x of cluster %x\n", o.Name, uint64(e.Server.MemberID()), uint64(e.Server.Cluster().ID()))
@@ -220,7 +222,8 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 					return nil, fmt.Errorf("embedded etcd: %w", err)
 				}
 			}
-			srv := &Server{e: e, errc: make(chan error, 1), clientURL: reachable(cu), unlock: unlock}
+			started = true
+			srv := &Server{e: e, errc: make(chan error, 1), clientURL: reachable(cu), unlock: unlock, log: lf}
 			go srv.watch(hint)
 			return srv, nil
 		case err := <-e.Err():
@@ -343,6 +346,7 @@ func (e *Server) Err() <-chan error { return e.errc }
 // Close stops the server and waits for it.
 func (e *Server) Close() {
 	e.e.Close()
+	e.log.Close()
 	e.unlock()
 }
 
