@@ -78,6 +78,7 @@ func newInstance(t *testing.T, id string, runs *fakeRuns, o Options) *instance {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	o.Cluster = named{&fakeCluster{up: true}, id}
 	if o.RunLogs == nil {
 		o.RunLogs = &RunLogs{}
@@ -564,6 +565,7 @@ func TestRunLogStoppedForLackOfSpace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() }) // before the unmount
 	h := Handler(Options{Cluster: named{&fakeCluster{up: true}, "a"}, RunLogs: &RunLogs{Store: s}})
 	srv := serve(t, h, false)
 	l, err := s.Create(runlog.Header{Job: "orders", Fence: 50, Instance: "a"}, runlog.Retention{})
