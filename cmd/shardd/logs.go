@@ -25,6 +25,7 @@ import (
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/runlog"
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // apiFlags are the flags of a client of the instances' APIs.
@@ -186,7 +187,9 @@ func cmdLogs(e *env, args []string) error {
 	if err != nil {
 		return o.opError(err)
 	}
-	local := filepath.Join(o.ef.dataDirOrDefault(), "runs", rec.Instance, job, id.String()+".log")
+	dataDir, implicit := o.ef.dataDirOrDefault()
+	localDir := filepath.Join(dataDir, "runs", rec.Instance)
+	local := filepath.Join(localDir, job, id.String()+".log")
 	var why string // why the API cannot be asked
 	switch {
 	case !live:
@@ -197,9 +200,14 @@ func cmdLogs(e *env, args []string) error {
 		why = fmt.Sprintf("instance %s's API listens on %s, a loopback address of host %s, which only that host reaches", info.ID, info.API, info.Host)
 	}
 	if why != "" {
-		if _, err := os.Stat(local); err == nil && (!live || info.Host == hostname()) {
+		if _, err := os.Lstat(local); err == nil && (!live || info.Host == hostname()) {
+			if implicit { // found in the working directory, which another user may have prepared
+				if err := trust.Owned(dataDir); err != nil {
+					return fmt.Errorf("%s: %s; its log would be in %s, but: %w", what, why, local, err)
+				}
+			}
 			fmt.Fprintf(e.stderr, "shardd logs: %s; reading its log from this host's file %s\n", why, local)
-			r, err := runlog.OpenFile(local, 0)
+			r, err := runlog.OpenFile(localDir, job, id, 0)
 			if err != nil {
 				return err
 			}
@@ -437,13 +445,14 @@ func (p *logPrinter) summary(what, from string, followed, writing bool) {
 	fmt.Fprintf(p.e.stderr, "shardd logs: %s, from %s: %s%s; %s\n", what, from, printed, bad, state)
 }
 
-// dataDirOrDefault is --data-dir as the operator commands resolve it.
-func (f *etcdFlags) dataDirOrDefault() string {
-	dir, _ := f.dir(true)
+// dataDirOrDefault is --data-dir as the operator commands resolve it, and
+// whether it was found in the working directory rather than named.
+func (f *etcdFlags) dataDirOrDefault() (string, bool) {
+	dir, implicit := f.dir(true)
 	if abs, err := filepath.Abs(dir); err == nil {
-		return abs
+		return abs, implicit
 	}
-	return dir
+	return dir, implicit
 }
 
 func lines(n, bytes int) string {

@@ -216,6 +216,7 @@ func cmdRun(e *env, args []string) error {
 		return err
 	}
 	if runLogs != nil {
+		defer runLogs.Close()
 		runLogs.Logger = log
 		log.Info("each run's whole output is kept in its run log", "dir", runLogs.Dir())
 	} else {
@@ -564,7 +565,10 @@ func isLoopback(addr net.Addr) bool {
 
 // openRunLogs returns the store of run logs: dir, or when dir is empty
 // <dataDir>/runs/<instance> (instances of one host may share a data dir,
-// and each applies its retention to its own logs); nil for "none".
+// and each applies its retention to its own logs); nil for "none". The
+// store checks its directory (runlog.New) whatever the etcd: with --etcd
+// the data directory's own checks do not run, and the run logs are where
+// the data directory would be.
 func openRunLogs(dir, dataDir, instance string) (*runlog.Store, error) {
 	switch dir {
 	case "none":

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestClusterPeer(t *testing.T) {
@@ -74,5 +75,54 @@ func TestEmbedClusterNeedsTheCA(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "tls", "ca.key")); err == nil {
 		t.Errorf("a CA of its own was made in %s", dir)
+	}
+}
+
+// With --etcd (the production setup) the data directory is not prepared,
+// but the run logs still live in it, or in --run-log-dir: shardd run
+// checks their directory anyway, and refuses one another local user could
+// have prepared, before it reaches etcd.
+func TestRunChecksTheRunLogDirectoryWithAnExternalEtcd(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "jobs.yaml")
+	if err := os.WriteFile(cfg, []byte("jobs:\n  - name: j\n    cron: \"@every 1m\"\n    script: \"true\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A job directory planted as a link (to where the token files are).
+	data := filepath.Join(t.TempDir(), "shardd-data")
+	os.MkdirAll(filepath.Join(data, "runs", "a"), 0o700)
+	os.Symlink(t.TempDir(), filepath.Join(data, "runs", "a", "j"))
+	// A --run-log-dir others can write.
+	open := filepath.Join(t.TempDir(), "logs")
+	os.Mkdir(open, 0o700)
+	os.Chmod(open, 0o777)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a link in the data dir's runs", []string{"--data-dir", data}, filepath.Join(data, "runs", "a", "j") + " is a symbolic link"},
+		{"a --run-log-dir others can write", []string{"--data-dir", data, "--run-log-dir", open}, open + " is writable by other users"},
+	} {
+		args := append([]string{"run", "--config", cfg, "--name", "a", "--etcd", "http://127.0.0.1:1", "--etcd-dial-timeout", "1s"}, tc.args...)
+		type result struct {
+			code   int
+			errOut string
+		}
+		done := make(chan result, 1)
+		go func() { // a shardd run that does not refuse goes on, waiting for etcd
+			code, _, errOut := shardd(t, args...)
+			done <- result{code, errOut}
+		}()
+		var code int
+		var errOut string
+		select {
+		case r := <-done:
+			code, errOut = r.code, r.errOut
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s: shardd run did not refuse its run log directory: it went on", tc.name)
+		}
+		if code != exitFailure || !strings.Contains(errOut, "run log directory") || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit %d saying %q", tc.name, code, errOut, exitFailure, tc.want)
+		}
 	}
 }

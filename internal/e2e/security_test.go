@@ -271,7 +271,9 @@ func TestEmbeddedEtcdAcceptsOnlyItsOwner(t *testing.T) {
 	evil := filepath.Join(pub, "evil.yaml")
 	os.WriteFile(evil, []byte("jobs:\n  - name: report\n    overwrite: true\n    cron: \"* * * * * ?\"\n    shardingTotalCount: 2\n    script: [/usr/bin/id]\n"), 0o644)
 	for _, dir := range []string{dataDir, filepath.Join(scratch, "evil-data")} {
-		cmd := exec.Command(shardd, "run", "--config", evil, "--etcd", client, "--data-dir", dir, "--name", "evil", "--listen", "", "--etcd-dial-timeout", "2s")
+		// --run-log-dir none: a run log directory in scratch (which others
+		// can write) would be refused before etcd is asked.
+		cmd := exec.Command(shardd, "run", "--config", evil, "--etcd", client, "--data-dir", dir, "--name", "evil", "--listen", "", "--etcd-dial-timeout", "2s", "--run-log-dir", "none")
 		asNobody(t, cmd)
 		cmd.Dir = scratch
 		var buf bytes.Buffer

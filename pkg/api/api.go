@@ -51,7 +51,12 @@
 // how to find runs: shardd history JOB) and for a run whose instance is
 // not live (the message names it and where its log is); 502 when that
 // instance serves no API, listens on another host's loopback, or does not
-// answer.
+// answer. A log here is served only when this instance's store vouches
+// for it (runlog Store.Open: reached without following a link, a file of
+// shardd's user that nobody else can write, beginning with the header of
+// that run), from the path the store builds of the job and the run; a
+// file there that fails those checks is not served (500, saying why, and
+// a warning in the instance's log).
 package api
 
 import (

@@ -21,6 +21,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/runlog"
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // Headers of the run log endpoint.
@@ -141,8 +142,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 		rl = &RunLogs{}
 	}
 	if rl.Store != nil && item >= 0 { // here?
-		if id := (runlog.RunID{Fence: fence, Item: int32(item)}); rl.Store.Has(job, id) {
-			a.serveLog(w, r, rl, job, id, q)
+		if a.serveLog(w, r, rl, job, runlog.RunID{Fence: fence, Item: int32(item)}, q, false) {
 			return
 		}
 	} else if rl.Store != nil { // FENCE alone: of which items is there a log here?
@@ -153,7 +153,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 		}
 		switch {
 		case len(ids) == 1:
-			a.serveLog(w, r, rl, job, ids[0], q)
+			a.serveLog(w, r, rl, job, ids[0], q, true)
 			return
 		case len(ids) > 1:
 			items := make([]int, len(ids))
@@ -204,7 +204,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 	if rec.Instance == self {
 		// Claimed here a moment ago: its log is being created.
 		if rl.Store != nil && rec.State == coord.StateRunning && a.waitForLog(r.Context(), rl, job, id) {
-			a.serveLog(w, r, rl, job, id, q)
+			a.serveLog(w, r, rl, job, id, q, true)
 			return
 		}
 		where := "run logs are off here (--run-log-dir none)"
@@ -306,16 +306,27 @@ type recordOut struct {
 	Text   string    `json:"text"`
 }
 
-// serveLog answers with this instance's log of run id.
-func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job string, id runlog.RunID, q logQuery) {
+// serveLog answers with this instance's log of run id, and reports
+// whether it answered: when this instance has no such log, only if seen
+// (the log was seen a moment ago: then retention removed it). Only a log
+// the store vouches for is served (runlog Store.Open: reached without
+// following a link, this user's, beginning with that run's header); a file
+// it refuses is not, and the answer says why.
+func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job string, id runlog.RunID, q logQuery, seen bool) bool {
 	rd, err := rl.Store.Open(job, id)
-	if errors.Is(err, runlog.ErrNoLog) {
+	switch {
+	case errors.Is(err, runlog.ErrNoLog) && !seen:
+		return false
+	case errors.Is(err, runlog.ErrNoLog):
 		writeError(w, http.StatusNotFound, "run %s of job %q: its log was removed a moment ago (retention)", id, job)
-		return
-	}
-	if err != nil {
+		return true
+	case errors.Is(err, trust.ErrNotTrusted):
+		a.o.Logger.Warn("run log refused", "job", job, "run", id.String(), "err", err)
+		writeError(w, http.StatusInternalServerError, "run %s of job %q: its log on instance %s is not served: %v", id, job, a.o.Cluster.ID(), err)
+		return true
+	case err != nil:
 		writeError(w, http.StatusInternalServerError, "%v", err)
-		return
+		return true
 	}
 	defer rd.Close()
 	h := w.Header()
@@ -355,7 +366,7 @@ func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job 
 	}
 	for {
 		if q.follow && !rd.Buffered() && bw.Buffered() > 0 && !flush() {
-			return // Follow may wait: what is read goes out first
+			return true // Follow may wait: what is read goes out first
 		}
 		line, err := next()
 		if err != nil { // io.EOF: the end; else the client left, or a read failed mid-answer
@@ -382,6 +393,7 @@ func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job 
 	if why := rd.Stopped(); stopped == "" && q.follow && why != "" {
 		h.Set(StoppedHeader, why) // the trailer
 	}
+	return true
 }
 
 // proxyLog answers with the answer of the instance that ran the run.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -78,6 +79,7 @@ func newInstance(t *testing.T, id string, runs *fakeRuns, o Options) *instance {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	o.Cluster = named{&fakeCluster{up: true}, id}
 	if o.RunLogs == nil {
 		o.RunLogs = &RunLogs{}
@@ -484,6 +486,35 @@ func TestRunLogRemovedByRetention(t *testing.T) {
 	}
 }
 
+// Files planted under a log's name in the run log directory (by another
+// user who could write there before it was checked) are not served, to
+// anyone: a link to the token file, a hard link to the client key, a copy
+// of a secret (this user's file, but no log of a run: it does not begin
+// with that run's header, and etcd records no such run).
+func TestRunLogServesNoFilePlantedUnderALogsName(t *testing.T) {
+	in := newInstance(t, "a", &fakeRuns{}, Options{Logger: slog.New(slog.DiscardHandler)})
+	const secret = "deploy write cluster-WRITE-token-0123\n"
+	dir := t.TempDir()
+	token := filepath.Join(dir, "api-tokens")
+	key := filepath.Join(dir, "client.key")
+	os.WriteFile(token, []byte(secret), 0o600)
+	os.WriteFile(key, []byte(secret), 0o600)
+	jobDir := filepath.Join(in.store.Dir(), "orders")
+	os.Mkdir(jobDir, 0o700)
+	os.Symlink(token, filepath.Join(jobDir, "40-0.log"))
+	os.Link(key, filepath.Join(jobDir, "41-0.log"))
+	os.WriteFile(filepath.Join(jobDir, "42-0.log"), []byte(secret), 0o600)
+	for _, run := range []string{"40-0", "40", "41-0", "41", "42-0", "42"} {
+		rec := get(t, in.h, "/api/v1/jobs/orders/runs/"+run+"/log", "")
+		if rec.Code == http.StatusOK || strings.Contains(rec.Body.String(), "WRITE-token") {
+			t.Errorf("run %s: %d %s", run, rec.Code, rec.Body)
+		}
+		if strings.HasSuffix(run, "-0") && (rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), "not served")) {
+			t.Errorf("run %s: %d %s, want 500 saying the log is not served", run, rec.Code, rec.Body)
+		}
+	}
+}
+
 // A proxied read carries a read-role secret, or none when reads are open:
 // never the write secret of the caller, whether it came as a bearer token
 // or through a console session, nor the session's cookie or key.
@@ -559,6 +590,7 @@ func TestRunLogStoppedForLackOfSpace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() }) // before the unmount
 	h := Handler(Options{Cluster: named{&fakeCluster{up: true}, "a"}, RunLogs: &RunLogs{Store: s}})
 	srv := serve(t, h, false)
 	l, err := s.Create(runlog.Header{Job: "orders", Fence: 50, Instance: "a"}, runlog.Retention{})

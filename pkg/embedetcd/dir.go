@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // The data directory is the cluster's key: its tls/ holds the only client
@@ -27,37 +29,8 @@ import (
 // keep, a database holding their job definitions).
 
 // ErrNotTrusted is wrapped by the errors of a data directory that fails
-// the ownership checks.
-var ErrNotTrusted = errors.New("not trusted")
-
-// owned checks that path (not followed if a link) belongs to this user and
-// that no one else can write it. A path that does not exist passes.
-func owned(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return trusted(path, fi, true)
-}
-
-// trusted checks fi, the Lstat of path: not a symbolic link, writable by
-// its owner alone, and, with mine, owned by this user.
-func trusted(path string, fi fs.FileInfo, mine bool) error {
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		return fmt.Errorf("%s is a symbolic link: %w (shardd follows none in its data directory)", path, ErrNotTrusted)
-	}
-	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("%s is writable by other users (mode %v): %w; someone else may have changed what it holds: remove it", path, fi.Mode().Perm(), ErrNotTrusted)
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if me := os.Geteuid(); mine && ok && int(st.Uid) != me {
-		return fmt.Errorf("%s belongs to uid %d, not to this user (uid %d): %w; someone else may have prepared it: use a directory of your own, or remove it", path, st.Uid, me, ErrNotTrusted)
-	}
-	return nil
-}
+// the ownership checks (package trust's).
+var ErrNotTrusted = trust.ErrNotTrusted
 
 // prepareDir creates dir if needed, checks that it and what shardd keeps
 // in it are this user's, tightens it to 0700 and locks it. unlock releases
@@ -82,7 +55,7 @@ func prepareDir(dir string) (unlock func(), err error) {
 		}
 	}
 	for _, name := range []string{tlsDirName, "etcd.log", ".lock"} {
-		if err := owned(filepath.Join(dir, name)); err != nil {
+		if err := trust.Owned(filepath.Join(dir, name)); err != nil {
 			return nil, fmt.Errorf("embedded etcd data dir: %w", err)
 		}
 	}
@@ -96,7 +69,7 @@ func prepareDir(dir string) (unlock func(), err error) {
 		if err != nil {
 			return err
 		}
-		return owned(p)
+		return trust.Owned(p)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd data dir: %w", err)
@@ -119,29 +92,7 @@ func prepareDir(dir string) (unlock func(), err error) {
 	return func() { f.Close() }, nil // closing releases the lock
 }
 
-// safeAncestors checks that no directory above dir is writable by other
-// users without the sticky bit: whoever could write one could rename dir
-// away, and put their own in its place, between shardd's checks and its
-// use of it.
-func safeAncestors(dir string) error {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return err
-	}
-	abs, err = filepath.EvalSymlinks(abs)
-	if err != nil {
-		return err
-	}
-	for p := filepath.Dir(abs); ; p = filepath.Dir(p) {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return err
-		}
-		if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
-			return fmt.Errorf("%s, above the data directory, is writable by other users (mode %v) and not sticky: %w; they could swap the data directory: put it somewhere only you can write", p, fi.Mode().Perm(), ErrNotTrusted)
-		}
-		if p == filepath.Dir(p) {
-			return nil
-		}
-	}
-}
+// safeAncestors checks that nobody else can swap dir (trust.Ancestors):
+// whoever could write a directory above it could rename it away, and put
+// their own in its place, between shardd's checks and its use of it.
+func safeAncestors(dir string) error { return trust.Ancestors(dir, "the data directory") }

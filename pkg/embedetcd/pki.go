@@ -19,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // The embedded etcd accepts only its owner: it serves clients and peers over
@@ -96,7 +98,7 @@ func ClientCredentials(dataDir string, own bool) (Credentials, error) {
 	for _, p := range []string{c.Dir, c.CA, c.ClientCert, c.ClientKey} {
 		fi, err := os.Lstat(p)
 		if err == nil {
-			err = trusted(p, fi, own)
+			err = trust.Check(p, fi, own)
 		}
 		if err == nil {
 			var fh *os.File
@@ -141,7 +143,7 @@ func owner(paths ...string) string {
 func EnsureTLS(dataDir string, hosts []string, now time.Time) (TLSFiles, error) {
 	f := Files(dataDir)
 	for _, p := range []string{f.Dir, f.CA, f.CAKey, f.ServerCert, f.ServerKey, f.ClientCert, f.ClientKey, f.Endpoint} {
-		if err := owned(p); err != nil {
+		if err := trust.Owned(p); err != nil {
 			return f, fmt.Errorf("embedded etcd TLS: %w", err)
 		}
 	}

@@ -21,6 +21,7 @@ func TestRunLogHasTheWholeRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { store.Close() })
 	var mu sync.Mutex
 	var runs []Run
 	yaml := `jobs:

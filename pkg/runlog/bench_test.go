@@ -64,6 +64,7 @@ func BenchmarkCreateDuringSweep(b *testing.B) {
 			closes = append(closes, time.Since(start))
 		}
 		os.RemoveAll(filepath.Join(dir, "hot"))
+		s.Close()
 	}
 	b.StopTimer()
 	slices.Sort(creates)

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +27,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // defaultFollowIdle is Store.FollowIdle's default.
@@ -179,34 +182,41 @@ func (s *Store) Writing(job string, id RunID) bool {
 	return act != nil
 }
 
-// Has reports whether run id of job has a log in this store.
+// Has reports whether run id of job has a log in this store that Open
+// opens.
 func (s *Store) Has(job string, id RunID) bool {
-	if !isJobName(job) {
+	r, err := s.Open(job, id)
+	if err != nil {
 		return false
 	}
-	fi, err := os.Stat(s.Path(job, id))
-	return err == nil && fi.Mode().IsRegular()
+	r.Close()
+	return true
 }
 
 // Runs lists the runs of job that have a log in this store, by fence and
-// item; fence > 0 lists only that fence's (the runs of one claim).
+// item; fence > 0 lists only that fence's (the runs of one claim). Files
+// that fail the checks of a log (see Trust in the package doc) are left
+// out.
 func (s *Store) Runs(job string, fence int64) ([]RunID, error) {
 	if !isJobName(job) {
 		return nil, fmt.Errorf("run logs of job %q: not a job name", job)
 	}
-	entries, err := os.ReadDir(filepath.Join(s.dir, job))
-	if errors.Is(err, os.ErrNotExist) {
+	dir, err := s.jobDir(job, false)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
 	}
+	defer dir.Close()
+	logs, _, err := listLogs(dir, dir.Name(), func(id RunID) bool { return fence <= 0 || id.Fence == fence })
+	if err != nil {
+		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
+	}
 	var ids []RunID
-	for _, e := range entries {
-		id, ok := runOfFile(e.Name())
-		if ok && e.Type().IsRegular() && (fence <= 0 || id.Fence == fence) {
-			ids = append(ids, id)
-		}
+	for _, e := range logs {
+		id, _ := runOfFile(e.name)
+		ids = append(ids, id)
 	}
 	slices.SortFunc(ids, func(a, b RunID) int {
 		if a.Fence != b.Fence {
@@ -232,8 +242,12 @@ type Reader struct {
 	eof  bool // Follow returned io.EOF
 }
 
-// Open opens the log of run id of job for reading from its start. Its
-// error is ErrNoLog (errors.Is) when this store has no such log.
+// Open opens the log of run id of job for reading from its start: only a
+// log that passes the checks (see Trust in the package doc), reached
+// without following a link, whose first record is the header of that run
+// (or that is empty: its header waits for room). Its error is ErrNoLog
+// (errors.Is) when this store has no such log, and wraps
+// trust.ErrNotTrusted for a file refused.
 func (s *Store) Open(job string, id RunID) (*Reader, error) {
 	if !isJobName(job) {
 		return nil, fmt.Errorf("run log of job %q: not a job name", job)
@@ -241,8 +255,8 @@ func (s *Store) Open(job string, id RunID) (*Reader, error) {
 	// The file first, then the store's state: a log closed in between is
 	// known closed, and its data is in the open file even if retention
 	// removes it now.
-	f, err := os.Open(s.Path(job, id))
-	if errors.Is(err, os.ErrNotExist) {
+	f, err := openLog(int(s.root.Fd()), s.dir, job, id, thisUser)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: run %s of job %q has no log in %s", ErrNoLog, id, job, s.dir)
 	}
 	if err != nil {
@@ -254,13 +268,42 @@ func (s *Store) Open(job string, id RunID) (*Reader, error) {
 	return r, nil
 }
 
-// OpenFile opens a run log that no Store of this process writes: its
-// follower polls it, and ends once it has not grown for idle (<= 0: the
-// default FollowIdle) or it is removed.
-func OpenFile(path string, idle time.Duration) (*Reader, error) {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s", ErrNoLog, path)
+// openLog opens the log of run id of job for reading in the run log
+// directory root (at path), as Open does, for files of o's.
+func openLog(root int, path, job string, id RunID, o owner) (*os.File, error) {
+	dirPath := filepath.Join(path, job)
+	dir, err := openDir(root, job, dirPath, o)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	logPath := filepath.Join(dirPath, id.String()+".log")
+	f, _, err := openLogAt(dir, id.String()+".log", logPath, readFlags, o)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkHeader(f, logPath, job, id); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// OpenFile opens the log of run id of job in the run log directory dir
+// for a reader outside the process that writes it (shardd logs, on the
+// host of an instance that is not live): dir as named (its links
+// followed), nothing below it; the job's directory and the log must pass
+// the checks of Open, and belong to the owner of dir. Its follower polls
+// the log, and ends once it has not grown for idle (<= 0: the default
+// FollowIdle) or it is removed. Its error is ErrNoLog (errors.Is) when dir
+// has no such log.
+func OpenFile(dir, job string, id RunID, idle time.Duration) (*Reader, error) {
+	if !isJobName(job) {
+		return nil, fmt.Errorf("run log of job %q: not a job name", job)
+	}
+	f, err := openIn(dir, job, id)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: run %s of job %q has no log in %s", ErrNoLog, id, job, dir)
 	}
 	if err != nil {
 		return nil, err
@@ -269,6 +312,27 @@ func OpenFile(path string, idle time.Duration) (*Reader, error) {
 		idle = defaultFollowIdle
 	}
 	return &Reader{f: f, idle: idle}, nil
+}
+
+// openIn opens the log of run id of job in the run log directory dir, for
+// OpenFile.
+func openIn(dir, job string, id RunID) (*os.File, error) {
+	top, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer top.Close()
+	fi, err := top.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory", dir)
+	}
+	if err := trust.Check(dir, fi, false); err != nil {
+		return nil, err
+	}
+	return openLog(int(top.Fd()), dir, job, id, owner{uid: uidOf(fi)})
 }
 
 // Close closes the reader's file.

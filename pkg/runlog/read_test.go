@@ -175,7 +175,7 @@ func TestNextReadsALogOfAPreviousProcess(t *testing.T) {
 	s := newStore(t)
 	path := s.Path("j", RunID{Fence: 3, Item: 1})
 	os.MkdirAll(filepath.Dir(path), 0o700)
-	os.WriteFile(path, []byte("2026-11-30T16:40:00.000000Z out a\n2026-11-30T16:40:00.000001Z out b cut"), 0o600)
+	os.WriteFile(path, []byte(headerLine("j", RunID{Fence: 3, Item: 1})+"2026-11-30T16:40:00.000000Z out a\n2026-11-30T16:40:00.000001Z out b cut"), 0o600)
 	old := time.Now().Add(-time.Hour)
 	os.Chtimes(path, old, old)
 	r, err := s.Open("j", RunID{Fence: 3, Item: 1})
@@ -183,16 +183,22 @@ func TestNextReadsALogOfAPreviousProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if got := readAll(t, r); len(got) != 2 || got[1] != "2026-11-30T16:40:00.000001Z out b cut" {
+	if got := readAll(t, r); len(got) != 3 || got[2] != "2026-11-30T16:40:00.000001Z out b cut" {
 		t.Errorf("lines %q", got)
 	}
 	// Follow of it ends at once: nothing writes it.
 	r2, _ := s.Open("j", RunID{Fence: 3, Item: 1})
 	defer r2.Close()
 	start := time.Now()
-	if got, err := followAll(r2, context.Background()); err != nil || len(got) != 2 || time.Since(start) > time.Second {
+	if got, err := followAll(r2, context.Background()); err != nil || len(got) != 3 || time.Since(start) > time.Second {
 		t.Errorf("follow of an old log: %q, %v after %s", got, err, time.Since(start))
 	}
+}
+
+// headerLine is the header record of run id of job, as a log written by
+// an earlier process begins.
+func headerLine(job string, id RunID) string {
+	return fmt.Sprintf("2026-11-30T16:40:00.000000Z shardd run job=%s item=%d fence=%d fire=2026-11-30T16:40:00Z\n", job, id.Item, id.Fence)
 }
 
 // followAll follows r to its end and returns its lines and the error
@@ -410,6 +416,7 @@ func TestFollowPollsALogItsStoreDoesNotWrite(t *testing.T) {
 			write := func(text string) {
 				fmt.Fprintf(f, "%s out %s\n", time.Now().UTC().Format(stampLayout), text)
 			}
+			f.WriteString(headerLine("j", RunID{Fence: 2}))
 			write("first")
 			r, err := s.Open("j", RunID{Fence: 2})
 			if err != nil {
@@ -417,6 +424,7 @@ func TestFollowPollsALogItsStoreDoesNotWrite(t *testing.T) {
 			}
 			defer r.Close()
 			lines, end := follower(r, context.Background())
+			next(t, lines, "shardd run job=j item=0 fence=2 fire=2026-11-30T16:40:00Z")
 			next(t, lines, "out first")
 			for i := range 3 {
 				time.Sleep(150 * time.Millisecond)
@@ -442,20 +450,20 @@ func TestFollowPollsALogItsStoreDoesNotWrite(t *testing.T) {
 		})
 	}
 
-	// OpenFile: the same, for a file outside any store.
+	// OpenFile: the same, for a log outside any store.
 	dir := t.TempDir()
-	path := filepath.Join(dir, "7-0.log")
-	os.WriteFile(path, []byte("2026-11-30T16:40:00.000000Z out x\n"), 0o600)
-	r, err := OpenFile(path, 200*time.Millisecond)
+	os.Mkdir(filepath.Join(dir, "j"), 0o700)
+	os.WriteFile(filepath.Join(dir, "j", "7-0.log"), []byte(headerLine("j", RunID{Fence: 7})+"2026-11-30T16:40:00.000000Z out x\n"), 0o600)
+	r, err := OpenFile(dir, "j", RunID{Fence: 7}, 200*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
 	start := time.Now()
-	if got, err := followAll(r, context.Background()); err != nil || len(got) != 1 || time.Since(start) > 2*time.Second {
+	if got, err := followAll(r, context.Background()); err != nil || len(got) != 2 || time.Since(start) > 2*time.Second {
 		t.Errorf("OpenFile follow: %q, %v after %s", got, err, time.Since(start))
 	}
-	if _, err := OpenFile(filepath.Join(dir, "none.log"), 0); !errors.Is(err, ErrNoLog) {
+	if _, err := OpenFile(dir, "j", RunID{Fence: 8}, 0); !errors.Is(err, ErrNoLog) {
 		t.Errorf("OpenFile of nothing: %v", err)
 	}
 }

@@ -15,9 +15,14 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // jobIndex is what the store knows of a job's logs.
@@ -79,24 +84,30 @@ func (s *Store) loaded(job string) (*jobIndex, error) {
 	return idx, nil
 }
 
-// list reads job's log files from its directory, oldest first. It holds
-// no lock.
+// list reads job's log files from its directory, oldest first; names of
+// logs that fail the checks (see Trust in the package doc) are left out,
+// and logged. It holds no lock.
 func (s *Store) list(job string) ([]file, error) {
-	entries, err := os.ReadDir(filepath.Join(s.dir, job))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	dir, err := s.jobDir(job, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
 		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
 	}
-	var files []file
-	for _, e := range entries {
-		id, ok := runOfFile(e.Name())
-		if !e.Type().IsRegular() || !ok {
-			continue // not a run log
-		}
-		fi, err := e.Info()
-		if err != nil {
-			continue // removed meanwhile
-		}
-		files = append(files, file{id: id, mtime: fi.ModTime().UnixNano(), bytes: diskBytes(fi)})
+	defer dir.Close()
+	logs, odd, err := listLogs(dir, dir.Name(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("run logs of job %q: %w", job, err)
+	}
+	if len(odd) > 0 {
+		s.logger().Warn("run logs: files named like run logs that are not this user's regular files (symbolic links, hard links, others' or writable by others) are never written, served nor removed; someone may have planted them: look, then remove them",
+			"job", job, "dir", dir.Name(), "files", strings.Join(odd[:min(len(odd), 10)], " "), "count", len(odd))
+	}
+	files := make([]file, 0, len(logs))
+	for _, e := range logs {
+		id, _ := runOfFile(e.name)
+		files = append(files, file{id: id, mtime: e.mtime, bytes: e.bytes})
 	}
 	slices.SortStableFunc(files, older)
 	return files, nil
@@ -144,7 +155,7 @@ func (idx *jobIndex) reopened(id RunID) {
 }
 
 // closedLog records in the index that log id was closed, as fi (nil: it is
-// gone). s.mu is held.
+// gone, or was not opened). s.mu is held.
 func (idx *jobIndex) closedLog(id RunID, fi os.FileInfo) {
 	if fi == nil {
 		return
@@ -163,13 +174,10 @@ func (idx *jobIndex) closedLog(id RunID, fi os.FileInfo) {
 }
 
 // release marks a job's log as written (u: its closing records, kept for
-// room) and applies the job's retention; whole says the log was closed
-// with all its records, so that there is room for the records of others.
-func (s *Store) release(job string, id RunID, r Retention, u *unwritten, whole bool) {
-	fi, err := os.Stat(s.Path(job, id))
-	if err != nil {
-		fi = nil
-	}
+// room; fi: the file as it was closed, nil when gone or never opened) and
+// applies the job's retention; whole says the log was closed with all its
+// records, so that there is room for the records of others.
+func (s *Store) release(job string, id RunID, r Retention, u *unwritten, whole bool, fi os.FileInfo) {
 	s.mu.Lock()
 	idx := s.entry(job)
 	if u != nil { // before its readers learn that it closed
@@ -197,8 +205,10 @@ func (s *Store) prune(job string, r Retention, each func()) error {
 	}
 	cutoff := s.now().Add(-r.MaxAge).UnixNano()
 	over := func(f file) bool { return f.mtime < cutoff || idx.bytes > r.MaxTotalBytes }
+	dir := &jobDir{s: s, job: job}
+	defer dir.close()
 	for {
-		if _, ok := s.removeOldest(job, idx, over); !ok {
+		if _, ok := s.removeOldest(dir, idx, over); !ok {
 			return nil
 		}
 		if each != nil {
@@ -218,23 +228,55 @@ func (idx *jobIndex) oldest() int {
 	return -1
 }
 
-// removeOldest removes job's oldest finished log if over says so, and
-// returns the disk it took. A log that cannot be removed stops it (tried
-// again next time).
-func (s *Store) removeOldest(job string, idx *jobIndex, over func(file) bool) (int64, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	i := idx.oldest()
-	if i < 0 || !over(idx.files[i]) {
-		return 0, false
-	}
-	return s.remove(job, idx, i)
+// jobDir is a job's directory, opened (outside the store's lock) when a
+// removal first needs it: logs are removed relative to it, never through
+// a path.
+type jobDir struct {
+	s   *Store
+	job string
+	f   *os.File
+	err error
 }
 
-// remove unlinks log i of job's index and drops it. s.mu is held.
-func (s *Store) remove(job string, idx *jobIndex, i int) (int64, bool) {
+func (d *jobDir) open() error {
+	if d.f == nil && d.err == nil {
+		d.f, d.err = d.s.jobDir(d.job, false)
+	}
+	return d.err
+}
+
+func (d *jobDir) close() {
+	if d.f != nil {
+		d.f.Close()
+	}
+}
+
+// removeOldest removes the oldest finished log of dir's job (idx) if over
+// says so, and returns the disk it took. A log that cannot be removed
+// stops it (tried again next time).
+func (s *Store) removeOldest(dir *jobDir, idx *jobIndex, over func(file) bool) (int64, bool) {
+	due := func() bool { i := idx.oldest(); return i >= 0 && over(idx.files[i]) }
+	if dir.f == nil { // the directory is opened only for a removal
+		s.mu.Lock()
+		ok := due()
+		s.mu.Unlock()
+		if !ok || dir.open() != nil {
+			return 0, false
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !due() {
+		return 0, false
+	}
+	return s.remove(dir, idx, idx.oldest())
+}
+
+// remove unlinks log i of dir's job (idx) and drops it from the index.
+// s.mu is held.
+func (s *Store) remove(dir *jobDir, idx *jobIndex, i int) (int64, bool) {
 	f := idx.files[i]
-	if err := os.Remove(s.Path(job, f.id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := unix.Unlinkat(int(dir.f.Fd()), f.id.String()+".log", 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return 0, false
 	}
 	if i == 0 {
@@ -243,7 +285,7 @@ func (s *Store) remove(job string, idx *jobIndex, i int) (int64, bool) {
 		idx.files = slices.Delete(idx.files, i, i+1)
 	}
 	idx.bytes -= f.bytes
-	s.unwritten.drop(runKey{job, f.id}) // its file is gone: its space with it
+	s.unwritten.drop(runKey{dir.job, f.id}) // its file is gone: its space with it
 	return f.bytes, true
 }
 
@@ -260,22 +302,22 @@ func (s *Store) makeRoom(job string, want int64) (freed int64, removed int, fini
 	}
 	all := err != nil || finished < want
 	if all { // its own are not enough: every job's, to know the store's oldest
-		entries, err := os.ReadDir(s.dir)
+		jobs, err := listDirs(s.root, s.dir)
 		if err != nil {
 			return 0, 0, finished
 		}
-		for _, e := range entries {
-			if e.IsDir() && isJobName(e.Name()) {
-				s.loaded(e.Name())
-			}
+		for _, name := range jobs {
+			s.loaded(name)
 		}
 		if finished = s.finished(nil); finished < want {
 			return 0, 0, finished
 		}
 	}
 	everything := func(file) bool { return true }
+	dir := &jobDir{s: s, job: job}
+	defer dir.close()
 	for own != nil && freed < want {
-		b, ok := s.removeOldest(job, own, everything)
+		b, ok := s.removeOldest(dir, own, everything)
 		if !ok {
 			break
 		}
@@ -309,10 +351,10 @@ func (s *Store) finished(idx *jobIndex) int64 {
 }
 
 // removeOldestOfAll removes the oldest finished log of the store's loaded
-// jobs.
+// jobs: it chooses the job under the lock, opens its directory without
+// it, and removes that job's oldest finished log then.
 func (s *Store) removeOldestOfAll() (int64, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	var job string
 	var idx *jobIndex
 	at := -1
@@ -324,10 +366,13 @@ func (s *Store) removeOldestOfAll() (int64, bool) {
 			job, idx, at = name, x, i
 		}
 	}
+	s.mu.Unlock()
 	if at < 0 {
 		return 0, false
 	}
-	return s.remove(job, idx, at)
+	dir := &jobDir{s: s, job: job}
+	defer dir.close()
+	return s.removeOldest(dir, idx, func(file) bool { return true })
 }
 
 // Sweep applies retention to every job's logs, those of jobs no longer
@@ -336,18 +381,19 @@ func (s *Store) removeOldestOfAll() (int64, bool) {
 // closing records kept for room, if there is room now. Run it now and then
 // (shardd does hourly): jobs that no longer run have no run end to do it.
 // It holds the store's lock for one file system call at a time: runs
-// create and close their logs meanwhile.
+// create and close their logs meanwhile. Its error names the job
+// directories it refused (see Trust in the package doc), left alone.
 func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
-	entries, err := os.ReadDir(s.dir)
+	jobs, err := listDirs(s.root, s.dir) // job names only: not lost+found, nor another program's
 	if err != nil {
 		return fmt.Errorf("run logs: %w", err)
 	}
-	for _, e := range entries {
-		if !e.IsDir() || !isJobName(e.Name()) {
-			continue // not a job's: lost+found, or another program's
-		}
-		job := e.Name()
+	var refused []error
+	for _, job := range jobs {
 		if _, err := s.loaded(job); err != nil {
+			if errors.Is(err, trust.ErrNotTrusted) {
+				refused = append(refused, err)
+			}
 			continue
 		}
 		var each func()
@@ -360,7 +406,7 @@ func (s *Store) Sweep(retention func(job string) (Retention, bool)) error {
 		s.forget(job)
 	}
 	s.flushUnwritten()
-	return nil
+	return errors.Join(refused...)
 }
 
 // forget drops job's index, and its directory, when it has no log left.
@@ -369,6 +415,6 @@ func (s *Store) forget(job string) {
 	defer s.mu.Unlock()
 	if idx := s.jobs[job]; idx != nil && idx.loaded && len(idx.files) == 0 && len(idx.open) == 0 {
 		delete(s.jobs, job)
-		os.Remove(filepath.Join(s.dir, job)) // only if empty
+		unix.Unlinkat(int(s.root.Fd()), job, unix.AT_REMOVEDIR) // only if empty; never a link
 	}
 }

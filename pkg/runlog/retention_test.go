@@ -14,7 +14,7 @@ import (
 )
 
 // writeOld writes log files of a previous process, with mtime at, of
-// size bytes each.
+// size bytes each (at least their header).
 func writeOld(t *testing.T, s *Store, job string, at time.Time, size int, fences ...int64) {
 	t.Helper()
 	dir := filepath.Join(s.Dir(), job)
@@ -23,7 +23,11 @@ func writeOld(t *testing.T, s *Store, job string, at time.Time, size int, fences
 	}
 	for _, fence := range fences {
 		p := s.Path(job, RunID{Fence: fence})
-		if err := os.WriteFile(p, []byte(strings.Repeat("x", size-1)+"\n"), 0o600); err != nil {
+		data := headerLine(job, RunID{Fence: fence})
+		if len(data) < size {
+			data += "2026-11-30T16:40:00.000000Z out " + strings.Repeat("x", max(0, size-len(data)-33)) + "\n"
+		}
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if err := os.Chtimes(p, at, at); err != nil {
@@ -270,6 +274,7 @@ func TestRunLogsOnAFullFileSystem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() }) // before the unmount
 	line := strings.Repeat("z", 99)
 	run := func(job string, fence int64, lines int) error {
 		t.Helper()

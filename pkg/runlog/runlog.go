@@ -14,6 +14,33 @@
 // created 0600 in directories 0700. Retries of the run (same fence) append
 // to the same file.
 //
+// # Trust
+//
+// Run logs hold what scripts print, and the API serves them to its
+// readers: so a store writes and serves only files nobody else can have
+// put there, with the checks of shardd's data directory (package trust).
+// New refuses a directory that another user could have prepared or could
+// swap: it, and each job directory in it, must belong to this user and be
+// writable by nobody else, none of them a symbolic link (dir itself may
+// be a link of this user's or root's, to a directory of this user's);
+// each directory above it must belong to root or to this user, and be
+// sticky if others can write it; a symbolic link on its path must belong
+// to root or to this user.
+//
+// Below dir nothing is looked up by path: each job directory and log is
+// opened from its directory's descriptor, one name at a time, with
+// O_NOFOLLOW, and checked once open: this user's and writable by nobody
+// else; a log also a regular file with one link (not a hard link to a
+// file elsewhere). A new log is created with O_EXCL. A log that is there
+// already is appended to (a run retried after a restart) or read only
+// when its first record is the header of that run (job, item and fence),
+// or it is empty (its header waits for room). So a file planted under a
+// log's name (a link to the API's token file, a hard link to a key, a
+// copy of one) is never written, served nor removed. Retention lists with
+// fstatat (no link followed), indexes only the logs that pass, removes
+// them relative to their job's directory, and logs the names it leaves
+// alone; Sweep returns the job directories it refused.
+//
 // # Format
 //
 // One record per line:
@@ -110,6 +137,10 @@ import (
 	"syscall"
 	"time"
 	"unicode"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // Retention bounds a job's run logs. Zero fields take the defaults.
@@ -149,7 +180,8 @@ const checkEvery = 64 << 10
 
 // Store is a directory of run logs.
 type Store struct {
-	dir string
+	dir  string
+	root *os.File // dir, open: every name below it is looked up from it (see Trust)
 	// MinFree is the space (bytes) run logs leave the file system
 	// available (see Space in the package doc): below it, a log removes
 	// finished logs to make room, and stops when none is left. Default: the
@@ -206,12 +238,68 @@ func runOfFile(name string) (RunID, bool) {
 	return ParseRunID(s)
 }
 
-// New returns the store in dir, creating dir (0700) if needed.
+// New returns the store in dir, creating dir (0700) if needed. It refuses
+// (errors.Is trust.ErrNotTrusted) a directory that another user could
+// have prepared or could swap (see Trust in the package doc): dir must be
+// this user's and writable by nobody else, so must each job directory in
+// it, none of them a symbolic link, and no one but this user and root may
+// be able to change what dir names. Close it when done.
 func New(dir string) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
 		return nil, fmt.Errorf("run log directory: %w", err)
 	}
-	return &Store{dir: dir, now: time.Now, statfs: statfs, jobs: map[string]*jobIndex{}, MinFree: defaultMinFree, FollowIdle: defaultFollowIdle}, nil
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return nil, fmt.Errorf("run log directory: %w", err)
+	}
+	if err := trust.Ancestors(abs, "the run log directory"); err != nil {
+		return nil, fmt.Errorf("run log directory: %w", err)
+	}
+	resolved, err := filepath.EvalSymlinks(abs) // dir may be a link (of this user's or root's: Ancestors)
+	if err != nil {
+		return nil, fmt.Errorf("run log directory: %w", err)
+	}
+	root, err := openDir(unix.AT_FDCWD, resolved, dir, thisUser)
+	if err != nil {
+		return nil, fmt.Errorf("run log directory: %w", err)
+	}
+	if err := checkJobDirs(root, dir); err != nil {
+		root.Close()
+		return nil, fmt.Errorf("run log directory: %w", err)
+	}
+	return &Store{dir: dir, root: root, now: time.Now, statfs: statfs, jobs: map[string]*jobIndex{}, MinFree: defaultMinFree, FollowIdle: defaultFollowIdle}, nil
+}
+
+// checkJobDirs checks the job directories in root (at dir), for New.
+func checkJobDirs(root *os.File, dir string) error {
+	jobs, err := listDirs(root, dir)
+	if err != nil {
+		return err
+	}
+	for _, job := range jobs {
+		d, err := openDir(int(root.Fd()), job, filepath.Join(dir, job), thisUser)
+		if err != nil {
+			return err
+		}
+		d.Close()
+	}
+	return nil
+}
+
+// Close closes the store's directory. Call it once its logs and readers
+// are closed.
+func (s *Store) Close() error { return s.root.Close() }
+
+// jobDir opens job's directory (creating it, with create), never
+// following a link, and checks it (see Trust in the package doc).
+func (s *Store) jobDir(job string, create bool) (*os.File, error) {
+	path := filepath.Join(s.dir, job)
+	if create {
+		if err := mkdirAt(int(s.root.Fd()), job, path); err != nil {
+			return nil, err
+		}
+	}
+	return openDir(int(s.root.Fd()), job, path, thisUser)
 }
 
 func defaultMinFree(total uint64) uint64 { return min(1<<30, total/20) }
@@ -275,17 +363,13 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 		earlier.f.Close()
 		carried = earlier.recs // still no room: they go before this try's header, when it finds some
 	}
-	if err := os.MkdirAll(filepath.Join(s.dir, h.Job), 0o700); err != nil {
-		s.release(h.Job, id, r, nil, false)
-		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
-	}
-	f, err := os.OpenFile(s.Path(h.Job, id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	f, fi, err := s.createLog(h.Job, id)
 	if err != nil {
-		s.release(h.Job, id, r, nil, false)
+		s.release(h.Job, id, r, nil, false, nil)
 		return nil, fmt.Errorf("run log of job %q: %w", h.Job, err)
 	}
 	l := &Log{s: s, f: f, job: h.Job, id: id, ret: r, act: act}
-	if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
+	if fi.Size() > 0 {
 		l.size = fi.Size() // a retry's log goes on from its earlier tries
 		s.mu.Lock()
 		s.entry(h.Job).reopened(id)
@@ -305,6 +389,27 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	}
 	l.mu.Unlock()
 	return l, nil
+}
+
+// createLog creates the log of run id of job (O_EXCL), or opens the one
+// there if it is that run's (see Trust in the package doc).
+func (s *Store) createLog(job string, id RunID) (*os.File, os.FileInfo, error) {
+	dir, err := s.jobDir(job, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer dir.Close()
+	path := s.Path(job, id)
+	f, fi, created, err := createLog(dir, id.String()+".log", path)
+	if err == nil && !created {
+		if err = checkHeader(f, path, job, id); err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, fi, nil
 }
 
 // diskBytes is the disk a file takes, in blocks as du counts them.
@@ -674,13 +779,13 @@ func (l *Log) Close(end string) error {
 	}
 	l.closed = true
 	var gone error
-	if fi, err := l.f.Stat(); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
-			gone = fmt.Errorf("run log %s was removed while the run wrote it", l.f.Name())
-			kept = nil // nothing to keep them for
-		}
+	fi, err := l.f.Stat() // for the index
+	if err != nil {
+		fi = nil
+	} else if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Nlink == 0 {
+		gone = fmt.Errorf("run log %s was removed while the run wrote it", l.f.Name())
+		kept, fi = nil, nil // nothing to keep them for
 	}
-	var err error
 	if kept == nil {
 		err = l.f.Close()
 	} else {
@@ -699,7 +804,7 @@ func (l *Log) Close(end string) error {
 		l.s.logger().Info("run logs: the file system was short of space; removed the oldest finished run logs to make room",
 			"job", l.job, "run", l.id.String(), "removed", removed, "freed_bytes", freed)
 	}
-	l.s.release(l.job, l.id, l.ret, kept, whole)
+	l.s.release(l.job, l.id, l.ret, kept, whole, fi)
 	return err
 }
 

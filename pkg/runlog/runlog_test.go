@@ -17,6 +17,7 @@ func newStore(t *testing.T) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 
@@ -255,6 +256,7 @@ func FuzzRoundTrip(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	f.Cleanup(func() { s.Close() })
 	fence := int64(0)
 	f.Fuzz(func(t *testing.T, out, errb []byte, step uint8) {
 		fence++
