@@ -105,8 +105,11 @@ func TestHotReload(t *testing.T) {
 	})
 	before := runsOf("one")
 	waitFor(t, 10*time.Second, "one to keep running", func() bool { return runsOf("one") >= before+4 })
-	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 || !strings.Contains(body, "shardingTotalCount must be >= 1") {
-		t.Errorf("readyz after a rejected reload: %d %q", code, body)
+	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 || !strings.Contains(body, "2 problems (job one: 2)") || strings.Contains(body, "shardingTotalCount") {
+		t.Errorf("readyz after a rejected reload: %d %q, want the problem counted, not quoted", code, body)
+	}
+	if code, body := httpGet(t, "http://"+addr+"/api/v1/config/problems"); code != 200 || !strings.Contains(body, "shardingTotalCount must be") || !strings.Contains(body, "no work: set script or http") {
+		t.Errorf("the problems after a rejected reload: %d %q", code, body)
 	}
 	if _, body := httpGet(t, "http://"+addr+"/metrics"); !strings.Contains(body, "shardd_config_last_reload_successful 0") {
 		t.Error("the reload failure is not in the metrics")
