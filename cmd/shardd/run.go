@@ -63,6 +63,7 @@ func cmdRun(e *env, args []string) error {
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
 		pprofAddr = fs.String("pprof-listen", "", "loopback `address` to serve Go's profiles on (/debug/pprof/), for performance work; empty: off")
+		pprofAny  = fs.Bool("pprof-listen-any", false, "let --pprof-listen be an address beyond loopback (in a container, to publish its port): the profiles, and the command line, go to whoever reaches it, without a token")
 		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd); https")
 		embedClus = fs.String("embed-cluster", "", "run the embedded etcd as one member of a cluster of shardd hosts: `NAME=PEER_URL,...`, every member (3 or 5), this one under its --name; its peer URL is this host's --embed-peer-url. Each host's --data-dir/tls holds the same ca.crt and ca.key (see docs/deployment.md)")
 		embedJoin = fs.Bool("embed-join", false, "with --embed-cluster: join a cluster that runs already (after etcdctl member add), instead of starting a new one")
@@ -394,11 +395,14 @@ func cmdRun(e *env, args []string) error {
 		log.Info("serving HTTP", "addr", apiAddr, "tls", tlsCfg != nil, "client_certs", tlsCfg != nil && tlsCfg.ClientCAs != nil)
 	}
 	if *pprofAddr != "" {
-		pln, err := listenPprof(*pprofAddr)
+		pln, handler, err := listenPprof(*pprofAddr, *pprofAny)
 		if err != nil {
 			return err
 		}
-		psrv := &http.Server{Handler: pprofMux(), ReadHeaderTimeout: 10 * time.Second}
+		if !isLoopback(pln.Addr()) {
+			log.Warn("Go's profiles are served beyond loopback, without a token: whoever reaches the address reads shardd's memory through them, and its command line (--pprof-listen-any)", "addr", pln.Addr().String())
+		}
+		psrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 		g.Add(func() error {
 			if err := psrv.Serve(pln); !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -526,32 +530,37 @@ func hasRole(ts []api.Token, role string) bool {
 	return slices.ContainsFunc(ts, func(t api.Token) bool { return t.Role == role })
 }
 
-// listenPprof listens on addr for the profiles, which must be a loopback
-// address: profiles show the process's internals to whoever can ask.
-func listenPprof(addr string) (net.Listener, error) {
+// listenPprof listens on addr for the profiles, and returns their
+// handler. Profiles show the process's internals (its memory, its command
+// line) to whoever can ask, without a token: addr must be a loopback
+// address unless beyond is set, and the handler answers, like the API's,
+// only to a Host header that no web page can rebind to it (DNS rebinding):
+// a loopback address or localhost, or for an address beyond loopback any
+// IP address.
+func listenPprof(addr string, beyond bool) (net.Listener, http.Handler, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, usageError("--pprof-listen %q: %v", addr, err)
+		return nil, nil, usageError("--pprof-listen %q: %v", addr, err)
 	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return nil, usageError("--pprof-listen %q: only a loopback address (127.0.0.1:PORT, [::1]:PORT)", addr)
+	ip := net.ParseIP(host)
+	if !beyond && (ip == nil || !ip.IsLoopback()) {
+		return nil, nil, usageError("--pprof-listen %q: only a loopback address (127.0.0.1:PORT, [::1]:PORT), unless --pprof-listen-any", addr)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--pprof-listen: %w", err)
+		return nil, nil, fmt.Errorf("--pprof-listen: %w", err)
 	}
-	return ln, nil
-}
-
-// pprofMux serves net/http/pprof's handlers.
-func pprofMux() *http.ServeMux {
+	check := api.AddressHosts
+	if isLoopback(ln.Addr()) {
+		check = api.LoopbackHosts
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
+	return ln, api.CheckHost(mux, check), nil
 }
 
 // isLoopback reports whether addr is a loopback address.

@@ -182,25 +182,61 @@ func Handler(o Options) http.Handler {
 	if !o.Loopback {
 		return mux
 	}
+	return CheckHost(mux, LoopbackHosts)
+}
+
+// A HostCheck is the DNS-rebinding check of a server: a web page that
+// rebinds its own name to the server's address sends that name in its
+// requests' Host header, which the check refuses.
+type HostCheck struct {
+	OK   func(host string) bool // whether the server answers to the Host header host
+	Want string                 // what OK accepts, said in a refusal
+}
+
+var (
+	// LoopbackHosts accepts a loopback address or localhost: the check of
+	// a server that listens on loopback addresses only.
+	LoopbackHosts = HostCheck{loopbackHost, "this server answers only to a loopback address or localhost"}
+	// AddressHosts accepts an IP address or localhost, never another name.
+	AddressHosts = HostCheck{addressHost, "this server answers only to an IP address or localhost, not to a name"}
+)
+
+// CheckHost serves h to the requests whose Host header c accepts, and
+// refuses the others (421 Misdirected Request).
+func CheckHost(h http.Handler, c HostCheck) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !loopbackHost(r.Host) {
-			writeError(w, http.StatusMisdirectedRequest, "host %q: this server answers only to a loopback address or localhost", r.Host)
+		if !c.OK(r.Host) {
+			writeError(w, http.StatusMisdirectedRequest, "host %q: %s", r.Host, c.Want)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 	})
 }
 
 // loopbackHost reports whether a Host header names this host's loopback.
 func loopbackHost(host string) bool {
+	ip, name := hostOf(host)
+	if ip != nil {
+		return ip.IsLoopback()
+	}
+	return strings.EqualFold(name, "localhost")
+}
+
+// addressHost reports whether a Host header is an IP address or
+// localhost: no name a DNS answer could point elsewhere.
+func addressHost(host string) bool {
+	ip, name := hostOf(host)
+	return ip != nil || strings.EqualFold(name, "localhost")
+}
+
+// hostOf splits a Host header's host from its port: its IP address, or
+// else its name.
+func hostOf(host string) (net.IP, string) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
 	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
-	if ip := net.ParseIP(host); ip != nil {
-		return ip.IsLoopback()
-	}
-	return strings.EqualFold(host, "localhost")
+	return net.ParseIP(host), host
 }
 
 // crossOrigin reports whether r comes from a web page of another origin
