@@ -99,7 +99,14 @@ func cmdRun(e *env, args []string) error {
 	// The digest is taken before the load: an edit during start-up, even
 	// during the load, differs from it and is reloaded.
 	digest := digestOf(*cfgPath)
-	cfg, err := config.Load(*cfgPath)
+	root := os.Geteuid() == 0
+	cfg, err := loadConfig(log, *cfgPath, root)
+	if errors.Is(err, errUnsafeFile) {
+		for _, p := range config.Errors(err) {
+			log.Error("unsafe config", "err", p)
+		}
+		return &exitError{exitFailure, fmt.Errorf("config %s: others can change its files: refused, as root", *cfgPath)}
+	}
 	if err != nil {
 		for _, p := range config.Errors(err) {
 			log.Error("invalid config", "err", p)
@@ -108,6 +115,12 @@ func cmdRun(e *env, args []string) error {
 	}
 	if len(cfg.Jobs) == 0 {
 		return &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml)", *cfgPath)}
+	}
+	if err := vetTokenFiles(log, root, *tokenFile, *readFile); err != nil {
+		for _, p := range config.Errors(err) {
+			log.Error("unsafe token file", "err", p)
+		}
+		return &exitError{exitFailure, errors.New("others can change a token file: refused, as root")}
 	}
 	tokens, err := loadTokens(*tokenFile, *readFile)
 	if err != nil {
@@ -255,13 +268,7 @@ func cmdRun(e *env, args []string) error {
 		}
 		apiAddr = ln.Addr().String()
 		defer ln.Close() // when a later step fails; Serve closes it otherwise
-		var files []string
-		for _, f := range []string{*tokenFile, *readFile} {
-			if f != "" {
-				files = append(files, f)
-			}
-		}
-		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, api.RoleWrite), hasRole(tokens, api.RoleRead), files...)
+		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, api.RoleWrite), hasRole(tokens, api.RoleRead))
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, History: hist, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
@@ -327,7 +334,7 @@ func cmdRun(e *env, args []string) error {
 	reg.MustRegister(metrics.NewStateCollector(func() metrics.State { return nodeState(node) }))
 	var jobs atomic.Pointer[[]*config.Job] // the jobs loaded last
 	jobs.Store(&cfg.Jobs)
-	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, hup: hup, digest: digest, apply: func(c *config.Config) {
+	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, hup: hup, root: root, digest: digest, apply: func(c *config.Config) {
 		jobs.Store(&c.Jobs)
 		node.SetJobs(c.Jobs)
 		eng.Resync()
