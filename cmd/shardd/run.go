@@ -44,10 +44,11 @@ const (
 )
 
 func cmdRun(e *env, args []string) error {
-	// SIGHUP's default kills the process: catch it from the first
-	// instruction to the exit. One arriving during start-up waits in the
-	// channel and reloads once the reloader runs; after that, during a
-	// stop, it is dropped.
+	// SIGHUP's default kills the process: it is ignored from the first
+	// package initialization (internal/sighup), and caught from here to
+	// the exit, before the config is read. One arriving during start-up
+	// waits in the channel and reloads once the reloader runs; after that,
+	// during a stop, it is dropped.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	fs := newFlagSet(e, "run")
