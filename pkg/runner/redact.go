@@ -27,14 +27,20 @@ import (
 //     \u00XX in either case, surrogate pairs, \xXX), percent-encoding (%XX
 //     in either case, + for a space) and HTML character references
 //     (&#NN;, &#xHH;, and the named ones of ASCII characters, &amp;,
-//     &sol;, ...).
+//     &sol;, ...); and each of these escaped once more by any of them (JSON
+//     in a JSON string: \\/, \\u0026; %252F; %5Cu002F; &amp;#47;).
 //
 // What it cannot find: a secret shorter than minSecret bytes (it is not
-// looked for: it would redact ordinary text), an encoding of an encoding
-// (percent-encoded JSON escapes, base64 of the hex), base64 broken into
-// lines, other encodings (base32, a hash, encryption), a secret cut in
-// parts or echoed in part (only a part at the very end of a text that was
-// cut there is redacted), and case variants beyond ASCII letters.
+// looked for: it would redact ordinary text), escapes three deep, an
+// encoding of a form other than by escapes (base64 of the hex, hex of the
+// base64), base64 broken into lines, other encodings (base32, a hash,
+// encryption), a secret cut in parts or echoed in part (only a part at
+// the very end of a text that was cut there is redacted), and case
+// variants beyond ASCII letters.
+//
+// The search costs about 20-50 ms a MiB of answer (shardd reads 1 MiB at
+// most), up to about 0.5 s for a text made to nearly match a secret at
+// every byte.
 
 // minSecret is the shortest secret looked for.
 const minSecret = 4
@@ -149,13 +155,16 @@ func (r *redactor) redact(s string, cut bool) string {
 // matchAt returns the end of the longest form found at s[i:] (i when none
 // is), and, with cut, whether s ends inside a form begun at i.
 func (r *redactor) matchAt(s string, i int, cut bool) (end int, partial bool) {
-	escape := strings.IndexByte(`\%&+`, s[i]) >= 0
+	// What may start here, to pass over the forms that cannot.
+	d1, n1 := unescape(s[i:])
+	d2, n2 := unescape2(s[i:])
 	for _, f := range r.forms {
-		if !escape && !matches(s[i:i+1], f.b, f.fold) {
+		if !matches(s[i:i+1], f.b, f.fold) && !(n1 > 1 && matches(d1, f.b, f.fold)) && !(n2 > 0 && matches(d2, f.b, f.fold)) &&
+			!(s[i] == '+' && f.b[0] == ' ') && !(cut && cutEscape(s[i:])) {
 			continue
 		}
-		budget := 64 * len(f.b) // bounds the search of a text of escapes in a secret of escapes
-		e, p := match(s, i, f, 0, &budget)
+		q := search{s: s, f: f, budget: 16 * (len(f.b) + 1) * (len(f.b) + 1)}
+		e, p := q.match(i, 0)
 		if e > i {
 			return e, false
 		}
@@ -164,34 +173,70 @@ func (r *redactor) matchAt(s string, i int, cut bool) (end int, partial bool) {
 	return i, partial
 }
 
+// search matches a form at a place of a text. Where an escape starts, the
+// text may be read as the escape, as an escaped escape, or byte by byte;
+// the places where every reading failed are remembered, so that a text of
+// escapes (\\\\\\) against a secret of their bytes is searched in time
+// bounded by the product of their lengths, and the budget bounds it too.
+type search struct {
+	s      string
+	f      form
+	budget int
+	failed map[[2]int]bool // (j, k) whose search failed, with whether s ended inside f
+}
+
 // match matches f.b[k:] at s[j:]: it returns the end of the match in s (-1
 // when there is none), and whether s ended (or ends in an escape cut
 // short) after a part of f was matched.
-func match(s string, j int, f form, k int, budget *int) (end int, partial bool) {
+func (q *search) match(j, k int) (end int, partial bool) {
+	s, f := q.s, q.f
 	for k < len(f.b) {
-		if *budget--; *budget < 0 {
+		if q.budget--; q.budget < 0 {
 			return -1, false
 		}
 		if j == len(s) {
-			return -1, partial || k > 0
+			return -1, k > 0
 		}
-		dec, n := unescape(s[j:])
-		switch {
-		case n > 1 && matches(dec, f.b[k:], f.fold):
-			// An escape here, or its first byte as itself: try both.
-			e, p := match(s, j+n, f, k+len(dec), budget)
+		// The readings of s[j:] that go on matching f: as an escaped
+		// escape, as an escape, as its first byte.
+		var moves [3]struct{ n, dec int }
+		m := 0
+		if dec, n := unescape2(s[j:]); n > 0 && matches(dec, f.b[k:], f.fold) {
+			moves[m].n, moves[m].dec = n, len(dec)
+			m++
+		}
+		if dec, n := unescape(s[j:]); n > 1 && matches(dec, f.b[k:], f.fold) {
+			moves[m].n, moves[m].dec = n, len(dec)
+			m++
+		}
+		if matches(s[j:j+1], f.b[k:], f.fold) || (s[j] == '+' && f.b[k] == ' ') { // + is a form-encoded space too
+			moves[m].n, moves[m].dec = 1, 1
+			m++
+		}
+		switch m {
+		case 0:
+			return -1, k > 0 && cutEscape(s[j:])
+		case 1:
+			j, k = j+moves[0].n, k+moves[0].dec
+			continue
+		}
+		key := [2]int{j, k}
+		if p, seen := q.failed[key]; seen {
+			return -1, p
+		}
+		partial := false
+		for _, mv := range moves[:m] {
+			e, p := q.match(j+mv.n, k+mv.dec)
 			if e >= 0 {
 				return e, false
 			}
 			partial = partial || p
-		case s[j] == '+' && f.b[k] == ' ': // a form-encoded space
-			j, k = j+1, k+1
-			continue
 		}
-		if !matches(s[j:j+1], f.b[k:], f.fold) {
-			return -1, partial || (k > 0 && cutEscape(s[j:]))
+		if q.failed == nil {
+			q.failed = map[[2]int]bool{}
 		}
-		j, k = j+1, k+1
+		q.failed[key] = partial
+		return -1, partial
 	}
 	return j, false
 }
@@ -267,6 +312,47 @@ func unescape(s string) (string, int) {
 		}
 	}
 	return s[:1], 1
+}
+
+// unescape2 decodes an escape that is itself escaped, once (JSON in a
+// JSON string, \\/ or \\u0026; a percent-encoded escape, %252F or
+// %5Cu002F; an HTML-escaped one, &amp;#47;): the bytes the inner escape
+// stands for, and the length of its writing in s; 0 when none starts s.
+func unescape2(s string) (string, int) {
+	// The inner escape's first byte is escaped itself (%25 for "%", \\
+	// for "\"): otherwise it is an escape of one layer, or none.
+	if d, n := unescape(s); n < 2 || len(d) != 1 || strings.IndexByte(`\%&`, d[0]) < 0 {
+		return "", 0
+	}
+	var buf [16]byte
+	var ends [16]int // ends[i]: where in s the byte inner[i] ends its outer escape, or -1 inside one
+	inner, at := buf[:0], ends[:0]
+	longest := 12 // the longest inner escape: \uD83D\uDE00; %XX 3, &...; 10
+	for j := 0; j < len(s) && len(inner) < longest; {
+		dec, n := unescape(s[j:])
+		if len(inner)+len(dec) > len(buf) {
+			break
+		}
+		for range len(dec) - 1 {
+			at = append(at, -1)
+		}
+		inner = append(inner, dec...)
+		j += n
+		at = append(at, j)
+		switch {
+		case inner[0] == '%':
+			longest = 3
+		case inner[0] == '&':
+			longest = 10
+		case len(inner) >= 2 && inner[1] != 'u':
+			longest = 4
+		}
+	}
+	dec, m := unescape(string(inner))
+	if m < 2 || at[m-1] < 0 {
+		return "", 0
+	}
+	return dec, at[m-1]
 }
 
 // hexAt reads the n hex digits of s at i.

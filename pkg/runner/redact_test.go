@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
@@ -8,9 +9,12 @@ import (
 	"fmt"
 	"html"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 	"unicode"
 )
 
@@ -68,6 +72,13 @@ func TestRedactEncodings(t *testing.T) {
 		{"base64 URL without padding", b64(base64.RawURLEncoding)},
 		{"base64 in JSON with \\/", strings.ReplaceAll(b64(base64.StdEncoding), "/", `\/`)},
 		{"base64, percent-encoded", url.QueryEscape(b64(base64.StdEncoding))},
+		{"JSON in a JSON string (\\/, \\u0026)", func() string {
+			j, _ := json.Marshal(strings.ReplaceAll(strings.Trim(string(goJSON), `"`), "/", `\/`))
+			return strings.Trim(string(j), `"`)
+		}()},
+		{"percent-encoded twice", url.QueryEscape(url.QueryEscape(secret))},
+		{"percent-encoded JSON escapes", url.PathEscape(each(secret, func(c byte) string { return fmt.Sprintf(`\u%04x`, c) }))},
+		{"HTML-escaped references", html.EscapeString(each(secret, func(c byte) string { return fmt.Sprintf("&#%d;", c) }))},
 		{"mixed: JSON, percent, HTML and case by turns", func() string {
 			var b strings.Builder
 			for i := range len(secret) {
@@ -264,4 +275,46 @@ func FuzzRedact(f *testing.F) {
 		r.Cut(text)
 		r.Cut(before)
 	})
+}
+
+// A hook that echoes its ${VAR} header in other encodings than it was
+// sent in gets none of them into the run's output, its run log or its
+// error.
+func TestHTTPHookRedactsEchoedEncodings(t *testing.T) {
+	const secret = "tok/3nc0ded+Value&1"
+	t.Setenv("HOOK_KEY", secret)
+	var echoes []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+		j, _ := json.Marshal(got)
+		echoes = []string{
+			strings.ReplaceAll(string(j[1:len(j)-1]), "/", `\/`), // PHP's json_encode
+			hex.EncodeToString([]byte(got)),
+			strings.ToUpper(got),
+			html.EscapeString(got),
+			url.QueryEscape(got),
+			base64.RawURLEncoding.EncodeToString([]byte("user:" + got)),
+		}
+		w.WriteHeader(500)
+		fmt.Fprintf(w, `{"error": "bad token", "seen": ["%s"]}`, strings.Join(echoes, `", "`))
+	}))
+	defer srv.Close()
+	h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", Headers: map[string]string{"Authorization": "Bearer ${HOOK_KEY}"}, Timeout: 5 * time.Second}, TLSFiles{})
+	sink := &memSink{}
+	c := ctxFixture
+	c.Output = sink
+	res := h.Run(context.Background(), c)
+	if res.OK || len(echoes) == 0 {
+		t.Fatalf("the hook was not called, or succeeded: %+v", res)
+	}
+	for _, got := range []string{res.Output, sink.out.String(), fmt.Sprint(res.Err)} {
+		if n := strings.Count(got, redactedMark); n != 0 && n != len(echoes) {
+			t.Errorf("%d of %d echoes redacted: %s", n, len(echoes), got)
+		}
+		for _, e := range echoes {
+			if strings.Contains(got, e) {
+				t.Errorf("the echo %s is recorded: %s", e, got)
+			}
+		}
+	}
 }
