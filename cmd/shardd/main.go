@@ -17,6 +17,7 @@ import (
 	"time"
 	_ "time/tzdata" // time zones for timeZone on hosts without tzdata
 
+	_ "github.com/shardd/shardd/internal/sighup" // first: shardd run ignores SIGHUP until its handler runs
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/runner"
 )

@@ -15,9 +15,10 @@ import (
 
 // reloader applies configuration changes without a restart: on SIGHUP, and
 // when the content of the config file or directory changes (checked every
-// interval). A new configuration is loaded and validated in full and only
-// then swapped in; an invalid one is rejected, logged and shown in a metric
-// and in /readyz, and the previous one keeps running.
+// interval). A new configuration is vetted (see trust.go: as root, a job
+// file that someone else could change is refused), loaded and validated
+// in full and only then swapped in; an invalid one is rejected, logged and
+// shown in a metric and in /readyz, and the previous one keeps running.
 type reloader struct {
 	path     string
 	interval time.Duration
@@ -25,6 +26,7 @@ type reloader struct {
 	metrics  *metrics.Metrics
 	apply    func(*config.Config)
 	hup      <-chan os.Signal // SIGHUP, caught for the whole process
+	root     bool             // shardd runs as root: unsafe job files are refused (see trust.go)
 
 	mu      sync.Mutex
 	lastErr error
@@ -59,7 +61,7 @@ func digestOf(path string) [32]byte {
 // reload loads the configuration and applies it if valid.
 func (r *reloader) reload(why string) {
 	d := digestOf(r.path)
-	cfg, err := config.Load(r.path)
+	cfg, err := loadConfig(r.log, r.path, r.root)
 	if err == nil && len(cfg.Jobs) == 0 {
 		err = fmt.Errorf("%s defines no jobs; to stop every job, stop shardd", r.path)
 	}
@@ -77,6 +79,15 @@ func (r *reloader) reload(why string) {
 	r.apply(cfg)
 	r.metrics.Reloaded(true, time.Now())
 	r.log.Info("configuration reloaded", "trigger", why, "jobs", len(cfg.Jobs), "files", len(cfg.Files))
+}
+
+// loadConfig vets the files of the config at path (vetConfig) and loads
+// it: at start and at every reload.
+func loadConfig(log *slog.Logger, path string, root bool) (*config.Config, error) {
+	if err := vetConfig(log, path, root); err != nil {
+		return nil, err
+	}
+	return config.Load(path)
 }
 
 // Run reloads on SIGHUP and on file changes until ctx is done.

@@ -44,10 +44,11 @@ const (
 )
 
 func cmdRun(e *env, args []string) error {
-	// SIGHUP's default kills the process: catch it from the first
-	// instruction to the exit. One arriving during start-up waits in the
-	// channel and reloads once the reloader runs; after that, during a
-	// stop, it is dropped.
+	// SIGHUP's default kills the process: it is ignored from the first
+	// package initialization (internal/sighup), and caught from here to
+	// the exit, before the config is read. One arriving during start-up
+	// waits in the channel and reloads once the reloader runs; after that,
+	// during a stop, it is dropped.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	fs := newFlagSet(e, "run")
@@ -63,6 +64,7 @@ func cmdRun(e *env, args []string) error {
 		reloadInt = fs.Duration("reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 		embedURL  = fs.String("embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")
 		pprofAddr = fs.String("pprof-listen", "", "loopback `address` to serve Go's profiles on (/debug/pprof/), for performance work; empty: off")
+		pprofAny  = fs.Bool("pprof-listen-any", false, "let --pprof-listen be an address beyond loopback (in a container, to publish its port): the profiles, and the command line, go to whoever reaches it, without a token")
 		embedPeer = fs.String("embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd); https")
 		embedClus = fs.String("embed-cluster", "", "run the embedded etcd as one member of a cluster of shardd hosts: `NAME=PEER_URL,...`, every member (3 or 5), this one under its --name; its peer URL is this host's --embed-peer-url. Each host's --data-dir/tls holds the same ca.crt and ca.key (see docs/deployment.md)")
 		embedJoin = fs.Bool("embed-join", false, "with --embed-cluster: join a cluster that runs already (after etcdctl member add), instead of starting a new one")
@@ -98,7 +100,14 @@ func cmdRun(e *env, args []string) error {
 	// The digest is taken before the load: an edit during start-up, even
 	// during the load, differs from it and is reloaded.
 	digest := digestOf(*cfgPath)
-	cfg, err := config.Load(*cfgPath)
+	root := os.Geteuid() == 0
+	cfg, err := loadConfig(log, *cfgPath, root)
+	if errors.Is(err, errUnsafeFile) {
+		for _, p := range config.Errors(err) {
+			log.Error("unsafe config", "err", p)
+		}
+		return &exitError{exitFailure, fmt.Errorf("config %s: others can change its files: refused, as root", *cfgPath)}
+	}
 	if err != nil {
 		for _, p := range config.Errors(err) {
 			log.Error("invalid config", "err", p)
@@ -107,6 +116,12 @@ func cmdRun(e *env, args []string) error {
 	}
 	if len(cfg.Jobs) == 0 {
 		return &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml)", *cfgPath)}
+	}
+	if err := vetTokenFiles(log, root, *tokenFile, *readFile); err != nil {
+		for _, p := range config.Errors(err) {
+			log.Error("unsafe token file", "err", p)
+		}
+		return &exitError{exitFailure, errors.New("others can change a token file: refused, as root")}
 	}
 	tokens, err := loadTokens(*tokenFile, *readFile)
 	if err != nil {
@@ -255,13 +270,7 @@ func cmdRun(e *env, args []string) error {
 		}
 		apiAddr = ln.Addr().String()
 		defer ln.Close() // when a later step fails; Serve closes it otherwise
-		var files []string
-		for _, f := range []string{*tokenFile, *readFile} {
-			if f != "" {
-				files = append(files, f)
-			}
-		}
-		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, api.RoleWrite), hasRole(tokens, api.RoleRead), files...)
+		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, api.RoleWrite), hasRole(tokens, api.RoleRead))
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, History: hist, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
@@ -327,7 +336,7 @@ func cmdRun(e *env, args []string) error {
 	reg.MustRegister(metrics.NewStateCollector(func() metrics.State { return nodeState(node) }))
 	var jobs atomic.Pointer[[]*config.Job] // the jobs loaded last
 	jobs.Store(&cfg.Jobs)
-	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, hup: hup, digest: digest, apply: func(c *config.Config) {
+	rl := &reloader{path: *cfgPath, interval: *reloadInt, log: log, metrics: m, hup: hup, root: root, digest: digest, apply: func(c *config.Config) {
 		jobs.Store(&c.Jobs)
 		node.SetJobs(c.Jobs)
 		eng.Resync()
@@ -395,11 +404,14 @@ func cmdRun(e *env, args []string) error {
 		log.Info("serving HTTP", "addr", apiAddr, "tls", tlsCfg != nil, "client_certs", tlsCfg != nil && tlsCfg.ClientCAs != nil)
 	}
 	if *pprofAddr != "" {
-		pln, err := listenPprof(*pprofAddr)
+		pln, handler, err := listenPprof(*pprofAddr, *pprofAny)
 		if err != nil {
 			return err
 		}
-		psrv := &http.Server{Handler: pprofMux(), ReadHeaderTimeout: 10 * time.Second}
+		if !isLoopback(pln.Addr()) {
+			log.Warn("Go's profiles are served beyond loopback, without a token: whoever reaches the address reads shardd's memory through them, and its command line (--pprof-listen-any)", "addr", pln.Addr().String())
+		}
+		psrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 		g.Add(func() error {
 			if err := psrv.Serve(pln); !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -527,32 +539,37 @@ func hasRole(ts []api.Token, role string) bool {
 	return slices.ContainsFunc(ts, func(t api.Token) bool { return t.Role == role })
 }
 
-// listenPprof listens on addr for the profiles, which must be a loopback
-// address: profiles show the process's internals to whoever can ask.
-func listenPprof(addr string) (net.Listener, error) {
+// listenPprof listens on addr for the profiles, and returns their
+// handler. Profiles show the process's internals (its memory, its command
+// line) to whoever can ask, without a token: addr must be a loopback
+// address unless beyond is set, and the handler answers, like the API's,
+// only to a Host header that no web page can rebind to it (DNS rebinding):
+// a loopback address or localhost, or for an address beyond loopback any
+// IP address.
+func listenPprof(addr string, beyond bool) (net.Listener, http.Handler, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return nil, usageError("--pprof-listen %q: %v", addr, err)
+		return nil, nil, usageError("--pprof-listen %q: %v", addr, err)
 	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return nil, usageError("--pprof-listen %q: only a loopback address (127.0.0.1:PORT, [::1]:PORT)", addr)
+	ip := net.ParseIP(host)
+	if !beyond && (ip == nil || !ip.IsLoopback()) {
+		return nil, nil, usageError("--pprof-listen %q: only a loopback address (127.0.0.1:PORT, [::1]:PORT), unless --pprof-listen-any", addr)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--pprof-listen: %w", err)
+		return nil, nil, fmt.Errorf("--pprof-listen: %w", err)
 	}
-	return ln, nil
-}
-
-// pprofMux serves net/http/pprof's handlers.
-func pprofMux() *http.ServeMux {
+	check := api.AddressHosts
+	if isLoopback(ln.Addr()) {
+		check = api.LoopbackHosts
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
+	return ln, api.CheckHost(mux, check), nil
 }
 
 // isLoopback reports whether addr is a loopback address.

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardd/shardd/pkg/api"
 )
 
 func TestClusterPeer(t *testing.T) {
@@ -123,6 +128,56 @@ func TestRunChecksTheRunLogDirectoryWithAnExternalEtcd(t *testing.T) {
 		}
 		if code != exitFailure || !strings.Contains(errOut, "run log directory") || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%s: exit %d, stderr:\n%s\nwant exit %d saying %q", tc.name, code, errOut, exitFailure, tc.want)
+		}
+	}
+}
+
+// Go's profiles, like the API, answer only to a Host no web page can
+// rebind to their address (/debug/pprof/cmdline shows the command line),
+// and only on loopback unless --pprof-listen-any says otherwise.
+func TestPprofChecksHost(t *testing.T) {
+	ln, h, err := listenPprof("127.0.0.1:0", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	defer srv.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	get := func(host string) int {
+		req, _ := http.NewRequest("GET", "http://"+ln.Addr().String()+"/debug/pprof/cmdline", nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for host, want := range map[string]int{
+		fmt.Sprintf("127.0.0.1:%d", port):          200,
+		fmt.Sprintf("localhost:%d", port):          200,
+		fmt.Sprintf("[::1]:%d", port):              200,
+		fmt.Sprintf("rebound.example:%d", port):    421,
+		fmt.Sprintf("10.0.0.1:%d", port):           421,
+		fmt.Sprintf("localhost.evil.com:%d", port): 421,
+	} {
+		if got := get(host); got != want {
+			t.Errorf("Host %s: %d, want %d", host, got, want)
+		}
+	}
+
+	// Beyond loopback: refused without the flag; with it, the profiles
+	// answer to an address, never to a name.
+	if _, _, err := listenPprof("0.0.0.0:0", false); err == nil || !strings.Contains(err.Error(), "--pprof-listen-any") {
+		t.Errorf("--pprof-listen 0.0.0.0:0 without --pprof-listen-any: %v, want a refusal naming the flag", err)
+	}
+	for _, tc := range []struct {
+		host string
+		ok   bool
+	}{{"10.0.0.1:6060", true}, {"[fd00::1]:6060", true}, {"localhost:6060", true}, {"shardd-1:6060", false}, {"rebound.example", false}} {
+		if got := api.AddressHosts.OK(tc.host); got != tc.ok {
+			t.Errorf("an address beyond loopback, Host %s: answered %v, want %v", tc.host, got, tc.ok)
 		}
 	}
 }

@@ -102,7 +102,7 @@ func serve(srv *http.Server, ln net.Listener) error {
 }
 
 // warnAPI logs what makes the API less safe than it could be.
-func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken, readToken bool, tokenFiles ...string) {
+func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken, readToken bool) {
 	if !tlsOn && !isLoopback(addr) {
 		log.Warn("the API listens beyond loopback without TLS: its bearer tokens and the cluster's data cross the network in clear text; give --tls-cert and --tls-key", "addr", addr.String())
 	}
@@ -111,11 +111,6 @@ func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken, readToken bool,
 	}
 	if !readToken {
 		log.Info("the API's read endpoints (definitions, status, history with output tails, run logs) are open to whoever reaches "+addr.String()+", every local user included; --api-read-token-file closes them", "addr", addr.String())
-	}
-	for _, f := range tokenFiles {
-		if fi, err := os.Stat(f); err == nil && fi.Mode().Perm()&0o077 != 0 {
-			log.Warn(fmt.Sprintf("token file %s is readable by other users (mode %v): chmod 600 it", f, fi.Mode().Perm()), "file", f)
-		}
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -105,8 +107,11 @@ func TestHotReload(t *testing.T) {
 	})
 	before := runsOf("one")
 	waitFor(t, 10*time.Second, "one to keep running", func() bool { return runsOf("one") >= before+4 })
-	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 || !strings.Contains(body, "shardingTotalCount must be >= 1") {
-		t.Errorf("readyz after a rejected reload: %d %q", code, body)
+	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 || !strings.Contains(body, "2 problems (job one: 2)") || strings.Contains(body, "shardingTotalCount") {
+		t.Errorf("readyz after a rejected reload: %d %q, want the problem counted, not quoted", code, body)
+	}
+	if code, body := httpGet(t, "http://"+addr+"/api/v1/config/problems"); code != 200 || !strings.Contains(body, "shardingTotalCount must be") || !strings.Contains(body, "no work: set script or http") {
+		t.Errorf("the problems after a rejected reload: %d %q", code, body)
 	}
 	if _, body := httpGet(t, "http://"+addr+"/metrics"); !strings.Contains(body, "shardd_config_last_reload_successful 0") {
 		t.Error("the reload failure is not in the metrics")
@@ -167,4 +172,114 @@ func TestSIGHUPAtStartAndStop(t *testing.T) {
 	if len(p.find(msg("left the cluster: leaderships resigned, lease revoked"))) == 0 {
 		t.Errorf("the lease was not revoked:\n%s", p.rawLog())
 	}
+}
+
+// sigIgnored reports whether the kernel says process pid ignores sig (its
+// /proc status's SigIgn mask), and false when it cannot tell.
+func sigIgnored(pid int, sig syscall.Signal) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if mask, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			m, err := strconv.ParseUint(strings.TrimSpace(mask), 16, 64)
+			return err == nil && m&(1<<(uint(sig)-1)) != 0
+		}
+	}
+	return false
+}
+
+// A SIGHUP right after exec does not kill shardd run: from its first
+// package initialization the signal is ignored, and from the top of its
+// command it reloads. Before that first initialization, while Go's runtime
+// starts, no Go program can catch a signal, so each round waits for the
+// kernel to say the signal is ignored (/proc/PID/status), then sends
+// SIGHUPs, one every 100µs, through the rest of the start, until the
+// process says it is starting; the last of them reloads once it is up.
+func TestSIGHUPRightAfterExec(t *testing.T) {
+	e := startEtcd(t)
+	cfg := filepath.Join(t.TempDir(), "jobs.yaml")
+	os.WriteFile(cfg, []byte("jobs:\n  - name: nightly\n    cron: \"0 0 3 * * ?\"\n    script: [/bin/true]\n"), 0o644)
+	retries := 0
+	for round := 0; round < 20; round++ {
+		p := startShardd(t, e, fmt.Sprintf("hup%d", round), cfg)
+		pid := p.cmd.Process.Pid
+		// The signal is ignored for the ~10 ms of the packages'
+		// initialization; a look every few µs sees it, unless this test
+		// was not scheduled meanwhile: then the round says nothing.
+		seen, gap, last := false, time.Duration(0), time.Now()
+		for !seen && len(p.find(msg("starting shardd"))) == 0 && time.Since(p.start) < 10*time.Second {
+			seen = sigIgnored(pid, syscall.SIGHUP)
+			now := time.Now()
+			gap, last = max(gap, now.Sub(last)), now
+			runtime.Gosched()
+		}
+		ignoredAfter := time.Since(p.start)
+		if !seen {
+			p.signal(syscall.SIGKILL)
+			<-p.exited
+			if gap > 2*time.Millisecond && retries < 100 {
+				retries++
+				round--
+				continue
+			}
+			t.Errorf("round %d: shardd run did not ignore SIGHUP while it started (looked every %v at most, until its first log line): a SIGHUP then kills it", round, gap)
+			diagnoseEarlySIGHUP(t, e, cfg)
+			return
+		}
+		sent := 0
+		for len(p.find(msg("starting shardd"))) == 0 {
+			select {
+			case <-p.exited:
+				t.Fatalf("round %d: shardd run exited after %d SIGHUPs during its start (%v):\n%s", round, sent, p.err, p.rawLog())
+			default:
+			}
+			p.signal(syscall.SIGHUP)
+			sent++
+			time.Sleep(100 * time.Microsecond)
+		}
+		p.signal(syscall.SIGHUP) // its handler is installed before it says it starts: this one reloads
+		waitFor(t, 20*time.Second, fmt.Sprintf("round %d: a reload on SIGHUP once up", round), func() bool {
+			select {
+			case <-p.exited:
+				t.Fatalf("round %d: shardd run exited after %d SIGHUPs during its start (%v):\n%s", round, sent, p.err, p.rawLog())
+			default:
+			}
+			return len(p.find(func(r map[string]any) bool { return r["msg"] == "configuration reloaded" && r["trigger"] == "SIGHUP" })) > 0
+		})
+		t.Logf("round %d: SIGHUP ignored by %v after exec; %d SIGHUPs before the process said it started", round, ignoredAfter.Round(time.Microsecond), sent)
+		p.signal(syscall.SIGKILL)
+		<-p.exited
+	}
+	t.Logf("%d rounds retried: the test was not scheduled while the signal was ignored", retries)
+}
+
+// diagnoseEarlySIGHUP shows, for a build that does not ignore SIGHUP from
+// its start, how many of its starts a SIGHUP kills, sent 1 to 20 ms after
+// exec.
+func diagnoseEarlySIGHUP(t *testing.T, e *etcdProc, cfg string) {
+	killed := 0
+	for delay := time.Millisecond; delay <= 20*time.Millisecond; delay += time.Millisecond {
+		p := startShardd(t, e, "early", cfg)
+		time.Sleep(delay)
+		p.signal(syscall.SIGHUP)
+		waitFor(t, 20*time.Second, "the process to start or die", func() bool {
+			select {
+			case <-p.exited:
+				return true
+			default:
+				return len(p.find(msg("starting shardd"))) > 0
+			}
+		})
+		select {
+		case <-p.exited:
+			killed++
+			t.Logf("a SIGHUP %v after exec killed it: %v", delay, p.err)
+		default:
+			p.signal(syscall.SIGKILL)
+			<-p.exited
+		}
+	}
+	t.Logf("a SIGHUP 1 to 20 ms after exec killed %d of 20 starts", killed)
 }

@@ -441,15 +441,15 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 	// scripts, of the same user, must not find its password anywhere in
 	// /proc, which root's would.
 	var asUser func(*exec.Cmd)
-	work := t.TempDir()
+	work, cfgDir := t.TempDir(), t.TempDir()
 	if os.Getuid() == 0 {
-		work = publicDir(t)
+		work, cfgDir = publicDir(t), publicDir(t) // the job file: others may read it, not write it
 		os.Chmod(work, 0o777)
 		asUser = func(cmd *exec.Cmd) { asNobody(t, cmd) }
 	}
 	os.WriteFile(filepath.Join(work, "ran"), nil, 0o666) // every instance appends
 	os.Chmod(filepath.Join(work, "ran"), 0o666)
-	cfg := filepath.Join(work, "jobs.yaml")
+	cfg := filepath.Join(cfgDir, "jobs.yaml")
 	os.WriteFile(cfg, []byte(fmt.Sprintf(`jobs:
   - name: nightly
     cron: "0 0 3 * * ?"

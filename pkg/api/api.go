@@ -2,12 +2,13 @@
 // the JSON API over the cluster's jobs and instances.
 //
 //	GET  /healthz                          the process is alive
-//	GET  /readyz                           the instance holds an etcd session and a valid config
+//	GET  /readyz                           the instance holds an etcd session; a failed reload counted, not quoted
 //	GET  /metrics                          Prometheus metrics
 //	GET  /api/v1/jobs                      every job: status, leader, epoch, items
 //	GET  /api/v1/jobs/{job}                one job, with this instance's view of it
 //	GET  /api/v1/jobs/{job}/history        recent executions (?item=N for one item)
 //	GET  /api/v1/instances                 live instances
+//	GET  /api/v1/config/problems           the last reload's problems, if it was rejected
 //	GET  /api/v1/jobs/{job}/runs/{run}/log a run's log (see Run logs below)
 //	POST /api/v1/jobs/{job}/trigger        run now (?item=N for one item)
 //	POST /api/v1/jobs/{job}/disable        disable the job (?item=N or ?instance=ID for one; &force=true for an instance not yet running it)
@@ -24,10 +25,10 @@
 // a loopback port, and there is no default token (XXL-JOB's led to
 // CVE-2022-36157). The CLI does not need them: it changes the cluster
 // through etcd. A read token, if set, guards the read endpoints of /api
-// (either token reads). /healthz, /readyz and /metrics need no token.
-// The console's sessions stand for a token with two halves, the session
-// cookie and the session's key in X-Shardd-Key; the cookie alone is
-// nothing (see Auth).
+// (either token reads). /healthz, /readyz and /metrics need no token, and
+// quote nothing of the job files. The console's sessions stand for a token
+// with two halves, the session cookie and the session's key in
+// X-Shardd-Key; the cookie alone is nothing (see Auth).
 //
 // # Run logs
 //
@@ -162,6 +163,7 @@ func Handler(o Options) http.Handler {
 		{"POST", "/api/v1/jobs/{job}/trigger", a.write(a.trigger)},
 		{"POST", "/api/v1/jobs/{job}/kill", a.write(a.kill)},
 		{"GET", "/api/v1/audit", a.read(a.audit)},
+		{"GET", "/api/v1/config/problems", a.read(a.problems)},
 		{"POST", "/api/v1/jobs/{job}/disable", a.write(a.disable(true))},
 		{"POST", "/api/v1/jobs/{job}/enable", a.write(a.disable(false))},
 	} {
@@ -185,25 +187,61 @@ func Handler(o Options) http.Handler {
 	if !o.Loopback {
 		return mux
 	}
+	return CheckHost(mux, LoopbackHosts)
+}
+
+// A HostCheck is the DNS-rebinding check of a server: a web page that
+// rebinds its own name to the server's address sends that name in its
+// requests' Host header, which the check refuses.
+type HostCheck struct {
+	OK   func(host string) bool // whether the server answers to the Host header host
+	Want string                 // what OK accepts, said in a refusal
+}
+
+var (
+	// LoopbackHosts accepts a loopback address or localhost: the check of
+	// a server that listens on loopback addresses only.
+	LoopbackHosts = HostCheck{loopbackHost, "this server answers only to a loopback address or localhost"}
+	// AddressHosts accepts an IP address or localhost, never another name.
+	AddressHosts = HostCheck{addressHost, "this server answers only to an IP address or localhost, not to a name"}
+)
+
+// CheckHost serves h to the requests whose Host header c accepts, and
+// refuses the others (421 Misdirected Request).
+func CheckHost(h http.Handler, c HostCheck) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !loopbackHost(r.Host) {
-			writeError(w, http.StatusMisdirectedRequest, "host %q: this server answers only to a loopback address or localhost", r.Host)
+		if !c.OK(r.Host) {
+			writeError(w, http.StatusMisdirectedRequest, "host %q: %s", r.Host, c.Want)
 			return
 		}
-		mux.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 	})
 }
 
 // loopbackHost reports whether a Host header names this host's loopback.
 func loopbackHost(host string) bool {
+	ip, name := hostOf(host)
+	if ip != nil {
+		return ip.IsLoopback()
+	}
+	return strings.EqualFold(name, "localhost")
+}
+
+// addressHost reports whether a Host header is an IP address or
+// localhost: no name a DNS answer could point elsewhere.
+func addressHost(host string) bool {
+	ip, name := hostOf(host)
+	return ip != nil || strings.EqualFold(name, "localhost")
+}
+
+// hostOf splits a Host header's host from its port: its IP address, or
+// else its name.
+func hostOf(host string) (net.IP, string) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
 	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
-	if ip := net.ParseIP(host); ip != nil {
-		return ip.IsLoopback()
-	}
-	return strings.EqualFold(host, "localhost")
+	return net.ParseIP(host), host
 }
 
 // crossOrigin reports whether r comes from a web page of another origin
@@ -350,6 +388,12 @@ func (a *api) record(r *http.Request, e coord.AuditEntry, err error) {
 // its writes, 503 otherwise (etcd went back in time, its NOSPACE alarm).
 // A failed reload does not make it unready (the last good configuration
 // keeps running) but is always said, whatever the status.
+// readyz says whether the instance can work. It is open to anyone, so it
+// quotes nothing of the configuration: a problem's message quotes the
+// field's value (a webhook URL and its secret path, a wrong-typed value),
+// and file names say where the jobs are. It counts the problems of a
+// failed reload and names the jobs they are in; /api/v1/config/problems,
+// a read endpoint, lists them.
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 	var reload error
 	if a.o.ConfigError != nil {
@@ -357,7 +401,7 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	note := ""
 	if reload != nil {
-		note = fmt.Sprintf("; the last configuration reload failed, the previous configuration runs: %v", reload)
+		note = "; the last configuration reload failed, the previous configuration runs: " + problemCount(reload) + "; GET /api/v1/config/problems lists them"
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if err := a.o.Cluster.Impaired(); err != nil {
@@ -371,6 +415,88 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fmt.Fprintf(w, "ok%s\n", note)
+}
+
+// problemCount says how many problems err holds and how many are in each
+// job, naming a job only by a valid name (an invalid one is text of the
+// file like any other): "3 problems (job billing: 2; 1 elsewhere)".
+func problemCount(err error) string {
+	all := config.Errors(err)
+	byJob := map[string]int{}
+	var jobs []string
+	elsewhere := 0
+	for _, p := range all {
+		var ce *config.Error
+		name := ""
+		if errors.As(p, &ce) {
+			name, _ = strconv.Unquote(ce.Job) // "#2" (no name yet) fails: elsewhere
+		}
+		if name == "" || config.CheckName(name) != nil {
+			elsewhere++
+			continue
+		}
+		if byJob[name] == 0 {
+			jobs = append(jobs, name)
+		}
+		byJob[name]++
+	}
+	var parts []string
+	for _, j := range jobs {
+		parts = append(parts, fmt.Sprintf("job %s: %d", j, byJob[j]))
+	}
+	if elsewhere > 0 {
+		if len(jobs) == 0 {
+			parts = append(parts, fmt.Sprintf("%d outside any named job", elsewhere))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d elsewhere", elsewhere))
+		}
+	}
+	s := "1 problem"
+	if len(all) != 1 {
+		s = fmt.Sprintf("%d problems", len(all))
+	}
+	return s + " (" + strings.Join(parts, "; ") + ")"
+}
+
+// configProblems is what /api/v1/config/problems answers.
+type configProblems struct {
+	// ReloadFailed says the last reload was rejected: the previous
+	// configuration runs.
+	ReloadFailed bool            `json:"reloadFailed"`
+	Problems     []configProblem `json:"problems"`
+}
+
+// configProblem is one problem of a rejected configuration: File, Line and
+// Job when it has them (a job without a name yet is "#N", its place in the
+// file's list), and Message, the problem itself (Error of the whole, for
+// a problem that is not one of a file's).
+type configProblem struct {
+	File    string `json:"file,omitempty"`
+	Line    int    `json:"line,omitempty"`
+	Job     string `json:"job,omitempty"`
+	Message string `json:"message"`
+}
+
+// problems lists the last reload's problems, as the log does.
+func (a *api) problems(w http.ResponseWriter, r *http.Request) {
+	var reload error
+	if a.o.ConfigError != nil {
+		reload = a.o.ConfigError()
+	}
+	out := configProblems{ReloadFailed: reload != nil, Problems: []configProblem{}}
+	for _, p := range config.Errors(reload) {
+		var ce *config.Error
+		if !errors.As(p, &ce) {
+			out.Problems = append(out.Problems, configProblem{Message: p.Error()})
+			continue
+		}
+		job := ce.Job
+		if name, err := strconv.Unquote(job); err == nil {
+			job = name
+		}
+		out.Problems = append(out.Problems, configProblem{File: ce.File, Line: ce.Line, Job: job, Message: ce.Msg})
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (a *api) ctx(r *http.Request) (context.Context, context.CancelFunc) {

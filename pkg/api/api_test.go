@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 )
 
@@ -274,8 +275,9 @@ func TestReadyz(t *testing.T) {
 		t.Errorf("up: %d", code)
 	}
 	cfgErr = errors.New(`jobs.yaml:3: job "x": shardingTotalCount must be >= 1, got 0`)
-	if code, body := do(t, h, "GET", "/readyz", ""); code != 200 || !strings.Contains(body, "last configuration reload failed") || !strings.Contains(body, "shardingTotalCount") {
-		t.Errorf("failed reload: %d %s", code, body)
+	if code, body := do(t, h, "GET", "/readyz", ""); code != 200 || !strings.Contains(body, "last configuration reload failed") || !strings.Contains(body, "1 problem") ||
+		strings.Contains(body, "shardingTotalCount") || strings.Contains(body, "jobs.yaml") {
+		t.Errorf("failed reload: %d %s, want the problems counted, none quoted", code, body)
 	}
 	// Both: the session's absence decides the status, the reload is said.
 	fc.up = false
@@ -289,6 +291,63 @@ func TestReadyz(t *testing.T) {
 		if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, impaired.Error()) {
 			t.Errorf("impaired (%v): %d %s, want 503 saying so", impaired, code, body)
 		}
+	}
+}
+
+// /readyz, open to anyone, says that a reload failed, in which jobs and
+// how many problems, and quotes nothing of the files: a problem quotes
+// the field's value (a webhook URL with its secret path, a wrong-typed
+// value). The problems themselves are a read endpoint's.
+func TestReadyzQuotesNoConfigValue(t *testing.T) {
+	_, cfgErr := config.Parse("jobs.yaml", []byte(`jobs:
+  - name: billing
+    cron: "0 * * * * ?"
+    shardingTotalCount: sekret-count
+    script: [/bin/true]
+    onFailure:
+      webhook: "http://hooks.example/%zz/s3cr3t-path"
+  - name: "bad name!"
+    script: [/bin/true]
+`))
+	if n := len(config.Errors(cfgErr)); n != 3 {
+		t.Fatalf("the config has %d problems, want 3: %v", n, cfgErr)
+	}
+	for _, tc := range []struct {
+		name   string
+		tokens []Token
+	}{{"reads open", nil}, {"reads need a token", toks("", "read-token-1234567")}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := Handler(Options{Cluster: &fakeCluster{up: true}, ConfigError: func() error { return cfgErr }, Tokens: tc.tokens})
+			code, body := do(t, h, "GET", "/readyz", "")
+			if code != 200 || !strings.Contains(body, "3 problems") || !strings.Contains(body, `job billing: 2`) || !strings.Contains(body, "/api/v1/config/problems") {
+				t.Errorf("readyz: %d %q, want 200 counting 3 problems, 2 of job billing, and where the details are", code, body)
+			}
+			for _, secret := range []string{"s3cr3t-path", "hooks.example", "sekret-count", "bad name", "jobs.yaml", "webhook", "shardingTotalCount"} {
+				if strings.Contains(body, secret) {
+					t.Errorf("readyz quotes %q: %s", secret, body)
+				}
+			}
+			code, body = do(t, h, "GET", "/api/v1/config/problems", "")
+			if tc.tokens != nil {
+				if code != 401 || strings.Contains(body, "s3cr3t") {
+					t.Errorf("problems without a token, reads closed: %d %s, want 401", code, body)
+				}
+				code, body = do(t, h, "GET", "/api/v1/config/problems", "read-token-1234567")
+			}
+			var out configProblems
+			if err := json.Unmarshal([]byte(body), &out); code != 200 || err != nil {
+				t.Fatalf("problems: %d %s (%v)", code, body, err)
+			}
+			if !out.ReloadFailed || len(out.Problems) != 3 || out.Problems[0].Job != "billing" || out.Problems[0].Line != 4 || out.Problems[0].File != "jobs.yaml" ||
+				!strings.Contains(out.Problems[1].Message, "s3cr3t-path") || out.Problems[2].Job != "bad name!" {
+				t.Errorf("problems: %+v", out)
+			}
+		})
+	}
+	// After a successful reload: none.
+	h := Handler(Options{Cluster: &fakeCluster{up: true}, ConfigError: func() error { return nil }})
+	if code, body := do(t, h, "GET", "/api/v1/config/problems", ""); code != 200 || !strings.Contains(body, `"reloadFailed": false`) {
+		t.Errorf("problems after a good reload: %d %s", code, body)
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -222,7 +221,8 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		})
 		req.Header.Set(k, val)
 	}
-	defer func() { res = boundErr(redact(res, secrets)) }()
+	secret := newRedactor(secrets)
+	defer func() { res = boundErr(redact(res, secret)) }()
 	client, err := h.clientNow()
 	if err != nil {
 		res.Err = err
@@ -253,9 +253,11 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 	// tail's start would escape redaction).
 	var answer bytes.Buffer
 	n, rerr := io.Copy(&answer, io.LimitReader(resp.Body, maxAnswer))
-	text := redactString(answer.String(), secrets)
+	text := answer.String()
 	if n == maxAnswer || rerr != nil { // cut: a secret may start in the last bytes read
-		text = redactCut(text, secrets)
+		text = secret.Cut(text)
+	} else {
+		text = secret.String(text)
 	}
 	if c.Output != nil {
 		c.Output.Stdout().Write([]byte(text))
@@ -313,74 +315,15 @@ func ExpandEnv(s string) (string, []string) {
 // redact replaces every secret in the recorded parts of res (output and
 // error, which reach the log, the history and the API) with "[redacted]":
 // a hook that echoes its request, or an error that quotes it, must not
-// publish a header's ${VAR} value.
-func redact(res Result, secrets []string) Result {
-	res.Output = redactString(res.Output, secrets)
+// publish a header's ${VAR} value (see redact.go).
+func redact(res Result, secret *redactor) Result {
+	res.Output = secret.String(res.Output)
 	if res.Err != nil {
-		if msg := redactString(res.Err.Error(), secrets); msg != res.Err.Error() {
+		if msg := secret.String(res.Err.Error()); msg != res.Err.Error() {
 			res.Err = &redactedError{msg: msg, err: res.Err}
 		}
 	}
 	return res
-}
-
-func redactString(s string, secrets []string) string {
-	pairs := replacements(secrets)
-	if len(pairs) == 0 {
-		return s
-	}
-	return strings.NewReplacer(pairs...).Replace(s)
-}
-
-func replacements(secrets []string) []string {
-	var out []string
-	for _, v := range forms(secrets) {
-		out = append(out, v, "[redacted]")
-	}
-	return out
-}
-
-// forms returns each secret of at least 4 bytes (shorter values would
-// redact ordinary text) as sent and as an answer or error may quote it:
-// URL-, JSON- and base64-encoded.
-func forms(secrets []string) []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, s := range secrets {
-		if len(s) < 4 {
-			continue
-		}
-		j, _ := json.Marshal(s)
-		for _, v := range []string{s, url.QueryEscape(s), url.PathEscape(s), strings.Trim(string(j), `"`),
-			base64.StdEncoding.EncodeToString([]byte(s)), base64.RawURLEncoding.EncodeToString([]byte(s))} {
-			if !seen[v] {
-				seen[v] = true
-				out = append(out, v)
-			}
-		}
-	}
-	// Longest first: strings.Replacer tries its pairs in order, and a
-	// secret that contains another must be replaced whole.
-	slices.SortStableFunc(out, func(a, b string) int { return len(b) - len(a) })
-	return out
-}
-
-// redactCut redacts the start of a secret at the end of a text that was
-// cut there.
-func redactCut(text string, secrets []string) string {
-	longest := 0 // the longest start of any form that ends the text
-	for _, v := range forms(secrets) {
-		for k := min(len(v)-1, len(text)); k > longest; k-- {
-			if strings.HasSuffix(text, v[:k]) {
-				longest = k
-				break
-			}
-		}
-	}
-	if longest == 0 {
-		return text
-	}
-	return text[:len(text)-longest] + "[redacted]"
 }
 
 // maxErr bounds the message of a run's error: it reaches the log, the
