@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -166,4 +167,54 @@ func TestTokenFileOthersCanWrite(t *testing.T) {
 	if err := vetTokenFiles(log, true, f); err == nil || !strings.Contains(err.Error(), "token file "+f+" is writable by every user") {
 		t.Errorf("a token file every user can write, as root: %v, want a refusal", err)
 	}
+}
+
+// Whoever can change a symbolic link on the way to a job file chooses what
+// shardd reads there: a link of another user's (which they may remove and
+// make again, even in a sticky directory), and every link a path goes
+// through, not only the first and the last (an intermediate link in a
+// directory others can write is theirs to swap).
+func TestConfigProblemsSeeEveryLinkOnTheWay(t *testing.T) {
+	t.Run("a link of another user in a sticky directory", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root, to give the link to another user")
+		}
+		top, dir, _ := tree(t)
+		chmod(t, top, os.ModeSticky|0o777)
+		link := filepath.Join(top, "current")
+		if err := os.Symlink(dir, link); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(link, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if got := configProblems(link); len(got) == 0 {
+			t.Errorf("config %s, a link of uid 65534 (who may remove it and link their own directory): no problem", link)
+		}
+	})
+	t.Run("an intermediate link in a directory others can write", func(t *testing.T) {
+		top, dir, file := tree(t)
+		releases := filepath.Join(top, "releases")
+		open := filepath.Join(top, "open")
+		for _, d := range []string{releases, open} {
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		chmod(t, open, 0o777)
+		if err := os.Rename(file, filepath.Join(releases, "real.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		// jobs.d/jobs.yaml -> open/current/real.yaml, open/current -> releases
+		if err := os.Symlink(releases, filepath.Join(open, "current")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join(open, "current", "real.yaml"), file); err != nil {
+			t.Fatal(err)
+		}
+		got := configProblems(dir)
+		if !slices.ContainsFunc(got, func(p string) bool { return strings.Contains(p, open) }) {
+			t.Errorf("problems %q: none names %s, which every user can write (they can point open/current at their own directory)", got, open)
+		}
+	})
 }

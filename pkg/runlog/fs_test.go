@@ -308,3 +308,32 @@ func TestOpenFileReadsNoPlantedFile(t *testing.T) {
 		t.Errorf("OpenFile of another user's log: %v, want ErrNotTrusted", err)
 	}
 }
+
+// A run log directory that is refused leaves nothing behind: shardd
+// checks before it creates, so a link another user planted in a shared
+// working directory (shardd-data -> a directory of their choosing) does
+// not get directories of shardd's user made through it.
+func TestARefusedRunLogDirectoryIsNotCreatedThroughALink(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to give the link to another user")
+	}
+	shared := filepath.Join(t.TempDir(), "shared")
+	os.Mkdir(shared, 0o700)
+	os.Chmod(shared, os.ModeSticky|0o777) // sticky, so the directory itself passes
+	target := t.TempDir()                 // where the planter wants shardd's directories
+	link := filepath.Join(shared, "shardd-data")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	os.Lchown(link, 65534, 65534)
+	s, err := New(filepath.Join(link, "runs", "a"))
+	if err == nil {
+		s.Close()
+	}
+	if !errors.Is(err, trust.ErrNotTrusted) {
+		t.Errorf("New through another user's link: %v, want ErrNotTrusted", err)
+	}
+	if _, err := os.Lstat(filepath.Join(target, "runs")); err == nil {
+		t.Errorf("%s was created through %s, another user's link, before it was refused", filepath.Join(target, "runs"), link)
+	}
+}

@@ -318,3 +318,33 @@ func TestHTTPHookRedactsEchoedEncodings(t *testing.T) {
 		}
 	}
 }
+
+// A secret is redacted as it was sent: Go trims the spaces around a
+// header's value when it writes the request, so a ${VAR} whose value ends
+// (or begins) with white space, as a value read from a file or pasted
+// often does, reaches the hook without it, and the hook's echo is the
+// secret without it.
+func TestHTTPHookRedactsASecretAsSent(t *testing.T) {
+	const secret = "s3cr3t-t0ken-value"
+	t.Setenv("HOOK_KEY", secret+" ")
+	var echo string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		echo = r.Header.Get("X-Key")
+		w.WriteHeader(403)
+		fmt.Fprintf(w, `{"error": "bad key %s"}`, echo)
+	}))
+	defer srv.Close()
+	h, _ := NewHTTP(HTTP{URL: srv.URL, Method: "POST", Headers: map[string]string{"X-Key": "${HOOK_KEY}"}, Timeout: 5 * time.Second}, TLSFiles{})
+	sink := &memSink{}
+	c := ctxFixture
+	c.Output = sink
+	res := h.Run(context.Background(), c)
+	if echo != secret {
+		t.Fatalf("the hook got %q, want %q (Go trims a header's value)", echo, secret)
+	}
+	for _, got := range []string{res.Output, sink.out.String(), fmt.Sprint(res.Err)} {
+		if strings.Contains(got, secret) {
+			t.Errorf("the secret, as sent, is recorded: %s", got)
+		}
+	}
+}

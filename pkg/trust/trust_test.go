@@ -80,3 +80,32 @@ func TestAncestors(t *testing.T) {
 	os.Lchown(link, 65534, 65534)
 	refused("through another user's link, in a sticky directory", link, "symbolic link of uid 65534")
 }
+
+// A path through two links: the first, in a directory of this user's,
+// leads to a second in a directory others can write, which leads to the
+// directory itself. The second link's directory is neither above the path
+// as written nor above the path resolved, but whoever can write it points
+// the second link wherever they like: Ancestors must see it.
+func TestAncestorsSeeAnIntermediateLink(t *testing.T) {
+	base := t.TempDir()
+	real := filepath.Join(base, "real", "data")
+	open := filepath.Join(base, "open")
+	safe := filepath.Join(base, "safe")
+	for _, d := range []string{real, open, safe} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chmod(open, 0o777)
+	// safe/data -> open/current/data, open/current -> real
+	if err := os.Symlink(filepath.Join(base, "real"), filepath.Join(open, "current")); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(safe, "data")
+	if err := os.Symlink(filepath.Join(open, "current", "data"), dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := Ancestors(dir, "the directory"); !errors.Is(err, ErrNotTrusted) || !strings.Contains(err.Error(), open) {
+		t.Errorf("Ancestors(%s) = %v, want ErrNotTrusted naming %s, which others can write (its link current leads to the directory)", dir, err, open)
+	}
+}
