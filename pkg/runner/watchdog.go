@@ -335,11 +335,26 @@ func (w *Watchdog) send(line string) error {
 	if w.proc == nil {
 		return errors.New("watchdog: not running (restarting)")
 	}
+	// A watchdog that reads nothing (stopped: SIGSTOP, a frozen cgroup)
+	// would block this write once the pipe is full, with w.mu held: every
+	// run's Add and Del, the deadline and Close behind it. One that takes
+	// longer than sendTimeout is killed, as a dead one: supervise restarts
+	// it and sends it everything again.
+	if d, ok := w.proc.in.(interface{ SetWriteDeadline(time.Time) error }); ok {
+		d.SetWriteDeadline(time.Now().Add(sendTimeout))
+	}
 	if _, err := io.WriteString(w.proc.in, line); err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			w.log.Error("script watchdog takes no more lines (stopped?): killing it, to restart it", "pid", w.proc.cmd.Process.Pid)
+			w.proc.kill()
+		}
 		return fmt.Errorf("watchdog: %w", err)
 	}
 	return nil
 }
+
+// sendTimeout bounds one write to the watchdog.
+const sendTimeout = 2 * time.Second
 
 // SetDeadline moves the time at which every registered group is killed.
 // A watchdog restarted later is sent it too.
