@@ -73,7 +73,16 @@ func newRedactor(secrets []string) *redactor {
 			r.forms = append(r.forms, f)
 		}
 	}
+	var all []string
 	for _, s := range secrets {
+		// As sent: Go's HTTP client trims the white space around a
+		// header's value, and a hook echoes what it got.
+		all = append(all, s)
+		if t := strings.TrimSpace(s); t != s {
+			all = append(all, t)
+		}
+	}
+	for _, s := range all {
 		if len(s) < minSecret {
 			continue
 		}
