@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/trust"
 )
 
 // The files an operator gives shardd decide what it runs (the job files)
@@ -23,10 +24,12 @@ import (
 //   - the file (followed through links), or a directory whose entries
 //     shardd reads (the config directory), belongs to another user or is
 //     writable by its group or by others;
-//   - a directory above it, along the path as given and as links resolve
-//     it, belongs to another user or is writable by its group or by others
-//     without the sticky bit (/tmp's): they could rename it away and put
-//     their own in its place.
+//   - a directory a name is looked up in on the way to it (links followed
+//     one at a time, intermediate ones too: trust.Walk) belongs to another
+//     user or is writable by its group or by others without the sticky bit
+//     (/tmp's): they could rename it away and put their own in its place;
+//   - a symbolic link on the way belongs to another user: they choose
+//     where it leads.
 //
 // An unsafe file is refused when shardd runs as root (a start fails, a
 // reload is rejected like an invalid one) and logged as a warning
@@ -48,26 +51,28 @@ func newFileCheck() *fileCheck { return &fileCheck{euid: os.Geteuid(), dirs: map
 // even when sticky. A path that does not exist has no problem: its load
 // says so.
 func (c *fileCheck) file(kind, above, path string, entries bool) {
-	abs, err := filepath.Abs(path)
+	w, err := trust.Walk(path)
 	if err != nil {
 		return
 	}
-	real, err := filepath.EvalSymlinks(abs)
-	if err != nil {
-		return
-	}
+	abs, _ := filepath.Abs(path)
 	self := kind + " " + abs
-	if real != abs {
-		self += " (" + real + ")"
+	if w.Real != abs {
+		self += " (" + w.Real + ")"
 	}
-	c.check(real, self, true)
+	c.check(w.Real, self, true)
 	if entries {
-		c.dirs[abs], c.dirs[real] = true, true // checked as itself, stricter
+		c.dirs[w.Real] = true // checked as itself, stricter
 	}
-	for _, chain := range []string{abs, real} {
-		for p := filepath.Dir(chain); !c.dirs[p]; p = filepath.Dir(p) {
-			c.dirs[p] = true
-			c.check(p, fmt.Sprintf("directory %s, above %s,", p, above), false)
+	for _, l := range w.Links { // whoever owns a link chooses where it leads
+		if l.UID >= 0 && l.UID != 0 && l.UID != c.euid {
+			c.problems = append(c.problems, fmt.Sprintf("symbolic link %s, on the way to %s, belongs to uid %d, neither root nor this user (uid %d)", l.Path, above, l.UID, c.euid))
+		}
+	}
+	for _, d := range w.Dirs { // every directory a name is looked up in, intermediate links' too
+		if !c.dirs[d] {
+			c.dirs[d] = true
+			c.check(d, fmt.Sprintf("directory %s, above %s,", d, above), false)
 		}
 	}
 }

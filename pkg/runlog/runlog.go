@@ -249,6 +249,18 @@ func New(dir string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run log directory: %w", err)
 	}
+	// What exists of the path is checked before anything is created in
+	// it: a link planted there must not lead this user's mkdir elsewhere.
+	exists := abs
+	for {
+		if _, err := os.Lstat(exists); err == nil || exists == filepath.Dir(exists) {
+			break
+		}
+		exists = filepath.Dir(exists)
+	}
+	if err := trust.Ancestors(exists, "the run log directory"); err != nil {
+		return nil, fmt.Errorf("run log directory: %w", err)
+	}
 	if err := os.MkdirAll(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("run log directory: %w", err)
 	}

@@ -27,6 +27,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -73,59 +74,108 @@ func Perm(path string, perm fs.FileMode, uid int, mine bool) error {
 }
 
 // Ancestors checks that nobody but this user and root can change what dir
-// names (see the package doc): the directories above it, on its path as
-// written and once resolved, and the symbolic links on its path. what
-// names dir in the errors ("the data directory").
+// names (see the package doc): every directory a name is looked up in on
+// the way to it, and every symbolic link on the way, intermediate links'
+// included. what names dir in the errors ("the data directory").
 func Ancestors(dir, what string) error {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return err
-	}
-	resolved, err := filepath.EvalSymlinks(abs)
+	w, err := Walk(dir)
 	if err != nil {
 		return err
 	}
 	me := os.Geteuid()
-	ours := func(fi fs.FileInfo) (int, bool) {
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return -1, true
+	for _, l := range w.Links {
+		if l.UID != 0 && l.UID != me {
+			return fmt.Errorf("%s, on the way to %s, is a symbolic link of uid %d: %w; whoever owns a link chooses where it leads: name the directory itself", l.Path, what, l.UID, ErrNotTrusted)
 		}
-		return int(st.Uid), int(st.Uid) == 0 || int(st.Uid) == me
 	}
-	// The links on the way, as written.
-	for p := abs; ; p = filepath.Dir(p) {
-		fi, err := os.Lstat(p)
+	for _, d := range w.Dirs {
+		fi, err := os.Stat(d)
 		if err != nil {
 			return err
 		}
-		if uid, ok := ours(fi); fi.Mode()&fs.ModeSymlink != 0 && !ok {
-			return fmt.Errorf("%s, on the way to %s, is a symbolic link of uid %d: %w; whoever owns a link chooses where it leads: name the directory itself", p, what, uid, ErrNotTrusted)
+		uid := ownerOf(fi)
+		if uid != 0 && uid != me {
+			return fmt.Errorf("%s, above %s, belongs to uid %d, neither root nor this user (uid %d): %w; they could swap %s: put it somewhere only you (or root) can write", d, what, uid, me, ErrNotTrusted, what)
 		}
-		if p == filepath.Dir(p) {
-			break
-		}
-	}
-	starts := []string{abs}
-	if resolved != abs {
-		starts = append(starts, resolved)
-	}
-	for _, start := range starts {
-		for p := filepath.Dir(start); ; p = filepath.Dir(p) {
-			fi, err := os.Stat(p)
-			if err != nil {
-				return err
-			}
-			if uid, ok := ours(fi); !ok {
-				return fmt.Errorf("%s, above %s, belongs to uid %d, neither root nor this user (uid %d): %w; they could swap %s: put it somewhere only you (or root) can write", p, what, uid, me, ErrNotTrusted, what)
-			}
-			if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
-				return fmt.Errorf("%s, above %s, is writable by other users (mode %v) and not sticky: %w; they could swap %s: put it somewhere only you can write", p, what, fi.Mode().Perm(), ErrNotTrusted, what)
-			}
-			if p == filepath.Dir(p) {
-				break
-			}
+		if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+			return fmt.Errorf("%s, above %s, is writable by other users (mode %v) and not sticky: %w; they could swap %s: put it somewhere only you can write", d, what, fi.Mode().Perm(), ErrNotTrusted, what)
 		}
 	}
 	return nil
+}
+
+// A Path is how a path resolves, one name at a time.
+type Path struct {
+	// Real is the path with every link resolved.
+	Real string
+	// Dirs are the directories a name was looked up in on the way, in
+	// order, once each; Links the symbolic links followed, with their
+	// owners.
+	Dirs  []string
+	Links []Link
+}
+
+// Link is a symbolic link on the way to a path.
+type Link struct {
+	Path string
+	UID  int // -1 when unknown
+}
+
+// Walk resolves path one name at a time, as the kernel does, recording
+// every directory looked in and every link followed: what decides what
+// path names. The last name must exist.
+func Walk(path string) (Path, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return Path{}, err
+	}
+	var w Path
+	seen := map[string]bool{}
+	todo := strings.Split(abs, "/")
+	cur, hops := "/", 0
+	for len(todo) > 0 {
+		name := todo[0]
+		todo = todo[1:]
+		switch name {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		if !seen[cur] {
+			seen[cur] = true
+			w.Dirs = append(w.Dirs, cur)
+		}
+		next := filepath.Join(cur, name)
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return Path{}, err
+		}
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			cur = next
+			continue
+		}
+		if hops++; hops > 40 {
+			return Path{}, fmt.Errorf("%s: too many symbolic links", abs)
+		}
+		w.Links = append(w.Links, Link{Path: next, UID: ownerOf(fi)})
+		target, err := os.Readlink(next)
+		if err != nil {
+			return Path{}, err
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	w.Real = cur
+	return w, nil
+}
+
+func ownerOf(fi fs.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
 }
