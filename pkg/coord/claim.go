@@ -319,6 +319,11 @@ type Claim struct {
 	Param   string
 	By      string
 	FireKey string
+	// TriggerID, when set, names the trigger (at revision Trigger) this
+	// claim serves: the claim holds only while its key does, so that a
+	// trigger deleted (served, or dropped for a disabled item) is never
+	// served on a view that lags the deletion.
+	TriggerID string
 	// Upstream, NoPropagate and Total are the record's (see ItemRecord).
 	Upstream    *Upstream
 	NoPropagate bool
@@ -408,11 +413,15 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	if err != nil {
 		return claimParts{}, err
 	}
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(k.Item(c.Job, c.Item)), "=", c.Prev.Rev),
+		clientv3.Compare(clientv3.CreateRevision(k.RunningItem(c.Job, c.Item)), "=", 0),
+	}
+	if c.TriggerID != "" {
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.Trigger(c.Job, c.TriggerID)), "=", c.Trigger))
+	}
 	return claimParts{rec: rec, val: val,
-		cmps: []clientv3.Cmp{
-			clientv3.Compare(clientv3.ModRevision(k.Item(c.Job, c.Item)), "=", c.Prev.Rev),
-			clientv3.Compare(clientv3.CreateRevision(k.RunningItem(c.Job, c.Item)), "=", 0),
-		},
+		cmps: cmps,
 		ops: []clientv3.Op{
 			clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
 			clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),

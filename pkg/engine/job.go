@@ -391,7 +391,7 @@ func manual(triggers []coord.Trigger, item int, st coord.ItemState, now, baselin
 	if !tr.Rerun.IsZero() {
 		fire = tr.Rerun
 	}
-	a := action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, param: tr.Param, by: tr.By,
+	a := action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, triggerID: tr.ID, param: tr.Param, by: tr.By,
 		fireKey: coord.ManualFireKey(*tr), upstream: tr.Upstream, noPropagate: tr.NoPropagate || len(tr.Items) > 0}
 	if tr.Upstream != nil {
 		a.source = coord.SourceUpstream

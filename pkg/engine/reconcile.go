@@ -62,9 +62,12 @@ type action struct {
 	// trigger is the manual trigger a MANUAL run serves; param its
 	// one-off parameter (kept by the run's re-runs).
 	trigger int64
-	param   string
-	by      string
-	fireKey string // a manual fire's (coord.FireKey)
+	// triggerID names the trigger a run serves now (not set on its
+	// failover re-runs: the trigger may be gone by then, served).
+	triggerID string
+	param     string
+	by        string
+	fireKey   string // a manual fire's (coord.FireKey)
 	// upstream is the parent fire an UPSTREAM run serves; noPropagate
 	// keeps a manual run's outcome from triggering the job's children.
 	upstream    *coord.Upstream
