@@ -48,21 +48,8 @@ func historyNode(t *testing.T, srv *etcdtest.Server, id string) (*Node, *logBuff
 // fence.
 func runFire(t *testing.T, n *Node, fire time.Time) int64 {
 	t.Helper()
-	ctx := context.Background()
-	var g *Grant
-	waitFor(t, 10*time.Second, "a claim of "+fire.Format(time.TimeOnly), func() bool {
-		if v, ok := n.View("orders"); !ok || v.Map == nil {
-			return false
-		}
-		prev, err := n.ReadItem(ctx, "orders", 0)
-		if err != nil {
-			return false
-		}
-		v, _ := n.View("orders")
-		g, err = n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: prev, Sched: fire, MapRev: v.MapRev})
-		return err == nil
-	})
-	if err := n.Complete(ctx, g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+	g := claimItem(t, n, 0, fire, SourceNormal, 1)
+	if err := n.Complete(context.Background(), g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
 		t.Fatal(err)
 	}
 	return g.Fence
@@ -236,16 +223,7 @@ func TestOutcomeOfARunEndedAcrossARestoreIsWritten(t *testing.T) {
 	runFire(t, n, base)
 	backup := srv.Backup()
 
-	var g *Grant
-	waitFor(t, 10*time.Second, "the claim of the next fire", func() bool {
-		prev, err := n.ReadItem(ctx, "orders", 0)
-		v, _ := n.View("orders")
-		if err != nil || v.Map == nil {
-			return false
-		}
-		g, err = n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: SourceNormal, Prev: prev, Sched: base.Add(time.Minute), MapRev: v.MapRev})
-		return err == nil
-	})
+	g := claimItem(t, n, 0, base.Add(time.Minute), SourceNormal, 1)
 	claimed, _ := readRecord(t, cli, n.keys.Item("orders", 0))
 	srv.Stop()
 	done := make(chan error, 1)
