@@ -78,18 +78,27 @@ func etcdGoesBack(t *testing.T, outage time.Duration, restore []string) {
 	time.Sleep(outage)
 	e.start()
 	t.Logf("etcd stopped at %s, back (restored: %v) at %s", stop.Format(time.RFC3339Nano), restore != nil, time.Now().Format(time.RFC3339Nano))
-	recovered := func(p *proc) bool {
-		return len(p.find(msg("recovered from etcd going back: resuming with a new session; fences rise above every one seen"))) > 0
+	recoveries := func(p *proc) int {
+		return len(p.find(msg("recovered from etcd going back: resuming with a new session; fences rise above every one seen")))
 	}
-	waitFor(t, 60*time.Second, "both instances to recover", func() bool { return recovered(procs[0]) && recovered(procs[1]) })
+	// Restored with --bump-revision --mark-compacted, an instance whose
+	// answers all came after another had recovered may have nothing to
+	// recover from: the compaction made it read everything again, and what
+	// it read was already the write-back. Otherwise each sees the rewind
+	// (or hears of it) and recovers.
+	bumped := len(restore) > 0
+	waitFor(t, 60*time.Second, "the instances to recover", func() bool {
+		n := recoveries(procs[0]) + recoveries(procs[1])
+		return n == 2 || (bumped && n == 1)
+	})
 	healed := time.Now()
-	t.Logf("both recovered by %s", healed.Format(time.RFC3339Nano))
+	t.Logf("recovered by %s", healed.Format(time.RFC3339Nano))
 	time.Sleep(25 * time.Second)
 	to := time.Now()
 	for _, p := range procs {
 		// One recovery each: a report passed on by the other instance is
 		// not taken for a second rewind.
-		if n := len(p.find(msg("recovered from etcd going back: resuming with a new session; fences rise above every one seen"))); n != 1 {
+		if n := recoveries(p); n > 1 || (n == 0 && !bumped) {
 			t.Errorf("%s recovered %d times from one rewind", p.name, n)
 		}
 		select {
@@ -121,17 +130,22 @@ func etcdGoesBack(t *testing.T, outage time.Duration, restore []string) {
 	ranAfter := map[string]bool{}
 	for _, ev := range events {
 		if ev.Kind == "start" && ev.At.After(healed) {
-			ranAfter[ev.Job] = true
+			ranAfter[ev.Job], ranAfter[ev.Instance] = true, true
 		}
 	}
-	if !ranAfter["ten"] || !ranAfter["two"] {
-		t.Errorf("jobs that ran after the recovery: %v; want both", ranAfter)
+	if !ranAfter["ten"] || !ranAfter["two"] || !ranAfter["n1"] || !ranAfter["n2"] {
+		t.Errorf("jobs and instances that ran after the recovery: %v; want both jobs, on both instances", ranAfter)
 	}
-	if rewinds := procs[0].find(msg("etcd went back in time (restored from a snapshot, wiped, or another cluster): this instance stops starting runs, fences itself and drops what it knew; it resumes by itself once etcd's revision passes every one it saw, after writing back the item records it knew (see docs/operations.md)")); len(rewinds) == 0 {
-		t.Errorf("n1 logged no ERROR saying etcd went back")
+	said := 0
+	for _, p := range procs {
+		said += len(p.find(msg("etcd went back in time (restored from a snapshot, wiped, or another cluster): this instance stops starting runs, fences itself and drops what it knew; it resumes by itself once etcd's revision passes every one it saw, after writing back the item records it knew (see docs/operations.md)")))
 	}
+	if said == 0 {
+		t.Errorf("no instance logged an ERROR saying etcd went back")
+	}
+
 	out, err := exec.Command(bin.shardd, "status", "--etcd", e.clientURL).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "etcd went back in time: n1 saw it") || !strings.Contains(string(out), "recovered at") {
+	if err != nil || !strings.Contains(string(out), "etcd went back in time: n") || !strings.Contains(string(out), "recovered at") {
 		t.Errorf("status after the recovery does not say etcd went back and was recovered from (%v):\n%s", err, out)
 	}
 }
