@@ -409,29 +409,39 @@ func (f *jobFacts) checkRerun(text string, now time.Time) (time.Time, error) {
 	}
 	fire, err := time.Parse(time.RFC3339Nano, text)
 	if err != nil {
-		if fire, err = localFire(text, loc); err != nil {
+		if fire, err = localFire(text, loc, f.def.Schedule); err != nil {
 			return time.Time{}, err
 		}
 	}
 	return fire, f.checkFire(fire, loc, now)
 }
 
-// localFire reads a date and time without an offset in loc. A wall-clock
-// time that loc skips (a daylight-saving gap) or has twice (the hour, or
-// half hour, repeated when clocks go back) is refused: it names no
-// instant, or two.
-func localFire(text string, loc *time.Location) (time.Time, error) {
+// localFire reads a date and time without an offset in loc, for a job of
+// schedule s. A wall-clock time that loc has twice (the clocks went back)
+// names the instant the job fired at, when it fired at only one of them (a
+// fixed-time job fires the first time only); else both are named, for the
+// operator to choose. One that loc skips (a daylight-saving gap) names no
+// instant: the error says whether the job fired when the clocks jumped.
+func localFire(text string, loc *time.Location, s schedule.Schedule) (time.Time, error) {
+	isFire := func(t time.Time) bool { return s != nil && s.Next(t.Add(-time.Nanosecond)).Equal(t) }
 	for _, layout := range fireLayouts {
 		wall, err := time.Parse(layout, text)
 		if err != nil {
 			continue
 		}
 		at, jump := schedule.Instants(loc, wall)
-		switch len(at) {
-		case 0:
-			return time.Time{}, opErr(ErrBadTarget, "fire %q does not exist in time zone %s (the clocks skipped it; a fixed-time fire for it ran when they jumped, at %s): give an offset, e.g. %s", text, loc, jump.Format(time.RFC3339), jump.Format(time.RFC3339))
-		case 1:
+		switch {
+		case len(at) == 0 && !schedule.FollowsTheClock(s) && isFire(jump):
+			return time.Time{}, opErr(ErrBadTarget, "fire %q does not exist in time zone %s (the clocks skipped it; the job's fire for it ran when they jumped, at %s): give that, %s", text, loc, jump.Format(time.RFC3339), jump.Format(time.RFC3339))
+		case len(at) == 0:
+			return time.Time{}, opErr(ErrBadTarget, "fire %q does not exist in time zone %s (the clocks skipped it, from %s, and the job, which follows the clock, did not fire in the gap)", text, loc, jump.Format(time.RFC3339))
+		case len(at) == 1:
 			return at[0], nil
+		case isFire(at[0]) != isFire(at[1]):
+			if isFire(at[0]) {
+				return at[0], nil // the time the job fired at, of the two
+			}
+			return at[1], nil
 		default:
 			return time.Time{}, opErr(ErrBadTarget, "fire %q happens twice in time zone %s (the clocks went back): give its offset, %s or %s", text, loc, at[0].Format(time.RFC3339), at[1].Format(time.RFC3339))
 		}

@@ -74,7 +74,11 @@ func TestRerunFireAroundDST(t *testing.T) {
 		{"0 45 * * * ?", howe, "2026-04-05 01:45", "happens twice in time zone Australia/Lord_Howe (the clocks went back): give its offset, 2026-04-05T01:45:00+11:00 or 2026-04-05T01:45:00+10:30"},
 		{"0 45 * * * ?", howe, "2026-04-05T01:45:00+10:30", "2026-04-05T01:45:00+10:30"},
 		{"0 45 * * * ?", howe, "2026-04-05 02:45", "2026-04-05T02:45:00+10:30"},
-		{"0 15 2 * * ?", howe, "2026-10-04 02:15", "does not exist in time zone Australia/Lord_Howe (the clocks skipped it; a fixed-time fire for it ran when they jumped, at 2026-10-04T02:30:00+11:00)"},
+		{"0 15 2 * * ?", howe, "2026-10-04 02:15", "does not exist in time zone Australia/Lord_Howe (the clocks skipped it; the job's fire for it ran when they jumped, at 2026-10-04T02:30:00+11:00)"},
+		// A job that follows the clock did not fire in the gap.
+		{"0 0 * * * ?", berlin, "2027-03-28 02:00", "the job, which follows the clock, did not fire in the gap"},
+		// A fixed-time job fired at the first of a time shown twice: that one.
+		{"0 15 2 * * ?", berlin, "2026-10-25 02:15", "2026-10-25T02:15:00+02:00"},
 		{"0 15 2 * * ?", howe, "2026-10-04 02:30", "2026-10-04T02:30:00+11:00"},
 		{"0 15 2 * * ?", berlin, "2027-03-28T03:00:00+02:00", "2027-03-28T03:00:00+02:00"},
 		{"0 15 2 * * ?", berlin, "2027-03-28 03:15", `is not a fire of job "j"`},

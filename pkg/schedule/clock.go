@@ -174,3 +174,18 @@ func Instants(loc *time.Location, wall time.Time) (at []time.Time, jump time.Tim
 	}
 	return at, jump
 }
+
+// FollowsTheClock reports whether s fires at the readings of the clock as
+// it is (a wildcard second, minute or hour field, or an @every interval):
+// then a time the clocks skip has no fire of its own, and one they show
+// twice fires twice. A fixed-time schedule fires a skipped time when the
+// clocks jump, and a doubled one the first time only.
+func FollowsTheClock(s Schedule) bool {
+	switch c := s.(type) {
+	case *cronSchedule:
+		return c.follow
+	case Every:
+		return true
+	}
+	return false
+}

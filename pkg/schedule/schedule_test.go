@@ -236,3 +236,21 @@ func (c *cronSchedule) jumpsOverMatch(fire time.Time) bool {
 	r := c.match.Next(lo.Add(-time.Nanosecond))
 	return !r.IsZero() && r.Before(hi)
 }
+
+func TestFollowsTheClockOfParsedSchedules(t *testing.T) {
+	for expr, want := range map[string]bool{
+		"0 0 * * * ?":    true, // hourly
+		"0 0/30 * * * ?": true,
+		"@every 10s":     true,
+		"0 15 2 * * ?":   false, // daily at a fixed time
+		"0 0,30 1 * * ?": false,
+	} {
+		s, err := Parse(expr, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := FollowsTheClock(s); got != want {
+			t.Errorf("FollowsTheClock(%q) = %v, want %v", expr, got, want)
+		}
+	}
+}
