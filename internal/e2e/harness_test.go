@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -262,7 +263,7 @@ func launchShardd(t *testing.T, name string, args []string, proxies []*faultprox
 			px.Close()
 		}
 		if t.Failed() {
-			t.Logf("log of %s:\n%s", name, p.rawLog())
+			t.Logf("log of %s (INFO and above, as text; the last %d lines):\n%s", name, failureLogLines, p.textLog(failureLogLines))
 		}
 	})
 	return p
@@ -302,6 +303,52 @@ func (p *proc) wait(after string) {
 	case <-time.After(15 * time.Second):
 		p.t.Fatalf("%s did not exit after %s", p.name, after)
 	}
+}
+
+// failureLogLines is how many lines of each process's log a failed test
+// prints.
+const failureLogLines = 150
+
+// textLog renders the last max lines of p's log at INFO and above as text
+// ("15:04:05.000 WARN msg key=value ..."): CI keeps a failed run's output
+// but drops its JSON lines. Lines that are not JSON are kept as they are.
+func (p *proc) textLog(max int) string {
+	p.mu.Lock()
+	raw := p.raw.String()
+	p.mu.Unlock()
+	var lines []string
+	for _, line := range strings.Split(strings.TrimRight(raw, "\n"), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			lines = append(lines, line)
+			continue
+		}
+		level, _ := rec["level"].(string)
+		if level == "DEBUG" {
+			continue
+		}
+		at, _ := rec["time"].(string)
+		if ts, err := time.Parse(time.RFC3339Nano, at); err == nil {
+			at = ts.UTC().Format("15:04:05.000")
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s %s %v", at, level, rec["msg"])
+		keys := make([]string, 0, len(rec))
+		for k := range rec {
+			if k != "time" && k != "level" && k != "msg" {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, " %s=%v", k, rec[k])
+		}
+		lines = append(lines, b.String())
+	}
+	if len(lines) > max {
+		lines = append([]string{fmt.Sprintf("(%d lines before)", len(lines)-max)}, lines[len(lines)-max:]...)
+	}
+	return strings.Join(lines, "\n")
 }
 
 func (p *proc) rawLog() string {
