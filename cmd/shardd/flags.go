@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 )
 
@@ -69,7 +70,7 @@ func (f *etcdFlags) register(fs *flag.FlagSet, endpointsHelp string) {
 	fs.StringVar(&f.password, "etcd-password", "", "etcd `password` (prefer --etcd-password-file)")
 	fs.StringVar(&f.passwordFile, "etcd-password-file", "", "`file` whose first line is the etcd password (keep it 0600)")
 	fs.DurationVar(&f.dialTimeout, "etcd-dial-timeout", 5*time.Second, "how long to wait for an etcd connection")
-	fs.StringVar(&f.prefix, "prefix", coord.DefaultPrefix, "etcd key `prefix` of this shardd cluster")
+	fs.StringVar(&f.prefix, "prefix", keyspace.DefaultPrefix, "etcd key `prefix` of this shardd cluster")
 	fs.StringVar(&f.dataDir, "data-dir", "", "`directory` of shardd's state: the embedded etcd's data, in tls/ the only client certificate it accepts, and in runs/ the run logs (default "+defaultDataDir+"; for commands other than run, "+systemdDataDir+" when only that exists)")
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func cmdKill(e *env, args []string) error {
@@ -46,10 +47,10 @@ func cmdKill(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	keys := coord.NewKeys(o.ef.prefix)
+	keys := keyspace.NewKeys(o.ef.prefix)
 	k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: job, Items: items, Fence: *fence, By: cliActor()})
 	if err != nil {
-		o.audit(ctx, cli, coord.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail}, err)
+		o.audit(ctx, cli, keyspace.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail}, err)
 		return o.opError(err)
 	}
 	runs := make([]string, len(k.Runs))
@@ -57,7 +58,7 @@ func cmdKill(e *env, args []string) error {
 		runs[i] = fmt.Sprintf("item %d (fence %d on %s)", r.Item, r.Fence, r.Instance)
 	}
 	msg := fmt.Sprintf("asked to kill %s of job %s", strings.Join(runs, ", "), job)
-	o.audit(ctx, cli, coord.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail, Message: msg}, nil)
+	o.audit(ctx, cli, keyspace.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail, Message: msg}, nil)
 	fmt.Fprintln(e.stdout, msg)
 	if *wait == 0 {
 		return nil
@@ -73,7 +74,7 @@ func cmdKill(e *env, args []string) error {
 		switch {
 		case r.State == "":
 			result, pending = "still running", pending+1
-		case r.State == coord.StateKilled && r.Reason == coord.ReasonOperator:
+		case r.State == keyspace.StateKilled && r.Reason == keyspace.ReasonOperator:
 			result = "KILLED/operator: " + r.Error
 		case r.State == "ENDED":
 			result = "ended before the kill: " + r.Error
@@ -124,7 +125,7 @@ func cmdAudit(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	entries, err := coord.ReadAudit(ctx, cli, coord.NewKeys(o.ef.prefix), coord.AuditFilter{Job: *job, Actor: *actor, Limit: *limit})
+	entries, err := coord.ReadAudit(ctx, cli, keyspace.NewKeys(o.ef.prefix), coord.AuditFilter{Job: *job, Actor: *actor, Limit: *limit})
 	if err != nil {
 		return o.opError(err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/trust"
 )
@@ -143,7 +144,7 @@ func cmdLogs(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	keys := coord.NewKeys(o.ef.prefix)
+	keys := keyspace.NewKeys(o.ef.prefix)
 	recs, err := coord.FindRuns(ctx, cli, keys, job, runItem, fence)
 	if err != nil {
 		return o.opError(err)
@@ -165,7 +166,7 @@ func cmdLogs(e *env, args []string) error {
 	if len(recs) == 0 {
 		switch {
 		case fence > 0:
-			return &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item; an older run's log stays on the instance that ran it): `shardd history %s` lists its runs", job, runName(fence, runItem), coord.HistoryPerItem, job)}
+			return &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item; an older run's log stays on the instance that ran it): `shardd history %s` lists its runs", job, runName(fence, runItem), keyspace.HistoryPerItem, job)}
 		default:
 			return &exitError{exitFailure, fmt.Errorf("item %d of job %s has no recorded run yet: `shardd history %s` lists the job's runs", runItem, job, job)}
 		}
@@ -324,8 +325,8 @@ func cliToken(path string) (string, error) {
 }
 
 // keepItem keeps the records of item.
-func keepItem(recs []coord.ItemRecord, item int) []coord.ItemRecord {
-	var out []coord.ItemRecord
+func keepItem(recs []keyspace.ItemRecord, item int) []keyspace.ItemRecord {
+	var out []keyspace.ItemRecord
 	for _, r := range recs {
 		if r.Item == item {
 			out = append(out, r)

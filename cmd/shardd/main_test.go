@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 )
 
@@ -281,7 +281,7 @@ func TestEnvName(t *testing.T) {
 func TestHistoryTable(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	var b bytes.Buffer
-	writeHistory(&b, []coord.ItemRecord{
+	writeHistory(&b, []keyspace.ItemRecord{
 		{Item: 0, Fire: t0, Instance: "a", Fence: 4711, Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(time.Second), State: "FAILED", ExitCode: 3, Error: "exit status 3", Output: "boom\n"},
 		{Item: 1, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(5 * time.Second), State: "KILLED", Reason: "timeout", ExitCode: -1, Error: "killed: timeout after 5s"},
 		{Item: 2, Fire: t0, Instance: "b", Attempt: 1, Source: "MANUAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503, Error: "HTTP 503"},

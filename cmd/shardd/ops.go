@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // opsFlags are the flags of the commands that talk to a cluster through etcd.
@@ -62,7 +63,7 @@ func (o *opsFlags) cluster() string {
 	if len(eps) == 0 {
 		eps = []string{defaultEmbedURL}
 	}
-	return fmt.Sprintf("etcd %s, prefix %s", strings.Join(eps, ","), coord.NewKeys(o.ef.prefix).Prefix())
+	return fmt.Sprintf("etcd %s, prefix %s", strings.Join(eps, ","), keyspace.NewKeys(o.ef.prefix).Prefix())
 }
 
 // connect returns a client and a context bounded by --timeout.
@@ -186,14 +187,14 @@ func cmdTrigger(e *env, args []string) error {
 	}
 	defer done()
 	req := coord.TriggerRequest{Job: job, Items: items, Param: *param, Fire: *fire, By: cliActor(), NoPropagate: *noPropagate}
-	tr, err := coord.RequestTrigger(ctx, cli, coord.NewKeys(o.ef.prefix), req)
+	tr, err := coord.RequestTrigger(ctx, cli, keyspace.NewKeys(o.ef.prefix), req)
 	target := "job " + job
 	if item.set {
 		target = fmt.Sprintf("item %d of job %s", item.n, job)
 	}
 	detail := req.Detail()
 	if err != nil {
-		o.audit(ctx, cli, coord.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail}, err)
+		o.audit(ctx, cli, keyspace.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail}, err)
 		return o.opError(err)
 	}
 	what := "every item (" + joinInts(tr.Runs) + ")"
@@ -226,7 +227,7 @@ func cmdTrigger(e *env, args []string) error {
 	if len(tr.Disabled) > 0 {
 		fmt.Fprintf(e.stdout, "not triggered: disabled item(s) %s\n", joinInts(tr.Disabled))
 	}
-	o.audit(ctx, cli, coord.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail, Message: msg}, nil)
+	o.audit(ctx, cli, keyspace.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail, Message: msg}, nil)
 	return nil
 }
 
@@ -243,12 +244,12 @@ func cliActor() string {
 // audit records a write command in the cluster's audit log with its
 // outcome (err). A failure to record it does not change the command's
 // result (etcd that refused the command may refuse the record too).
-func (o *opsFlags) audit(ctx context.Context, cli *coord.Client, a coord.AuditEntry, err error) {
+func (o *opsFlags) audit(ctx context.Context, cli *coord.Client, a keyspace.AuditEntry, err error) {
 	a.Actor, a.Outcome = cliActor(), coord.AuditOutcome(err)
 	if err != nil {
 		a.Message = err.Error()
 	}
-	coord.AppendAudit(ctx, cli, coord.NewKeys(o.ef.prefix), a)
+	coord.AppendAudit(ctx, cli, keyspace.NewKeys(o.ef.prefix), a)
 }
 
 func cmdDisable(e *env, args []string) error { return setDisabled(e, "disable", args, true) }
@@ -285,11 +286,11 @@ func setDisabled(e *env, name string, args []string, on bool) error {
 	}
 	defer done()
 	t := coord.Target{Job: job, Item: item.value(), Instance: *instance}
-	res, err := coord.SetDisabled(ctx, cli, coord.NewKeys(o.ef.prefix), t, on, *force)
+	res, err := coord.SetDisabled(ctx, cli, keyspace.NewKeys(o.ef.prefix), t, on, *force)
 	if err == nil || res.Changed {
 		fmt.Fprintln(e.stdout, res.Message)
 	}
-	o.audit(ctx, cli, coord.AuditEntry{Action: name, Job: job, Target: t.String(), Detail: forceDetail(*force), Message: res.Message}, err)
+	o.audit(ctx, cli, keyspace.AuditEntry{Action: name, Job: job, Target: t.String(), Detail: forceDetail(*force), Message: res.Message}, err)
 	if err != nil {
 		return o.opError(err)
 	}
@@ -309,7 +310,7 @@ func cmdRemove(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	n, err := coord.RemoveJob(ctx, cli, coord.NewKeys(o.ef.prefix), job)
+	n, err := coord.RemoveJob(ctx, cli, keyspace.NewKeys(o.ef.prefix), job)
 	msg := fmt.Sprintf("removed job %s: deleted its %d keys from %s", job, n, o.cluster())
 	if err != nil {
 		msg = ""
@@ -317,7 +318,7 @@ func cmdRemove(e *env, args []string) error {
 	if err == nil {
 		fmt.Fprintln(e.stdout, msg)
 	}
-	o.audit(ctx, cli, coord.AuditEntry{Action: "remove", Job: job, Target: "job " + job, Message: msg}, err)
+	o.audit(ctx, cli, keyspace.AuditEntry{Action: "remove", Job: job, Target: "job " + job, Message: msg}, err)
 	if err != nil {
 		return o.opError(err)
 	}
@@ -343,13 +344,13 @@ func cmdHistory(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	recs, err := coord.JobHistory(ctx, cli, coord.NewKeys(o.ef.prefix), job, item.value())
+	recs, err := coord.JobHistory(ctx, cli, keyspace.NewKeys(o.ef.prefix), job, item.value())
 	if err != nil {
 		return o.opError(err)
 	}
 	if *output == "json" {
 		if recs == nil {
-			recs = []coord.ItemRecord{}
+			recs = []keyspace.ItemRecord{}
 		}
 		return writeJSON(e.stdout, recs)
 	}
@@ -364,7 +365,7 @@ func cmdHistory(e *env, args []string) error {
 // reason (KILLED/timeout, SKIPPED/disabled) and a streaming run's
 // iterations; CODE is a script's exit code
 // ("exit 1") or a hook's HTTP status ("http 503").
-func writeHistory(w io.Writer, recs []coord.ItemRecord) error {
+func writeHistory(w io.Writer, recs []keyspace.ItemRecord) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ITEM\tFIRE\tINSTANCE\tFENCE\tATTEMPT\tSOURCE\tSTART\tDURATION\tRESULT\tCODE\tSKIPPED\tERROR/OUTPUT")
 	for _, r := range recs {

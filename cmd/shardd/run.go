@@ -27,6 +27,7 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/console"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/engine"
 	"github.com/shardd/shardd/pkg/metrics"
@@ -205,7 +206,7 @@ func cmdRun(e *env, args []string) error {
 			log.Info("embedded etcd: member of its cluster, serving", "member", *name, "data_dir", dir, "etcd_log", filepath.Join(dir, "etcd.log"))
 		}
 		prefix := ""
-		if p := coord.NewKeys(ef.prefix).Prefix(); p != coord.DefaultPrefix {
+		if p := keyspace.NewKeys(ef.prefix).Prefix(); p != keyspace.DefaultPrefix {
 			prefix = " --prefix " + p
 		}
 		how := "shardd status, trigger, ... run as this user reach it with --data-dir " + dir + prefix
@@ -254,7 +255,7 @@ func cmdRun(e *env, args []string) error {
 	{ // is the control plane open to others?
 		pctx, pcancel := context.WithCancel(ctx)
 		g.Add(func() error {
-			watchExposure(pctx, log, m, copts, coord.NewKeys(ef.prefix))
+			watchExposure(pctx, log, m, copts, keyspace.NewKeys(ef.prefix))
 			return nil
 		}, func(error) { pcancel() })
 	}
@@ -274,7 +275,7 @@ func cmdRun(e *env, args []string) error {
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, History: hist, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
-		Info:          coord.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: tlsCfg != nil},
+		Info:          keyspace.InstanceInfo{Node: *name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: tlsCfg != nil},
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },
 		Explain: func(ctx context.Context) string {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/metrics"
 )
 
@@ -118,7 +119,7 @@ func warnAPI(log *slog.Logger, addr net.Addr, tlsOn, writeToken, readToken bool)
 // it is open: whoever can write shardd's keys makes every host run anything.
 // It probes until it can tell (etcd may be down at start), then every ten
 // minutes, and logs when the answer changes.
-func watchExposure(ctx context.Context, log *slog.Logger, m *metrics.Metrics, o coord.ClientOptions, k coord.Keys) {
+func watchExposure(ctx context.Context, log *slog.Logger, m *metrics.Metrics, o coord.ClientOptions, k keyspace.Keys) {
 	gauge := func(b bool) float64 {
 		if b {
 			return 1

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func cmdStatus(e *env, args []string) error {
@@ -30,7 +31,7 @@ func cmdStatus(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	st, err := coord.ReadStatus(ctx, cli, coord.NewKeys(o.ef.prefix))
+	st, err := coord.ReadStatus(ctx, cli, keyspace.NewKeys(o.ef.prefix))
 	if err != nil {
 		return o.opError(err)
 	}

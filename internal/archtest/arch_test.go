@@ -1,4 +1,5 @@
-// Package archtest keeps the package dependency arrows of DESIGN.md honest.
+// Package archtest keeps the package dependency arrows of docs/design.md
+// honest.
 package archtest
 
 import (
@@ -36,6 +37,9 @@ func TestDependencyDirection(t *testing.T) {
 		{"pkg/trust", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in", "golang.org"}, nil},
 		{"pkg/config", []string{module + "/pkg/coord", module + "/pkg/embedetcd", "go.etcd.io", module + "/cmd"}, nil},
 		{"pkg/coord", []string{module + "/cmd", module + "/pkg/embedetcd", "go.etcd.io/etcd/server"}, nil},
+		// The keyspace is keys and values: no etcd, no I/O, nothing of
+		// shardd above the definitions it stores.
+		{"pkg/coord/keyspace", []string{module + "/", "go.etcd.io", "google.golang.org"}, []string{module + "/pkg/config", module + "/pkg/schedule", module + "/pkg/shard", module + "/pkg/runner"}},
 	}
 	for _, tt := range tests {
 		for _, d := range deps(t, tt.pkg) {

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 type benchResult struct {
@@ -350,7 +351,7 @@ func firstLine(b []byte) string {
 func converged(cli *coord.Client, jobs, n int) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	maps, err := coord.ReadMaps(ctx, cli, coord.NewKeys("/shardd"))
+	maps, err := coord.ReadMaps(ctx, cli, keyspace.NewKeys("/shardd"))
 	if err != nil {
 		return false
 	}

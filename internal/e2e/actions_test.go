@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 const (
@@ -116,12 +117,12 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	// Kill b's run through a's API, and a's through the CLI.
 	code, body := call(t, "POST", fmt.Sprintf("http://%s/api/v1/jobs/sleepy/kill?item=%d&wait=10s", apiA, itemOfB), aliceSecret, nil)
 	var killed struct {
-		Runs    []coord.KillRun    `json:"runs"`
+		Runs    []keyspace.KillRun `json:"runs"`
 		Results []coord.KillResult `json:"results"`
 	}
 	json.Unmarshal(body, &killed)
 	if code != http.StatusAccepted || len(killed.Results) != 1 || killed.Results[0].Instance != "b" ||
-		killed.Results[0].State != coord.StateKilled || killed.Results[0].Reason != coord.ReasonOperator {
+		killed.Results[0].State != keyspace.StateKilled || killed.Results[0].Reason != keyspace.ReasonOperator {
 		t.Fatalf("kill of b's run through a's API: %d %s", code, body)
 	}
 	codeCLI, out := cli(t, e, nil, "kill", "sleepy", "--item", fmt.Sprint(itemOfA))
@@ -155,13 +156,13 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	if n := countLines(ledgerPath, "start "); n != 2 {
 		t.Errorf("%d starts after the kills, want the 2 killed ones only (no failover):\n%s", n, mustRead(t, ledgerPath))
 	}
-	recs, err := coord.ReadHistory(t.Context(), etcd, coord.NewKeys(""), "sleepy")
+	recs, err := coord.ReadHistory(t.Context(), etcd, keyspace.NewKeys(""), "sleepy")
 	if err != nil {
 		t.Fatal(err)
 	}
 	by := map[string]bool{}
 	for _, r := range recs {
-		if r.State != coord.StateKilled || r.Reason != coord.ReasonOperator || r.Param != "batch 7" {
+		if r.State != keyspace.StateKilled || r.Reason != keyspace.ReasonOperator || r.Param != "batch 7" {
 			t.Errorf("history record %+v, want KILLED/operator with the trigger's parameter", r)
 		}
 		by[r.KilledBy] = true
@@ -187,7 +188,7 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 
 	// The audit log, read through b's API with the read token, has it all.
 	code, body = call(t, "GET", "http://"+apiB+"/api/v1/audit?limit=20", bobSecret, nil)
-	var entries []coord.AuditEntry
+	var entries []keyspace.AuditEntry
 	if err := json.Unmarshal(body, &entries); code != http.StatusOK || err != nil {
 		t.Fatalf("audit: %d %s", code, body)
 	}

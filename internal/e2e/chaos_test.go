@@ -18,7 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/ledger"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 	"github.com/shardd/shardd/pkg/schedule"
 )
@@ -224,12 +224,12 @@ func TestChaos(t *testing.T) {
 	}
 	historyChecked, historyMismatches := 0, 0
 	for _, job := range []string{"tick", "tock", "hook", "ten", "minute", "calendar"} {
-		var recs []coord.ItemRecord
+		var recs []keyspace.ItemRecord
 		if err := json.Unmarshal([]byte(shardd(t, members[0], "history", job, "-o", "json")), &recs); err != nil {
 			t.Fatal(err)
 		}
 		for _, rec := range recs {
-			if rec.State != coord.StateDone {
+			if rec.State != keyspace.StateDone {
 				continue
 			}
 			historyChecked++

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Three instances agree; a crash, a graceful stop and a join each move items
@@ -125,7 +126,7 @@ func TestLeaderKillAndPause(t *testing.T) {
 	watchDone := make(chan struct{})
 	go func() {
 		defer close(watchDone)
-		for wr := range cli.Watch(wctx, coord.NewKeys("").Shards("orders")) {
+		for wr := range cli.Watch(wctx, keyspace.NewKeys("").Shards("orders")) {
 			for _, ev := range wr.Events {
 				if m := decode(ev.Kv.Value); m != nil {
 					writes = append(writes, write{m.Epoch, m.Leader, time.Now()})
@@ -180,8 +181,8 @@ func sortedNames(names []string) []string {
 	return slices.Sorted(slices.Values(names))
 }
 
-func decode(v []byte) *coord.ShardMap {
-	var m coord.ShardMap
+func decode(v []byte) *keyspace.ShardMap {
+	var m keyspace.ShardMap
 	if err := json.Unmarshal(v, &m); err != nil {
 		return nil
 	}
@@ -275,7 +276,7 @@ func TestMalformedKeys(t *testing.T) {
 	b := startShardd(t, e, "b", cfg)
 	want := map[string][]int{"a": {0, 1}, "b": {2, 3}}
 	waitFor(t, 15*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
-	keys := coord.NewKeys("")
+	keys := keyspace.NewKeys("")
 	before := storedMap(t, cli, "orders").Epoch
 	ctx := context.Background()
 	mustPut(t, cli, keys.Shards("orders"), "{not json")
@@ -345,7 +346,7 @@ func TestStatusCommand(t *testing.T) {
 	// Until the lease expires b is still a member, but its instance key is
 	// gone only with the lease too; CRASHED shows when the map names an
 	// instance that has no instance key. Delete it by hand to see it now.
-	mustDelete(t, cli, coord.NewKeys("").Instance("b"))
+	mustDelete(t, cli, keyspace.NewKeys("").Instance("b"))
 	if st := status(); st.Jobs[0].Status != coord.StatusCrashed {
 		t.Errorf("status after b died = %s, want CRASHED", st.Jobs[0].Status)
 	}

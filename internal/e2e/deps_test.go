@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -181,7 +182,7 @@ func TestDependenciesUnderFaults(t *testing.T) {
 		}
 	}
 	runs := readChildRuns(t, filepath.Join(dir, "child"))
-	hist, err := coord.ReadHistory(context.Background(), cli, coord.NewKeys(""), "child")
+	hist, err := coord.ReadHistory(context.Background(), cli, keyspace.NewKeys(""), "child")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestDependenciesUnderFaults(t *testing.T) {
 			}
 			recorded := 0
 			for _, h := range hist {
-				if h.State == coord.StateSkipped && h.Reason == coord.SkipUpstreamFailed && strings.Contains(h.Error, fire.UTC().Format(time.RFC3339)) {
+				if h.State == keyspace.StateSkipped && h.Reason == keyspace.SkipUpstreamFailed && strings.Contains(h.Error, fire.UTC().Format(time.RFC3339)) {
 					recorded++
 				}
 			}
@@ -231,7 +232,7 @@ func TestDependenciesUnderFaults(t *testing.T) {
 		}
 		var items []int
 		for _, c := range forFire {
-			if c.attempt != 1 || c.source != coord.SourceUpstream {
+			if c.attempt != 1 || c.source != keyspace.SourceUpstream {
 				t.Errorf("parent fire %s: child run %+v, want attempt 1 UPSTREAM", fire.Format(time.RFC3339), c)
 			}
 			if c.at.Before(last) {

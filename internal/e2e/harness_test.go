@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"github.com/shardd/shardd/internal/ledger"
 	"io"
 	"net/http"
 	"os"
@@ -23,12 +22,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/internal/ledger"
+
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -390,14 +391,14 @@ func (p *proc) view(job string) (int64, []int) {
 }
 
 // storedMap reads a job's map from etcd.
-func storedMap(t *testing.T, cli *clientv3.Client, job string) *coord.ShardMap {
+func storedMap(t *testing.T, cli *clientv3.Client, job string) *keyspace.ShardMap {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, coord.NewKeys("").Shards(job))
+	resp, err := cli.Get(ctx, keyspace.NewKeys("").Shards(job))
 	if err != nil || len(resp.Kvs) == 0 {
 		return nil
 	}
-	var m coord.ShardMap
+	var m keyspace.ShardMap
 	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil {
 		return nil
 	}
@@ -452,7 +453,7 @@ func writeConfig(t *testing.T, jobs ...string) string {
 func leaderOf(cli *clientv3.Client, job string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, coord.NewKeys("").Leader(job), clientv3.WithFirstCreate()...)
+	resp, err := cli.Get(ctx, keyspace.NewKeys("").Leader(job), clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) == 0 {
 		return ""
 	}

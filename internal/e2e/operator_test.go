@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // cli runs the shardd command line against e with the environment env
@@ -95,11 +96,11 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 	}
 
 	// Nothing refused above left a trace: no phantom job, no stray key.
-	resp, err := etcd.Get(context.Background(), coord.NewKeys("").Jobs()+"nope", clientv3WithPrefix()...)
+	resp, err := etcd.Get(context.Background(), keyspace.NewKeys("").Jobs()+"nope", clientv3WithPrefix()...)
 	if err != nil || len(resp.Kvs) != 0 {
 		t.Errorf("a refused command wrote %d keys of job nope (%v)", len(resp.Kvs), err)
 	}
-	for _, key := range []string{coord.NewKeys("").DisabledItem("j", 5), coord.NewKeys("").DisabledInstance("j", "ghost")} {
+	for _, key := range []string{keyspace.NewKeys("").DisabledItem("j", 5), keyspace.NewKeys("").DisabledInstance("j", "ghost")} {
 		resp, _ := etcd.Get(context.Background(), key)
 		if want := strings.HasSuffix(key, "ghost"); (len(resp.Kvs) == 1) != want {
 			t.Errorf("%s exists: %v, want %v", key, len(resp.Kvs) == 1, want)
@@ -109,7 +110,7 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 	// The failing job's onFailure disables the whole job, not one item.
 	cli(t, e, nil, "trigger", "failing")
 	waitFor(t, 15*time.Second, "onFailure to disable the job", func() bool {
-		resp, err := etcd.Get(context.Background(), coord.NewKeys("").DisabledJob("failing"))
+		resp, err := etcd.Get(context.Background(), keyspace.NewKeys("").DisabledJob("failing"))
 		return err == nil && len(resp.Kvs) == 1
 	})
 	// The command prints after its write: wait for it to have said so.
@@ -117,7 +118,7 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 		out, _ := os.ReadFile(filepath.Join(dir, "onfailure.out"))
 		return strings.Contains(string(out), "disabled job failing")
 	})
-	if resp, _ := etcd.Get(context.Background(), coord.NewKeys("").DisabledItems("failing"), clientv3WithPrefix()...); len(resp.Kvs) != 0 {
+	if resp, _ := etcd.Get(context.Background(), keyspace.NewKeys("").DisabledItems("failing"), clientv3WithPrefix()...); len(resp.Kvs) != 0 {
 		t.Error("onFailure disabled an item")
 	}
 
@@ -144,7 +145,7 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 	if code, out := cli(t, e, nil, "remove", "j"); code != 0 || !strings.Contains(out, "removed job j") {
 		t.Errorf("remove: %d %q", code, out)
 	}
-	if resp, _ := etcd.Get(context.Background(), coord.NewKeys("").Jobs()+"j/", clientv3WithPrefix()...); len(resp.Kvs) != 0 {
+	if resp, _ := etcd.Get(context.Background(), keyspace.NewKeys("").Jobs()+"j/", clientv3WithPrefix()...); len(resp.Kvs) != 0 {
 		t.Errorf("%d keys of j left after remove", len(resp.Kvs))
 	}
 	if code, out := cli(t, e, nil, "remove", "j"); code != 1 || !strings.Contains(out, `no job "j"`) {

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/ledger"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // ledgerEvents returns every event of dir's ledger; a missing or
@@ -133,19 +133,19 @@ func TestOperations(t *testing.T) {
 	shardd(t, e, "enable", "tick", "--item", "0")
 	waitFor(t, 5*time.Second, "item 0 to run again", func() bool { return count(readLedger(t, dir), tick0) > before })
 
-	var recs []coord.ItemRecord
+	var recs []keyspace.ItemRecord
 	if err := json.Unmarshal([]byte(shardd(t, e, "history", "tick", "-o", "json")), &recs); err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) == 0 || len(recs) > 2*coord.HistoryPerItem {
-		t.Fatalf("%d history records, want 1..%d", len(recs), 2*coord.HistoryPerItem)
+	if len(recs) == 0 || len(recs) > 2*keyspace.HistoryPerItem {
+		t.Fatalf("%d history records, want 1..%d", len(recs), 2*keyspace.HistoryPerItem)
 	}
 	skippedWhileDisabled := 0
 	for _, r := range recs {
 		switch {
-		case r.Job == "tick" && r.Item == 0 && r.State == coord.StateSkipped && r.Reason == coord.SkipDisabled && r.Skipped >= 1:
+		case r.Job == "tick" && r.Item == 0 && r.State == keyspace.StateSkipped && r.Reason == keyspace.SkipDisabled && r.Skipped >= 1:
 			skippedWhileDisabled += r.Skipped // the fires that came while it was disabled
-		case r.Job != "tick" || r.State != coord.StateDone || r.Fence == 0 || r.ExitCode != 0 || r.End.Before(r.Start):
+		case r.Job != "tick" || r.State != keyspace.StateDone || r.Fence == 0 || r.ExitCode != 0 || r.End.Before(r.Start):
 			t.Errorf("history record %+v", r)
 		}
 	}

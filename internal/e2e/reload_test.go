@@ -17,6 +17,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func ledgerJob(dir, name, extra string, items int, sleep string) string {
@@ -88,7 +89,7 @@ func TestHotReload(t *testing.T) {
 	// Remove: two stops running and loses its members.
 	write(ledgerJob(dir, "one", "", 4, "0.1"), long)
 	waitFor(t, 10*time.Second, "two to lose its members", func() bool {
-		resp, err := cli.Get(context.Background(), coord.NewKeys("").Members("two"), clientv3WithPrefix()...)
+		resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Members("two"), clientv3WithPrefix()...)
 		return err == nil && len(resp.Kvs) == 0
 	})
 	time.Sleep(1500 * time.Millisecond) // a run claimed just before may still start
@@ -154,7 +155,7 @@ func TestSIGHUPAtStartAndStop(t *testing.T) {
 	// A run in progress, SIGTERM, then SIGHUP during the graceful stop.
 	cli := e.client()
 	waitFor(t, 10*time.Second, "a trigger of slow to be accepted", func() bool {
-		_, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), coord.TriggerRequest{Job: "slow", By: "test"})
+		_, err := coord.RequestTrigger(context.Background(), cli, keyspace.NewKeys(""), coord.TriggerRequest{Job: "slow", By: "test"})
 		return err == nil // refused until slow is registered and has its map
 	})
 	waitFor(t, 10*time.Second, "the run", func() bool { return len(p.find(msg("run"))) > 0 })

@@ -17,6 +17,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 )
 
@@ -42,14 +43,14 @@ func logsCLI(t *testing.T, e *etcdProc, env []string, args ...string) (int, stri
 
 // runOf waits for a run of job's item that state says is there, and
 // returns it.
-func runOf(t *testing.T, e *etcdProc, job string, item int, state string) coord.ItemRecord {
+func runOf(t *testing.T, e *etcdProc, job string, item int, state string) keyspace.ItemRecord {
 	t.Helper()
 	etcd := e.client()
-	var rec coord.ItemRecord
+	var rec keyspace.ItemRecord
 	waitFor(t, 10*time.Second, job+" item "+strconv.Itoa(item)+" "+state, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		recs, err := coord.FindRuns(ctx, etcd, coord.NewKeys(""), job, item, 0)
+		recs, err := coord.FindRuns(ctx, etcd, keyspace.NewKeys(""), job, item, 0)
 		if err != nil || len(recs) == 0 || recs[0].State != state {
 			return false
 		}
@@ -121,7 +122,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 	// (a) a finished run's log, from the instance that ran it; (c) one
 	// that ran on b, asked of a: b serves it through a's proxy.
 	shardd(t, e, "trigger", "quick")
-	runA, runB := runOf(t, e, "quick", 0, coord.StateDone), runOf(t, e, "quick", 1, coord.StateDone)
+	runA, runB := runOf(t, e, "quick", 0, keyspace.StateDone), runOf(t, e, "quick", 1, keyspace.StateDone)
 	if runA.Instance != "a" || runB.Instance != "b" {
 		t.Fatalf("quick ran on %s and %s, want a and b", runA.Instance, runB.Instance)
 	}
@@ -173,7 +174,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 	// (b) a live run followed: its records come while it runs, and the
 	// answer ends when it does; item 1 ran on b, asked of a.
 	shardd(t, e, "trigger", "slow")
-	live := []coord.ItemRecord{runOf(t, e, "slow", 0, coord.StateRunning), runOf(t, e, "slow", 1, coord.StateRunning)}
+	live := []keyspace.ItemRecord{runOf(t, e, "slow", 0, keyspace.StateRunning), runOf(t, e, "slow", 1, keyspace.StateRunning)}
 	type followed struct {
 		at    map[string]time.Time
 		ended time.Time
@@ -216,7 +217,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 		if f.ended.Sub(end) > 2*time.Second {
 			t.Errorf("follow of slow item %d: the answer ended %s after the run's end record", item, f.ended.Sub(end))
 		}
-		if rec := runOf(t, e, "slow", item, coord.StateDone); rec.Fence != live[item].Fence {
+		if rec := runOf(t, e, "slow", item, keyspace.StateDone); rec.Fence != live[item].Fence {
 			t.Errorf("slow item %d: followed fence %d, then fence %d ended", item, live[item].Fence, rec.Fence)
 		}
 	}
@@ -252,7 +253,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 	}
 	// -f follows a live run to its end.
 	shardd(t, e, "trigger", "slow", "--item", "1")
-	runOf(t, e, "slow", 1, coord.StateRunning)
+	runOf(t, e, "slow", 1, keyspace.StateRunning)
 	start := time.Now()
 	code, out, errOut = logsCLI(t, e, tokenEnv, "logs", "slow", "--item", "1", "-f")
 	if code != 0 || out != "begin 1\nfinish 1\n" || !strings.Contains(errOut, "the run ended: end state=DONE exit=0") || time.Since(start) > 8*time.Second {
@@ -277,7 +278,7 @@ func TestRunLogsOverTLS(t *testing.T) {
 	b := startShardd(t, e, "b", cfg, append([]string{"--listen", apiB}, tlsFlags...)...)
 	waitFor(t, 15*time.Second, "j's map", func() bool { return agreed(t, etcd, "j", map[string][]int{"a": {0}, "b": {1}}, a, b) })
 	shardd(t, e, "trigger", "j")
-	run := runOf(t, e, "j", 1, coord.StateDone)
+	run := runOf(t, e, "j", 1, keyspace.StateDone)
 
 	clientCfg, err := clientTLS(files.CA, files.ClientCert, files.ClientKey, true)
 	if err != nil {

@@ -75,6 +75,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Cluster is what the API reads and changes; *coord.Node implements it.
@@ -87,14 +88,14 @@ type Cluster interface {
 	Impaired() error
 	View(job string) (coord.JobView, bool)
 	Status(ctx context.Context) (*coord.ClusterStatus, error)
-	JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error)
+	JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
 	Trigger(ctx context.Context, r coord.TriggerRequest) (coord.Triggered, error)
 	Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error)
-	WaitKill(ctx context.Context, job string, k coord.Kill) ([]coord.KillResult, error)
+	WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]coord.KillResult, error)
 	SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error)
 	Remove(ctx context.Context, job string) (int64, error)
-	Audit(ctx context.Context, f coord.AuditFilter) ([]coord.AuditEntry, error)
-	RecordAudit(ctx context.Context, e coord.AuditEntry) error
+	Audit(ctx context.Context, f coord.AuditFilter) ([]keyspace.AuditEntry, error)
+	RecordAudit(ctx context.Context, e keyspace.AuditEntry) error
 }
 
 // Options configure the handler.
@@ -372,7 +373,7 @@ func actionOf(r *http.Request) string {
 
 // record appends a write action to the audit log (and the instance's
 // log) with its outcome.
-func (a *api) record(r *http.Request, e coord.AuditEntry, err error) {
+func (a *api) record(r *http.Request, e keyspace.AuditEntry, err error) {
 	e.Actor, e.Outcome = CallerOf(r.Context()).Actor(), coord.AuditOutcome(err)
 	if err != nil {
 		e.Message = err.Error()
@@ -598,7 +599,7 @@ func (a *api) history(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if recs == nil {
-		recs = []coord.ItemRecord{}
+		recs = []keyspace.ItemRecord{}
 	}
 	writeJSON(w, http.StatusOK, recs)
 }
@@ -689,7 +690,7 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := a.ctx(r)
 	defer cancel()
 	tr, err := a.o.Cluster.Trigger(ctx, req)
-	a.record(r, coord.AuditEntry{Action: "trigger", Job: name, Target: coord.Target{Job: name, Item: item}.String(), Detail: req.Detail()}, err)
+	a.record(r, keyspace.AuditEntry{Action: "trigger", Job: name, Target: coord.Target{Job: name, Item: item}.String(), Detail: req.Detail()}, err)
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
 		return
@@ -748,7 +749,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target, Detail: detail}, err)
+		a.record(r, keyspace.AuditEntry{Action: "kill", Job: name, Target: target, Detail: detail}, err)
 		writeError(w, opStatus(err), "%v", err)
 		return
 	}
@@ -757,7 +758,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 		runs[i] = fmt.Sprintf("item %d (fence %d on %s)", run.Item, run.Fence, run.Instance)
 	}
 	out := killOut{Killing: k, Message: "asked to kill " + strings.Join(runs, ", ") + " of job " + name}
-	a.record(r, coord.AuditEntry{Action: "kill", Job: name, Target: target, Detail: detail, Message: out.Message}, nil)
+	a.record(r, keyspace.AuditEntry{Action: "kill", Job: name, Target: target, Detail: detail, Message: out.Message}, nil)
 	if wait > 0 {
 		wctx, wcancel := context.WithTimeout(r.Context(), wait)
 		out.Results, _ = a.o.Cluster.WaitKill(wctx, name, k.Kill)
@@ -795,7 +796,7 @@ func (a *api) remove(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := a.ctx(r)
 	defer cancel()
 	n, err := a.o.Cluster.Remove(ctx, name)
-	a.record(r, coord.AuditEntry{Action: "remove", Job: name, Target: "job " + name}, err)
+	a.record(r, keyspace.AuditEntry{Action: "remove", Job: name, Target: "job " + name}, err)
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
 		return
@@ -830,7 +831,7 @@ func (a *api) disable(on bool) http.HandlerFunc {
 		if force {
 			detail = "force"
 		}
-		a.record(r, coord.AuditEntry{Action: action, Job: name, Target: t.String(), Detail: detail, Message: res.Message}, err)
+		a.record(r, keyspace.AuditEntry{Action: action, Job: name, Target: t.String(), Detail: detail, Message: res.Message}, err)
 		if err != nil {
 			writeError(w, opStatus(err), "%v", err)
 			return

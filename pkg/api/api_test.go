@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // fakeCluster records what the API asked of it.
@@ -25,7 +26,7 @@ type fakeCluster struct {
 	historyItem []int
 	triggers    []coord.TriggerRequest
 	kills       []coord.KillRequest
-	audit       []coord.AuditEntry
+	audit       []keyspace.AuditEntry
 }
 
 // toks returns a write token named writer and a read token named reader
@@ -48,12 +49,12 @@ func (f *fakeCluster) View(job string) (coord.JobView, bool) {
 	if job != "orders" {
 		return coord.JobView{}, false
 	}
-	return coord.JobView{Leading: true, Map: &coord.ShardMap{Epoch: 7, Items: map[string][]int{"a": {0, 1}}}}, true
+	return coord.JobView{Leading: true, Map: &keyspace.ShardMap{Epoch: 7, Items: map[string][]int{"a": {0, 1}}}}, true
 }
 func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) {
 	return &coord.ClusterStatus{
 		Jobs:      []coord.JobStatus{{Name: "orders", Status: coord.StatusOK, Leader: "a", Epoch: 7, Total: 2}},
-		Instances: []coord.InstanceStatus{{InstanceInfo: coord.InstanceInfo{ID: "a"}}},
+		Instances: []coord.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a"}}},
 	}, nil
 }
 
@@ -68,12 +69,12 @@ func (f *fakeCluster) check(job string, item int) error {
 	}
 	return nil
 }
-func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error) {
+func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
 	if err := f.check(job, item); err != nil {
 		return nil, err
 	}
 	f.historyItem = append(f.historyItem, item)
-	return []coord.ItemRecord{{Job: job, Item: 0, State: coord.StateDone}}, nil
+	return []keyspace.ItemRecord{{Job: job, Item: 0, State: keyspace.StateDone}}, nil
 }
 func (f *fakeCluster) Trigger(ctx context.Context, r coord.TriggerRequest) (coord.Triggered, error) {
 	job, items := r.Job, r.Items
@@ -87,7 +88,7 @@ func (f *fakeCluster) Trigger(ctx context.Context, r coord.TriggerRequest) (coor
 	}
 	f.trigger = append(f.trigger, job)
 	f.triggers = append(f.triggers, r)
-	return coord.Triggered{Trigger: coord.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0), Param: r.Param, By: r.By}, Runs: items}, nil
+	return coord.Triggered{Trigger: keyspace.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0), Param: r.Param, By: r.By}, Runs: items}, nil
 }
 func (f *fakeCluster) Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error) {
 	for _, i := range append(r.Items, 0) {
@@ -100,15 +101,15 @@ func (f *fakeCluster) Kill(ctx context.Context, r coord.KillRequest) (coord.Kill
 	if r.Fence != 0 && r.Fence != 42 {
 		return coord.Killing{}, fmt.Errorf("%w: job %q: the run of item 0 with fence %d has ended (DONE at 2026-11-30T03:00:01Z); item 0 now runs fence 42 on a: nothing killed", coord.ErrRefused, r.Job, r.Fence)
 	}
-	return coord.Killing{Kill: coord.Kill{ID: "k1", By: r.By, Runs: []coord.KillRun{{Item: 0, Fence: 42, Instance: "a"}}}}, nil
+	return coord.Killing{Kill: keyspace.Kill{ID: "k1", By: r.By, Runs: []keyspace.KillRun{{Item: 0, Fence: 42, Instance: "a"}}}}, nil
 }
-func (f *fakeCluster) WaitKill(ctx context.Context, job string, k coord.Kill) ([]coord.KillResult, error) {
-	return []coord.KillResult{{KillRun: k.Runs[0], State: coord.StateKilled, Reason: coord.ReasonOperator}}, nil
+func (f *fakeCluster) WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]coord.KillResult, error) {
+	return []coord.KillResult{{KillRun: k.Runs[0], State: keyspace.StateKilled, Reason: keyspace.ReasonOperator}}, nil
 }
-func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]coord.AuditEntry, error) {
+func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]keyspace.AuditEntry, error) {
 	return f.audit, nil
 }
-func (f *fakeCluster) RecordAudit(ctx context.Context, e coord.AuditEntry) error {
+func (f *fakeCluster) RecordAudit(ctx context.Context, e keyspace.AuditEntry) error {
 	f.audit = append(f.audit, e)
 	return nil
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func TestParseTokens(t *testing.T) {
@@ -81,9 +81,9 @@ func TestWritesAreAudited(t *testing.T) {
 		t.Errorf("kill with a bad wait: %d", code)
 	}
 	want := []struct{ action, outcome, target string }{
-		{"trigger", coord.AuditOK, "item 1 of job orders"},
-		{"kill", coord.AuditOK, "item 0 of job orders"},
-		{"disable", coord.AuditRefused, "job nope"},
+		{"trigger", keyspace.AuditOK, "item 1 of job orders"},
+		{"kill", keyspace.AuditOK, "item 0 of job orders"},
+		{"disable", keyspace.AuditRefused, "job nope"},
 	}
 	if len(fc.audit) != len(want) {
 		t.Fatalf("audit %+v, want %d entries", fc.audit, len(want))
@@ -123,7 +123,7 @@ func TestKillNamesTheRunShown(t *testing.T) {
 			t.Errorf("kill with fence %q: %d %s", bad, code, body)
 		}
 	}
-	if len(fc.audit) != 2 || fc.audit[0].Detail != "fence 42 on a" || fc.audit[1].Outcome != coord.AuditRefused || fc.audit[1].Detail != "fence 7 on a" {
+	if len(fc.audit) != 2 || fc.audit[0].Detail != "fence 42 on a" || fc.audit[1].Outcome != keyspace.AuditRefused || fc.audit[1].Detail != "fence 7 on a" {
 		t.Errorf("audit %+v, want the kill and the refused one, with their fences", fc.audit)
 	}
 }

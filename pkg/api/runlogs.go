@@ -19,7 +19,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/trust"
 )
@@ -69,8 +69,8 @@ type RunLogs struct {
 
 // RunFinder finds runs in the cluster; *coord.Node implements it.
 type RunFinder interface {
-	FindRuns(ctx context.Context, job string, item int, fence int64) ([]coord.ItemRecord, error)
-	Instance(ctx context.Context, id string) (coord.InstanceInfo, bool, error)
+	FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error)
+	Instance(ctx context.Context, id string) (keyspace.InstanceInfo, bool, error)
 }
 
 // defaultProxy is the transport of RunLogs without one.
@@ -183,7 +183,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(recs) == 0 {
 		writeError(w, http.StatusNotFound, "job %q has no run %s: no log of it on instance %s, and etcd's history (the last %d runs of each item) does not have it; `shardd history %s` lists the job's recent runs (columns FENCE and ITEM), and an older run's log stays on the instance that ran it",
-			job, name, self, coord.HistoryPerItem, job)
+			job, name, self, keyspace.HistoryPerItem, job)
 		return
 	}
 	if item < 0 {
@@ -203,7 +203,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 	id := runlog.RunID{Fence: rec.Fence, Item: int32(rec.Item)}
 	if rec.Instance == self {
 		// Claimed here a moment ago: its log is being created.
-		if rl.Store != nil && rec.State == coord.StateRunning && a.waitForLog(r.Context(), rl, job, id) {
+		if rl.Store != nil && rec.State == keyspace.StateRunning && a.waitForLog(r.Context(), rl, job, id) {
 			a.serveLog(w, r, rl, job, id, q, true)
 			return
 		}
@@ -243,7 +243,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 // LoopbackOfAnotherHost reports whether an instance's API listens on a
 // loopback address of a host other than host (the asker's): then the asker
 // cannot reach it. An empty host is not checked.
-func LoopbackOfAnotherHost(info coord.InstanceInfo, host string) bool {
+func LoopbackOfAnotherHost(info keyspace.InstanceInfo, host string) bool {
 	h, _, err := net.SplitHostPort(info.API)
 	if err != nil || host == "" || info.Host == "" || strings.EqualFold(info.Host, host) {
 		return false
@@ -255,7 +255,7 @@ func LoopbackOfAnotherHost(info coord.InstanceInfo, host string) bool {
 // APIHost is where an instance's API is reached (host:port): its
 // registered address, with its host name for an unspecified address
 // (0.0.0.0, [::]).
-func APIHost(info coord.InstanceInfo) string { return apiHost(info) }
+func APIHost(info keyspace.InstanceInfo) string { return apiHost(info) }
 
 // sharedFence answers a request for FENCE that names several runs.
 func sharedFence(w http.ResponseWriter, job string, fence int64, items []int) {
@@ -397,7 +397,7 @@ func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job 
 }
 
 // proxyLog answers with the answer of the instance that ran the run.
-func (a *api) proxyLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, info coord.InstanceInfo, what, file string) {
+func (a *api) proxyLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, info keyspace.InstanceInfo, what, file string) {
 	scheme := "http"
 	if info.APITLS {
 		scheme = "https"
@@ -447,7 +447,7 @@ func (a *api) proxyLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, info
 
 // apiHost is where an instance's API is reached: its registered address,
 // with its host name for an unspecified address (0.0.0.0, [::]).
-func apiHost(info coord.InstanceInfo) string {
+func apiHost(info keyspace.InstanceInfo) string {
 	h, port, err := net.SplitHostPort(info.API)
 	if err != nil {
 		return info.API

@@ -21,17 +21,18 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 )
 
 // fakeRuns is the cluster's records of runs and instances.
 type fakeRuns struct {
 	mu        sync.Mutex
-	runs      []coord.ItemRecord
-	instances map[string]coord.InstanceInfo
+	runs      []keyspace.ItemRecord
+	instances map[string]keyspace.InstanceInfo
 }
 
-func (f *fakeRuns) FindRuns(ctx context.Context, job string, item int, fence int64) ([]coord.ItemRecord, error) {
+func (f *fakeRuns) FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
 	switch {
 	case job == "order":
 		return nil, fmt.Errorf("%w: no job %q in the cluster at prefix /shardd (did you mean orders?)", coord.ErrUnknownJob, job)
@@ -42,7 +43,7 @@ func (f *fakeRuns) FindRuns(ctx context.Context, job string, item int, fence int
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []coord.ItemRecord
+	var out []keyspace.ItemRecord
 	for _, r := range f.runs {
 		if (item < 0 || r.Item == item) && (fence <= 0 || r.Fence == fence) {
 			out = append(out, r)
@@ -51,7 +52,7 @@ func (f *fakeRuns) FindRuns(ctx context.Context, job string, item int, fence int
 	return out, nil
 }
 
-func (f *fakeRuns) Instance(ctx context.Context, id string) (coord.InstanceInfo, bool, error) {
+func (f *fakeRuns) Instance(ctx context.Context, id string) (keyspace.InstanceInfo, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	info, ok := f.instances[id]
@@ -192,15 +193,15 @@ func TestRunLogOfThisInstance(t *testing.T) {
 // runs.
 func TestRunLogErrors(t *testing.T) {
 	runs := &fakeRuns{
-		runs: []coord.ItemRecord{
-			{Job: "orders", Item: 0, Fence: 30, Instance: "gone", State: coord.StateDone},
-			{Job: "orders", Item: 1, Fence: 31, Instance: "quiet", State: coord.StateDone},
-			{Job: "orders", Item: 0, Fence: 32, Instance: "a", State: coord.StateDone},
-			{Job: "orders", Item: 2, Fence: 33, Instance: "b", State: coord.StateDone},
-			{Job: "orders", Item: 3, Fence: 33, Instance: "b", State: coord.StateDone},
-			{Job: "orders", Item: 0, Fence: 34, Instance: "far", State: coord.StateDone},
+		runs: []keyspace.ItemRecord{
+			{Job: "orders", Item: 0, Fence: 30, Instance: "gone", State: keyspace.StateDone},
+			{Job: "orders", Item: 1, Fence: 31, Instance: "quiet", State: keyspace.StateDone},
+			{Job: "orders", Item: 0, Fence: 32, Instance: "a", State: keyspace.StateDone},
+			{Job: "orders", Item: 2, Fence: 33, Instance: "b", State: keyspace.StateDone},
+			{Job: "orders", Item: 3, Fence: 33, Instance: "b", State: keyspace.StateDone},
+			{Job: "orders", Item: 0, Fence: 34, Instance: "far", State: keyspace.StateDone},
 		},
-		instances: map[string]coord.InstanceInfo{"quiet": {ID: "quiet", Host: "host-q"}, "far": {ID: "far", Host: "host-f", API: "127.0.0.1:9741"}},
+		instances: map[string]keyspace.InstanceInfo{"quiet": {ID: "quiet", Host: "host-q"}, "far": {ID: "far", Host: "host-f", API: "127.0.0.1:9741"}},
 	}
 	a := newInstance(t, "a", runs, Options{RunLogs: &RunLogs{Host: "host-a"}})
 	a.run(t, 20, 0, nil, nil)
@@ -351,22 +352,22 @@ func TestRunLogFollow(t *testing.T) {
 func TestRunLogProxy(t *testing.T) {
 	const token = "cluster-read-token-0123"
 	runs := &fakeRuns{
-		runs: []coord.ItemRecord{
-			{Job: "orders", Item: 1, Fence: 50, Instance: "b", State: coord.StateDone},
-			{Job: "orders", Item: 2, Fence: 51, Instance: "b", State: coord.StateRunning},
-			{Job: "orders", Item: 3, Fence: 52, Instance: "b", State: coord.StateDone}, // b has no log of it
-			{Job: "orders", Item: 0, Fence: 53, Instance: "down", State: coord.StateDone},
+		runs: []keyspace.ItemRecord{
+			{Job: "orders", Item: 1, Fence: 50, Instance: "b", State: keyspace.StateDone},
+			{Job: "orders", Item: 2, Fence: 51, Instance: "b", State: keyspace.StateRunning},
+			{Job: "orders", Item: 3, Fence: 52, Instance: "b", State: keyspace.StateDone}, // b has no log of it
+			{Job: "orders", Item: 0, Fence: 53, Instance: "down", State: keyspace.StateDone},
 		},
-		instances: map[string]coord.InstanceInfo{},
+		instances: map[string]keyspace.InstanceInfo{},
 	}
 	authA := NewAuth(toks("", token), 0, false)
 	a := newInstance(t, "a", runs, Options{Auth: authA})
-	b := newInstance(t, "b", &fakeRuns{runs: []coord.ItemRecord{{Job: "orders", Item: 3, Fence: 52, Instance: "a", State: coord.StateDone}}}, Options{Tokens: toks("", token)})
+	b := newInstance(t, "b", &fakeRuns{runs: []keyspace.ItemRecord{{Job: "orders", Item: 3, Fence: 52, Instance: "a", State: keyspace.StateDone}}}, Options{Tokens: toks("", token)})
 	srvA, srvB := serve(t, a.h, false), serve(t, b.h, false)
-	runs.instances["b"] = coord.InstanceInfo{ID: "b", Host: "host-b", API: srvB.Listener.Addr().String()}
+	runs.instances["b"] = keyspace.InstanceInfo{ID: "b", Host: "host-b", API: srvB.Listener.Addr().String()}
 	dead := httptest.NewServer(http.NotFoundHandler())
 	dead.Close()
-	runs.instances["down"] = coord.InstanceInfo{ID: "down", Host: "host-d", API: dead.Listener.Addr().String()}
+	runs.instances["down"] = keyspace.InstanceInfo{ID: "down", Host: "host-d", API: dead.Listener.Addr().String()}
 	b.run(t, 50, 1, []string{"from b"}, nil)
 
 	rec := get(t, a.h, "/api/v1/jobs/orders/runs/50/log", token)
@@ -415,10 +416,10 @@ func TestRunLogProxy(t *testing.T) {
 // A proxy reaches an API over TLS when it trusts its certificate, and
 // says why not when it does not.
 func TestRunLogProxyOverTLS(t *testing.T) {
-	runs := &fakeRuns{runs: []coord.ItemRecord{{Job: "orders", Item: 1, Fence: 60, Instance: "b", State: coord.StateDone}}, instances: map[string]coord.InstanceInfo{}}
+	runs := &fakeRuns{runs: []keyspace.ItemRecord{{Job: "orders", Item: 1, Fence: 60, Instance: "b", State: keyspace.StateDone}}, instances: map[string]keyspace.InstanceInfo{}}
 	b := newInstance(t, "b", nil, Options{})
 	srvB := serve(t, b.h, true)
-	runs.instances["b"] = coord.InstanceInfo{ID: "b", Host: "host-b", API: srvB.Listener.Addr().String(), APITLS: true}
+	runs.instances["b"] = keyspace.InstanceInfo{ID: "b", Host: "host-b", API: srvB.Listener.Addr().String(), APITLS: true}
 	b.run(t, 60, 1, []string{"over tls"}, nil)
 
 	trusting := newInstance(t, "a", runs, Options{RunLogs: &RunLogs{Transport: srvB.Client().Transport}})
@@ -445,7 +446,7 @@ func TestAPIHost(t *testing.T) {
 		{"localhost:9741", "h1", "localhost:9741", true},
 		{"127.0.0.1:9741", "here", "127.0.0.1:9741", false}, // this host's
 	} {
-		info := coord.InstanceInfo{API: tc.api, Host: tc.host}
+		info := keyspace.InstanceInfo{API: tc.api, Host: tc.host}
 		if got := APIHost(info); got != tc.want {
 			t.Errorf("APIHost(%s on %s) = %s, want %s", tc.api, tc.host, got, tc.want)
 		}
@@ -475,7 +476,7 @@ func TestRunLogRemovedByRetention(t *testing.T) {
 			fmt.Fprintln(l.Stdout(), s)
 		}
 		l.Close("end state=DONE exit=0")
-		runs.runs = append(runs.runs, coord.ItemRecord{Job: "orders", Item: 0, Fence: fence, Instance: "a"})
+		runs.runs = append(runs.runs, keyspace.ItemRecord{Job: "orders", Item: 0, Fence: fence, Instance: "a"})
 	}
 	if rec := get(t, in.h, "/api/v1/jobs/orders/runs/103-0/log", ""); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), line) {
 		t.Errorf("the newest run's log: %d", rec.Code)
@@ -542,8 +543,8 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 	} {
 		got = nil
 		runs := &fakeRuns{
-			runs:      []coord.ItemRecord{{Job: "orders", Item: 1, Fence: 50, Instance: "b", State: coord.StateDone}},
-			instances: map[string]coord.InstanceInfo{"b": {ID: "b", Host: "host-b", API: strings.TrimPrefix(b.URL, "http://")}},
+			runs:      []keyspace.ItemRecord{{Job: "orders", Item: 1, Fence: 50, Instance: "b", State: keyspace.StateDone}},
+			instances: map[string]keyspace.InstanceInfo{"b": {ID: "b", Host: "host-b", API: strings.TrimPrefix(b.URL, "http://")}},
 		}
 		auth := NewAuth(tc.tokens, 0, false)
 		a := newInstance(t, "a", runs, Options{Auth: auth})

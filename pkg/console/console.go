@@ -79,6 +79,7 @@ import (
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 	sched "github.com/shardd/shardd/pkg/schedule"
 )
@@ -89,8 +90,8 @@ type Cluster interface {
 	Status(ctx context.Context) (*coord.ClusterStatus, error)
 	JobStatus(ctx context.Context, job string) (*coord.ClusterStatus, error)
 	JobRuns(ctx context.Context, jobs []string) (map[string]coord.JobRuns, error)
-	JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error)
-	Audit(ctx context.Context, f coord.AuditFilter) ([]coord.AuditEntry, error)
+	JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
+	Audit(ctx context.Context, f coord.AuditFilter) ([]keyspace.AuditEntry, error)
 }
 
 // Options configure the console.
@@ -587,7 +588,7 @@ type jobRow struct {
 func newJobRow(j *coord.JobStatus, runs coord.JobRuns) jobRow {
 	row := jobRow{job: j, Name: j.Name, Status: j.Status, Leader: j.Leader, Total: j.Total, Running: len(runs.Running)}
 	for _, rec := range runs.Records {
-		if rec.State == coord.StateRunning || rec.End.IsZero() || begun(rec) {
+		if rec.State == keyspace.StateRunning || rec.End.IsZero() || begun(rec) {
 			continue
 		}
 		if rec.End.After(row.LastEnd) {
@@ -608,15 +609,15 @@ func newJobRow(j *coord.JobStatus, runs coord.JobRuns) jobRow {
 
 // begun reports whether a record only begins an item's record (coord's
 // Begin): the item has not run yet.
-func begun(rec coord.ItemRecord) bool {
-	return rec.State == coord.StateSkipped && rec.Skipped == 0 && rec.Reason == "" && rec.Fence == 0
+func begun(rec keyspace.ItemRecord) bool {
+	return rec.State == keyspace.StateSkipped && rec.Skipped == 0 && rec.Reason == "" && rec.Fence == 0
 }
 
 // failed reports whether a run's record is a failure an operator should see.
-func failed(rec coord.ItemRecord) bool { return rec.Failed() }
+func failed(rec keyspace.ItemRecord) bool { return rec.Failed() }
 
 // result is a record's state with its reason (KILLED/operator).
-func result(rec coord.ItemRecord) string {
+func result(rec keyspace.ItemRecord) string {
 	if rec.Reason != "" {
 		return rec.State + "/" + rec.Reason
 	}
@@ -693,7 +694,7 @@ type overviewData struct {
 	FailedHour int
 	Disabled   int
 	Troubled   int
-	Failures   []coord.ItemRecord
+	Failures   []keyspace.ItemRecord
 	// Etcd are what keeps etcd from taking writes, and its history going back.
 	Etcd []string
 }
@@ -727,7 +728,7 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 			d.Failures = append(d.Failures, *f)
 		}
 	}
-	slices.SortFunc(d.Failures, func(a, b coord.ItemRecord) int { return b.End.Compare(a.End) })
+	slices.SortFunc(d.Failures, func(a, b keyspace.ItemRecord) int { return b.End.Compare(a.End) })
 	if len(d.Failures) > 20 {
 		d.Failures = d.Failures[:20]
 	}
@@ -829,7 +830,7 @@ type jobData struct {
 	Failover  bool
 	Items     []itemRow
 	Instances []instanceFor
-	History   []coord.ItemRecord
+	History   []keyspace.ItemRecord
 	// Filters of the history.
 	Item, Result, Source, Since string
 	Results, Sources            []string
@@ -886,7 +887,7 @@ type itemRow struct {
 	// RunningFence is the fence of the run in progress: its Kill button
 	// names it, so that a kill from this page never stops a later run.
 	RunningFence int64
-	Last         *coord.ItemRecord
+	Last         *keyspace.ItemRecord
 	Result       string
 	LogRun       string
 }
@@ -929,8 +930,8 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	}
 	q := r.URL.Query()
 	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"),
-		Results: []string{"", coord.StateDone, coord.StateFailed, coord.StateKilled, coord.StateSkipped, coord.StateRunning},
-		Sources: []string{"", coord.SourceNormal, coord.SourceMisfire, coord.SourceFailover, coord.SourceManual, coord.SourceUpstream}}
+		Results: []string{"", keyspace.StateDone, keyspace.StateFailed, keyspace.StateKilled, keyspace.StateSkipped, keyspace.StateRunning},
+		Sources: []string{"", keyspace.SourceNormal, keyspace.SourceMisfire, keyspace.SourceFailover, keyspace.SourceManual, keyspace.SourceUpstream}}
 	if run := q.Get("run"); run != "" {
 		if _, _, ok := runlog.ParseRun(run); ok {
 			d.Run = run
@@ -961,7 +962,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
 		if rec, ok := jr.Records[it.Item]; ok && !begun(rec) {
 			row.Last, row.Result = &rec, result(rec)
-			if row.RunningOn != "" && rec.State == coord.StateRunning {
+			if row.RunningOn != "" && rec.State == keyspace.StateRunning {
 				row.RunningFence = rec.Fence
 			}
 			if rec.Fence > 0 {
@@ -1007,7 +1008,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		}
 	}
 	for _, rec := range jr.Records { // runs in progress: history has them when they end
-		if rec.State == coord.StateRunning && (d.Item == "" || strconv.Itoa(rec.Item) == d.Item) {
+		if rec.State == keyspace.StateRunning && (d.Item == "" || strconv.Itoa(rec.Item) == d.Item) {
 			hist = append(hist, rec)
 		}
 	}
@@ -1017,7 +1018,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		}
 		d.History = append(d.History, rec)
 	}
-	slices.SortStableFunc(d.History, func(a, b coord.ItemRecord) int {
+	slices.SortStableFunc(d.History, func(a, b keyspace.ItemRecord) int {
 		if c := b.Fire.Compare(a.Fire); c != 0 {
 			return c
 		}
@@ -1060,7 +1061,7 @@ func (c *console) instances(r *http.Request, v *view) (string, error) {
 
 type auditData struct {
 	Job, Actor string
-	Entries    []coord.AuditEntry
+	Entries    []keyspace.AuditEntry
 }
 
 func (c *console) audit(r *http.Request, v *view) (string, error) {
@@ -1103,13 +1104,13 @@ func parsePages() map[string]*template.Template {
 		"logURL": func(job, run string) string {
 			return "/jobs/" + url.PathEscape(job) + "?run=" + url.QueryEscape(run) + "#log"
 		},
-		"runID":  func(r coord.ItemRecord) string { return strconv.FormatInt(r.Fence, 10) + "-" + strconv.Itoa(r.Item) },
+		"runID":  func(r keyspace.ItemRecord) string { return strconv.FormatInt(r.Fence, 10) + "-" + strconv.Itoa(r.Item) },
 		"result": result,
 		"failed": failed,
 		"lower":  strings.ToLower,
 		"code":   code,
 		"tail":   tail,
-		"deref":  func(r *coord.ItemRecord) coord.ItemRecord { return *r },
+		"deref":  func(r *keyspace.ItemRecord) keyspace.ItemRecord { return *r },
 	}
 	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	pages := map[string]*template.Template{}
@@ -1128,7 +1129,7 @@ var bootPage = func() []byte {
 }()
 
 // code is a record's exit code or HTTP status ("exit 1", "http 503").
-func code(r coord.ItemRecord) string {
+func code(r keyspace.ItemRecord) string {
 	switch {
 	case r.HTTPStatus > 0:
 		return "http " + strconv.Itoa(r.HTTPStatus)
@@ -1141,12 +1142,12 @@ func code(r coord.ItemRecord) string {
 // tail is what says most about how a run ended: a failed run's last line
 // of output (its own words, "upstream timeout"), else its error (a kill's
 // "killed by ..."), else its output's last line; cut.
-func tail(r coord.ItemRecord) string {
+func tail(r keyspace.ItemRecord) string {
 	out := strings.TrimSpace(r.Output)
 	if i := strings.LastIndexByte(out, '\n'); i >= 0 {
 		out = out[i+1:]
 	}
-	if r.Error != "" && (out == "" || r.State != coord.StateFailed) {
+	if r.Error != "" && (out == "" || r.State != keyspace.StateFailed) {
 		out = r.Error
 	}
 	if len(out) > 120 {

@@ -17,6 +17,7 @@ import (
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	sched "github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -32,7 +33,7 @@ type fakeCluster struct {
 func (f *fakeCluster) ID() string { return "a" }
 
 func (f *fakeCluster) status(names ...string) *coord.ClusterStatus {
-	st := &coord.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []coord.InstanceStatus{{InstanceInfo: coord.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}}}
+	st := &coord.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []coord.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}}}
 	// As config.Job.JSON writes it.
 	def := []byte(`{"name":"%s","cron":"0 */5 * * * ?","timeZone":"UTC","shardingTotalCount":2,"strategy":"AVG_ALLOCATION","failover":true,"misfire":true,"monitorExecution":true,"disabled":false,"overwrite":false,"maxTimeDiffSeconds":-1,"reconcileIntervalMinutes":10,"timeout":"0s","retries":0,"retryBackoff":"1s","maxConcurrency":0,"script":{"command":{"shell":"true"}},"logRetention":{"maxAge":"168h0m0s","maxBytesPerRun":"16MiB","maxTotalBytes":"256MiB"}}`)
 	for _, name := range names {
@@ -74,18 +75,18 @@ func (f *fakeCluster) JobRuns(ctx context.Context, jobs []string) (map[string]co
 	out := map[string]coord.JobRuns{}
 	now := time.Now()
 	for _, j := range jobs {
-		jr := coord.JobRuns{Records: map[int]coord.ItemRecord{}, Running: map[int]string{}}
+		jr := coord.JobRuns{Records: map[int]keyspace.ItemRecord{}, Running: map[int]string{}}
 		switch j {
 		case "job-00001":
 			jr.Running[0] = "a"
-			jr.Records[0] = coord.ItemRecord{Job: j, State: coord.StateRunning, Fence: 90, Fire: now}
+			jr.Records[0] = keyspace.ItemRecord{Job: j, State: keyspace.StateRunning, Fence: 90, Fire: now}
 		case "job-00002":
-			jr.Records[1] = coord.ItemRecord{Job: j, Item: 1, State: coord.StateFailed, Fence: 91, Fire: now, End: now, ExitCode: 3, Error: "exit status 3"}
+			jr.Records[1] = keyspace.ItemRecord{Job: j, Item: 1, State: keyspace.StateFailed, Fence: 91, Fire: now, End: now, ExitCode: 3, Error: "exit status 3"}
 			f := jr.Records[1]
 			jr.LastFailure = &f
 		case "job-00004": // failed half an hour ago; its latest run succeeded
-			jr.Records[0] = coord.ItemRecord{Job: j, Item: 0, State: coord.StateDone, Fence: 95, Fire: now, End: now, ExitCode: 0}
-			jr.LastFailure = &coord.ItemRecord{Job: j, Item: 0, State: coord.StateFailed, Fence: 93, End: now.Add(-30 * time.Minute), ExitCode: 1,
+			jr.Records[0] = keyspace.ItemRecord{Job: j, Item: 0, State: keyspace.StateDone, Fence: 95, Fire: now, End: now, ExitCode: 0}
+			jr.LastFailure = &keyspace.ItemRecord{Job: j, Item: 0, State: keyspace.StateFailed, Fence: 93, End: now.Add(-30 * time.Minute), ExitCode: 1,
 				Error: "exit status 1", Output: "connecting\nupstream timeout: bank API 504\n"}
 		}
 		out[j] = jr
@@ -93,15 +94,15 @@ func (f *fakeCluster) JobRuns(ctx context.Context, jobs []string) (map[string]co
 	return out, nil
 }
 
-func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]coord.ItemRecord, error) {
-	return []coord.ItemRecord{
-		{Job: job, Item: 0, State: coord.StateDone, Source: coord.SourceNormal, Fence: 80, Fire: time.Now().Add(-time.Minute)},
-		{Job: job, Item: 1, State: coord.StateKilled, Reason: coord.ReasonOperator, KilledBy: "token:alice", Source: coord.SourceManual, Param: "p<1>", Fence: 81, Fire: time.Now()},
+func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+	return []keyspace.ItemRecord{
+		{Job: job, Item: 0, State: keyspace.StateDone, Source: keyspace.SourceNormal, Fence: 80, Fire: time.Now().Add(-time.Minute)},
+		{Job: job, Item: 1, State: keyspace.StateKilled, Reason: keyspace.ReasonOperator, KilledBy: "token:alice", Source: keyspace.SourceManual, Param: "p<1>", Fence: 81, Fire: time.Now()},
 	}, nil
 }
 
-func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]coord.AuditEntry, error) {
-	return []coord.AuditEntry{{Time: time.Now(), Actor: "token:alice", Action: "kill", Job: "job-00001", Target: "item 0 of job job-00001", Outcome: coord.AuditOK}}, nil
+func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]keyspace.AuditEntry, error) {
+	return []keyspace.AuditEntry{{Time: time.Now(), Actor: "token:alice", Action: "kill", Job: "job-00001", Target: "item 0 of job job-00001", Outcome: keyspace.AuditOK}}, nil
 }
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // apiCluster is fakeCluster with what the API needs besides; it records
@@ -21,7 +22,7 @@ type apiCluster struct {
 	*fakeCluster
 	mu       sync.Mutex
 	disabled []coord.Target
-	audit    []coord.AuditEntry
+	audit    []keyspace.AuditEntry
 }
 
 func (a *apiCluster) Up() bool                              { return true }
@@ -33,7 +34,7 @@ func (a *apiCluster) Trigger(ctx context.Context, r coord.TriggerRequest) (coord
 func (a *apiCluster) Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error) {
 	return coord.Killing{}, errors.New("no kill in this test")
 }
-func (a *apiCluster) WaitKill(ctx context.Context, job string, k coord.Kill) ([]coord.KillResult, error) {
+func (a *apiCluster) WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]coord.KillResult, error) {
 	return nil, nil
 }
 func (a *apiCluster) SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error) {
@@ -43,7 +44,7 @@ func (a *apiCluster) SetDisabled(ctx context.Context, t coord.Target, on, force 
 	return coord.Disabling{Target: t, Changed: true, Disabled: on, Message: t.String() + " disabled"}, nil
 }
 func (a *apiCluster) Remove(ctx context.Context, job string) (int64, error) { return 0, nil }
-func (a *apiCluster) RecordAudit(ctx context.Context, e coord.AuditEntry) error {
+func (a *apiCluster) RecordAudit(ctx context.Context, e keyspace.AuditEntry) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.audit = append(a.audit, e)

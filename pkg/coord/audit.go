@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -26,94 +26,39 @@ import (
 // token the request was made with), "cli:<user>@<host>" for the CLI, and
 // "instance:<id>" for a definition an instance published from its files.
 
-// AuditKeep is how many audit entries etcd keeps.
-const AuditKeep = 1000
-
 // auditSlack is how far past AuditKeep the log grows before it is trimmed:
 // trimming is a range read and a delete, done once per auditSlack entries.
 const auditSlack = 50
-
-// Audit outcomes.
-const (
-	AuditOK      = "ok"
-	AuditRefused = "refused" // the command's checks refused it
-	AuditError   = "error"   // it could not be done (etcd unreachable, ...)
-)
-
-// AuditEntry is one write action.
-type AuditEntry struct {
-	ID     string    `json:"id"`
-	Time   time.Time `json:"time"`
-	Actor  string    `json:"actor"`
-	Action string    `json:"action"` // trigger, kill, disable, enable, remove, definition
-	Job    string    `json:"job,omitempty"`
-	// Target is what the action was on, as the commands print it ("job
-	// orders", "item 2 of job orders", "instance host-a for job orders").
-	Target string `json:"target"`
-	// Detail holds the action's arguments worth keeping (a trigger's
-	// parameter and fire, a definition's hash, the fence a kill named).
-	Detail  string `json:"detail,omitempty"`
-	Outcome string `json:"outcome"`
-	Message string `json:"message,omitempty"`
-}
-
-// maxAuditText bounds the free-text fields of an entry.
-const maxAuditText = 2 << 10
 
 // AuditOutcome classifies a command's error for the audit log.
 func AuditOutcome(err error) string {
 	switch {
 	case err == nil:
-		return AuditOK
+		return keyspace.AuditOK
 	case errors.Is(err, ErrUnknownJob), errors.Is(err, ErrBadTarget), errors.Is(err, ErrRefused):
-		return AuditRefused
+		return keyspace.AuditRefused
 	}
-	return AuditError
+	return keyspace.AuditError
 }
 
-// maxAuditName bounds the short fields of an entry (actor, action, job,
-// target): an entry is at most a few KiB, whatever a caller sends.
-const maxAuditName = 300
-
-// auditOp returns the put of e (with its id and time set, and every field
-// made one printable line of bounded length) for a Txn.
-func auditOp(keys Keys, e *AuditEntry) clientv3.Op {
+// auditOp returns the put of e (with its id and time set, and bounded) for a Txn.
+func auditOp(keys keyspace.Keys, e *keyspace.AuditEntry) clientv3.Op {
 	if e.Time.IsZero() {
 		e.Time = time.Now().UTC().Truncate(time.Millisecond)
 	}
 	e.ID = newRequestID(e.Time)
-	for _, f := range []*string{&e.Actor, &e.Action, &e.Job, &e.Target, &e.Outcome} {
-		*f = oneLineCut(*f, maxAuditName)
-	}
-	e.Detail = oneLineCut(e.Detail, maxAuditText)
-	e.Message = oneLineCut(e.Message, maxAuditText)
+	e.Bound()
 	val, _ := json.Marshal(e)
 	return clientv3.OpPut(keys.Audit()+e.ID, string(val))
 }
 
-// oneLineCut makes s one line of at most n bytes of valid UTF-8: control
-// characters (newlines, escapes) become spaces, so that no entry can pass
-// for another in a table.
-func oneLineCut(s string, n int) string {
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, strings.ToValidUTF8(s, "?"))
-	if len(s) > n {
-		s = strings.ToValidUTF8(s[:n-3], "") + "..."
-	}
-	return s
-}
-
 // AppendAudit records e and trims the log to its newest AuditKeep entries.
-func AppendAudit(ctx context.Context, cli *clientv3.Client, keys Keys, e AuditEntry) (AuditEntry, error) {
+func AppendAudit(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, e keyspace.AuditEntry) (keyspace.AuditEntry, error) {
 	resp, err := cli.Txn(ctx).Then(auditOp(keys, &e), clientv3.OpGet(keys.Audit(), clientv3.WithPrefix(), clientv3.WithCountOnly())).Commit()
 	if err != nil {
 		return e, fmt.Errorf("record the audit entry: %w", err)
 	}
-	if n := resp.Responses[1].GetResponseRange().Count; n > AuditKeep+auditSlack {
+	if n := resp.Responses[1].GetResponseRange().Count; n > keyspace.AuditKeep+auditSlack {
 		trimAudit(ctx, cli, keys)
 	}
 	return e, nil
@@ -123,13 +68,13 @@ func AppendAudit(ctx context.Context, cli *clientv3.Client, keys Keys, e AuditEn
 // fresh read finds them: appenders that trim at once each keep AuditKeep
 // (a count read before another's trim would delete too much). A failure is
 // left for a later append.
-func trimAudit(ctx context.Context, cli *clientv3.Client, keys Keys) {
+func trimAudit(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) {
 	newest, err := cli.Get(ctx, keys.Audit(), clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(AuditKeep+1))
-	if err != nil || len(newest.Kvs) <= AuditKeep {
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(keyspace.AuditKeep+1))
+	if err != nil || len(newest.Kvs) <= keyspace.AuditKeep {
 		return
 	}
-	oldestKept := string(newest.Kvs[AuditKeep-1].Key)
+	oldestKept := string(newest.Kvs[keyspace.AuditKeep-1].Key)
 	cli.Delete(ctx, keys.Audit(), clientv3.WithRange(oldestKept)) // [audit/, oldestKept)
 }
 
@@ -159,11 +104,11 @@ const auditPage = 200
 
 // ReadAudit returns the audit entries that match f, newest first. It reads
 // the log newest first, a page at a time, until it has f.Limit entries.
-func ReadAudit(ctx context.Context, cli *clientv3.Client, keys Keys, f AuditFilter) ([]AuditEntry, error) {
-	if f.Limit <= 0 || f.Limit > AuditKeep+auditSlack {
-		f.Limit = AuditKeep + auditSlack
+func ReadAudit(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, f AuditFilter) ([]keyspace.AuditEntry, error) {
+	if f.Limit <= 0 || f.Limit > keyspace.AuditKeep+auditSlack {
+		f.Limit = keyspace.AuditKeep + auditSlack
 	}
-	out := []AuditEntry{}
+	out := []keyspace.AuditEntry{}
 	end := clientv3.GetPrefixRangeEnd(keys.Audit())
 	for {
 		resp, err := cli.Get(ctx, keys.Audit(), clientv3.WithRange(end),
@@ -172,7 +117,7 @@ func ReadAudit(ctx context.Context, cli *clientv3.Client, keys Keys, f AuditFilt
 			return nil, fmt.Errorf("read the audit log: %w", err)
 		}
 		for _, kv := range resp.Kvs {
-			var e AuditEntry
+			var e keyspace.AuditEntry
 			if json.Unmarshal(kv.Value, &e) != nil {
 				continue
 			}
@@ -191,12 +136,12 @@ func ReadAudit(ctx context.Context, cli *clientv3.Client, keys Keys, f AuditFilt
 }
 
 // Audit reads the audit log (see ReadAudit).
-func (n *Node) Audit(ctx context.Context, f AuditFilter) ([]AuditEntry, error) {
+func (n *Node) Audit(ctx context.Context, f AuditFilter) ([]keyspace.AuditEntry, error) {
 	return ReadAudit(ctx, n.opts.Client, n.keys, f)
 }
 
 // RecordAudit appends e to the audit log and logs it (see AppendAudit).
-func (n *Node) RecordAudit(ctx context.Context, e AuditEntry) error {
+func (n *Node) RecordAudit(ctx context.Context, e keyspace.AuditEntry) error {
 	e, err := AppendAudit(ctx, n.opts.Client, n.keys, e)
 	if err != nil {
 		n.log.Error("audit entry not recorded in etcd", "actor", e.Actor, "action", e.Action, "target", e.Target, "detail", e.Detail, "outcome", e.Outcome, "message", e.Message, "err", err)

@@ -11,21 +11,22 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // The audit log keeps the newest AuditKeep entries (give or take the
 // trimming slack), reads newest first, and filters by job and actor.
 func TestAuditLogIsBoundedAndOrdered(t *testing.T) {
 	srv := etcdtest.Start(t)
-	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
-	total := AuditKeep + auditSlack + 10
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	total := keyspace.AuditKeep + auditSlack + 10
 	for i := range total {
 		actor := "token:alice"
 		if i%2 == 1 {
 			actor = "cli:bob@h1"
 		}
-		if _, err := AppendAudit(ctx, cli, keys, AuditEntry{Actor: actor, Action: "trigger", Job: fmt.Sprintf("j%d", i%3),
-			Target: "job", Outcome: AuditOK, Message: fmt.Sprint(i), Time: time.Unix(1e9+int64(i), 0).UTC()}); err != nil {
+		if _, err := AppendAudit(ctx, cli, keys, keyspace.AuditEntry{Actor: actor, Action: "trigger", Job: fmt.Sprintf("j%d", i%3),
+			Target: "job", Outcome: keyspace.AuditOK, Message: fmt.Sprint(i), Time: time.Unix(1e9+int64(i), 0).UTC()}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -33,8 +34,8 @@ func TestAuditLogIsBoundedAndOrdered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Count < AuditKeep || n.Count > AuditKeep+auditSlack {
-		t.Errorf("%d entries kept after %d appends, want %d to %d", n.Count, total, AuditKeep, AuditKeep+auditSlack)
+	if n.Count < keyspace.AuditKeep || n.Count > keyspace.AuditKeep+auditSlack {
+		t.Errorf("%d entries kept after %d appends, want %d to %d", n.Count, total, keyspace.AuditKeep, keyspace.AuditKeep+auditSlack)
 	}
 	all, err := ReadAudit(ctx, cli, keys, AuditFilter{Limit: 5})
 	if err != nil {
@@ -66,7 +67,7 @@ func TestAuditLogIsBoundedAndOrdered(t *testing.T) {
 // instance that published it.
 func TestDefinitionChangeIsAudited(t *testing.T) {
 	srv := etcdtest.Start(t)
-	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)))
 	waitFor(t, 10*time.Second, "orders' map", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })
 	a.SetJobs(jobs(t, "jobs:\n"+job("orders", 4)))
@@ -80,9 +81,9 @@ func TestDefinitionChangeIsAudited(t *testing.T) {
 // them (each trims to the newest AuditKeep of a fresh read).
 func TestConcurrentAuditTrims(t *testing.T) {
 	srv := etcdtest.Start(t)
-	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
-	for i := range AuditKeep + auditSlack {
-		if _, err := AppendAudit(ctx, cli, keys, AuditEntry{Actor: "cli:a@h", Action: "trigger", Target: "job j", Outcome: AuditOK,
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	for i := range keyspace.AuditKeep + auditSlack {
+		if _, err := AppendAudit(ctx, cli, keys, keyspace.AuditEntry{Actor: "cli:a@h", Action: "trigger", Target: "job j", Outcome: keyspace.AuditOK,
 			Time: time.Unix(1e9+int64(i), 0).UTC()}); err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +93,7 @@ func TestConcurrentAuditTrims(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			AppendAudit(ctx, cli, keys, AuditEntry{Actor: "token:x", Action: "kill", Target: fmt.Sprint("job j ", i), Outcome: AuditOK})
+			AppendAudit(ctx, cli, keys, keyspace.AuditEntry{Actor: "token:x", Action: "kill", Target: fmt.Sprint("job j ", i), Outcome: keyspace.AuditOK})
 		}()
 	}
 	wg.Wait()
@@ -100,8 +101,8 @@ func TestConcurrentAuditTrims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Count < AuditKeep || n.Count > AuditKeep+auditSlack+20 {
-		t.Errorf("%d entries left after 20 concurrent appends to a full log, want %d to %d", n.Count, AuditKeep, AuditKeep+auditSlack+20)
+	if n.Count < keyspace.AuditKeep || n.Count > keyspace.AuditKeep+auditSlack+20 {
+		t.Errorf("%d entries left after 20 concurrent appends to a full log, want %d to %d", n.Count, keyspace.AuditKeep, keyspace.AuditKeep+auditSlack+20)
 	}
 	newest, err := ReadAudit(ctx, cli, keys, AuditFilter{Actor: "token:x"})
 	if err != nil || len(newest) != 20 {
@@ -113,19 +114,19 @@ func TestConcurrentAuditTrims(t *testing.T) {
 // entry cannot pass for another in `shardd audit`'s table.
 func TestAuditEntriesAreOneBoundedLine(t *testing.T) {
 	srv := etcdtest.Start(t)
-	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	forged := "x\n2030-01-01T00:00:00Z  token:admin  disable  job payments  ok\r\x1b[2J"
-	e, err := AppendAudit(ctx, cli, keys, AuditEntry{Actor: "token:a", Action: "trigger", Job: forged, Target: strings.Repeat("t", 70000),
-		Detail: forged, Message: strings.Repeat("m", 70000), Outcome: AuditOK})
+	e, err := AppendAudit(ctx, cli, keys, keyspace.AuditEntry{Actor: "token:a", Action: "trigger", Job: forged, Target: strings.Repeat("t", 70000),
+		Detail: forged, Message: strings.Repeat("m", 70000), Outcome: keyspace.AuditOK})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name, v := range map[string]string{"job": e.Job, "target": e.Target, "detail": e.Detail, "message": e.Message} {
-		if strings.ContainsAny(v, "\n\r\x1b") || len(v) > maxAuditText {
+		if strings.ContainsAny(v, "\n\r\x1b") || len(v) > keyspace.MaxAuditText {
 			t.Errorf("%s is %d bytes, control characters %v", name, len(v), strings.ContainsAny(v, "\n\r\x1b"))
 		}
 	}
-	if len(e.Target) > maxAuditName {
-		t.Errorf("target kept %d bytes, want at most %d", len(e.Target), maxAuditName)
+	if len(e.Target) > keyspace.MaxAuditName {
+		t.Errorf("target kept %d bytes, want at most %d", len(e.Target), keyspace.MaxAuditName)
 	}
 }

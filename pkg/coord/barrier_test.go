@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // The outcomes of a fire's items, noted at once from many nodes, all count;
@@ -29,11 +30,11 @@ func TestBarrierCompletesOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			state := StateDone
+			state := keyspace.StateDone
 			if item == 5 {
-				state = StateFailed
+				state = keyspace.StateFailed
 			}
-			rec := ItemRecord{Job: "parent", Item: item, Fire: fire, State: state, Fence: int64(100 + item)}
+			rec := keyspace.ItemRecord{Job: "parent", Item: item, Fire: fire, State: state, Fence: int64(100 + item)}
 			_, completed, err := nodes[item%3].NoteOutcome(context.Background(), "parent", total, rec, nil)
 			if err != nil {
 				t.Error(err)
@@ -58,12 +59,12 @@ func TestBarrierCompletesOnce(t *testing.T) {
 	if completions != 1 {
 		t.Fatalf("%d notes completed the barrier, want exactly 1", completions)
 	}
-	b, completed, err := nodes[0].NoteOutcome(context.Background(), "parent", total, ItemRecord{Item: 3, Fire: fire, State: StateDone, Fence: 999}, nil)
+	b, completed, err := nodes[0].NoteOutcome(context.Background(), "parent", total, keyspace.ItemRecord{Item: 3, Fire: fire, State: keyspace.StateDone, Fence: 999}, nil)
 	if err != nil || completed || !b.Complete() || b.Succeeded() || len(b.Done) != total-1 || len(b.Failed) != 1 || b.Failed[0] != 5 {
 		t.Errorf("barrier %+v (completed %v, %v): want complete, not succeeded, item 5 failed", b, completed, err)
 	}
 	// A manual fire of the same time has a barrier of its own.
-	manual := ItemRecord{Item: 0, Fire: fire, State: StateDone, Fence: 500, FireKey: ManualFireKey(Trigger{Fire: fire, Rev: 77})}
+	manual := keyspace.ItemRecord{Item: 0, Fire: fire, State: keyspace.StateDone, Fence: 500, FireKey: keyspace.ManualFireKey(keyspace.Trigger{Fire: fire, Rev: 77})}
 	if b, _, err := nodes[1].NoteOutcome(context.Background(), "parent", total, manual, nil); err != nil || len(b.Done) != 1 {
 		t.Errorf("manual fire's barrier %+v, %v: want its own, with one item", b, err)
 	}
@@ -74,18 +75,18 @@ func TestBarrierCompletesOnce(t *testing.T) {
 func TestOldBarriersAreDeleted(t *testing.T) {
 	srv := etcdtest.Start(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("parent", 2)))
-	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	now := time.Now()
-	old, young := now.Add(-BarrierKeep-time.Hour), now.Add(-BarrierKeep+time.Hour)
+	old, young := now.Add(-keyspace.BarrierKeep-time.Hour), now.Add(-keyspace.BarrierKeep+time.Hour)
 	for _, k := range []string{
-		FireKey(&ItemRecord{Fire: old}), ManualFireKey(Trigger{Fire: old, Rev: 9}),
-		FireKey(&ItemRecord{Fire: young}), ManualFireKey(Trigger{Fire: young, Rev: 10}),
+		keyspace.FireKey(&keyspace.ItemRecord{Fire: old}), keyspace.ManualFireKey(keyspace.Trigger{Fire: old, Rev: 9}),
+		keyspace.FireKey(&keyspace.ItemRecord{Fire: young}), keyspace.ManualFireKey(keyspace.Trigger{Fire: young, Rev: 10}),
 	} {
 		if _, err := cli.Put(ctx, keys.Fire("parent", k), `{"total":2,"done":[0]}`); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := n.NoteOutcome(ctx, "parent", 2, ItemRecord{Item: 0, Fire: now, State: StateDone, Fence: 5}, nil); err != nil {
+	if _, _, err := n.NoteOutcome(ctx, "parent", 2, keyspace.ItemRecord{Item: 0, Fire: now, State: keyspace.StateDone, Fence: 5}, nil); err != nil {
 		t.Fatal(err)
 	}
 	resp, err := cli.Get(ctx, keys.Fires("parent"), clientv3.WithPrefix(), clientv3.WithKeysOnly())
@@ -96,7 +97,7 @@ func TestOldBarriersAreDeleted(t *testing.T) {
 	for _, kv := range resp.Kvs {
 		got = append(got, strings.TrimPrefix(string(kv.Key), keys.Fires("parent")))
 	}
-	want := []string{ManualFireKey(Trigger{Fire: young, Rev: 10}), FireKey(&ItemRecord{Fire: young}), FireKey(&ItemRecord{Fire: now})}
+	want := []string{keyspace.ManualFireKey(keyspace.Trigger{Fire: young, Rev: 10}), keyspace.FireKey(&keyspace.ItemRecord{Fire: young}), keyspace.FireKey(&keyspace.ItemRecord{Fire: now})}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("barriers after a note: %v, want %v (the two older than a day deleted)", got, want)
 	}
@@ -107,10 +108,10 @@ func TestOldBarriersAreDeleted(t *testing.T) {
 func TestFireAskedOfAManualFireIsWhenItWasAskedFor(t *testing.T) {
 	asked := time.Date(2026, 12, 1, 10, 0, 0, 123e6, time.UTC)
 	sched := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	if got := fireAsked(ManualFireKey(Trigger{Fire: asked, Rev: 4711}), sched); !got.Equal(asked) {
+	if got := keyspace.FireAsked(keyspace.ManualFireKey(keyspace.Trigger{Fire: asked, Rev: 4711}), sched); !got.Equal(asked) {
 		t.Errorf("manual fire: %s, want %s", got, asked)
 	}
-	if got := fireAsked(FireKey(&ItemRecord{Fire: sched}), sched); !got.Equal(sched) {
+	if got := keyspace.FireAsked(keyspace.FireKey(&keyspace.ItemRecord{Fire: sched}), sched); !got.Equal(sched) {
 		t.Errorf("scheduled fire: %s, want %s", got, sched)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Benchmarks run against a real embedded etcd with TTL 2s. Each iteration is
@@ -110,7 +111,7 @@ func BenchmarkLargeMap(b *testing.B) {
 		waitFor(b, 20*time.Second, "reset", func() bool { return hasInstances(2, x, y) })
 	}
 	percentiles(b, trials)
-	resp, err := cli.Get(b.Context(), NewKeys("").Shards("big"))
+	resp, err := cli.Get(b.Context(), keyspace.NewKeys("").Shards("big"))
 	if err == nil && len(resp.Kvs) > 0 {
 		b.ReportMetric(float64(len(resp.Kvs[0].Value)), "map-bytes")
 	}

@@ -11,183 +11,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Item states in an ItemRecord.
-const (
-	StateRunning = "RUNNING" // claimed, not completed
-	StateDone    = "DONE"    // completed successfully
-	StateFailed  = "FAILED"  // completed, failed (after its retries)
-	StateSkipped = "SKIPPED" // fires up to Fire were skipped by policy, not run
-	StateKilled  = "KILLED"  // stopped before it ended; Reason says why
-)
-
-// Reasons of a KILLED record.
-const (
-	// ReasonShutdown: shardd stopped and its shutdown grace ran out.
-	ReasonShutdown = "shutdown"
-	// ReasonFence: the instance's session fenced itself (etcd unreachable
-	// or the process paused); the run could no longer own its item.
-	ReasonFence = "fence"
-	// ReasonTimeout: the job's timeout ran out.
-	ReasonTimeout = "timeout"
-	// ReasonOperator: an operator stopped the run.
-	ReasonOperator = "operator"
-	// ReasonLost: the run's instance died or was cut off mid-run and the
-	// job says failover: false; the item's next owner recorded it so and
-	// did not run it again (ElasticJob's at-most-once without failover).
-	ReasonLost = "lost"
-	// ReasonNotStarted: the claim was won but the work never started (the
-	// session fenced or shardd stopped first). Such a fire is run again
-	// whatever the failover policy: it never ran.
-	ReasonNotStarted = "not-started"
-)
-
-// Reasons of a SKIPPED record.
-const (
-	// SkipDisabled: the item or its job was disabled.
-	SkipDisabled = "disabled"
-	// SkipTooOld: the latest missed fire was older than the misfire window.
-	SkipTooOld = "too-old"
-	// SkipBusy: the fires came while the item ran, and misfire is off.
-	SkipBusy = "busy"
-	// SkipUpstreamFailed: the parent fire that triggered this run of a
-	// job with dependsOn did not succeed (an item of it failed or was
-	// skipped); Error says which.
-	SkipUpstreamFailed = "upstream-failed"
-)
-
-// CutByFailure reports whether a record is a run that a failure cut short:
-// RUNNING with no running marker (its instance died or was cut off), or
-// KILLED at a shutdown or fence. With failover: true such a run is re-run.
-func (r *ItemRecord) CutByFailure() bool {
-	return r.State == StateRunning || (r.State == StateKilled && (r.Reason == ReasonShutdown || r.Reason == ReasonFence))
-}
-
-// Failed reports whether the record is a run that failed: FAILED, or
-// KILLED by its timeout.
-func (r *ItemRecord) Failed() bool {
-	return r.State == StateFailed || (r.State == StateKilled && r.Reason == ReasonTimeout)
-}
-
-// NeverStarted reports whether the record is a claim whose work never
-// started: its fire is still to run.
-func (r *ItemRecord) NeverStarted() bool {
-	return r.State == StateKilled && r.Reason == ReasonNotStarted
-}
-
-// Watermark is the latest scheduled fire the record accounts for: every
-// scheduled fire up to it was run or recorded as skipped. Manual runs do not
-// move it.
-func (r *ItemRecord) Watermark() time.Time {
-	if !r.Sched.IsZero() {
-		return r.Sched
-	}
-	return r.Fire // written before Sched existed
-}
-
-// Execution sources.
-const (
-	SourceNormal   = "NORMAL"
-	SourceMisfire  = "MISFIRE"
-	SourceFailover = "FAILOVER"
-	SourceManual   = "MANUAL"
-	// SourceUpstream: a run of a job with dependsOn, triggered by a
-	// completed fire of its parent (Upstream).
-	SourceUpstream = "UPSTREAM"
-)
-
-// OffSchedule reports whether source is a run by request (an operator's
-// or a parent fire's), not of the job's schedule: any member may serve
-// it, at once, and it does not move the item's watermark.
-func OffSchedule(source string) bool { return source == SourceManual || source == SourceUpstream }
-
-// HistoryPerItem is how many past executions of each item etcd keeps.
-const HistoryPerItem = 10
-
-// ItemRecord is the value of jobs/<job>/items/<n>: the item's last claimed
-// fire and how it went. It is also the value of history entries.
-type ItemRecord struct {
-	Job      string    `json:"job"`
-	Item     int       `json:"item"`
-	Fire     time.Time `json:"fire"`
-	State    string    `json:"state"`
-	Instance string    `json:"instance"`
-	Attempt  int       `json:"attempt"`
-	Source   string    `json:"source"`
-	// Seq counts the item's records; history keeps the last HistoryPerItem.
-	Seq int64 `json:"seq"`
-	// Fence is the etcd revision of the claim (0 for SKIPPED records).
-	Fence int64     `json:"fence"`
-	Start time.Time `json:"start,omitzero"`
-	End   time.Time `json:"end,omitzero"`
-	// ExitCode of a script; -1 when there is none (a hook, a kill, a skip).
-	ExitCode int `json:"exitCode"`
-	// HTTPStatus of a hook's response; absent for scripts.
-	HTTPStatus int    `json:"httpStatus,omitempty"`
-	Error      string `json:"error,omitempty"`
-	Output     string `json:"output,omitempty"`
-	// Skipped counts the fires before Fire that were not run (misfire policy).
-	Skipped int `json:"skipped,omitempty"`
-	// Reason is why a KILLED run was stopped (Reason* constants) or why
-	// SKIPPED fires were not run (Skip* constants).
-	Reason string `json:"reason,omitempty"`
-	// Sched is the record's watermark (see Watermark): for scheduled runs
-	// and skips it is Fire; a manual run carries the previous one over.
-	Sched time.Time `json:"sched,omitzero"`
-	// Trigger is the etcd revision of the last manual trigger this item
-	// ran; a trigger at or below it has been served.
-	Trigger int64 `json:"trigger,omitempty"`
-	// Param is the operator's one-off parameter of a MANUAL run (kept by
-	// its failover re-runs).
-	Param string `json:"param,omitempty"`
-	// KilledBy names who stopped a run KILLED with reason operator.
-	KilledBy string `json:"killedBy,omitempty"`
-	// By names who triggered a MANUAL run (kept by its re-runs).
-	By string `json:"by,omitempty"`
-	// Iterations counts a streaming (dataflow) run's iterations.
-	Iterations int `json:"iterations,omitempty"`
-	// FireKey names a manual run's fire (ManualFireKey), kept by its
-	// re-runs; "" for a scheduled fire (see FireKey).
-	FireKey string `json:"fireKey,omitempty"`
-	// Upstream is the parent fire an UPSTREAM run serves (kept by its
-	// re-runs); NoPropagate is set on a manual run whose outcome does not
-	// trigger the job's children.
-	Upstream    *Upstream `json:"upstream,omitempty"`
-	NoPropagate bool      `json:"noPropagate,omitempty"`
-	// Total is the job's item count when the run was claimed: its fire's
-	// barrier waits for that many items (0 in records older than it).
-	Total int `json:"total,omitempty"`
-}
-
-// ItemState is what etcd says about one item at one revision.
-type ItemState struct {
-	// Record is nil when the item was never claimed. It may be shared
-	// with the item cache: read it; copy it to change it.
-	Record *ItemRecord
-	// Rev is the ModRevision of the record, 0 when there is none.
-	Rev int64
-	// RunningBy is the instance holding the running marker, "" when none.
-	RunningBy string
-	// RunningMine is set when the marker is under this node's current
-	// session lease: this session claimed the item.
-	RunningMine bool
-	// Disabled is set when an operator disabled the item.
-	Disabled bool
-}
-
-// JobItems is a snapshot of a job's items.
-type JobItems struct {
-	Rev   int64
-	Items map[int]ItemState
-}
-
 // ReadItems reads every item record, running marker and item-disable mark
 // of job in one request.
-func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
+func (n *Node) ReadItems(ctx context.Context, job string) (keyspace.JobItems, error) {
 	c := n.itemCacheOf(job)
 	items, gen, ok := n.cachedItems(ctx, job, c)
 	if ok {
@@ -202,20 +34,20 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 		clientv3.OpGet(k.DisabledItems(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
-		return JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
+		return keyspace.JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}
 	if c != nil {
 		n.learnRead(job, resp.Responses[0].GetResponseRange().Kvs, resp.Header.Revision, -1)
 		if rw := n.hist.Rewound(); rw != nil {
-			return JobItems{}, fmt.Errorf("read items of job %q: %w", job, rw)
+			return keyspace.JobItems{}, fmt.Errorf("read items of job %q: %w", job, rw)
 		}
 		c.fill(gen, resp)
 	}
 	lease := n.currentLease()
-	out := JobItems{Rev: resp.Header.Revision, Items: map[int]ItemState{}}
+	out := keyspace.JobItems{Rev: resp.Header.Revision, Items: map[int]keyspace.ItemState{}}
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			item, err := strconv.Atoi(lastSegment(string(kv.Key)))
+			item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key)))
 			if err != nil {
 				continue
 			}
@@ -228,7 +60,7 @@ func (n *Node) ReadItems(ctx context.Context, job string) (JobItems, error) {
 }
 
 // ReadItem reads one item's record, running marker and disable mark.
-func (n *Node) ReadItem(ctx context.Context, job string, item int) (ItemState, error) {
+func (n *Node) ReadItem(ctx context.Context, job string, item int) (keyspace.ItemState, error) {
 	k := n.keys
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
@@ -238,16 +70,16 @@ func (n *Node) ReadItem(ctx context.Context, job string, item int) (ItemState, e
 		clientv3.OpGet(k.DisabledItem(job, item), clientv3.WithKeysOnly()),
 	).Commit()
 	if err != nil {
-		return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, err)
+		return keyspace.ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, err)
 	}
 	if n.itemCacheOf(job) != nil { // a local job: its records are known from now on
 		n.learnRead(job, resp.Responses[0].GetResponseRange().Kvs, resp.Header.Revision, item)
 		if rw := n.hist.Rewound(); rw != nil {
-			return ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, rw)
+			return keyspace.ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, rw)
 		}
 	}
 	lease := n.currentLease()
-	var st ItemState
+	var st keyspace.ItemState
 	for i, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
 			n.decodeItemKey(job, item, i, kv, lease, &st)
@@ -258,13 +90,13 @@ func (n *Node) ReadItem(ctx context.Context, job string, item int) (ItemState, e
 
 // decodeItemKey folds one key read by ReadItems or ReadItem into st: kind
 // 0 is the item record, 1 the running marker, 2 the disable mark.
-func (n *Node) decodeItemKey(job string, item, kind int, kv *mvccpb.KeyValue, lease clientv3.LeaseID, st *ItemState) {
+func (n *Node) decodeItemKey(job string, item, kind int, kv *mvccpb.KeyValue, lease clientv3.LeaseID, st *keyspace.ItemState) {
 	switch kind {
 	case 0:
-		var rec ItemRecord
+		var rec keyspace.ItemRecord
 		if err := json.Unmarshal(kv.Value, &rec); err != nil {
 			n.log.Error("ignoring malformed item record", "job", job, "key", string(kv.Key), "err", err)
-			rec = ItemRecord{Job: job, Item: item, State: StateFailed}
+			rec = keyspace.ItemRecord{Job: job, Item: item, State: keyspace.StateFailed}
 		}
 		st.Record, st.Rev = &rec, kv.ModRevision
 	case 1:
@@ -307,7 +139,7 @@ type Claim struct {
 	// Prev is the item's state the decision was made on; MapRev the
 	// ModRevision of the shard map it was made on (0: do not check the map,
 	// for manual runs).
-	Prev   ItemState
+	Prev   keyspace.ItemState
 	MapRev int64
 	// Sched is the record's watermark after the claim: Fire for scheduled
 	// runs, the previous watermark for manual ones. Trigger is the manual
@@ -325,7 +157,7 @@ type Claim struct {
 	// served on a view that lags the deletion.
 	TriggerID string
 	// Upstream, NoPropagate and Total are the record's (see ItemRecord).
-	Upstream    *Upstream
+	Upstream    *keyspace.Upstream
 	NoPropagate bool
 	Total       int
 }
@@ -337,7 +169,7 @@ type Grant struct {
 	// Ctx is cancelled when the session that holds the claim fences itself:
 	// the work must stop at once.
 	Ctx    context.Context
-	record ItemRecord
+	record keyspace.ItemRecord
 }
 
 // Claim records that this instance starts (job, item, fire) and creates the
@@ -387,7 +219,7 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 // claimParts are one item's part of a claim Txn: its guards and writes,
 // and the record it writes.
 type claimParts struct {
-	rec  ItemRecord
+	rec  keyspace.ItemRecord
 	val  []byte
 	cmps []clientv3.Cmp
 	ops  []clientv3.Op
@@ -397,8 +229,8 @@ type claimParts struct {
 // and writes (the record, the marker under s's lease).
 func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	k := n.keys
-	rec := ItemRecord{
-		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: StateRunning, Instance: n.opts.ID,
+	rec := keyspace.ItemRecord{
+		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: keyspace.StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
 		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By, FireKey: c.FireKey,
 		Upstream: c.Upstream, NoPropagate: c.NoPropagate, Total: c.Total,
@@ -600,7 +432,7 @@ func (n *Node) readBackClaim(ctx context.Context, s *session, c Claim, written [
 // st) and the running marker is under this session's lease: a state read
 // while a run of this process was ending must not start it a second time.
 // The grant's fence is the claim's revision.
-func (n *Node) Adopt(ctx context.Context, job string, item int, st ItemState) (*Grant, error) {
+func (n *Node) Adopt(ctx context.Context, job string, item int, st keyspace.ItemState) (*Grant, error) {
 	n.mu.Lock()
 	s := n.session
 	n.mu.Unlock()
@@ -612,7 +444,7 @@ func (n *Node) Adopt(ctx context.Context, job string, item int, st ItemState) (*
 		return nil, err
 	}
 	rec := cur.Record
-	if rec == nil || cur.Rev != st.Rev || !cur.RunningMine || rec.State != StateRunning || rec.Instance != n.opts.ID {
+	if rec == nil || cur.Rev != st.Rev || !cur.RunningMine || rec.State != keyspace.StateRunning || rec.Instance != n.opts.ID {
 		// st came from the cache: what etcd says now differs, so the
 		// cache is not to decide again (a restored etcd looped here).
 		n.refused(job)
@@ -673,7 +505,7 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 }
 
 // Final is the record Complete writes for the run of g with outcome o.
-func (g *Grant) Final(o Outcome) ItemRecord {
+func (g *Grant) Final(o Outcome) keyspace.ItemRecord {
 	rec := g.record
 	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
 	rec.KilledBy, rec.Iterations = o.KilledBy, o.Iterations
@@ -686,9 +518,9 @@ func (g *Grant) Final(o Outcome) ItemRecord {
 
 // Skip records that skipped fires up to fire were not run for item, and
 // why (Skip* reasons), visible in history.
-func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev ItemState) error {
+func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error {
 	now := n.opts.Now().UTC()
-	rec := ItemRecord{Job: job, Item: item, Fire: fire.UTC(), Sched: fire.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1,
+	rec := keyspace.ItemRecord{Job: job, Item: item, Fire: fire.UTC(), Sched: fire.UTC(), State: keyspace.StateSkipped, Instance: n.opts.ID, ExitCode: -1,
 		Skipped: skipped, Reason: reason, Start: now, End: now}
 	if prev.Record != nil {
 		rec.Seq = prev.Record.Seq + 1
@@ -700,12 +532,12 @@ func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, s
 // Settle records a run cut by a failure that will not be re-run (the job
 // says failover: false): KILLED, reason lost, in the item's record and
 // history, guarded by the record read. The fires after it go on.
-func (n *Node) Settle(ctx context.Context, job string, item int, st ItemState) error {
+func (n *Node) Settle(ctx context.Context, job string, item int, st keyspace.ItemState) error {
 	if st.Record == nil {
 		return nil
 	}
 	rec := *st.Record
-	rec.State, rec.Reason, rec.End, rec.Fence = StateKilled, ReasonLost, n.opts.Now().UTC(), st.Rev
+	rec.State, rec.Reason, rec.End, rec.Fence = keyspace.StateKilled, keyspace.ReasonLost, n.opts.Now().UTC(), st.Rev
 	rec.Error = "its instance died or was cut off mid-run; failover: false, not run again"
 	return n.finish(ctx, rec, st.Rev, false)
 }
@@ -748,7 +580,7 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Shards(job)), "=", mapRev))
 	}
 	for _, item := range items {
-		rec := ItemRecord{Job: job, Item: item, Fire: sched.UTC(), Sched: sched.UTC(), State: StateSkipped, Instance: n.opts.ID, ExitCode: -1}
+		rec := keyspace.ItemRecord{Job: job, Item: item, Fire: sched.UTC(), Sched: sched.UTC(), State: keyspace.StateSkipped, Instance: n.opts.ID, ExitCode: -1}
 		val, err := json.Marshal(rec)
 		if err != nil {
 			return false, err
@@ -772,7 +604,7 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 
 // finish writes rec to the item and its history if the item record is still
 // at revision rev, and removes the running marker when clearRunning is set.
-func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunning bool) error {
+func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, clearRunning bool) error {
 	cmp, ops, err := n.finishTxn(rec, rev, clearRunning)
 	if err != nil {
 		return err
@@ -825,7 +657,7 @@ func refusedWrite(err error) bool {
 // the item record holds what it wrote (each record written is unique: it
 // carries its end time). One read, even after ctx ended (then a short one:
 // ctx ends at shutdown, which an etcd without a leader must not hold).
-func (n *Node) finishApplied(ctx context.Context, rec ItemRecord, put clientv3.Op) bool {
+func (n *Node) finishApplied(ctx context.Context, rec keyspace.ItemRecord, put clientv3.Op) bool {
 	wait := n.opts.TTL
 	if ctx.Err() != nil {
 		wait = min(wait, time.Second)
@@ -843,19 +675,19 @@ func (n *Node) finishApplied(ctx context.Context, rec ItemRecord, put clientv3.O
 }
 
 // History returns the recorded executions of job, oldest first.
-func (n *Node) History(ctx context.Context, job string) ([]ItemRecord, error) {
+func (n *Node) History(ctx context.Context, job string) ([]keyspace.ItemRecord, error) {
 	return ReadHistory(ctx, n.opts.Client, n.keys, job)
 }
 
 // ReadHistory reads job's history from etcd, oldest first.
-func ReadHistory(ctx context.Context, cli *clientv3.Client, keys Keys, job string) ([]ItemRecord, error) {
+func ReadHistory(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) ([]keyspace.ItemRecord, error) {
 	resp, err := cli.Get(ctx, keys.HistoryPrefix(job), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read history of job %q: %w", job, err)
 	}
-	out := make([]ItemRecord, 0, len(resp.Kvs))
+	out := make([]keyspace.ItemRecord, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
-		var rec ItemRecord
+		var rec keyspace.ItemRecord
 		if json.Unmarshal(kv.Value, &rec) == nil {
 			out = append(out, rec)
 		}
@@ -864,8 +696,8 @@ func ReadHistory(ctx context.Context, cli *clientv3.Client, keys Keys, job strin
 	return out, nil
 }
 
-func sortRecords(recs []ItemRecord) {
-	slices.SortStableFunc(recs, func(a, b ItemRecord) int {
+func sortRecords(recs []keyspace.ItemRecord) {
+	slices.SortStableFunc(recs, func(a, b keyspace.ItemRecord) int {
 		if c := a.Start.Compare(b.Start); c != 0 {
 			return c
 		}
@@ -877,7 +709,7 @@ func sortRecords(recs []ItemRecord) {
 }
 
 // finishTxn is the guard and the writes of finish.
-func (n *Node) finishTxn(rec ItemRecord, rev int64, clearRunning bool) (clientv3.Cmp, []clientv3.Op, error) {
+func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) (clientv3.Cmp, []clientv3.Op, error) {
 	k := n.keys
 	val, err := json.Marshal(rec)
 	if err != nil {
@@ -885,7 +717,7 @@ func (n *Node) finishTxn(rec ItemRecord, rev int64, clearRunning bool) (clientv3
 	}
 	ops := []clientv3.Op{
 		clientv3.OpPut(k.Item(rec.Job, rec.Item), string(val)),
-		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%HistoryPerItem), string(val)),
+		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%keyspace.HistoryPerItem), string(val)),
 	}
 	if clearRunning {
 		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
@@ -952,7 +784,7 @@ func (c *completer) kick(n *Node) {
 }
 
 type completion struct {
-	rec   ItemRecord
+	rec   keyspace.ItemRecord
 	fence int64
 	done  chan error // buffered(1)
 }
@@ -968,7 +800,7 @@ const completionsPerTxn = 32
 // caller that finds no flush in progress starts a goroutine that writes
 // batches while there are some, so that no run's caller is held by
 // others' outcomes, nor past its ctx by its own.
-func (c *completer) do(ctx context.Context, n *Node, rec ItemRecord, fence int64) error {
+func (c *completer) do(ctx context.Context, n *Node, rec keyspace.ItemRecord, fence int64) error {
 	req := &completion{rec: rec, fence: fence, done: make(chan error, 1)}
 	c.mu.Lock()
 	c.pending = append(c.pending, req)

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // ordersNode starts instance a with one job, orders, of items items, and
@@ -30,7 +31,7 @@ func claimsOf(t *testing.T, n *testNode, items int, fire time.Time) []Claim {
 	}
 	var cs []Claim
 	for item := range items {
-		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: read.Items[item], Sched: fire})
+		cs = append(cs, Claim{Job: "orders", Item: item, Fire: fire, Attempt: 1, Source: keyspace.SourceNormal, Prev: read.Items[item], Sched: fire})
 	}
 	return cs
 }
@@ -71,7 +72,7 @@ func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
 	}
 	// Once the run is complete the record says DONE and the marker is
 	// gone: nothing there is this claim's any more.
-	if err := n.Complete(ctx, g, Outcome{State: StateDone, ExitCode: 0, Start: fire, End: fire}); err != nil {
+	if err := n.Complete(ctx, g, Outcome{State: keyspace.StateDone, ExitCode: 0, Start: fire, End: fire}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := n.readBackClaim(ctx, s, c, written); !errors.Is(err, ErrClaimLost) {
@@ -90,7 +91,7 @@ func TestClaimAll(t *testing.T) {
 		if r.Err != nil || r.Grant.Fence != res[0].Grant.Fence {
 			t.Fatalf("claim %d: %+v (first fence %d)", i, r, res[0].Grant.Fence)
 		}
-		if err := n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+		if err := n.Complete(ctx, r.Grant, Outcome{State: keyspace.StateDone, Start: fire, End: fire}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -132,7 +133,7 @@ func TestCompletionsTogether(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire})
+			errs[i] = n.Complete(ctx, r.Grant, Outcome{State: keyspace.StateDone, Start: fire, End: fire})
 		}()
 	}
 	wg.Wait()
@@ -143,7 +144,7 @@ func TestCompletionsTogether(t *testing.T) {
 	}
 	for item := range 8 {
 		st, _ := n.ReadItem(ctx, "orders", item)
-		if item != 5 && (st.Record.State != StateDone || st.RunningBy != "") {
+		if item != 5 && (st.Record.State != keyspace.StateDone || st.RunningBy != "") {
 			t.Errorf("item %d: %+v", item, st)
 		}
 	}
@@ -158,7 +159,7 @@ func TestCompletionsBatchIsOneTxn(t *testing.T) {
 	var batch []*completion
 	for _, r := range n.ClaimAll(ctx, cs) {
 		rec := r.Grant.record
-		rec.State = StateDone
+		rec.State = keyspace.StateDone
 		batch = append(batch, &completion{rec: rec, fence: r.Grant.Fence, done: make(chan error, 1)})
 	}
 	var c completer
@@ -199,7 +200,7 @@ func TestSiblingOutcomesAreOneTxn(t *testing.T) {
 	for i, r := range res {
 		go func() {
 			time.Sleep(time.Duration(i) * time.Millisecond) // the second run ends 1 ms after the first
-			errs <- n.Complete(ctx, r.Grant, Outcome{State: StateDone, Start: fire, End: fire})
+			errs <- n.Complete(ctx, r.Grant, Outcome{State: keyspace.StateDone, Start: fire, End: fire})
 		}()
 	}
 	for range 2 {
@@ -234,7 +235,7 @@ func TestItemCache(t *testing.T) {
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	read := func() JobItems {
+	read := func() keyspace.JobItems {
 		t.Helper()
 		items, err := n.ReadItems(ctx, "orders")
 		if err != nil {
@@ -243,17 +244,17 @@ func TestItemCache(t *testing.T) {
 		return items
 	}
 	read() // subscribes the cache and fills it
-	g, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: read().Items[0], Sched: fire})
+	g, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: fire, Attempt: 1, Source: keyspace.SourceNormal, Prev: read().Items[0], Sched: fire})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st := read().Items[0]; st.Record == nil || st.Record.State != StateRunning || !st.RunningMine || st.Rev != g.Fence {
+	if st := read().Items[0]; st.Record == nil || st.Record.State != keyspace.StateRunning || !st.RunningMine || st.Rev != g.Fence {
 		t.Fatalf("own claim not in the next read: %+v", st)
 	}
-	if err := n.Complete(ctx, g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+	if err := n.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: fire, End: fire}); err != nil {
 		t.Fatal(err)
 	}
-	if st := read().Items[0]; st.Record == nil || st.Record.State != StateDone || st.RunningBy != "" {
+	if st := read().Items[0]; st.Record == nil || st.Record.State != keyspace.StateDone || st.RunningBy != "" {
 		t.Fatalf("own outcome not in the next read: %+v", st)
 	}
 	// Another writer: b's marker on item 1, and an operator's disable mark.
@@ -290,7 +291,7 @@ func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
 	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache and fills it
 		t.Fatal(err)
 	}
-	seen := make(chan ItemState, 1)
+	seen := make(chan keyspace.ItemState, 1)
 	// The subscriber reads as a woken reconcile would, and waits a little
 	// for its answer (the hub goes on delivering meanwhile only if the
 	// read does not wait for it).
@@ -298,7 +299,7 @@ func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
 		if ev.Type != clientv3.EventTypeDelete {
 			return
 		}
-		done := make(chan ItemState, 1)
+		done := make(chan keyspace.ItemState, 1)
 		go func() {
 			items, err := n.ReadItems(ctx, "orders")
 			if err != nil {
@@ -380,7 +381,7 @@ func TestFinishWithUnknownOutcomeIsReadBack(t *testing.T) {
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	if err := n.Skip(ctx, "orders", 0, fire, 1, SkipTooOld, ItemState{}); err != nil {
+	if err := n.Skip(ctx, "orders", 0, fire, 1, keyspace.SkipTooOld, keyspace.ItemState{}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := n.ReadItem(ctx, "orders", 0)
@@ -421,7 +422,7 @@ func TestFailedAdoptInvalidatesTheItemCache(t *testing.T) {
 	if !filled() {
 		t.Fatal("the item cache is not filled after two reads")
 	}
-	if _, err := n.Adopt(ctx, "orders", 0, ItemState{Rev: 12345}); !errors.Is(err, ErrClaimLost) {
+	if _, err := n.Adopt(ctx, "orders", 0, keyspace.ItemState{Rev: 12345}); !errors.Is(err, ErrClaimLost) {
 		t.Fatalf("adopt of a state etcd does not have: %v, want ErrClaimLost", err)
 	}
 	if filled() {

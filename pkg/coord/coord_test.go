@@ -18,6 +18,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 const testTTL = 2 * time.Second
@@ -74,7 +75,7 @@ func startNode(t testing.TB, srv *etcdtest.Server, id string, js []*config.Job) 
 	lb := &logBuffer{}
 	n, err := New(Options{
 		Client: cli, ID: id, TTL: testTTL,
-		Info:   InstanceInfo{Node: id, Host: "test", PID: 1},
+		Info:   keyspace.InstanceInfo{Node: id, Host: "test", PID: 1},
 		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	}, js)
 	if err != nil {
@@ -122,13 +123,13 @@ func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 }
 
 // storedMap reads a job's shard map from etcd.
-func storedMap(t testing.TB, cli *clientv3.Client, job string) *ShardMap {
+func storedMap(t testing.TB, cli *clientv3.Client, job string) *keyspace.ShardMap {
 	t.Helper()
-	resp, err := cli.Get(context.Background(), NewKeys("").Shards(job))
+	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Shards(job))
 	if err != nil || len(resp.Kvs) == 0 {
 		return nil
 	}
-	m, err := decodeShardMap(resp.Kvs[0].Value)
+	m, err := keyspace.DecodeShardMap(resp.Kvs[0].Value)
 	if err != nil {
 		return nil
 	}
@@ -265,7 +266,7 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	waitFor(t, 10*time.Second, "a to lead", func() bool { v, _ := a.View("orders"); return v.Leading && v.Map != nil })
 
 	// Remember a's election key and revision, the fence of its writes.
-	resp, err := cli.Get(context.Background(), NewKeys("").Leader("orders"), clientv3.WithPrefix())
+	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Leader("orders"), clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("leader keys: %v %v", resp, err)
 	}
@@ -308,7 +309,7 @@ func TestMalformedValuesAreRepaired(t *testing.T) {
 	want := map[string][]int{"a": {0, 1}, "b": {2, 3}}
 	waitFor(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
 	good := storedMap(t, cli, "orders")
-	keys := NewKeys("")
+	keys := keyspace.NewKeys("")
 
 	for _, garbage := range []string{"not json", `{"epoch":0}`, `{"epoch":99,"total":4,"instances":["a"],"items":{"zz":[1]}}`, `{"epoch":99,"total":2,"instances":["a"],"items":{"a":[0,5]}}`} {
 		if _, err := cli.Put(context.Background(), keys.Shards("orders"), garbage); err != nil {
@@ -348,7 +349,7 @@ func TestMalformedValuesAreRepaired(t *testing.T) {
 }
 
 func leaderOf(t *testing.T, cli *clientv3.Client, job string) string {
-	resp, err := cli.Get(context.Background(), NewKeys("").Leader(job), clientv3.WithFirstCreate()...)
+	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Leader(job), clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) == 0 {
 		return ""
 	}
@@ -370,7 +371,7 @@ func startAgreedPair(t *testing.T) (*clientv3.Client, *testNode, *testNode) {
 
 func TestDisabledInstanceAndJob(t *testing.T) {
 	cli, a, b := startAgreedPair(t)
-	keys := NewKeys("")
+	keys := keyspace.NewKeys("")
 	ctx := context.Background()
 
 	cli.Put(ctx, keys.DisabledInstance("orders", "b"), "")
@@ -441,7 +442,7 @@ func TestDuplicateIDIsRejected(t *testing.T) {
 	waitFor(t, 10*time.Second, "a up", a.Up)
 
 	cli := srv.Client()
-	n, err := New(Options{Client: cli, ID: "a", TTL: testTTL, Info: InstanceInfo{Host: "other", PID: 2}, Logger: slog.New(slog.DiscardHandler)}, js)
+	n, err := New(Options{Client: cli, ID: "a", TTL: testTTL, Info: keyspace.InstanceInfo{Host: "other", PID: 2}, Logger: slog.New(slog.DiscardHandler)}, js)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,10 +490,10 @@ func TestManyJobsSpreadLeadership(t *testing.T) {
 }
 
 func TestShardMapJSON(t *testing.T) {
-	m := &ShardMap{Epoch: 3, Total: 3, Strategy: "AVG_ALLOCATION", Instances: []string{"a", "b"}, Items: map[string][]int{"a": {0, 1}, "b": {2}}}
+	m := &keyspace.ShardMap{Epoch: 3, Total: 3, Strategy: "AVG_ALLOCATION", Instances: []string{"a", "b"}, Items: map[string][]int{"a": {0, 1}, "b": {2}}}
 	b, _ := json.Marshal(m)
-	back, err := decodeShardMap(b)
-	if err != nil || !back.sameAssignment(m) || back.Owner(2) != "b" {
+	back, err := keyspace.DecodeShardMap(b)
+	if err != nil || !back.SameAssignment(m) || back.Owner(2) != "b" {
 		t.Fatalf("round trip: %v %+v", err, back)
 	}
 }

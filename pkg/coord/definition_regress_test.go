@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func reviewV(t *testing.T, n int, extra ...string) []*config.Job {
@@ -66,8 +67,8 @@ func TestDefinitionOfANewerVersionIsKept(t *testing.T) {
 	}
 	m["someNewField"] = true // what a newer version's Job.JSON would carry
 	raw, _ := json.Marshal(m)
-	val, _ := json.Marshal(registeredConfig{Hash: "newer-hash", Job: raw, Writer: "newer", Written: time.Now().UTC(), Superseded: []string{reviewV(t, 3)[0].Hash()}})
-	if _, err := cli.Put(context.Background(), NewKeys("").Config("orders"), string(val)); err != nil {
+	val, _ := json.Marshal(keyspace.RegisteredConfig{Hash: "newer-hash", Job: raw, Writer: "newer", Written: time.Now().UTC(), Superseded: []string{reviewV(t, 3)[0].Hash()}})
+	if _, err := cli.Put(context.Background(), keyspace.NewKeys("").Config("orders"), string(val)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "a's conflict", func() bool { v, _ := a.View("orders"); return v.Conflict })
@@ -115,17 +116,17 @@ func TestRemoveWaitsForALeavingLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Withdrawn but still leading (a shutdown in progress): refused.
-	if _, err := RemoveJob(context.Background(), cli, NewKeys(""), "orders"); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "leads or campaigns") {
+	if _, err := RemoveJob(context.Background(), cli, keyspace.NewKeys(""), "orders"); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "leads or campaigns") {
 		t.Fatalf("remove while a leads: %v", err)
 	}
 	a.stop(t) // the shutdown ends: a resigns and revokes
-	n, err := RemoveJob(context.Background(), cli, NewKeys(""), "orders")
+	n, err := RemoveJob(context.Background(), cli, keyspace.NewKeys(""), "orders")
 	if err != nil {
 		t.Fatalf("remove: %v", err)
 	}
 	t.Logf("remove deleted %d keys", n)
 	time.Sleep(time.Second)
-	resp, err := cli.Get(context.Background(), NewKeys("").Config("orders"))
+	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Config("orders"))
 	if err != nil {
 		t.Fatal(err)
 	}

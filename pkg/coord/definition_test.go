@@ -11,14 +11,15 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func TestPublishDecision(t *testing.T) {
 	v1 := jobs(t, "jobs:\n"+job("orders", 3))[0]
 	v2 := jobs(t, "jobs:\n"+job("orders", 5))[0]
 	v2over := jobs(t, "jobs:\n"+job("orders", 5, "    overwrite: true\n"))[0]
-	reg := func(j *config.Job, superseded ...*config.Job) *registeredConfig {
-		rc := &registeredConfig{Hash: j.Hash()}
+	reg := func(j *config.Job, superseded ...*config.Job) *keyspace.RegisteredConfig {
+		rc := &keyspace.RegisteredConfig{Hash: j.Hash()}
 		for _, s := range superseded {
 			rc.Superseded = append(rc.Superseded, s.Hash())
 		}
@@ -28,7 +29,7 @@ func TestPublishDecision(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		local   *config.Job
-		reg     *registeredConfig
+		reg     *keyspace.RegisteredConfig
 		state   regState
 		loaded  loadedState
 		first   bool
@@ -66,13 +67,13 @@ func TestPublishDecision(t *testing.T) {
 
 // registered reads the job's config key: the definition's hash, writer and
 // generation.
-func registered(t *testing.T, cli *clientv3.Client, job string) (registeredConfig, int64) {
+func registered(t *testing.T, cli *clientv3.Client, job string) (keyspace.RegisteredConfig, int64) {
 	t.Helper()
-	resp, err := cli.Get(context.Background(), NewKeys("").Config(job))
+	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Config(job))
 	if err != nil || len(resp.Kvs) == 0 {
 		t.Fatalf("read config of %s: %v", job, err)
 	}
-	var rc registeredConfig
+	var rc keyspace.RegisteredConfig
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rc); err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +141,7 @@ func TestOneDefinitionRunsEverywhere(t *testing.T) {
 		t.Error("b did not log the definition change")
 	}
 	waitFor(t, 5*time.Second, "status to report b's conflict", func() bool {
-		st, err := ReadStatus(context.Background(), cli, NewKeys(""))
+		st, err := ReadStatus(context.Background(), cli, keyspace.NewKeys(""))
 		return err == nil && len(st.Jobs) == 1 && len(st.Jobs[0].Problems) == 1 &&
 			strings.Contains(st.Jobs[0].Problems[0], "instance b has a different local definition")
 	})

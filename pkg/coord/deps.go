@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Dependencies (docs/dependencies.md). A child job C (dependsOn: [P, ...])
@@ -34,48 +35,6 @@ import (
 // (engine), each item once; a trigger of a failed parent fire is served
 // by recording the item SKIPPED with reason upstream-failed.
 
-// Upstream is where an upstream trigger comes from: a completed fire of
-// a parent job.
-type Upstream struct {
-	// Job is the parent whose fire completed; Fire its fire's key
-	// (FireKey), FireTime its time (for a manual fire, the completing
-	// item's start of it).
-	Job      string    `json:"job"`
-	Fire     string    `json:"fire"`
-	FireTime time.Time `json:"fireTime"`
-	// Failed, when set, says why the parent fire does not trigger the
-	// child: an item of it failed or was skipped. The child's items record
-	// it (SKIPPED, reason upstream-failed) instead of running.
-	Failed string `json:"failed,omitempty"`
-	// Parents are, for a child of several parents, the fire of each that
-	// this trigger consumed.
-	Parents map[string]string `json:"parents,omitempty"`
-}
-
-// ParentsOf is the children index of a job: each child with all its
-// parents and since when it depends on the job.
-type ParentsOf map[string]ChildEntry
-
-// ChildEntry is one child in a job's children index.
-type ChildEntry struct {
-	Parents []string `json:"parents"`
-	// Since is when the child began to depend on the job: fires of the
-	// job before it do not trigger the child (a child deployed today does
-	// not run for yesterday's fire).
-	Since time.Time `json:"since"`
-}
-
-// MaxChildren bounds a job's children: a completing note puts a trigger
-// for each in one Txn, within etcd's default limit of 128 operations.
-const MaxChildren = config.MaxChildren
-
-// BarrierKeep is how long fires' barriers are kept: each note deletes
-// older ones (oldBarriers).
-const BarrierKeep = 24 * time.Hour
-
-// upstreamTriggerID names the trigger a child gets from parent's fire.
-func upstreamTriggerID(parent, fire string) string { return "u" + fire + "-" + parent }
-
 // indexChild makes the children index of every parent of def name def,
 // and of every parent it no longer has (was) not: the registration of a
 // child keeps its parents' indexes. It changes nothing when the indexes
@@ -90,11 +49,11 @@ func (n *Node) indexChild(ctx context.Context, def *config.Job, was []string) er
 			if err != nil {
 				return fmt.Errorf("read children of %s: %w", p, err)
 			}
-			idx, cmp := ParentsOf{}, clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+			idx, cmp := keyspace.ParentsOf{}, clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
 			if len(resp.Kvs) > 0 {
 				if err := json.Unmarshal(resp.Kvs[0].Value, &idx); err != nil {
 					n.log.Error("children index is malformed; rewriting it", "key", key, "err", err)
-					idx = ParentsOf{}
+					idx = keyspace.ParentsOf{}
 				}
 				cmp = clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)
 			}
@@ -110,9 +69,9 @@ func (n *Node) indexChild(ctx context.Context, def *config.Job, was []string) er
 			case want == nil:
 				delete(idx, def.Name)
 			case ok:
-				idx[def.Name] = ChildEntry{Parents: want, Since: had.Since} // another parent added or removed
+				idx[def.Name] = keyspace.ChildEntry{Parents: want, Since: had.Since} // another parent added or removed
 			default:
-				idx[def.Name] = ChildEntry{Parents: want, Since: n.opts.Now().UTC()}
+				idx[def.Name] = keyspace.ChildEntry{Parents: want, Since: n.opts.Now().UTC()}
 			}
 			val, _ := json.Marshal(idx) // kept when empty: followers take puts
 			wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
@@ -141,7 +100,7 @@ func (n *Node) followChildren(ctx context.Context, job string) (stop func()) {
 
 // takeChildren takes a children index newer than the view's.
 func (n *Node) takeChildren(job string, kv *mvccpb.KeyValue) {
-	idx := ParentsOf{}
+	idx := keyspace.ParentsOf{}
 	if len(kv.Value) > 0 {
 		if err := json.Unmarshal(kv.Value, &idx); err != nil {
 			n.log.Error("ignoring malformed children index", "job", job, "key", string(kv.Key), "err", err)
@@ -162,7 +121,7 @@ func (n *Node) takeChildren(job string, kv *mvccpb.KeyValue) {
 // parent has a successful fire (lastsuccess) it has not consumed (its
 // deps); the Txn guards what it read of those, so two parents completing
 // at once fire the child once.
-func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Time, b Barrier, idx ParentsOf) ([]clientv3.Cmp, []clientv3.Op, error) {
+func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Time, b keyspace.Barrier, idx keyspace.ParentsOf) ([]clientv3.Cmp, []clientv3.Op, error) {
 	var cmps []clientv3.Cmp
 	var ops []clientv3.Op
 	ok := b.Succeeded()
@@ -170,17 +129,17 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 		ops = append(ops, clientv3.OpPut(n.keys.LastSuccess(job), fire))
 	}
 	children := slices.Sorted(maps.Keys(idx))
-	if len(children) > MaxChildren {
+	if len(children) > keyspace.MaxChildren {
 		n.log.Error("job has more children than a fire can trigger; the rest are not triggered", "job", job,
-			"max", MaxChildren, "not_triggered", children[MaxChildren:])
-		children = children[:MaxChildren]
+			"max", keyspace.MaxChildren, "not_triggered", children[keyspace.MaxChildren:])
+		children = children[:keyspace.MaxChildren]
 	}
 	defs, err := n.childDefinitions(ctx, children)
 	if err != nil {
 		return nil, nil, err
 	}
 	now := n.opts.Now().UTC()
-	asked := fireAsked(fire, fireTime)
+	asked := keyspace.FireAsked(fire, fireTime)
 	for _, child := range children {
 		def := defs[child]
 		switch {
@@ -192,7 +151,7 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 			continue // a fire from before the child depended on job
 		}
 		parents := def.DependsOn
-		up := Upstream{Job: job, Fire: fire, FireTime: fireTime.UTC()}
+		up := keyspace.Upstream{Job: job, Fire: fire, FireTime: fireTime.UTC()}
 		switch {
 		case !ok:
 			up.Failed = barrierWhy(job, fire, fireTime, b)
@@ -210,7 +169,7 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 			val, _ := json.Marshal(fires)
 			ops = append(ops, clientv3.OpPut(n.keys.Deps(child), string(val)))
 		}
-		tr := Trigger{ID: upstreamTriggerID(job, fire), Fire: now, By: "upstream:" + job, Upstream: &up}
+		tr := keyspace.Trigger{ID: keyspace.UpstreamTriggerID(job, fire), Fire: now, By: "upstream:" + job, Upstream: &up}
 		val, _ := json.Marshal(tr)
 		ops = append(ops, clientv3.OpPut(n.keys.Trigger(child, tr.ID), string(val)))
 	}
@@ -223,7 +182,7 @@ func (n *Node) childOps(ctx context.Context, job, fire string, fireTime time.Tim
 // key is left out (etcd refuses a Txn that puts and deletes one key): the
 // next note of a younger fire takes it.
 func (n *Node) oldBarriers(job, fire string) []clientv3.Op {
-	cut := fmt.Sprintf("%019d", n.opts.Now().Add(-BarrierKeep).UnixNano())
+	cut := fmt.Sprintf("%019d", n.opts.Now().Add(-keyspace.BarrierKeep).UnixNano())
 	own := n.keys.Fire(job, fire)
 	var ops []clientv3.Op
 	for _, kind := range []string{"t", "m"} {
@@ -251,7 +210,7 @@ func (n *Node) childDefinitions(ctx context.Context, children []string) (map[str
 	defs := map[string]*config.Job{}
 	for i, c := range children {
 		for _, kv := range resp.Responses[i].GetResponseRange().Kvs {
-			var rc registeredConfig
+			var rc keyspace.RegisteredConfig
 			if def, err := decodeRegistered(string(kv.Key), c, kv.Value, &rc); err == nil {
 				defs[c] = def
 			}
@@ -303,7 +262,7 @@ func (n *Node) otherParents(ctx context.Context, job, child string, parents []st
 }
 
 // barrierWhy says why a complete barrier did not succeed.
-func barrierWhy(job, fire string, fireTime time.Time, b Barrier) string {
+func barrierWhy(job, fire string, fireTime time.Time, b keyspace.Barrier) string {
 	var parts []string
 	if len(b.Failed) > 0 {
 		parts = append(parts, fmt.Sprintf("item(s) %v failed", sortedInts(b.Failed)))

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
@@ -39,7 +40,7 @@ type Exposure struct {
 // when it answers with an authentication error, or when its TLS handshake
 // demands a client certificate. Anything else (etcd unreachable, a timeout)
 // leaves Known false: try again later.
-func Probe(ctx context.Context, o ClientOptions, k Keys) Exposure {
+func Probe(ctx context.Context, o ClientOptions, k keyspace.Keys) Exposure {
 	e := Exposure{Cleartext: Cleartext(o.Endpoints)}
 	cfg := clientv3.Config{Endpoints: o.Endpoints, DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
 	if o.CAFile != "" {
@@ -53,7 +54,7 @@ func Probe(ctx context.Context, o ClientOptions, k Keys) Exposure {
 	if err == nil {
 		defer cli.Close()
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		_, err = cli.Get(rctx, k.prefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		_, err = cli.Get(rctx, k.Prefix()+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
 		switch {
 		case err == nil:

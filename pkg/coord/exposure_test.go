@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 )
 
@@ -33,7 +34,7 @@ func TestCleartext(t *testing.T) {
 
 func TestProbeAndDiagnose(t *testing.T) {
 	ctx := context.Background()
-	k := NewKeys("")
+	k := keyspace.NewKeys("")
 
 	// The tests' etcd: no TLS, no auth.
 	open := etcdtest.Start(t)

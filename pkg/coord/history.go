@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc"
@@ -198,7 +199,7 @@ func (h *History) noteKeyRevision(key string, seen, got int64) error {
 
 // noteReport records that another instance saw etcd go back (its rewind
 // record rec): this instance's state may be of the history that went too.
-func (h *History) noteReport(rec RewindRecord) {
+func (h *History) noteReport(rec keyspace.RewindRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	by := rec.By // a report passed on names the first to see it

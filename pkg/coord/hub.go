@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -40,7 +41,7 @@ type hub struct {
 	// The watch covers [prefix, end): keys.Jobs() and keys.Rewinds(), which
 	// sort next to each other, so that one watcher carries both.
 	prefix, end string
-	keys        Keys
+	keys        keyspace.Keys
 	onErr       func(msg string, err error)
 	// onRewind is called with every put of a rewind record (rewind.go);
 	// onAdvance with every revision through which events were delivered.
@@ -78,8 +79,8 @@ type subscription struct {
 	resync func()
 }
 
-func newHub(cli *clientv3.Client, keys Keys, onErr func(string, error)) *hub {
-	return &hub{cli: cli, prefix: keys.Jobs(), end: keys.rewindsEnd(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
+func newHub(cli *clientv3.Client, keys keyspace.Keys, onErr func(string, error)) *hub {
+	return &hub{cli: cli, prefix: keys.Jobs(), end: keys.RewindsEnd(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
 }
 
 // subscribe calls event for every event on a key of job starting with

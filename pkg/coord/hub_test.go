@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/stacks"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // recorder collects what a subscription sees.
@@ -45,7 +46,7 @@ func (r *recorder) snapshot() ([]string, []int64, int) {
 	return append([]string(nil), r.keys...), append([]int64(nil), r.revs...), r.resyncs
 }
 
-func startHub(t *testing.T, cli *clientv3.Client, keys Keys, from int64) *hub {
+func startHub(t *testing.T, cli *clientv3.Client, keys keyspace.Keys, from int64) *hub {
 	t.Helper()
 	h := newHub(cli, keys, func(msg string, err error) { t.Logf("hub: %s: %v", msg, err) })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -67,7 +68,7 @@ func TestHubRoutesByJobAndPrefix(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	defer cli.Close()
-	keys := NewKeys("/hubtest")
+	keys := keyspace.NewKeys("/hubtest")
 	h := startHub(t, cli, keys, 0)
 
 	var shardsA, membersA, shardsB recorder
@@ -119,7 +120,7 @@ func TestHubResyncsAfterCompaction(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	defer cli.Close()
-	keys := NewKeys("/hubtest")
+	keys := keyspace.NewKeys("/hubtest")
 	ctx := context.Background()
 	first, err := cli.Put(ctx, keys.Shards("a"), "1")
 	if err != nil {

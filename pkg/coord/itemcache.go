@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -78,7 +79,7 @@ type cachedKey struct {
 	// is set per read), kept until the key changes: a job's reconcile reads
 	// its items at every fire and sweep, and decoding each record's JSON
 	// every time was most of an idle instance's CPU with 10,000 jobs.
-	state *ItemState
+	state *keyspace.ItemState
 }
 
 // itemCacheOf returns job's cache, subscribing it on first use (the
@@ -99,22 +100,22 @@ func (n *Node) itemCacheOf(job string) *itemCache {
 
 // cachedItems returns job's items from c, and whether it could, with the
 // generation of c a read to fill it must be made in.
-func (n *Node) cachedItems(ctx context.Context, job string, c *itemCache) (JobItems, uint64, bool) {
+func (n *Node) cachedItems(ctx context.Context, job string, c *itemCache) (keyspace.JobItems, uint64, bool) {
 	if c == nil {
-		return JobItems{}, 0, false
+		return keyspace.JobItems{}, 0, false
 	}
 	c.mu.Lock()
 	filled, gen := c.filled, c.gen
 	c.mu.Unlock()
 	if !filled {
-		return JobItems{}, gen, false
+		return keyspace.JobItems{}, gen, false
 	}
 	rev, ok := n.hub.waitDelivered(ctx, n.lastItemWrite.Load(), cacheWait)
 	if !ok {
-		return JobItems{}, gen, false
+		return keyspace.JobItems{}, gen, false
 	}
 	lease := n.currentLease()
-	out := JobItems{Items: map[int]ItemState{}}
+	out := keyspace.JobItems{Items: map[int]keyspace.ItemState{}}
 	// Between deliveries: a reconcile woken by an event sees that event.
 	n.hub.settled(func() {
 		c.mu.Lock()
@@ -124,14 +125,14 @@ func (n *Node) cachedItems(ctx context.Context, job string, c *itemCache) (JobIt
 		}
 		out.Rev = max(rev, n.hub.deliveredRev())
 		for item, ci := range c.states {
-			var st ItemState
+			var st keyspace.ItemState
 			for kind := range ci.keys {
 				ck := &ci.keys[kind]
 				if ck.kv == nil {
 					continue
 				}
 				if ck.state == nil {
-					ck.state = new(ItemState)
+					ck.state = new(keyspace.ItemState)
 					n.decodeItemKey(job, item, kind, ck.kv, clientv3.NoLease, ck.state)
 				}
 				switch kind {
@@ -158,7 +159,7 @@ func (n *Node) subscribeItemCache(job string) *itemCache {
 	k := n.keys
 	apply := func(kind int) func(*clientv3.Event) {
 		return func(ev *clientv3.Event) {
-			item, err := strconv.Atoi(lastSegment(string(ev.Kv.Key)))
+			item, err := strconv.Atoi(keyspace.LastSegment(string(ev.Kv.Key)))
 			if err != nil {
 				return
 			}
@@ -195,7 +196,7 @@ func (c *itemCache) fill(gen uint64, resp *clientv3.TxnResponse) {
 	}
 	for kind, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			if item, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+			if item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
 				c.apply(item, kind, false, kv)
 			}
 		}

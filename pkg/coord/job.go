@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // registerJob registers the job's definition (see registerConfig) and then
@@ -87,7 +88,7 @@ type loadedState struct {
 // was away while others deployed and rolled back is behind, not editing);
 // brought by a host with no record and not superseded; or overwrite: true,
 // once per process and local definition.
-func publishDecision(local *config.Job, reg *registeredConfig, state regState, gen int64, loaded loadedState, first bool) (publish bool, why string) {
+func publishDecision(local *config.Job, reg *keyspace.RegisteredConfig, state regState, gen int64, loaded loadedState, first bool) (publish bool, why string) {
 	hash := local.Hash()
 	switch state {
 	case regMissing:
@@ -144,7 +145,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 			n.takeChildren(local.Name, kv)
 		}
 		var (
-			reg        *registeredConfig
+			reg        *keyspace.RegisteredConfig
 			state      = regMissing
 			regErr     error
 			configRev  int64
@@ -156,13 +157,13 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 			configRev = kvs[0].ModRevision
 			configCmp = clientv3.Compare(clientv3.ModRevision(key), "=", configRev)
-			reg = &registeredConfig{}
+			reg = &keyspace.RegisteredConfig{}
 			registered, regErr = decodeRegistered(key, local.Name, kvs[0].Value, reg)
 			state = stateOf(regErr)
 		}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			loadedCmp = clientv3.Compare(clientv3.ModRevision(lkey), "=", kvs[0].ModRevision)
-			var rec loadedRecord
+			var rec keyspace.LoadedRecord
 			if json.Unmarshal(kvs[0].Value, &rec) == nil {
 				loaded = loadedState{hash: rec.Hash, seen: rec.Seen}
 				if rec.Seen == 0 {
@@ -179,12 +180,12 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 			}
 			ops = append(ops, clientv3.OpPut(key, string(val)))
 			if state != regMissing { // a change of the cluster's definition
-				ops = append(ops, auditOp(n.keys, &AuditEntry{Actor: "instance:" + n.opts.ID, Action: "definition", Job: local.Name,
-					Target: "job " + local.Name, Detail: "hash " + hash, Outcome: AuditOK, Message: why}))
+				ops = append(ops, auditOp(n.keys, &keyspace.AuditEntry{Actor: "instance:" + n.opts.ID, Action: "definition", Job: local.Name,
+					Target: "job " + local.Name, Detail: "hash " + hash, Outcome: keyspace.AuditOK, Message: why}))
 			}
 		}
 		if loaded.hash != hash {
-			rec := loadedRecord{Hash: hash, At: n.opts.Now().UTC(), Seen: configRev}
+			rec := keyspace.LoadedRecord{Hash: hash, At: n.opts.Now().UTC(), Seen: configRev}
 			if publish {
 				rec.Seen = 0 // the generation this Txn writes: the record's own ModRevision
 			}
@@ -233,15 +234,15 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 
 // newRegistered returns the config value that publishes local over reg
 // (nil when there is none).
-func (n *Node) newRegistered(local *config.Job, reg *registeredConfig) registeredConfig {
-	rc := registeredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC()}
+func (n *Node) newRegistered(local *config.Job, reg *keyspace.RegisteredConfig) keyspace.RegisteredConfig {
+	rc := keyspace.RegisteredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC()}
 	if reg != nil {
 		rc.Superseded = slices.DeleteFunc(slices.Clone(reg.Superseded), func(h string) bool { return h == rc.Hash || h == reg.Hash })
 		if reg.Hash != "" {
 			rc.Superseded = append(rc.Superseded, reg.Hash)
 		}
-		if len(rc.Superseded) > maxSuperseded {
-			rc.Superseded = rc.Superseded[len(rc.Superseded)-maxSuperseded:]
+		if len(rc.Superseded) > keyspace.MaxSuperseded {
+			rc.Superseded = rc.Superseded[len(rc.Superseded)-keyspace.MaxSuperseded:]
 		}
 	}
 	return rc
@@ -288,7 +289,7 @@ func (n *Node) takeDefinition(job string, def *config.Job, gen int64) {
 func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 	key := n.keys.Config(job)
 	take := func(kv *mvccpb.KeyValue) {
-		var rc registeredConfig
+		var rc keyspace.RegisteredConfig
 		def, err := decodeRegistered(key, job, kv.Value, &rc)
 		switch stateOf(err) {
 		case regUnreadable:
@@ -321,7 +322,7 @@ func stateOf(err error) regState {
 // decodeRegistered decodes a config key's value into rc and returns its
 // job definition. The error wraps errUnreadable when the value is a
 // definition of job that this version's strict parser refuses.
-func decodeRegistered(key, job string, data []byte, rc *registeredConfig) (*config.Job, error) {
+func decodeRegistered(key, job string, data []byte, rc *keyspace.RegisteredConfig) (*config.Job, error) {
 	if err := json.Unmarshal(data, rc); err != nil {
 		return nil, fmt.Errorf("not JSON: %w", err)
 	}
@@ -368,7 +369,7 @@ func (n *Node) unreadableDefinition(job string, gen int64, err error) {
 
 // parseRegistered decodes a config key's value.
 func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error) {
-	return decodeRegistered(key, job, data, &registeredConfig{})
+	return decodeRegistered(key, job, data, &keyspace.RegisteredConfig{})
 }
 
 // followMap keeps the node's view of job's shard map current until ctx is
@@ -476,7 +477,7 @@ func (n *Node) readKey(ctx context.Context, key string, take func(kv *mvccpb.Key
 
 // observeMap takes a newer, well-formed map into the job's view.
 func (n *Node) observeMap(job string, kv *mvccpb.KeyValue) {
-	m, err := decodeShardMap(kv.Value)
+	m, err := keyspace.DecodeShardMap(kv.Value)
 	if err != nil {
 		n.log.Error("ignoring shard map; keeping the last good one", "job", job, "key", string(kv.Key), "err", err)
 		return

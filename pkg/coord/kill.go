@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -42,23 +43,6 @@ import (
 //	  or ended first                         minute in case its start is
 //	                                         still being registered)
 
-// Kill is an operator's request to stop runs in progress.
-type Kill struct {
-	ID   string    `json:"id"`
-	Runs []KillRun `json:"runs"`
-	// By names who asked (see Trigger.By).
-	By string    `json:"by,omitempty"`
-	At time.Time `json:"at"`
-}
-
-// KillRun is one run a kill stops: the item's run with that fence, on
-// that instance.
-type KillRun struct {
-	Item     int    `json:"item"`
-	Fence    int64  `json:"fence"`
-	Instance string `json:"instance"`
-}
-
 // KillRequest is what an operator asks to stop: the runs in progress of
 // the job's items (all of them when Items is empty) when the request is
 // recorded. Fence, when set, names the run the operator saw of the one
@@ -73,16 +57,13 @@ type KillRequest struct {
 	By       string
 }
 
-// KillTTL is how long a kill request stays in etcd.
-const KillTTL = time.Minute
-
 // killAttempts bounds the reads of a kill without a fence whose runs end
 // between its read and its put.
 const killAttempts = 3
 
 // Killing says what a kill request asked to stop.
 type Killing struct {
-	Kill
+	keyspace.Kill
 	// Rev is the revision of the request.
 	Rev int64 `json:"rev"`
 }
@@ -91,7 +72,7 @@ type Killing struct {
 // runs. It refuses an unknown job, an item out of range, a target with
 // nothing running, and a fence named that is not its item's run in
 // progress.
-func RequestKill(ctx context.Context, cli *clientv3.Client, keys Keys, r KillRequest) (Killing, error) {
+func RequestKill(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, r KillRequest) (Killing, error) {
 	switch {
 	case r.Fence < 0:
 		return Killing{}, opErr(ErrBadTarget, "fence %d: fences are positive", r.Fence)
@@ -128,14 +109,14 @@ func RequestKill(ctx context.Context, cli *clientv3.Client, keys Keys, r KillReq
 			return Killing{}, err
 		}
 		if lease == 0 {
-			l, err := cli.Grant(ctx, int64(KillTTL/time.Second))
+			l, err := cli.Grant(ctx, int64(keyspace.KillTTL/time.Second))
 			if err != nil {
 				return Killing{}, fmt.Errorf("kill job %q: %w", r.Job, err)
 			}
 			lease = l.ID
 		}
 		at := time.Now().UTC().Truncate(time.Millisecond)
-		k, ok, err := putKill(ctx, cli, keys, r.Job, Kill{ID: newRequestID(at), Runs: runs, By: r.By, At: at}, lease)
+		k, ok, err := putKill(ctx, cli, keys, r.Job, keyspace.Kill{ID: newRequestID(at), Runs: runs, By: r.By, At: at}, lease)
 		if err != nil || ok {
 			return k, err
 		}
@@ -150,7 +131,7 @@ func RequestKill(ctx context.Context, cli *clientv3.Client, keys Keys, r KillReq
 // killTargets reads the runs in progress of items, in one Txn, and
 // returns those r asks to stop; it refuses (ErrRefused) when there are
 // none, or when the fence r names is not its item's run in progress.
-func killTargets(ctx context.Context, cli *clientv3.Client, keys Keys, r KillRequest, items []int) ([]KillRun, error) {
+func killTargets(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, r KillRequest, items []int) ([]keyspace.KillRun, error) {
 	ops := make([]clientv3.Op, 0, 2*len(items))
 	for _, item := range items {
 		ops = append(ops, clientv3.OpGet(keys.Item(r.Job, item)), clientv3.OpGet(keys.RunningItem(r.Job, item)))
@@ -159,19 +140,19 @@ func killTargets(ctx context.Context, cli *clientv3.Client, keys Keys, r KillReq
 	if err != nil {
 		return nil, fmt.Errorf("kill job %q: read its items: %w", r.Job, err)
 	}
-	var runs []KillRun
+	var runs []keyspace.KillRun
 	var idle []string
 	for i, item := range items {
 		recs := resp.Responses[2*i].GetResponseRange().Kvs
 		markers := resp.Responses[2*i+1].GetResponseRange().Kvs
-		var rec ItemRecord
+		var rec keyspace.ItemRecord
 		if len(recs) > 0 {
 			json.Unmarshal(recs[0].Value, &rec)
 		}
-		var run *KillRun
-		if len(markers) > 0 && len(recs) > 0 && rec.State == StateRunning {
+		var run *keyspace.KillRun
+		if len(markers) > 0 && len(recs) > 0 && rec.State == keyspace.StateRunning {
 			// The marker is created by the claim: its revision is the fence.
-			run = &KillRun{Item: item, Fence: markers[0].CreateRevision, Instance: string(markers[0].Value)}
+			run = &keyspace.KillRun{Item: item, Fence: markers[0].CreateRevision, Instance: string(markers[0].Value)}
 		}
 		if r.Fence != 0 {
 			switch {
@@ -200,11 +181,11 @@ func killTargets(ctx context.Context, cli *clientv3.Client, keys Keys, r KillReq
 // is not the item's run in progress (now, nil if none): how that run
 // ended, as the item's record (rec, of kvs) or history says, and what runs
 // now.
-func ended(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int, fence int64, now *KillRun, rec ItemRecord, kvs []*mvccpb.KeyValue) error {
+func ended(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, item int, fence int64, now *keyspace.KillRun, rec keyspace.ItemRecord, kvs []*mvccpb.KeyValue) error {
 	how := fmt.Sprintf("is not running (item %d has no such run in its history)", item)
-	var found *ItemRecord
+	var found *keyspace.ItemRecord
 	switch {
-	case len(kvs) > 0 && RunFence(&rec, kvs[0].ModRevision) == fence:
+	case len(kvs) > 0 && keyspace.RunFence(&rec, kvs[0].ModRevision) == fence:
 		found = &rec
 	default:
 		hist, err := ReadHistory(ctx, cli, keys, job)
@@ -219,7 +200,7 @@ func ended(ctx context.Context, cli *clientv3.Client, keys Keys, job string, ite
 	}
 	switch {
 	case found == nil:
-	case found.State == StateRunning:
+	case found.State == keyspace.StateRunning:
 		how = "has lost its instance (cut off or stopped, its lease expired): the item's next owner fails it over or records it lost"
 	default:
 		what := found.State
@@ -238,7 +219,7 @@ func ended(ctx context.Context, cli *clientv3.Client, keys Keys, job string, ite
 // putKill puts k under lease if every run it names still holds its item
 // (the item's running marker was created at the run's fence), in one Txn;
 // it reports whether it did.
-func putKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, k Kill, lease clientv3.LeaseID) (Killing, bool, error) {
+func putKill(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, k keyspace.Kill, lease clientv3.LeaseID) (Killing, bool, error) {
 	val, err := json.Marshal(k)
 	if err != nil {
 		return Killing{}, false, err
@@ -258,7 +239,7 @@ func putKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, k
 }
 
 // idleWhy says why an item has no run to kill.
-func idleWhy(item int, rec ItemRecord, ok bool) string {
+func idleWhy(item int, rec keyspace.ItemRecord, ok bool) string {
 	if !ok || rec.Fence == 0 {
 		return fmt.Sprintf("item %d is not running (it never ran)", item)
 	}
@@ -275,7 +256,7 @@ func idleWhy(item int, rec ItemRecord, ok bool) string {
 
 // KillResult is how a killed run ended.
 type KillResult struct {
-	KillRun
+	keyspace.KillRun
 	// State is the run's record: KILLED (Reason operator) when the kill
 	// stopped it; DONE, FAILED or another KILLED when it ended first; "" if
 	// it had not ended when WaitKill gave up.
@@ -287,7 +268,7 @@ type KillResult struct {
 // WaitKill waits until every run of k has ended (its item's record with
 // that fence is no longer RUNNING, or a newer run has replaced it) or ctx
 // ends, and says how each ended.
-func WaitKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, k Kill) ([]KillResult, error) {
+func WaitKill(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, k keyspace.Kill) ([]KillResult, error) {
 	out := make([]KillResult, len(k.Runs))
 	for i, r := range k.Runs {
 		out[i].KillRun = r
@@ -305,14 +286,14 @@ func WaitKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 		}
 		pending := 0
 		for i, r := range k.Runs {
-			var rec ItemRecord
+			var rec keyspace.ItemRecord
 			var rev int64
 			if kvs := resp.Responses[i].GetResponseRange().Kvs; len(kvs) > 0 {
 				json.Unmarshal(kvs[0].Value, &rec)
 				rev = kvs[0].ModRevision
 			}
 			switch {
-			case rec.State == StateRunning && rev == r.Fence: // a RUNNING record's fence is its claim's revision
+			case rec.State == keyspace.StateRunning && rev == r.Fence: // a RUNNING record's fence is its claim's revision
 				pending++
 			case rec.Fence == r.Fence && rec.CutByFailure():
 				// Cut by its instance's fence or stop before the kill
@@ -346,7 +327,7 @@ func WaitKill(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 
 // endOf finds how run r ended in its item's history; State is "ENDED"
 // when the history no longer has it.
-func endOf(ctx context.Context, cli *clientv3.Client, keys Keys, job string, r KillRun) (KillResult, error) {
+func endOf(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, r keyspace.KillRun) (KillResult, error) {
 	res := KillResult{KillRun: r}
 	recs, err := ReadHistory(ctx, cli, keys, job)
 	if err != nil {
@@ -365,17 +346,17 @@ func endOf(ctx context.Context, cli *clientv3.Client, keys Keys, job string, r K
 // OnKill calls fn for every kill request of job made from now on that
 // names a run of this instance, until the returned cancel is called. fn
 // runs on the node's watch goroutine and must not block.
-func (n *Node) OnKill(job string, fn func(Kill)) (cancel func()) {
+func (n *Node) OnKill(job string, fn func(keyspace.Kill)) (cancel func()) {
 	return n.hub.subscribe(job, n.keys.Kills(job), func(ev *clientv3.Event) {
 		if ev.Type != clientv3.EventTypePut {
 			return
 		}
-		var k Kill
+		var k keyspace.Kill
 		if err := json.Unmarshal(ev.Kv.Value, &k); err != nil {
 			n.log.Error("ignoring malformed kill request", "job", job, "key", string(ev.Kv.Key), "err", err)
 			return
 		}
-		k.Runs = slices.DeleteFunc(k.Runs, func(r KillRun) bool { return r.Instance != n.opts.ID })
+		k.Runs = slices.DeleteFunc(k.Runs, func(r keyspace.KillRun) bool { return r.Instance != n.opts.ID })
 		if len(k.Runs) > 0 {
 			fn(k)
 		}
@@ -385,56 +366,40 @@ func (n *Node) OnKill(job string, fn func(Kill)) (cancel func()) {
 	})
 }
 
-// KillKey names a run a kill asked to stop: its item and fence.
-type KillKey struct {
-	Item  int
-	Fence int64
-}
-
 // Kills reads the job's kill requests still in etcd (each lives KillTTL):
 // who asked to stop each run. A run cut by a failure before its kill
 // reached it (its instance was cut off) is not failed over when it is
 // here: see SettleKilled.
-func (n *Node) Kills(ctx context.Context, job string) (map[KillKey]string, error) {
+func (n *Node) Kills(ctx context.Context, job string) (map[keyspace.KillKey]string, error) {
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	resp, err := n.opts.Client.Get(rctx, n.keys.Kills(job), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read the kill requests of job %q: %w", job, err)
 	}
-	out := map[KillKey]string{}
+	out := map[keyspace.KillKey]string{}
 	for _, kv := range resp.Kvs {
-		var k Kill
+		var k keyspace.Kill
 		if json.Unmarshal(kv.Value, &k) != nil {
 			continue
 		}
 		for _, r := range k.Runs {
-			out[KillKey{Item: r.Item, Fence: r.Fence}] = k.By
+			out[keyspace.KillKey{Item: r.Item, Fence: r.Fence}] = k.By
 		}
 	}
 	return out, nil
 }
 
-// RunFence is the fence of the run a record describes: its Fence, or, for
-// a RUNNING record (written before its fence was known), the record's
-// revision rev, which is its claim's.
-func RunFence(rec *ItemRecord, rev int64) int64 {
-	if rec.State == StateRunning {
-		return rev
-	}
-	return rec.Fence
-}
-
 // SettleKilled records that a run an operator killed, which a failure cut
 // before the kill reached its instance, is not run again: KILLED, reason
 // operator, by whom, guarded by the record read.
-func (n *Node) SettleKilled(ctx context.Context, job string, item int, st ItemState, by string) error {
+func (n *Node) SettleKilled(ctx context.Context, job string, item int, st keyspace.ItemState, by string) error {
 	if st.Record == nil {
 		return nil
 	}
 	rec := *st.Record
-	rec.Fence = RunFence(st.Record, st.Rev)
-	rec.State, rec.Reason, rec.KilledBy, rec.End = StateKilled, ReasonOperator, by, n.opts.Now().UTC()
+	rec.Fence = keyspace.RunFence(st.Record, st.Rev)
+	rec.State, rec.Reason, rec.KilledBy, rec.End = keyspace.StateKilled, keyspace.ReasonOperator, by, n.opts.Now().UTC()
 	rec.Error = "killed by " + by + ": its instance was cut off before the kill reached it; not run again"
 	return n.finish(ctx, rec, st.Rev, false)
 }
@@ -448,6 +413,6 @@ func (n *Node) Kill(ctx context.Context, r KillRequest) (Killing, error) {
 }
 
 // WaitKill waits for the runs of k to end (see WaitKill).
-func (n *Node) WaitKill(ctx context.Context, job string, k Kill) ([]KillResult, error) {
+func (n *Node) WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]KillResult, error) {
 	return WaitKill(ctx, n.opts.Client, n.keys, job, k)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -18,7 +19,7 @@ func claimNext(t *testing.T, n *testNode, fire time.Time) *Grant {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := n.Claim(context.Background(), Claim{Job: "orders", Item: 0, Fire: fire, Attempt: 1, Source: SourceNormal, Prev: read.Items[0], Sched: fire})
+	g, err := n.Claim(context.Background(), Claim{Job: "orders", Item: 0, Fire: fire, Attempt: 1, Source: keyspace.SourceNormal, Prev: read.Items[0], Sched: fire})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 		t.Fatalf("the page shows item 0 running on %q with fence %d, want a and %d", on, shown, g1.Fence)
 	}
 	// The run ends; the next fire's run starts.
-	if err := n.Complete(ctx, g1, Outcome{State: StateDone, Start: fire, End: time.Now()}); err != nil {
+	if err := n.Complete(ctx, g1, Outcome{State: keyspace.StateDone, Start: fire, End: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	next := fire.Add(time.Minute)
@@ -77,7 +78,7 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 
 	// A kill of the run in progress, named, asks for that run.
 	k, err = n.Kill(ctx, KillRequest{Job: "orders", Items: []int{0}, Fence: g2.Fence, Instance: "a", By: "token:alice"})
-	if err != nil || len(k.Runs) != 1 || k.Runs[0] != (KillRun{Item: 0, Fence: g2.Fence, Instance: "a"}) {
+	if err != nil || len(k.Runs) != 1 || k.Runs[0] != (keyspace.KillRun{Item: 0, Fence: g2.Fence, Instance: "a"}) {
 		t.Fatalf("kill of the run in progress, fence %d: %+v, %v", g2.Fence, k.Runs, err)
 	}
 	// Without a fence, a kill names the run in progress when it is
@@ -87,7 +88,7 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 		t.Fatalf("kill without a fence: %+v, %v, want fence %d", k.Runs, err, g2.Fence)
 	}
 	// Once the item's runs have all ended, a named fence says so too.
-	if err := n.Complete(ctx, g2, Outcome{State: StateFailed, Start: next, End: time.Now(), Err: "exit status 1"}); err != nil {
+	if err := n.Complete(ctx, g2, Outcome{State: keyspace.StateFailed, Start: next, End: time.Now(), Err: "exit status 1"}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = n.Kill(ctx, KillRequest{Job: "orders", Items: []int{0}, Fence: shown, By: "token:alice"})
@@ -104,24 +105,24 @@ func TestKillIsRecordedOnlyWhileItsRunsRun(t *testing.T) {
 	ctx := context.Background()
 	fire := time.Now().Truncate(time.Second)
 	g1 := claimNext(t, n, fire)
-	seen := []KillRun{{Item: 0, Fence: g1.Fence, Instance: "a"}}
+	seen := []keyspace.KillRun{{Item: 0, Fence: g1.Fence, Instance: "a"}}
 	// Read, then the run ends and the next starts, then the put.
-	if err := n.Complete(ctx, g1, Outcome{State: StateDone, Start: fire, End: time.Now()}); err != nil {
+	if err := n.Complete(ctx, g1, Outcome{State: keyspace.StateDone, Start: fire, End: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	g2 := claimNext(t, n, fire.Add(time.Minute))
-	lease, err := n.opts.Client.Grant(ctx, int64(KillTTL/time.Second))
+	lease, err := n.opts.Client.Grant(ctx, int64(keyspace.KillTTL/time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok, err := putKill(ctx, n.opts.Client, n.keys, "orders", Kill{Runs: seen, By: "test", At: time.Now()}, lease.ID); err != nil || ok {
+	if _, ok, err := putKill(ctx, n.opts.Client, n.keys, "orders", keyspace.Kill{Runs: seen, By: "test", At: time.Now()}, lease.ID); err != nil || ok {
 		t.Fatalf("put of a kill of fence %d after it ended (fence %d runs): applied %v, %v; want not applied", g1.Fence, g2.Fence, ok, err)
 	}
 	if c := killKeys(t, n); c != 0 {
 		t.Errorf("%d kill requests in etcd, want none", c)
 	}
-	now := []KillRun{{Item: 0, Fence: g2.Fence, Instance: "a"}}
-	if _, ok, err := putKill(ctx, n.opts.Client, n.keys, "orders", Kill{Runs: now, By: "test", At: time.Now()}, lease.ID); err != nil || !ok {
+	now := []keyspace.KillRun{{Item: 0, Fence: g2.Fence, Instance: "a"}}
+	if _, ok, err := putKill(ctx, n.opts.Client, n.keys, "orders", keyspace.Kill{Runs: now, By: "test", At: time.Now()}, lease.ID); err != nil || !ok {
 		t.Fatalf("put of a kill of the run in progress: applied %v, %v", ok, err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -64,8 +65,8 @@ type state struct {
 	config    *config.Job     // effective; nil when missing or malformed
 	configRev int64           // ModRevision of the config key, 0 when missing
 	configBad error
-	shards    *ShardMap // nil when missing or malformed
-	shardsRev int64     // ModRevision of the shards key, 0 when missing
+	shards    *keyspace.ShardMap // nil when missing or malformed
+	shardsRev int64              // ModRevision of the shards key, 0 when missing
 	shardsBad error
 	// candidates are the ids campaigning for the job, the leader included.
 	candidates []string
@@ -91,7 +92,7 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 		st.candidates = append(st.candidates, string(kv.Value))
 	}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		st.members = append(st.members, lastSegment(string(kv.Key)))
+		st.members = append(st.members, keyspace.LastSegment(string(kv.Key)))
 	}
 	sort.Strings(st.members)
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
@@ -113,7 +114,7 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 	}
 	if kvs := resp.Responses[3].GetResponseRange().Kvs; len(kvs) > 0 {
 		st.shardsRev = kvs[0].ModRevision
-		st.shards, st.shardsBad = decodeShardMap(kvs[0].Value)
+		st.shards, st.shardsBad = keyspace.DecodeShardMap(kvs[0].Value)
 	}
 	return st, nil
 }
@@ -148,7 +149,7 @@ func (l *leader) reconcile(ctx context.Context, st *state) error {
 	if err != nil {
 		return err
 	}
-	if st.shards != nil && st.shards.sameAssignment(desired) {
+	if st.shards != nil && st.shards.SameAssignment(desired) {
 		return l.yieldToPreferred(st)
 	}
 	if st.shardsBad != nil {
@@ -238,8 +239,8 @@ func (l *leader) putConfig(ctx context.Context, rev int64) error {
 }
 
 // desired computes the map the job should have now.
-func (l *leader) desired(job *config.Job, st *state) (*ShardMap, error) {
-	m := &ShardMap{
+func (l *leader) desired(job *config.Job, st *state) (*keyspace.ShardMap, error) {
+	m := &keyspace.ShardMap{
 		Strategy:   job.Strategy,
 		Total:      job.ShardingTotalCount,
 		Instances:  []string{},

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // ErrDuplicateID is returned by Run when another live instance holds this
@@ -32,7 +33,7 @@ type Options struct {
 	// ID identifies the instance; two live instances may not share it.
 	ID string
 	// Info is published at the instance key; ID, Jobs and Started are filled in.
-	Info InstanceInfo
+	Info keyspace.InstanceInfo
 	// TTL of the session lease, >= MinTTL. Default 10s.
 	TTL time.Duration
 	// Logger; default slog.Default().
@@ -41,7 +42,7 @@ type Options struct {
 	Now func() time.Time
 	// OnMap, if set, is called whenever this instance's view of a job's
 	// shard map changes to a newer epoch. It must not block.
-	OnMap func(job string, m *ShardMap)
+	OnMap func(job string, m *keyspace.ShardMap)
 	// OnMapWritten, if set, is called when this instance, as leader, wrote a map.
 	OnMapWritten func(job string)
 	// OnSessionLost, if set, is called when a session fenced itself or expired.
@@ -60,7 +61,7 @@ type Options struct {
 // Node is one shardd instance in the cluster.
 type Node struct {
 	opts Options
-	keys Keys
+	keys keyspace.Keys
 	log  *slog.Logger
 	hub  *hub // the one watch of the jobs keyspace
 	// steps runs the jobs' tasks (task.go): registration, campaign,
@@ -123,14 +124,14 @@ type JobView struct {
 	// Conflict is set when Local differs from the registered definition.
 	Conflict bool
 	// Map is the last good shard map seen, nil before the first.
-	Map *ShardMap
+	Map *keyspace.ShardMap
 	// MapRev is the ModRevision of Map's key, the guard of claims made on it.
 	MapRev int64
 	// Leading is set while this instance is the job's leader.
 	Leading bool
 	// Children are the jobs that depend on this one, each with all its
 	// parents (jobs/<job>/children); childrenRev its ModRevision.
-	Children    ParentsOf
+	Children    keyspace.ParentsOf
 	childrenRev int64
 }
 
@@ -161,7 +162,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		hist:        opts.History,
 		known:       records{jobs: map[string]map[int]knownRecord{}},
 		opts:        opts,
-		keys:        NewKeys(opts.Prefix),
+		keys:        keyspace.NewKeys(opts.Prefix),
 		log:         opts.Logger.With("instance", opts.ID),
 		views:       map[string]*JobView{},
 		itemCaches:  map[string]*itemCache{},
@@ -199,7 +200,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 func (n *Node) ID() string { return n.opts.ID }
 
 // Keys returns the node's keyspace.
-func (n *Node) Keys() Keys { return n.keys }
+func (n *Node) Keys() keyspace.Keys { return n.keys }
 
 // SetJobs replaces the local job definitions; a running node registers the
 // new set in its next step.
@@ -571,7 +572,7 @@ func (n *Node) register(s *session) error {
 		_, err := n.opts.Client.Put(ctx, key, string(val), clientv3.WithLease(s.lease))
 		return err
 	}
-	var other InstanceInfo
+	var other keyspace.InstanceInfo
 	json.Unmarshal(kv.Value, &other)
 	return fmt.Errorf("%w: %s is registered by pid %d on host %q since %s", ErrDuplicateID, key, other.PID, other.Host, other.Started.Format(time.RFC3339))
 }
@@ -698,17 +699,17 @@ func (n *Node) logMembership(ctx context.Context) {
 			}
 			b.reset()
 			for _, ev := range resp.Events {
-				id := lastSegment(string(ev.Kv.Key))
+				id := keyspace.LastSegment(string(ev.Kv.Key))
 				if id == n.opts.ID {
 					continue
 				}
 				switch {
 				case ev.Type == clientv3.EventTypePut && ev.IsCreate():
-					var info InstanceInfo
+					var info keyspace.InstanceInfo
 					json.Unmarshal(ev.Kv.Value, &info)
 					n.log.Info("instance joined", "other", id, "host", info.Host, "version", info.Version)
 				case ev.Type == clientv3.EventTypeDelete:
-					var info InstanceInfo
+					var info keyspace.InstanceInfo
 					if ev.PrevKv != nil {
 						json.Unmarshal(ev.PrevKv.Value, &info)
 					}

@@ -18,6 +18,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 	"github.com/shardd/shardd/pkg/shard"
 )
@@ -55,9 +56,9 @@ type jobFacts struct {
 	name      string
 	exists    bool        // any key of the job exists
 	def       *config.Job // the registered definition; nil when missing or malformed
-	reg       registeredConfig
+	reg       keyspace.RegisteredConfig
 	configRev int64 // ModRevision of the config key, 0 when missing
-	shards    *ShardMap
+	shards    *keyspace.ShardMap
 	members   []string // instances that define the job now (sorted)
 	running   []int    // items with a running marker
 	leaders   int      // election candidates (campaigns)
@@ -68,7 +69,7 @@ type jobFacts struct {
 }
 
 // readJobFacts reads what the operator commands check, in one request.
-func readJobFacts(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (*jobFacts, error) {
+func readJobFacts(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (*jobFacts, error) {
 	resp, err := cli.Txn(ctx).Then(
 		clientv3.OpGet(keys.Config(job)),
 		clientv3.OpGet(keys.Shards(job)),
@@ -76,7 +77,7 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys Keys, job stri
 		clientv3.OpGet(keys.Running(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(keys.Disabled(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.job(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(keys.JobPrefix(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(keys.Leader(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 	).Commit()
 	if err != nil {
@@ -92,14 +93,14 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys Keys, job stri
 		}
 	}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		f.shards, _ = decodeShardMap(kvs[0].Value)
+		f.shards, _ = keyspace.DecodeShardMap(kvs[0].Value)
 	}
 	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
-		f.members = append(f.members, lastSegment(string(kv.Key)))
+		f.members = append(f.members, keyspace.LastSegment(string(kv.Key)))
 	}
 	sort.Strings(f.members)
 	for _, kv := range resp.Responses[3].GetResponseRange().Kvs {
-		if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+		if n, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
 			f.running = append(f.running, n)
 		}
 	}
@@ -109,22 +110,22 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys Keys, job stri
 		case key == keys.DisabledJob(job):
 			f.jobOff = true
 		case strings.HasPrefix(key, keys.DisabledItems(job)):
-			if n, err := strconv.Atoi(lastSegment(key)); err == nil {
+			if n, err := strconv.Atoi(keyspace.LastSegment(key)); err == nil {
 				f.offItems[n] = true
 			}
 		case strings.HasPrefix(key, keys.DisabledInstances(job)):
-			f.offInst[lastSegment(key)] = true
+			f.offInst[keyspace.LastSegment(key)] = true
 		}
 	}
 	for _, kv := range resp.Responses[5].GetResponseRange().Kvs {
-		f.live[lastSegment(string(kv.Key))] = true
+		f.live[keyspace.LastSegment(string(kv.Key))] = true
 	}
 	return f, nil
 }
 
 // knownJobs lists the jobs registered in the cluster, for "unknown job"
 // messages: a read of every key name, so only on that error path.
-func knownJobs(ctx context.Context, cli *clientv3.Client, keys Keys) []string {
+func knownJobs(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) []string {
 	resp, err := cli.Get(ctx, keys.Jobs(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil
@@ -140,7 +141,7 @@ func knownJobs(ctx context.Context, cli *clientv3.Client, keys Keys) []string {
 
 // unknownJob returns the error for a job etcd does not know, naming the
 // jobs it does.
-func unknownJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string) error {
+func unknownJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) error {
 	known := knownJobs(ctx, cli, keys)
 	if len(known) == 0 {
 		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s: it has no jobs", job, keys.Prefix())
@@ -156,7 +157,7 @@ func unknownJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string
 
 // requireJob returns the job's facts, or ErrUnknownJob when no key of it
 // exists.
-func requireJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (*jobFacts, error) {
+func requireJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (*jobFacts, error) {
 	f, err := readJobFacts(ctx, cli, keys, job)
 	if err != nil {
 		return nil, err
@@ -225,7 +226,7 @@ const TriggerTTL = time.Hour
 
 // Triggered says what a trigger request will run.
 type Triggered struct {
-	Trigger
+	keyspace.Trigger
 	// Runs are the items that will run; Disabled those left out because
 	// they are disabled.
 	Runs     []int `json:"runs"`
@@ -282,7 +283,7 @@ const MaxTriggerParam = 16 << 10
 // past fire of the job's schedule. The owners of the items run them; the
 // request is deleted once every item served it, or expires after
 // TriggerTTL.
-func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r TriggerRequest) (Triggered, error) {
+func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, r TriggerRequest) (Triggered, error) {
 	job, items := r.Job, r.Items
 	if err := checkParam(r.Param); err != nil {
 		return Triggered{}, err
@@ -343,7 +344,7 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r Trig
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	// A key of its own: two triggers in one millisecond must not share one.
-	tr := Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param, NoPropagate: r.NoPropagate || len(r.Items) > 0 || len(res.Disabled) > 0}
+	tr := keyspace.Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param, NoPropagate: r.NoPropagate || len(r.Items) > 0 || len(res.Disabled) > 0}
 	if !rerun.IsZero() {
 		tr.Rerun = rerun.UTC()
 	}
@@ -360,7 +361,7 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys Keys, r Trig
 	tr.Rev = resp.Header.Revision
 	res.Trigger = tr
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-		var idx ParentsOf
+		var idx keyspace.ParentsOf
 		if json.Unmarshal(kvs[0].Value, &idx) == nil {
 			res.Children = slices.Sorted(maps.Keys(idx))
 		}
@@ -525,7 +526,7 @@ type Disabling struct {
 // refused; force lets an operator disable an instance before it first
 // starts. Enabling a job whose definition says disabled: true removes an
 // operator's mark but is refused, since the job stays disabled.
-func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target, on, force bool) (Disabling, error) {
+func SetDisabled(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, t Target, on, force bool) (Disabling, error) {
 	if t.Item >= 0 && t.Instance != "" {
 		return Disabling{}, opErr(ErrBadTarget, "an item and an instance exclude each other")
 	}
@@ -613,7 +614,7 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys Keys, t Target,
 // any live instance is a member of the job or runs one of its items: such
 // an instance would register the job again at once. It returns the number
 // of keys deleted.
-func RemoveJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (int64, error) {
+func RemoveJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (int64, error) {
 	f, err := requireJob(ctx, cli, keys, job)
 	if err != nil {
 		return 0, err
@@ -631,7 +632,7 @@ func RemoveJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string)
 		clientv3.Compare(clientv3.CreateRevision(keys.Members(job)), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(keys.Running(job)), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(keys.Leader(job)), "=", 0).WithPrefix(),
-	).Then(clientv3.OpDelete(keys.job(job), clientv3.WithPrefix())).Commit()
+	).Then(clientv3.OpDelete(keys.JobPrefix(job), clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("remove job %q: %w", job, err)
 	}
@@ -643,7 +644,7 @@ func RemoveJob(ctx context.Context, cli *clientv3.Client, keys Keys, job string)
 
 // JobHistory reads a job's history (ReadHistory), only item's when item
 // >= 0, after checking that the job and the item exist.
-func JobHistory(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int) ([]ItemRecord, error) {
+func JobHistory(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, item int) ([]keyspace.ItemRecord, error) {
 	f, err := requireJob(ctx, cli, keys, job)
 	if err != nil {
 		return nil, err
@@ -657,7 +658,7 @@ func JobHistory(ctx context.Context, cli *clientv3.Client, keys Keys, job string
 	if err != nil || item < 0 {
 		return recs, err
 	}
-	return slices.DeleteFunc(recs, func(r ItemRecord) bool { return r.Item != item }), nil
+	return slices.DeleteFunc(recs, func(r keyspace.ItemRecord) bool { return r.Item != item }), nil
 }
 
 // Trigger requests a one-off run of job (see RequestTrigger).
@@ -674,7 +675,7 @@ func (n *Node) SetDisabled(ctx context.Context, t Target, on, force bool) (Disab
 }
 
 // JobHistory reads a job's history (see JobHistory).
-func (n *Node) JobHistory(ctx context.Context, job string, item int) ([]ItemRecord, error) {
+func (n *Node) JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
 	return JobHistory(ctx, n.opts.Client, n.keys, job, item)
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // The operator commands check their target against etcd and refuse with
@@ -18,7 +19,7 @@ import (
 func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
-	keys := NewKeys("")
+	keys := keyspace.NewKeys("")
 	ctx := context.Background()
 	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)+job("off", 1, "    disabled: true\n")))
 	waitFor(t, 10*time.Second, "orders' map", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })
@@ -163,7 +164,7 @@ func TestStatusOfManyJobs(t *testing.T) {
 		}
 		return true
 	})
-	st, err := ReadStatus(context.Background(), cli, NewKeys(""))
+	st, err := ReadStatus(context.Background(), cli, keyspace.NewKeys(""))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // The completer's flusher is a caller of Complete: it writes other runs'
@@ -25,8 +26,8 @@ func TestCompleteIsNotHeldByOthersOutcomes(t *testing.T) {
 	n := ordersNode(t, 1)
 	ctx := context.Background()
 	var c completer
-	rec := func(item int) ItemRecord {
-		return ItemRecord{Job: "orders", Item: item, State: StateDone, Instance: "a", Attempt: 1, End: time.Now().UTC()}
+	rec := func(item int) keyspace.ItemRecord {
+		return keyspace.ItemRecord{Job: "orders", Item: item, State: keyspace.StateDone, Instance: "a", Attempt: 1, End: time.Now().UTC()}
 	}
 	// More than completionsPerTxn outcomes always pending, for 3 s.
 	stop := time.Now().Add(3 * time.Second)
@@ -108,7 +109,7 @@ func TestRefusedClaimDoesNotStallCachedReads(t *testing.T) {
 	items, _ := n.ReadItems(ctx, "orders")
 	st := items.Items[0]
 	st.Rev = 12345678 // stale
-	if _, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: time.Now(), Attempt: 1, Source: SourceNormal, Prev: st, MapRev: 0, Sched: time.Now()}); !errors.Is(err, ErrClaimLost) {
+	if _, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: time.Now(), Attempt: 1, Source: keyspace.SourceNormal, Prev: st, MapRev: 0, Sched: time.Now()}); !errors.Is(err, ErrClaimLost) {
 		t.Fatalf("claim: %v", err)
 	}
 	var slow int
@@ -168,7 +169,7 @@ func TestPacerNotPinnedBySteadyLatency(t *testing.T) {
 func TestLeavingCandidateDoesNotBlockTheElection(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
-	keys := NewKeys("")
+	keys := keyspace.NewKeys("")
 	ctx := context.Background()
 	lg, err := cli.Grant(ctx, 60)
 	if err != nil {

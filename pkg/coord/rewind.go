@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -122,14 +123,14 @@ type outcomeKey struct {
 }
 
 type pendingOutcome struct {
-	rec   ItemRecord
+	rec   keyspace.ItemRecord
 	fence int64
 	done  atomic.Bool // written by a repair
 }
 
 func (p *pendingOutcome) written() bool { return p.done.Load() }
 
-func (o *outcomes) add(rec ItemRecord, fence int64) *pendingOutcome {
+func (o *outcomes) add(rec keyspace.ItemRecord, fence int64) *pendingOutcome {
 	p := &pendingOutcome{rec: rec, fence: fence}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -182,7 +183,7 @@ func (n *Node) learnWrite(job string, item int, val []byte, rev int64) {
 func (n *Node) learnRead(job string, kvs []*mvccpb.KeyValue, readRev int64, item int) {
 	present := map[int]bool{}
 	for _, kv := range kvs {
-		if i, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+		if i, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
 			present[i] = true
 			n.learnRecord(job, i, kv, false, readRev)
 		}
@@ -242,26 +243,6 @@ func (n *Node) Impaired() error {
 	return nil
 }
 
-// RewindRecord is the value of rewinds/<id>: what instance <id> saw of
-// etcd going back, and how far its recovery is.
-type RewindRecord struct {
-	Instance string    `json:"instance"`
-	Detected time.Time `json:"detected"`
-	Reason   string    `json:"reason"`
-	// Seen is the highest revision the instance had seen; Revision etcd's
-	// when recovery began.
-	Seen     int64 `json:"seen"`
-	Revision int64 `json:"revision"`
-	// By, when set, is the instance whose report this one took as its own
-	// rewind (Reason and Seen are then that instance's).
-	By string `json:"by,omitempty"`
-	// Recovered is when the instance resumed; zero while it waits.
-	Recovered time.Time `json:"recovered,omitzero"`
-	// Waiting says why it has not, when it cannot by itself.
-	Waiting  string `json:"waiting,omitempty"`
-	Repaired int    `json:"repaired,omitempty"`
-}
-
 // recoverRewind brings the node back from a rewind (see the steps above).
 // It returns when the node may start a session, or ctx is done.
 func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
@@ -272,7 +253,7 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 		"after writing back the item records it knew (see docs/operations.md)", "err", rw, "seen", high)
 	n.forgetState()
 	rctx := recovering(ctx)
-	rec := RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: high}
+	rec := keyspace.RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: high}
 	if rw.By != "" {
 		// A report passed on: the first to see it, what it saw, and the
 		// revision it had seen, so that the others, which have recovered
@@ -330,7 +311,7 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 // rewind record the hub delivered) as this instance's own when the
 // reporter had seen past this instance's floor (see above).
 func (n *Node) onRewindRecord(ev *clientv3.Event) {
-	var rec RewindRecord
+	var rec keyspace.RewindRecord
 	if json.Unmarshal(ev.Kv.Value, &rec) != nil || rec.Instance == n.opts.ID || rec.Seen <= n.rewindFloor.Load() {
 		return
 	}
@@ -399,7 +380,7 @@ func (n *Node) revokeOwnPast(ctx context.Context) {
 		return
 	}
 	kv := resp.Kvs[0]
-	var info InstanceInfo
+	var info keyspace.InstanceInfo
 	if json.Unmarshal(kv.Value, &info) != nil || info.PID != n.opts.Info.PID || info.Host != n.opts.Info.Host || !info.Started.Equal(n.started) {
 		return // another process's (the duplicate-id check decides)
 	}
@@ -453,7 +434,7 @@ func (n *Node) currentRevision(ctx context.Context) (int64, uint64, error) {
 }
 
 // putRewind writes the node's rewind record.
-func (n *Node) putRewind(ctx context.Context, rec RewindRecord) error {
+func (n *Node) putRewind(ctx context.Context, rec keyspace.RewindRecord) error {
 	val, err := json.Marshal(rec)
 	if err != nil {
 		return err
@@ -545,7 +526,7 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 	}
 	current := map[int]*mvccpb.KeyValue{}
 	for _, kv := range resp.Kvs {
-		if item, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+		if item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
 			current[item] = kv
 		}
 	}
@@ -577,7 +558,7 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 	for item := range union(known, pending) {
 		cur := current[item]
 		var curRev int64 // 0: absent, which a ModRevision compare of 0 matches
-		var c *ItemRecord
+		var c *keyspace.ItemRecord
 		if cur != nil {
 			curRev, c = cur.ModRevision, decodeRecord(cur.Value)
 		}
@@ -618,8 +599,8 @@ func union(a map[int]*mvccpb.KeyValue, b map[int]*pendingOutcome) map[int]bool {
 }
 
 // decodeRecord decodes an item record; nil when it is malformed.
-func decodeRecord(val []byte) *ItemRecord {
-	var r ItemRecord
+func decodeRecord(val []byte) *keyspace.ItemRecord {
+	var r keyspace.ItemRecord
 	if json.Unmarshal(val, &r) != nil {
 		return nil
 	}
@@ -633,7 +614,7 @@ func decodeRecord(val []byte) *ItemRecord {
 // again from the restored record, and a record an instance wrote since
 // (one that never knew the old history) may carry a lower Seq for a later
 // fire.
-func ahead(k, c *ItemRecord) bool {
+func ahead(k, c *keyspace.ItemRecord) bool {
 	switch {
 	case k == nil:
 		return false
@@ -643,6 +624,6 @@ func ahead(k, c *ItemRecord) bool {
 		return k.Watermark().After(c.Watermark())
 	default:
 		return k.Fire.Equal(c.Fire) && k.Attempt == c.Attempt && k.Source == c.Source &&
-			c.State == StateRunning && k.State != StateRunning
+			c.State == keyspace.StateRunning && k.State != keyspace.StateRunning
 	}
 }

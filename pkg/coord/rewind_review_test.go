@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Tests of the recovery from an etcd that went back in time (rewind.go,
@@ -158,20 +159,20 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
-	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	backup := srv.Backup()
-	g = claimItem(t, a.Node, 0, base.Add(time.Minute), SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	g = claimItem(t, a.Node, 0, base.Add(time.Minute), keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	h := a.hist.Highest()
 
 	fillRevisions(t, cli, "/another-app/key", 1500)
-	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), SourceNormal, 1)
-	if err := b.Complete(ctx, gb, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), keyspace.SourceNormal, 1)
+	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "a to know b's record of item 1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
@@ -189,7 +190,7 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	if rec.Fence != gb.Fence {
 		t.Logf("item 1's record after recovery has fence %d (b's was %d)", rec.Fence, gb.Fence)
 	}
-	ga := claimItem(t, a.Node, 1, base.Add(2*time.Minute), SourceNormal, 1)
+	ga := claimItem(t, a.Node, 1, base.Add(2*time.Minute), keyspace.SourceNormal, 1)
 	t.Logf("a's claim of item 1 after the recovery: fence %d", ga.Fence)
 	if ga.Fence <= gb.Fence {
 		t.Errorf("fence of item 1 fell: a's claim after the recovery has fence %d, b's before the restore had %d (a saw it; a raised etcd only past %d+%d)",
@@ -231,19 +232,19 @@ func TestInstanceWithWatchAheadLearnsOfAnotherInstancesRewind(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
-	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	backup := srv.Backup()
-	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), SourceNormal, 1) // b's run: not completed
-	g = claimItem(t, a.Node, 0, base.Add(time.Minute), SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), keyspace.SourceNormal, 1) // b's run: not completed
+	g = claimItem(t, a.Node, 0, base.Add(time.Minute), keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "a to know b's claim of item 1", func() bool { return knownModRevision(a.Node, 1) >= gb.Fence })
 	end := a.hist.Highest() + 1500
-	fillRevisions(t, cli, NewKeys("").Jobs()+"reports/k", 1500)
+	fillRevisions(t, cli, keyspace.NewKeys("").Jobs()+"reports/k", 1500)
 	waitFor(t, 10*time.Second, "b's watch to deliver the other jobs' writes", func() bool { return b.hub.deliveredRev() >= end })
 	t.Logf("a's highest revision seen %d, b's %d; b's watch at %d", a.hist.Highest(), b.hist.Highest(), b.hub.deliveredRev())
 
@@ -258,7 +259,7 @@ func TestInstanceWithWatchAheadLearnsOfAnotherInstancesRewind(t *testing.T) {
 	}
 	t.Errorf("b's run of item 1 (fence %d) is still unfenced 15 s after a recovered from the restore; b rewound: %v, b's watch at %d",
 		gb.Fence, b.Rewound(), b.hub.deliveredRev())
-	if err := b.Complete(ctx, gb, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		rec, _ := readRecord(t, cli, b.keys.Item("orders", 1))
 		t.Errorf("b's run ended DONE, and its outcome was refused (%v): item 1's record is %s by %s (attempt %d), which failover runs again", err, rec.State, rec.Instance, rec.Attempt)
 	}
@@ -286,22 +287,22 @@ func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
-	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	backup := srv.Backup()
 	t1 := base.Add(time.Minute)
-	g = claimItem(t, a.Node, 0, t1, SourceNormal, 1)
+	g = claimItem(t, a.Node, 0, t1, keyspace.SourceNormal, 1)
 	waitFor(t, 10*time.Second, "a to know its claim's record", func() bool { return knownModRevision(a.Node, 0) >= g.Fence })
 
 	srv.Restore(backup)
 	cctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	err := a.Complete(cctx, g, Outcome{State: StateDone, Start: t1, End: t1.Add(time.Second)})
+	err := a.Complete(cctx, g, Outcome{State: keyspace.StateDone, Start: t1, End: t1.Add(time.Second)})
 	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
 	rec, _ := readRecord(t, cli, a.keys.Item("orders", 0))
-	if err != nil || rec.State != StateDone || !rec.Fire.Equal(t1) {
+	if err != nil || rec.State != keyspace.StateDone || !rec.Fire.Equal(t1) {
 		t.Errorf("the run of t1 ended DONE after the restore; Complete: %v; item 0's record after the recovery: %s fire %s attempt %d (want DONE, fire %s): failover runs it again",
 			err, rec.State, rec.Fire.Format(time.TimeOnly), rec.Attempt, t1.Format(time.TimeOnly))
 	}
@@ -325,8 +326,8 @@ func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 	cli := srv.Client()
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.SetDisabled(ctx, Target{Job: "orders", Item: 1}, true, false); err != nil {
@@ -347,7 +348,7 @@ func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 			return err
 		}
 		v, _ := a.View("orders")
-		_, err = a.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: SourceNormal, Prev: prev, MapRev: v.MapRev})
+		_, err = a.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: keyspace.SourceNormal, Prev: prev, MapRev: v.MapRev})
 		return err
 	}
 	if err := claim(); err == nil {
@@ -399,8 +400,8 @@ func TestRewindWriteBackNeverPutsBackAnOlderFire(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	run := func(n *Node, fire time.Time) {
-		g := claimItem(t, n, 0, fire, SourceNormal, 1)
-		if err := n.Complete(ctx, g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+		g := claimItem(t, n, 0, fire, keyspace.SourceNormal, 1)
+		if err := n.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: fire, End: fire}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -459,8 +460,8 @@ func TestClaimsGoOnAfterRestoreWithBumpedRevision(t *testing.T) {
 	cli := srv.Client()
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	g := claimItem(t, a.Node, 0, base, SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	snap := srv.Snapshot()
@@ -483,7 +484,7 @@ func TestClaimsGoOnAfterRestoreWithBumpedRevision(t *testing.T) {
 		v, ok := a.View("orders")
 		prev, err := a.ReadItem(ctx, "orders", 0)
 		if err == nil && ok && v.Map != nil {
-			if _, last = a.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Hour), Attempt: 1, Source: SourceNormal,
+			if _, last = a.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Hour), Attempt: 1, Source: keyspace.SourceNormal,
 				Prev: prev, Sched: base.Add(time.Hour), MapRev: v.MapRev}); last == nil {
 				return
 			}
@@ -525,16 +526,16 @@ func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	t1 := base.Add(time.Minute)
-	g := claimItem(t, b.Node, 1, base, SourceNormal, 1)
-	if err := b.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
+	if err := b.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.ReadItems(ctx, "orders"); err != nil { // as a's engine does at each sweep
 		t.Fatal(err)
 	}
 	backup := srv.Backup()
-	gb := claimItem(t, b.Node, 1, t1, SourceNormal, 1)
-	if err := b.Complete(ctx, gb, Outcome{State: StateDone, Start: t1, End: t1}); err != nil {
+	gb := claimItem(t, b.Node, 1, t1, keyspace.SourceNormal, 1)
+	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: t1, End: t1}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "a to know b's record of t1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
@@ -563,7 +564,7 @@ func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
 		t.Fatalf("read item 1: %v", err)
 	}
 	v, _ := a.View("orders")
-	if ga, err := a.Claim(ctx, Claim{Job: "orders", Item: 1, Fire: t1, Attempt: 1, Source: SourceNormal, Prev: st, Sched: t1, MapRev: v.MapRev}); err == nil {
+	if ga, err := a.Claim(ctx, Claim{Job: "orders", Item: 1, Fire: t1, Attempt: 1, Source: keyspace.SourceNormal, Prev: st, Sched: t1, MapRev: v.MapRev}); err == nil {
 		t.Errorf("etcd's record of item 1 is fire %s, so t1 is due: a, its owner now, claimed t1 again (fence %d, b's was %d)",
 			st.Record.Fire.Format(time.TimeOnly), ga.Fence, gb.Fence)
 	}

@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // historyNode runs instance id with one job, orders, of 2 items, on a client
@@ -48,20 +49,20 @@ func historyNode(t *testing.T, srv *etcdtest.Server, id string) (*Node, *logBuff
 // fence.
 func runFire(t *testing.T, n *Node, fire time.Time) int64 {
 	t.Helper()
-	g := claimItem(t, n, 0, fire, SourceNormal, 1)
-	if err := n.Complete(context.Background(), g, Outcome{State: StateDone, Start: fire, End: fire}); err != nil {
+	g := claimItem(t, n, 0, fire, keyspace.SourceNormal, 1)
+	if err := n.Complete(context.Background(), g, Outcome{State: keyspace.StateDone, Start: fire, End: fire}); err != nil {
 		t.Fatal(err)
 	}
 	return g.Fence
 }
 
-func readRecord(t *testing.T, cli *clientv3.Client, key string) (ItemRecord, int64) {
+func readRecord(t *testing.T, cli *clientv3.Client, key string) (keyspace.ItemRecord, int64) {
 	t.Helper()
 	resp, err := cli.Get(context.Background(), key)
 	if err != nil || len(resp.Kvs) == 0 {
 		t.Fatalf("read %s: %v (%d keys)", key, err, len(resp.Kvs))
 	}
-	var rec ItemRecord
+	var rec keyspace.ItemRecord
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +99,7 @@ func TestEtcdGoneBackIsRecoveredFrom(t *testing.T) {
 			waitFor(t, 30*time.Second, "recovery", func() bool { return n.Rewound() == nil && n.Up() })
 
 			rec, rev := readRecord(t, cli, n.keys.Item("orders", 0))
-			if rec.Seq != before.Seq || rec.Fence != last || rec.State != StateDone || !rec.Fire.Equal(before.Fire) {
+			if rec.Seq != before.Seq || rec.Fence != last || rec.State != keyspace.StateDone || !rec.Fire.Equal(before.Fire) {
 				t.Errorf("item 0's record after recovery: seq %d fence %d %s fire %s; want the last one before: seq %d fence %d DONE fire %s",
 					rec.Seq, rec.Fence, rec.State, rec.Fire, before.Seq, last, before.Fire)
 			}
@@ -112,7 +113,7 @@ func TestEtcdGoneBackIsRecoveredFrom(t *testing.T) {
 			if err != nil || len(resp.Kvs) == 0 {
 				t.Fatalf("no rewind record: %v", err)
 			}
-			var rr RewindRecord
+			var rr keyspace.RewindRecord
 			json.Unmarshal(resp.Kvs[0].Value, &rr)
 			if rr.Recovered.IsZero() || rr.Seen < last || rr.Repaired < 1 {
 				t.Errorf("rewind record %+v: want recovered, seen >= %d, at least one record repaired", rr, last)
@@ -180,7 +181,7 @@ func TestNoSpaceAlarmIsSaid(t *testing.T) {
 		t.Fatal(err)
 	}
 	v, _ := n.View("orders")
-	if _, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: SourceNormal, Prev: prev, MapRev: v.MapRev}); err == nil {
+	if _, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: keyspace.SourceNormal, Prev: prev, MapRev: v.MapRev}); err == nil {
 		t.Fatal("a claim went through under the NOSPACE alarm")
 	}
 	var ns *NoSpaceError
@@ -223,11 +224,11 @@ func TestOutcomeOfARunEndedAcrossARestoreIsWritten(t *testing.T) {
 	runFire(t, n, base)
 	backup := srv.Backup()
 
-	g := claimItem(t, n, 0, base.Add(time.Minute), SourceNormal, 1)
+	g := claimItem(t, n, 0, base.Add(time.Minute), keyspace.SourceNormal, 1)
 	claimed, _ := readRecord(t, cli, n.keys.Item("orders", 0))
 	srv.Stop()
 	done := make(chan error, 1)
-	go func() { done <- n.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}) }()
+	go func() { done <- n.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}) }()
 	srv.Restore(backup)
 	select {
 	case err := <-done:
@@ -238,7 +239,7 @@ func TestOutcomeOfARunEndedAcrossARestoreIsWritten(t *testing.T) {
 		t.Fatal("Complete did not return within a minute of the restore")
 	}
 	rec, _ := readRecord(t, cli, n.keys.Item("orders", 0))
-	if rec.State != StateDone || rec.Fence != g.Fence || rec.Seq != claimed.Seq {
+	if rec.State != keyspace.StateDone || rec.Fence != g.Fence || rec.Seq != claimed.Seq {
 		t.Errorf("item 0's record after the restore: %s fence %d seq %d; want the run's outcome, DONE fence %d seq %d", rec.State, rec.Fence, rec.Seq, g.Fence, claimed.Seq)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -23,7 +24,7 @@ import (
 // item >= 0 keeps that item's runs, fence > 0 that fence's (the items of
 // one claim share it). An unknown job is ErrUnknownJob, naming the job
 // meant when it is near one; an item out of range is ErrBadTarget.
-func FindRuns(ctx context.Context, cli *clientv3.Client, keys Keys, job string, item int, fence int64) ([]ItemRecord, error) {
+func FindRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
 	f, err := requireJob(ctx, cli, keys, job)
 	if err != nil {
 		return nil, err
@@ -45,14 +46,14 @@ func FindRuns(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 		item  int
 	}
 	latest := map[run]int64{} // a run's newest record: its ModRevision
-	var out []ItemRecord
+	var out []keyspace.ItemRecord
 	for _, r := range resp.Responses {
 		for _, kv := range r.GetResponseRange().Kvs {
-			var rec ItemRecord
+			var rec keyspace.ItemRecord
 			if json.Unmarshal(kv.Value, &rec) != nil {
 				continue
 			}
-			if rec.State == StateRunning && rec.Fence == 0 {
+			if rec.State == keyspace.StateRunning && rec.Fence == 0 {
 				rec.Fence = kv.ModRevision // the claim wrote it
 			}
 			if rec.Fence <= 0 || (item >= 0 && rec.Item != item) || (fence > 0 && rec.Fence != fence) {
@@ -63,14 +64,14 @@ func FindRuns(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 				if rev >= kv.ModRevision {
 					continue
 				}
-				i := slices.IndexFunc(out, func(o ItemRecord) bool { return o.Fence == k.fence && o.Item == k.item })
+				i := slices.IndexFunc(out, func(o keyspace.ItemRecord) bool { return o.Fence == k.fence && o.Item == k.item })
 				out = slices.Delete(out, i, i+1)
 			}
 			latest[k] = kv.ModRevision
 			out = append(out, rec)
 		}
 	}
-	slices.SortStableFunc(out, func(a, b ItemRecord) int {
+	slices.SortStableFunc(out, func(a, b keyspace.ItemRecord) int {
 		if a.Fence != b.Fence {
 			if a.Fence > b.Fence {
 				return -1
@@ -84,16 +85,16 @@ func FindRuns(ctx context.Context, cli *clientv3.Client, keys Keys, job string, 
 
 // ReadInstance returns the registration of instance id; ok is false when
 // no live instance has that id (its key goes with its lease).
-func ReadInstance(ctx context.Context, cli *clientv3.Client, keys Keys, id string) (info InstanceInfo, ok bool, err error) {
+func ReadInstance(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, id string) (info keyspace.InstanceInfo, ok bool, err error) {
 	resp, err := cli.Get(ctx, keys.Instance(id))
 	if err != nil {
-		return InstanceInfo{}, false, fmt.Errorf("read instance %q: %w", id, err)
+		return keyspace.InstanceInfo{}, false, fmt.Errorf("read instance %q: %w", id, err)
 	}
 	if len(resp.Kvs) == 0 {
-		return InstanceInfo{}, false, nil
+		return keyspace.InstanceInfo{}, false, nil
 	}
 	if err := json.Unmarshal(resp.Kvs[0].Value, &info); err != nil {
-		return InstanceInfo{ID: id}, true, fmt.Errorf("instance %q: malformed registration: %w", id, err)
+		return keyspace.InstanceInfo{ID: id}, true, fmt.Errorf("instance %q: malformed registration: %w", id, err)
 	}
 	if info.ID == "" {
 		info.ID = id
@@ -102,19 +103,19 @@ func ReadInstance(ctx context.Context, cli *clientv3.Client, keys Keys, id strin
 }
 
 // FindRuns returns job's runs that etcd records (see FindRuns).
-func (n *Node) FindRuns(ctx context.Context, job string, item int, fence int64) ([]ItemRecord, error) {
+func (n *Node) FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
 	return FindRuns(ctx, n.opts.Client, n.keys, job, item, fence)
 }
 
 // Instance returns the registration of a live instance (see ReadInstance).
-func (n *Node) Instance(ctx context.Context, id string) (InstanceInfo, bool, error) {
+func (n *Node) Instance(ctx context.Context, id string) (keyspace.InstanceInfo, bool, error) {
 	return ReadInstance(ctx, n.opts.Client, n.keys, id)
 }
 
 // ItemCount returns how many items job has now (the registered definition's
 // shardingTotalCount; for BROADCAST, its map's): ok is false when etcd has
 // neither readable. An unknown job is ErrUnknownJob.
-func ItemCount(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (n int, ok bool, err error) {
+func ItemCount(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (n int, ok bool, err error) {
 	f, err := requireJob(ctx, cli, keys, job)
 	if err != nil {
 		return 0, false, err

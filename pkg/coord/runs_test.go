@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // FindRuns finds a job's runs, finished and in progress, by item and by
@@ -27,16 +29,16 @@ func TestFindRuns(t *testing.T) {
 	if res[1].Grant.Fence != shared {
 		t.Fatalf("the claim of two items gave fences %d and %d", shared, res[1].Grant.Fence)
 	}
-	if err := n.Complete(ctx, res[0].Grant, Outcome{State: StateDone, ExitCode: 0, Start: fire, End: fire}); err != nil {
+	if err := n.Complete(ctx, res[0].Grant, Outcome{State: keyspace.StateDone, ExitCode: 0, Start: fire, End: fire}); err != nil {
 		t.Fatal(err)
 	}
 	// Item 0 runs again, under a fence of its own, and ends.
 	read, _ := n.ReadItems(ctx, "orders")
-	g, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: fire.Add(time.Minute), Attempt: 1, Source: SourceManual, Prev: read.Items[0], Sched: fire})
+	g, err := n.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: fire.Add(time.Minute), Attempt: 1, Source: keyspace.SourceManual, Prev: read.Items[0], Sched: fire})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Complete(ctx, g, Outcome{State: StateFailed, ExitCode: 1, Start: fire, End: fire}); err != nil {
+	if err := n.Complete(ctx, g, Outcome{State: keyspace.StateFailed, ExitCode: 1, Start: fire, End: fire}); err != nil {
 		t.Fatal(err)
 	}
 	again := g.Fence

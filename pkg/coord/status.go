@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Job statuses, after ElasticJob's.
@@ -47,7 +48,7 @@ type ClusterStatus struct {
 	Alarms []string `json:"alarms,omitempty"`
 	// Rewinds are what instances saw of etcd going back in time (a restore,
 	// a wipe), from the last day or not yet recovered from.
-	Rewinds []RewindRecord `json:"rewinds,omitempty"`
+	Rewinds []keyspace.RewindRecord `json:"rewinds,omitempty"`
 }
 
 // JobStatus is one job as etcd has it.
@@ -101,19 +102,19 @@ type ItemStatus struct {
 
 // InstanceStatus is one live instance.
 type InstanceStatus struct {
-	InstanceInfo
+	keyspace.InstanceInfo
 	Lease string `json:"lease"`
 }
 
 // ReadStatus reads the cluster's state from etcd at one revision.
-func ReadStatus(ctx context.Context, cli *clientv3.Client, keys Keys) (*ClusterStatus, error) {
+func ReadStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) (*ClusterStatus, error) {
 	return readStatus(ctx, cli, keys, keys.Jobs())
 }
 
 // ReadJobStatus reads the instances and one job, as ReadStatus does; the
 // job is missing from Jobs when etcd has no key of it.
-func ReadJobStatus(ctx context.Context, cli *clientv3.Client, keys Keys, job string) (*ClusterStatus, error) {
-	return readStatus(ctx, cli, keys, keys.job(job))
+func ReadJobStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (*ClusterStatus, error) {
+	return readStatus(ctx, cli, keys, keys.JobPrefix(job))
 }
 
 // EtcdProblems says, a line each, what keeps etcd from taking shardd's
@@ -140,10 +141,10 @@ func (st *ClusterStatus) EtcdProblems() []string {
 
 // recentRewinds decodes the rewind records not yet recovered from, or
 // recovered from within the last day.
-func recentRewinds(kvs []*mvccpb.KeyValue, now time.Time) []RewindRecord {
-	var out []RewindRecord
+func recentRewinds(kvs []*mvccpb.KeyValue, now time.Time) []keyspace.RewindRecord {
+	var out []keyspace.RewindRecord
 	for _, kv := range kvs {
-		var r RewindRecord
+		var r keyspace.RewindRecord
 		if json.Unmarshal(kv.Value, &r) != nil {
 			continue
 		}
@@ -169,7 +170,7 @@ func readAlarms(ctx context.Context, cli *clientv3.Client) []string {
 }
 
 // readStatus reads the instances and the jobs with keys under jobsPrefix.
-func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix string) (*ClusterStatus, error) {
+func readStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, jobsPrefix string) (*ClusterStatus, error) {
 	resp, err := cli.Txn(ctx).Then(
 		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix()),
 		clientv3.OpGet(jobsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
@@ -183,11 +184,11 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix
 		Rewinds: recentRewinds(resp.Responses[2].GetResponseRange().Kvs, time.Now()), Alarms: readAlarms(ctx, cli)}
 	alive := map[string]bool{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
-		var info InstanceInfo
+		var info keyspace.InstanceInfo
 		if err := json.Unmarshal(kv.Value, &info); err != nil {
-			info.ID = lastSegment(string(kv.Key))
+			info.ID = keyspace.LastSegment(string(kv.Key))
 		}
-		alive[lastSegment(string(kv.Key))] = true
+		alive[keyspace.LastSegment(string(kv.Key))] = true
 		cs.Instances = append(cs.Instances, InstanceStatus{InstanceInfo: info, Lease: fmt.Sprintf("%x", kv.Lease)})
 	}
 
@@ -212,14 +213,14 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix
 		}
 		switch {
 		case strings.HasPrefix(key, keys.Members(name)):
-			jk.members = append(jk.members, lastSegment(key))
+			jk.members = append(jk.members, keyspace.LastSegment(key))
 		case key == keys.DisabledJob(name):
 			jk.jobOff = true
 		case strings.HasPrefix(key, keys.DisabledInstances(name)):
-			jk.disabledInst[lastSegment(key)] = true
-			jk.disabledList = append(jk.disabledList, lastSegment(key))
+			jk.disabledInst[keyspace.LastSegment(key)] = true
+			jk.disabledList = append(jk.disabledList, keyspace.LastSegment(key))
 		case strings.HasPrefix(key, keys.DisabledItems(name)):
-			if n, err := strconv.Atoi(lastSegment(key)); err == nil {
+			if n, err := strconv.Atoi(keyspace.LastSegment(key)); err == nil {
 				jk.disabledItems = append(jk.disabledItems, n)
 			}
 		}
@@ -312,17 +313,17 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys Keys, jobsPrefix
 
 // decodedJob is a job's definition and map as status decodes them.
 type decodedJob struct {
-	rc     registeredConfig
+	rc     keyspace.RegisteredConfig
 	def    *config.Job
 	defErr error
-	m      *ShardMap
+	m      *keyspace.ShardMap
 	mErr   error
 }
 
 // decodeJobKeys decodes each job's definition and map (the responses of
 // readJobKeys), on every CPU: with 10,000 jobs, parsing the definitions
 // was most of shardd status's own CPU.
-func decodeJobKeys(keys Keys, names []string, perJob [][]*etcdserverpb.ResponseOp) []decodedJob {
+func decodeJobKeys(keys keyspace.Keys, names []string, perJob [][]*etcdserverpb.ResponseOp) []decodedJob {
 	out := make([]decodedJob, len(names))
 	var next atomic.Int64
 	var wg sync.WaitGroup
@@ -336,7 +337,7 @@ func decodeJobKeys(keys Keys, names []string, perJob [][]*etcdserverpb.ResponseO
 					d.def, d.defErr = decodeRegistered(keys.Config(name), name, kvs[0].Value, &d.rc)
 				}
 				if kvs := r[0].GetResponseRange().Kvs; len(kvs) > 0 {
-					d.m, d.mErr = decodeShardMap(kvs[0].Value)
+					d.m, d.mErr = keyspace.DecodeShardMap(kvs[0].Value)
 				}
 			}
 		}()
@@ -357,7 +358,7 @@ const statusReaders = 8
 // Txns at a time: a cluster of 10,000 jobs takes about 240 Txns, not
 // 10,000 round trips. It returns the three responses of each job, in the
 // order of names.
-func readJobKeys(ctx context.Context, cli *clientv3.Client, keys Keys, names []string, rev int64) ([][]*etcdserverpb.ResponseOp, error) {
+func readJobKeys(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, names []string, rev int64) ([][]*etcdserverpb.ResponseOp, error) {
 	const perTxn = 128 / statusOpsPerJob
 	out := make([][]*etcdserverpb.ResponseOp, len(names))
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -395,7 +396,7 @@ func readJobKeys(ctx context.Context, cli *clientv3.Client, keys Keys, names []s
 	return out, nil
 }
 
-func jobState(m *ShardMap, eligible []string, alive map[string]bool, disabled bool) string {
+func jobState(m *keyspace.ShardMap, eligible []string, alive map[string]bool, disabled bool) string {
 	switch {
 	case disabled || m != nil && m.Disabled:
 		return StatusDisabled
@@ -417,18 +418,18 @@ func jobState(m *ShardMap, eligible []string, alive map[string]bool, disabled bo
 
 // ReadMaps reads every job's published shard map in one request, keyed by job
 // name. A malformed map is left out: its leader replaces it.
-func ReadMaps(ctx context.Context, cli *Client, keys Keys) (map[string]*ShardMap, error) {
+func ReadMaps(ctx context.Context, cli *Client, keys keyspace.Keys) (map[string]*keyspace.ShardMap, error) {
 	resp, err := cli.Get(ctx, keys.Jobs(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", keys.Jobs(), err)
 	}
-	maps := map[string]*ShardMap{}
+	maps := map[string]*keyspace.ShardMap{}
 	for _, kv := range resp.Kvs {
 		job := keys.JobOf(string(kv.Key))
 		if job == "" || string(kv.Key) != keys.Shards(job) {
 			continue
 		}
-		var m ShardMap
+		var m keyspace.ShardMap
 		if json.Unmarshal(kv.Value, &m) == nil {
 			maps[job] = &m
 		}
@@ -439,10 +440,10 @@ func ReadMaps(ctx context.Context, cli *Client, keys Keys) (map[string]*ShardMap
 // JobRuns is what a job's items did last: each item's latest record and
 // the instance running it now, if any.
 type JobRuns struct {
-	Records map[int]ItemRecord
+	Records map[int]keyspace.ItemRecord
 	Running map[int]string
 	// LastFailure is the job's latest failed run (any item), nil if none.
-	LastFailure *ItemRecord
+	LastFailure *keyspace.ItemRecord
 }
 
 // runsPerTxn bounds the jobs of one ReadJobRuns Txn (3 reads each, within
@@ -452,7 +453,7 @@ const runsPerTxn = 42
 // ReadJobRuns reads the latest record and running marker of every item of
 // jobs, in Txns of runsPerTxn jobs, four at a time. A RUNNING record's
 // Fence is set to its claim's revision.
-func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys Keys, jobs []string) (map[string]JobRuns, error) {
+func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, jobs []string) (map[string]JobRuns, error) {
 	out := make(map[string]JobRuns, len(jobs))
 	var (
 		mu    sync.Mutex
@@ -481,21 +482,21 @@ func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys Keys, jobs []st
 				return
 			}
 			for i, job := range chunk {
-				jr := JobRuns{Records: map[int]ItemRecord{}, Running: map[int]string{}}
+				jr := JobRuns{Records: map[int]keyspace.ItemRecord{}, Running: map[int]string{}}
 				for _, kv := range resp.Responses[3*i].GetResponseRange().Kvs {
-					var rec ItemRecord
-					if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil && json.Unmarshal(kv.Value, &rec) == nil {
-						rec.Fence = RunFence(&rec, kv.ModRevision)
+					var rec keyspace.ItemRecord
+					if n, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil && json.Unmarshal(kv.Value, &rec) == nil {
+						rec.Fence = keyspace.RunFence(&rec, kv.ModRevision)
 						jr.Records[n] = rec
 					}
 				}
 				for _, kv := range resp.Responses[3*i+1].GetResponseRange().Kvs {
-					if n, err := strconv.Atoi(lastSegment(string(kv.Key))); err == nil {
+					if n, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
 						jr.Running[n] = string(kv.Value)
 					}
 				}
 				if kvs := resp.Responses[3*i+2].GetResponseRange().Kvs; len(kvs) > 0 {
-					var rec ItemRecord
+					var rec keyspace.ItemRecord
 					if json.Unmarshal(kvs[0].Value, &rec) == nil {
 						jr.LastFailure = &rec
 					}
@@ -538,7 +539,7 @@ func linkChildren(jobs []JobStatus) {
 
 // linkOne does linkChildren's work for one job read alone: its children
 // from its children index, its parents checked by their config keys.
-func linkOne(ctx context.Context, cli *clientv3.Client, keys Keys, js *JobStatus, rev int64) error {
+func linkOne(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, js *JobStatus, rev int64) error {
 	ops := []clientv3.Op{clientv3.OpGet(keys.Children(js.Name), clientv3.WithRev(rev))}
 	for _, p := range js.DependsOn {
 		ops = append(ops, clientv3.OpGet(keys.Config(p), clientv3.WithRev(rev), clientv3.WithCountOnly()))
@@ -548,7 +549,7 @@ func linkOne(ctx context.Context, cli *clientv3.Client, keys Keys, js *JobStatus
 		return fmt.Errorf("read the dependencies of %s: %w", js.Name, err)
 	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-		var idx ParentsOf
+		var idx keyspace.ParentsOf
 		if json.Unmarshal(kvs[0].Value, &idx) == nil {
 			js.Children = slices.Sorted(maps.Keys(idx))
 		}

@@ -5,8 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"time"
 
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -21,100 +21,56 @@ import (
 // a Txn that compares, as etcd has them then, whatever made an item (or
 // the whole job) count as having nothing left to serve.
 
-// Trigger is a one-off run of a job requested by an operator, or by a
-// parent's completed fire (Upstream).
-type Trigger struct {
-	ID string `json:"id"`
-	// Items to run; empty runs every item.
-	Items []int `json:"items,omitempty"`
-	// Fire is the run's fire time: when it was requested.
-	Fire time.Time `json:"fire"`
-	// By names who asked: a token's name (API, console) or user@host (CLI).
-	By string `json:"by,omitempty"`
-	// Param is the operator's one-off parameter, given to the run as
-	// SHARDD_TRIGGER_PARAMETER (and in SHARDD_CONTEXT).
-	Param string `json:"param,omitempty"`
-	// Rerun, when set, is a past scheduled fire to run again: the run's
-	// fire is Rerun instead of the time it is served. It is still a MANUAL
-	// run with a claim (and fence) of its own; it does not move the item's
-	// watermark, so it is never taken for the original fire.
-	Rerun time.Time `json:"rerun,omitzero"`
-	// Upstream is set on a trigger a parent's completed fire put (no
-	// lease: it stays until every item served it).
-	Upstream *Upstream `json:"upstream,omitempty"`
-	// NoPropagate: the runs of this trigger do not trigger the job's
-	// children.
-	NoPropagate bool `json:"noPropagate,omitempty"`
-	// Rev is the etcd revision that created the request: the identity of
-	// the manual fire, ordered cluster-wide without trusting any host's
-	// clock (Fire is only the requester's note of when it asked).
-	Rev int64 `json:"-"`
-	// ModRev is the revision of the key's last change (triggers are not
-	// rewritten: its creation), by which a read and events fold together.
-	ModRev int64 `json:"-"`
-}
-
-// TriggerEvent is a change of one of a job's trigger keys.
-type TriggerEvent struct {
-	// ID is the trigger's key's last segment.
-	ID string
-	// Trigger is the trigger put; nil when the key was deleted (served,
-	// dropped, or its lease ended).
-	Trigger *Trigger
-	// Rev is the revision of the change.
-	Rev int64
-}
-
 // OnTrigger calls fn for every change of job's trigger keys from now on
 // (puts and deletions), and lost when the watch may have lost some (a
 // compacted gap: what ReadTriggers reads after it is the truth), until the
 // returned cancel is called. Subscribed first, read second: every change
 // after the read's revision is delivered. fn and lost run on the node's
 // watch goroutine and must not block.
-func (n *Node) OnTrigger(job string, fn func(TriggerEvent), lost func()) (cancel func()) {
+func (n *Node) OnTrigger(job string, fn func(keyspace.TriggerEvent), lost func()) (cancel func()) {
 	return n.hub.subscribe(job, n.keys.Triggers(job), func(ev *clientv3.Event) {
-		id := lastSegment(string(ev.Kv.Key))
+		id := keyspace.LastSegment(string(ev.Kv.Key))
 		if ev.Type == clientv3.EventTypeDelete {
-			fn(TriggerEvent{ID: id, Rev: ev.Kv.ModRevision})
+			fn(keyspace.TriggerEvent{ID: id, Rev: ev.Kv.ModRevision})
 			return
 		}
 		tr, ok := n.decodeTrigger(job, ev.Kv)
 		if !ok {
 			return
 		}
-		fn(TriggerEvent{ID: id, Trigger: &tr, Rev: ev.Kv.ModRevision})
+		fn(keyspace.TriggerEvent{ID: id, Trigger: &tr, Rev: ev.Kv.ModRevision})
 	}, lost)
 }
 
 // decodeTrigger reads a trigger key; a malformed one is logged and left
 // out (no instance can serve it).
-func (n *Node) decodeTrigger(job string, kv *mvccpb.KeyValue) (Trigger, bool) {
-	var tr Trigger
+func (n *Node) decodeTrigger(job string, kv *mvccpb.KeyValue) (keyspace.Trigger, bool) {
+	var tr keyspace.Trigger
 	if err := json.Unmarshal(kv.Value, &tr); err != nil {
 		n.log.Error("ignoring malformed trigger", "job", job, "key", string(kv.Key), "err", err)
-		return Trigger{}, false
+		return keyspace.Trigger{}, false
 	}
-	tr.ID = lastSegment(string(kv.Key)) // the key names it, whatever the value says
+	tr.ID = keyspace.LastSegment(string(kv.Key)) // the key names it, whatever the value says
 	tr.Rev, tr.ModRev = kv.CreateRevision, kv.ModRevision
 	return tr, true
 }
 
 // ReadTriggers reads the job's pending triggers (operators' and
 // upstream), oldest first.
-func (n *Node) ReadTriggers(ctx context.Context, job string) ([]Trigger, error) {
+func (n *Node) ReadTriggers(ctx context.Context, job string) ([]keyspace.Trigger, error) {
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	resp, err := n.opts.Client.Get(rctx, n.keys.Triggers(job), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read triggers of %s: %w", job, err)
 	}
-	var out []Trigger
+	var out []keyspace.Trigger
 	for _, kv := range resp.Kvs {
 		if tr, ok := n.decodeTrigger(job, kv); ok {
 			out = append(out, tr)
 		}
 	}
-	slices.SortFunc(out, func(a, b Trigger) int { return int(a.Rev - b.Rev) })
+	slices.SortFunc(out, func(a, b keyspace.Trigger) int { return int(a.Rev - b.Rev) })
 	return out, nil
 }
 
@@ -140,7 +96,7 @@ const MaxTriggerGuardItems = 120
 // everything g names holds in etcd now; it reports whether it did. A
 // false with no error changes nothing: the caller decides again on a
 // fresher read.
-func (n *Node) DeleteTrigger(ctx context.Context, job string, tr Trigger, g TriggerGuard) (bool, error) {
+func (n *Node) DeleteTrigger(ctx context.Context, job string, tr keyspace.Trigger, g TriggerGuard) (bool, error) {
 	if len(g.ItemsOff) > MaxTriggerGuardItems {
 		return false, fmt.Errorf("delete trigger %s of job %q: %d disabled items to compare, at most %d fit a Txn", tr.ID, job, len(g.ItemsOff), MaxTriggerGuardItems)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // A trigger is deleted only while etcd says what the deleting instance
@@ -16,13 +17,13 @@ import (
 func TestDeleteTriggerComparesWhatEtcdSaysNow(t *testing.T) {
 	srv := etcdtest.Start(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("j", 2)))
-	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
-	put := func(id string) Trigger {
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	put := func(id string) keyspace.Trigger {
 		resp, err := cli.Put(ctx, keys.Trigger("j", id), `{"id":"`+id+`"}`)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return Trigger{ID: id, Rev: resp.Header.Revision, ModRev: resp.Header.Revision}
+		return keyspace.Trigger{ID: id, Rev: resp.Header.Revision, ModRev: resp.Header.Revision}
 	}
 	exists := func(id string) bool {
 		resp, err := cli.Get(ctx, keys.Trigger("j", id))
@@ -31,7 +32,7 @@ func TestDeleteTriggerComparesWhatEtcdSaysNow(t *testing.T) {
 		}
 		return len(resp.Kvs) == 1
 	}
-	del := func(tr Trigger, g TriggerGuard) bool {
+	del := func(tr keyspace.Trigger, g TriggerGuard) bool {
 		t.Helper()
 		ok, err := n.DeleteTrigger(ctx, "j", tr, g)
 		if err != nil {
@@ -50,7 +51,7 @@ func TestDeleteTriggerComparesWhatEtcdSaysNow(t *testing.T) {
 	if _, err := cli.Put(ctx, keys.DisabledJob("j"), "x"); err != nil {
 		t.Fatal(err)
 	}
-	if del(Trigger{ID: "t1", Rev: t1.Rev - 1}, TriggerGuard{JobOff: true}) {
+	if del(keyspace.Trigger{ID: "t1", Rev: t1.Rev - 1}, TriggerGuard{JobOff: true}) {
 		t.Fatal("deleted a key that is not the trigger read")
 	}
 	if !del(t1, TriggerGuard{JobOff: true}) {
@@ -93,13 +94,13 @@ func TestDeleteTriggerComparesWhatEtcdSaysNow(t *testing.T) {
 func TestOnTriggerDeliversPutsAndDeletions(t *testing.T) {
 	srv := etcdtest.Start(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("j", 1)))
-	cli, keys, ctx := srv.Client(), NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	if !n.hub.waitReady(ctx) {
 		t.Fatal("hub not ready")
 	}
 	var mu sync.Mutex
-	var got []TriggerEvent
-	defer n.OnTrigger("j", func(ev TriggerEvent) {
+	var got []keyspace.TriggerEvent
+	defer n.OnTrigger("j", func(ev keyspace.TriggerEvent) {
 		mu.Lock()
 		got = append(got, ev)
 		mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // drainScript processes a queue file of records, three an iteration: it
@@ -42,7 +43,7 @@ func TestStreamingRunDrainsAQueue(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
 	node := instance(t, srv, "a", "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: "+yamlQuote(drainScript(dir, "0"))+"\n")
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
@@ -50,11 +51,11 @@ func TestStreamingRunDrainsAQueue(t *testing.T) {
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
-	var rec *coord.ItemRecord
+	var rec *keyspace.ItemRecord
 	waitFor(t, 20*time.Second, "the streaming run to end", func() bool {
 		st, err := node.ReadItem(ctx, "drain", 0)
 		rec = st.Record
-		return err == nil && rec != nil && rec.State == coord.StateDone
+		return err == nil && rec != nil && rec.State == keyspace.StateDone
 	})
 	if rec.Iterations != 4 {
 		t.Errorf("the run's record counts %d iterations, want 4 (10 records, 3 an iteration)", rec.Iterations)
@@ -92,7 +93,7 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
 	yaml := "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: " + yamlQuote(drainScript(dir, "0.4")) + "\n"
 	node := instance(t, srv, "b", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 10*time.Second, "b's map", func() bool {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("b")) == 1
@@ -102,11 +103,11 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "two iterations", func() bool { return len(lines(filepath.Join(dir, "done"))) >= 6 })
 	instance(t, srv, "a", yaml) // joins: the new map gives it item 0
-	var first *coord.ItemRecord
+	var first *keyspace.ItemRecord
 	waitFor(t, 20*time.Second, "the streaming run to stop", func() bool {
 		st, err := node.ReadItem(ctx, "drain", 0)
 		first = st.Record
-		return err == nil && first != nil && first.State == coord.StateDone
+		return err == nil && first != nil && first.State == keyspace.StateDone
 	})
 	if first.Iterations >= 10 || first.Iterations < 2 {
 		t.Errorf("the run made %d iterations; want it stopped by the map change (2 to 9 of the 10 the queue needs)", first.Iterations)
@@ -168,7 +169,7 @@ func TestStreamingStopsAtShutdown(t *testing.T) {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestTrigger(ctx, srv.Client(), coord.NewKeys(""), coord.TriggerRequest{Job: "drain"}); err != nil {
+	if _, err := coord.RequestTrigger(ctx, srv.Client(), keyspace.NewKeys(""), coord.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "the second iteration", func() bool { return len(lines(filepath.Join(dir, "done"))) > 3 })
@@ -184,7 +185,7 @@ func TestStreamingStopsAtShutdown(t *testing.T) {
 	if err != nil || st.Record == nil {
 		t.Fatalf("read item: %v %+v", err, st)
 	}
-	if st.Record.State != coord.StateDone || st.Record.Iterations >= 20 {
+	if st.Record.State != keyspace.StateDone || st.Record.Iterations >= 20 {
 		t.Errorf("record %s after %d iterations, want DONE before the queue's 20 iterations", st.Record.State, st.Record.Iterations)
 	}
 	if n := len(lines(filepath.Join(dir, "done"))); n >= 60 {

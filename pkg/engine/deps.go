@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -25,13 +26,13 @@ import (
 // to be noted in the fire's barrier: not a run in progress, not one to be
 // run again, not the start of a record (begin), not a manual run that does
 // not propagate.
-func notable(rec *coord.ItemRecord, failover bool) bool {
+func notable(rec *keyspace.ItemRecord, failover bool) bool {
 	switch {
-	case rec == nil, rec.State == coord.StateRunning, rec.NeverStarted(), rec.NoPropagate:
+	case rec == nil, rec.State == keyspace.StateRunning, rec.NeverStarted(), rec.NoPropagate:
 		return false
 	case rec.CutByFailure() && failover:
 		return false // its re-run ends the item
-	case rec.State == coord.StateSkipped && rec.Reason == "":
+	case rec.State == keyspace.StateSkipped && rec.Reason == "":
 		return false // Begin's record: no fire
 	}
 	return true
@@ -40,13 +41,13 @@ func notable(rec *coord.ItemRecord, failover bool) bool {
 // noteOutcome notes item's final record (st's) in its fire's barrier, once
 // per record (by Seq), when the job has children. It reports false when
 // the note failed: nothing may replace the record before it is noted.
-func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st coord.ItemState) bool {
+func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st keyspace.ItemState) bool {
 	if st.Record == nil {
 		return true
 	}
 	r := *st.Record
 	if r.Fence == 0 {
-		r.Fence = coord.RunFence(st.Record, st.Rev)
+		r.Fence = keyspace.RunFence(st.Record, st.Rev)
 	}
 	return j.note(ctx, v, item, r)
 }
@@ -54,7 +55,7 @@ func (j *jobLoop) noteOutcome(ctx context.Context, v coord.JobView, item int, st
 // noteFinal notes the record a run of item just completed with, at once
 // (the reconcile would, at its next look): the fast path, and the only one
 // for an item a smaller shardingTotalCount left out while it ran.
-func (j *jobLoop) noteFinal(item int, rec coord.ItemRecord) {
+func (j *jobLoop) noteFinal(item int, rec keyspace.ItemRecord) {
 	if v, ok := j.e.opts.Node.View(j.name); ok && v.Job != nil {
 		ctx, done := j.e.outcomeCtx()
 		defer done()
@@ -62,7 +63,7 @@ func (j *jobLoop) noteFinal(item int, rec coord.ItemRecord) {
 	}
 }
 
-func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec coord.ItemRecord) bool {
+func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec keyspace.ItemRecord) bool {
 	if len(v.Children) == 0 || !notable(&rec, v.Job.Failover) || j.e.opts.forgetNotes {
 		return true
 	}
@@ -89,7 +90,7 @@ func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec coord
 	j.noted[item] = rec.Seq
 	j.mu.Unlock()
 	if completed {
-		j.log.Info("fire complete: its children are triggered", "fire", coord.FireKey(&rec), "succeeded", b.Succeeded(),
+		j.log.Info("fire complete: its children are triggered", "fire", keyspace.FireKey(&rec), "succeeded", b.Succeeded(),
 			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "children", slices.Sorted(maps.Keys(v.Children)))
 	}
 	return true

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -32,7 +32,7 @@ func TestDepsBroadcastRejoin(t *testing.T) {
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
 	_, stopC := startInstance(t, srv.Client(), "c", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 20*time.Second, "3 members and the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 3

@@ -14,6 +14,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -44,9 +45,9 @@ func (d *dyingNode) Complete(ctx context.Context, g *coord.Grant, o coord.Outcom
 	return err
 }
 
-func (d *dyingNode) NoteOutcome(ctx context.Context, job string, total int, rec coord.ItemRecord, idx coord.ParentsOf) (coord.Barrier, bool, error) {
+func (d *dyingNode) NoteOutcome(ctx context.Context, job string, total int, rec keyspace.ItemRecord, idx keyspace.ParentsOf) (keyspace.Barrier, bool, error) {
 	if d.dead.Load() {
-		return coord.Barrier{}, false, errors.New("dead")
+		return keyspace.Barrier{}, false, errors.New("dead")
 	}
 	return d.Node.NoteOutcome(ctx, job, total, rec, idx)
 }
@@ -84,7 +85,7 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 				cv, _ := x.View("child")
 				return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.Instances) == 1 && cv.Map != nil
 			})
-			cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+			cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 			if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
 				t.Fatal(err)
 			}
@@ -140,7 +141,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 	t.Cleanup(func() { proxy.Close() })
 	p := instance(t, srv, "p", yaml)
 	c, stopC := startInstance(t, srv.Client("http://"+proxy.Addr()), "z", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "views", func() bool {
 		v, _ := p.View("parent")
 		cv, _ := c.View("child")
@@ -214,7 +215,7 @@ func TestDepsTotalShrinkMidFire(t *testing.T) {
 `
 	}
 	a := instance(t, srv, "a", def(4))
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 4
@@ -264,7 +265,7 @@ func TestDepsBroadcastMemberDies(t *testing.T) {
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
 	_, stopX := startInstance(t, srv.Client(), "x", yaml, func(o *Options) { o.ShutdownGrace = 100 * time.Millisecond })
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "3 members and the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 3
@@ -308,7 +309,7 @@ func TestDepsTwoParentsAtOnce(t *testing.T) {
 `
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "maps", func() bool {
 		va, _ := a.View("pa")
 		vb, _ := a.View("pb")

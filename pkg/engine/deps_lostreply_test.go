@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -43,7 +44,7 @@ func TestDepsLostCompletingReply(t *testing.T) {
 	}
 	cli := srv.ClientWith([]grpc.DialOption{grpc.WithUnaryInterceptor(icpt)})
 	a, _ := startInstance(t, cli, "a", depsJobs(dir))
-	keys, ctx := coord.NewKeys(""), context.Background()
+	keys, ctx := keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "index", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")

@@ -13,6 +13,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -35,7 +36,7 @@ func TestDepsManyChildren(t *testing.T) {
 		fmt.Fprintf(&b, "  - name: kid%03d\n    dependsOn: [parent]\n    script: 'echo %d >> %s/kids'\n", i, i, dir)
 	}
 	a := instance(t, srv, "a", b.String())
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 60*time.Second, "the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children) == kids && v.Map != nil
@@ -75,7 +76,7 @@ func TestDepsDependsOnEditWithAStaleIndex(t *testing.T) {
     script: 'echo "$SHARDD_PARENT_JOB" >> ` + dir + `/child'
 `
 	}
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a, stopA := startInstance(t, srv.Client(), "a", def("p1"))
 	waitFor(t, 15*time.Second, "p1's children index", func() bool {
 		v, _ := a.View("p1")

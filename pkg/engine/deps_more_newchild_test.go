@@ -8,6 +8,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -27,7 +28,7 @@ func TestDepsNewChildSkipsOlderParentFires(t *testing.T) {
     dependsOn: [parent]
     script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
 `
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a, stopA := startInstance(t, srv.Client(), "a", parentOnly)
 	waitFor(t, 15*time.Second, "parent map", func() bool { v, _ := a.View("parent"); return v.Map != nil })
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -33,7 +34,7 @@ func TestDepsResyncDuringLoadTriggers(t *testing.T) {
     dependsOn: [parent]
     script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
 `
-	keys := coord.NewKeys("")
+	keys := keyspace.NewKeys("")
 	proxy, err := faultproxy.Start(srv.Addr())
 	if err != nil {
 		t.Fatal(err)

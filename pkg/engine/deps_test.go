@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -30,7 +31,7 @@ func depsJobs(dir string) string {
 }
 
 // childRecords returns the child's history, oldest first.
-func childRecords(t *testing.T, node *coord.Node, job string) []coord.ItemRecord {
+func childRecords(t *testing.T, node *coord.Node, job string) []keyspace.ItemRecord {
 	t.Helper()
 	recs, err := node.History(context.Background(), job)
 	if err != nil {
@@ -50,7 +51,7 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	yaml := depsJobs(dir)
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the parent's children index and both maps", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")
@@ -79,7 +80,7 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	trigger(coord.TriggerRequest{})
 	waitFor(t, 15*time.Second, "the child's 2 items to run", func() bool { return len(childLines()) == 2 })
 	for _, l := range childLines() {
-		if f := strings.Split(l, "_"); len(f) != 4 || f[1] != coord.SourceUpstream || f[2] != "parent" || f[3] == "" {
+		if f := strings.Split(l, "_"); len(f) != 4 || f[1] != keyspace.SourceUpstream || f[2] != "parent" || f[3] == "" {
 			t.Errorf("child run %q: want item UPSTREAM parent <fire>", l)
 		}
 	}
@@ -96,14 +97,14 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	waitFor(t, 15*time.Second, "the child's items to record the failed parent fire", func() bool {
 		n := 0
 		for _, r := range childRecords(t, a, "child") {
-			if r.State == coord.StateSkipped && r.Reason == coord.SkipUpstreamFailed {
+			if r.State == keyspace.StateSkipped && r.Reason == keyspace.SkipUpstreamFailed {
 				n++
 			}
 		}
 		return n == 2
 	})
 	for _, r := range childRecords(t, a, "child") {
-		if r.Reason == coord.SkipUpstreamFailed && !strings.Contains(r.Error, "item(s) [1] failed") {
+		if r.Reason == keyspace.SkipUpstreamFailed && !strings.Contains(r.Error, "item(s) [1] failed") {
 			t.Errorf("upstream-failed record says %q, want it to name item 1", r.Error)
 		}
 	}
@@ -136,7 +137,7 @@ func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
 		return len(v.Children["child"].Parents) == 1
 	})
 	stopB()
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "b to leave the parent", func() bool {
 		v, _ := a.View("parent")
 		return v.Map != nil && slices.Equal(v.Map.Instances, []string{"a"})
@@ -173,7 +174,7 @@ func TestChildOfTwoParents(t *testing.T) {
     script: 'echo "$SHARDD_PARENT_JOB" >> ` + dir + `/both'
 `
 	a := instance(t, srv, "a", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "both parents' children index", func() bool {
 		va, _ := a.View("pa")
 		vb, _ := a.View("pb")
@@ -189,7 +190,7 @@ func TestChildOfTwoParents(t *testing.T) {
 		waitFor(t, 15*time.Second, job+"'s fire to end", func() bool {
 			n := 0
 			for _, r := range childRecords(t, a, job) {
-				if r.State == coord.StateDone {
+				if r.State == keyspace.StateDone {
 					n++
 				}
 			}
@@ -225,7 +226,7 @@ func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
 	yaml := depsJobs(dir)
 	_, stopA := startInstance(t, srv.Client(), "a", yaml, func(o *Options) { o.forgetNotes = true })
 	b := instance(t, srv, "b", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the parent's items on both instances", func() bool {
 		v, _ := b.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("a")) > 0 && len(v.Map.ItemsOf("b")) > 0
@@ -253,7 +254,7 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
 	a := instance(t, srv, "a", depsJobs(dir))
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the parent's children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1
@@ -307,7 +308,7 @@ func TestRerunOfAPastFireTriggersTheChildren(t *testing.T) {
     script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
 `
 	a := instance(t, srv, "a", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the parent's children index and both maps", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")

@@ -21,6 +21,7 @@ import (
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -161,7 +162,7 @@ func TestMisfireCoalesces(t *testing.T) {
 			t.Errorf("run %d started %s after run %d ended", i, gap, i-1)
 		}
 	}
-	recs, err := coord.ReadHistory(context.Background(), srv.Client(), coord.NewKeys(""), "slow")
+	recs, err := coord.ReadHistory(context.Background(), srv.Client(), keyspace.NewKeys(""), "slow")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,17 +346,17 @@ func TestHTTPRetries(t *testing.T) {
 		v, _ := node.View("hooked")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestTrigger(context.Background(), cli, coord.NewKeys(""), coord.TriggerRequest{Job: "hooked", By: "test"}); err != nil {
+	if _, err := coord.RequestTrigger(context.Background(), cli, keyspace.NewKeys(""), coord.TriggerRequest{Job: "hooked", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	var recs []coord.ItemRecord
+	var recs []keyspace.ItemRecord
 	waitFor(t, 10*time.Second, "the run to be recorded", func() bool {
-		recs, _ = coord.ReadHistory(context.Background(), cli, coord.NewKeys(""), "hooked")
+		recs, _ = coord.ReadHistory(context.Background(), cli, keyspace.NewKeys(""), "hooked")
 		return len(recs) == 1
 	})
 	mu.Lock()
 	defer mu.Unlock()
-	if calls != 3 || recs[0].State != coord.StateDone || recs[0].HTTPStatus != 200 || recs[0].Source != coord.SourceManual {
+	if calls != 3 || recs[0].State != keyspace.StateDone || recs[0].HTTPStatus != 200 || recs[0].Source != keyspace.SourceManual {
 		t.Errorf("%d calls, record %+v; want 3 calls and one DONE run", calls, recs[0])
 	}
 	if !slices.Equal(retries, []int{0, 1, 2}) {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/runner"
 )
@@ -78,7 +79,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		if up.Failed != "" {
 			// The parent fire failed: the item's record says so, nothing runs.
 			now := time.Now()
-			out := coord.Outcome{State: coord.StateSkipped, Reason: coord.SkipUpstreamFailed, ExitCode: -1, Err: up.Failed, Start: now, End: now}
+			out := coord.Outcome{State: keyspace.StateSkipped, Reason: keyspace.SkipUpstreamFailed, ExitCode: -1, Err: up.Failed, Start: now, End: now}
 			rctx, done := e.outcomeCtx()
 			defer done()
 			if err := e.opts.Node.Complete(rctx, g, out); err != nil {
@@ -104,7 +105,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		e.opts.OnStart(job.Name)
 	}
 	res, out := j.work(g, job, rc, v.MapRev)
-	if !res.Prepared.IsZero() && !s.read.IsZero() && !coord.OffSchedule(a.source) {
+	if !res.Prepared.IsZero() && !s.read.IsZero() && !keyspace.OffSchedule(a.source) {
 		e.ready.observe(res.Prepared.Sub(s.read))
 	}
 	rctx, done := e.outcomeCtx()
@@ -120,17 +121,17 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	}
 	if e.opts.Observe != nil {
 		e.opts.Observe(Run{Job: job.Name, Item: s.item, Fire: a.fire, Source: a.source, Started: res.Started, Result: res,
-			Killed: out.State == coord.StateKilled && out.Reason != coord.ReasonTimeout, Duration: runDuration(start, res)})
+			Killed: out.State == keyspace.StateKilled && out.Reason != keyspace.ReasonTimeout, Duration: runDuration(start, res)})
 	}
 	switch out.State {
-	case coord.StateDone:
+	case keyspace.StateDone:
 		log.Info("done", "fence", g.Fence, "duration", res.Duration().Round(time.Millisecond))
-	case coord.StateKilled:
+	case keyspace.StateKilled:
 		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "skipped", a.skipped, "err", res.Err)
 	default:
 		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "http_status", res.HTTPStatus, "err", res.Err)
 	}
-	if out.State == coord.StateFailed || out.Reason == coord.ReasonTimeout {
+	if out.State == keyspace.StateFailed || out.Reason == keyspace.ReasonTimeout {
 		// Told after the item and its slots are given back: a slow
 		// notification target must not hold the item's next fire.
 		e.runs.Add(1)
@@ -197,7 +198,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 		j.log.Error("job work is not runnable", "err", err)
 		now := time.Now()
 		return runner.Result{Err: err, ExitCode: -1, End: now},
-			coord.Outcome{State: coord.StateFailed, ExitCode: -1, Err: err.Error(), Start: now, End: now}
+			coord.Outcome{State: keyspace.StateFailed, ExitCode: -1, Err: err.Error(), Start: now, End: now}
 	}
 	if d, ok := e.opts.Node.FenceDeadline(); ok && e.opts.Watchdog != nil {
 		e.opts.Watchdog.SetDeadline(d) // the newest, not the last one polled
@@ -269,7 +270,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	if !started.IsZero() {
 		res.Started = started // the first try's start: the trigger delay ends there
 	}
-	out := coord.Outcome{State: coord.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End,
+	out := coord.Outcome{State: keyspace.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End,
 		Iterations: rc.Iteration}
 	if stream {
 		out.Start = first
@@ -291,24 +292,24 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	case res.OK: // the work ended by itself: whatever happened since, it is done
 	case byOperator:
 		// Stopped on purpose, started or not: never run again for it.
-		out.State, out.Reason, out.KilledBy = coord.StateKilled, coord.ReasonOperator, by
+		out.State, out.Reason, out.KilledBy = keyspace.StateKilled, keyspace.ReasonOperator, by
 		out.Err = operatorKill{by: by}.Error()
 	case runCtx.Err() != nil || errors.Is(res.Err, runner.ErrKilled):
-		out.State, out.Reason = coord.StateKilled, coord.ReasonFence
+		out.State, out.Reason = keyspace.StateKilled, keyspace.ReasonFence
 		if errors.Is(context.Cause(runCtx), errShutdown) {
-			out.Reason = coord.ReasonShutdown
+			out.Reason = keyspace.ReasonShutdown
 		}
 		out.Err = fmt.Sprint(res.Err)
 		if runCtx.Err() != nil {
 			out.Err = fmt.Sprint(context.Cause(runCtx))
 		}
 		if started.IsZero() {
-			out.Reason = coord.ReasonNotStarted
+			out.Reason = keyspace.ReasonNotStarted
 		}
 	case errors.Is(res.Err, runner.ErrTimeout):
-		out.State, out.Reason, out.Err = coord.StateKilled, coord.ReasonTimeout, res.Err.Error()
+		out.State, out.Reason, out.Err = keyspace.StateKilled, keyspace.ReasonTimeout, res.Err.Error()
 	case !res.OK:
-		out.State, out.Err = coord.StateFailed, fmt.Sprint(res.Err)
+		out.State, out.Err = keyspace.StateFailed, fmt.Sprint(res.Err)
 	}
 	if lg != nil {
 		j.closeRunLog(lg, rc.Item, out)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -26,15 +27,15 @@ type fakeNode struct {
 	up       bool
 	session  context.Context
 	deadline time.Time
-	items    map[int]coord.ItemState
+	items    map[int]keyspace.ItemState
 	rev      int64
-	grants   map[int64]coord.ItemRecord // by fence
+	grants   map[int64]keyspace.ItemRecord // by fence
 	claims   []coord.Claim
 	outcomes []coord.Outcome
 	// claimErr, if set, fails a claim before it applies.
 	claimErr func(coord.Claim) error
 	// triggers are the job's trigger keys (no watch: the loop reads them).
-	triggers []coord.Trigger
+	triggers []keyspace.Trigger
 }
 
 func newFakeNode(t *testing.T, yaml string, owned map[string][]int) *fakeNode {
@@ -49,9 +50,9 @@ func newFakeNode(t *testing.T, yaml string, owned map[string][]int) *fakeNode {
 		instances = append(instances, id)
 	}
 	slices.Sort(instances)
-	m := &coord.ShardMap{Epoch: 1, Total: job.ShardingTotalCount, Instances: instances, Items: owned}
+	m := &keyspace.ShardMap{Epoch: 1, Total: job.ShardingTotalCount, Instances: instances, Items: owned}
 	return &fakeNode{id: "a", view: coord.JobView{Local: job, Job: job, Map: m, MapRev: 5}, up: true, session: context.Background(),
-		items: map[int]coord.ItemState{}, rev: 100, grants: map[int64]coord.ItemRecord{}}
+		items: map[int]keyspace.ItemState{}, rev: 100, grants: map[int64]keyspace.ItemRecord{}}
 }
 
 func (f *fakeNode) ID() string     { return f.id }
@@ -67,10 +68,10 @@ func (f *fakeNode) Session() (context.Context, bool) {
 	return f.session, f.up
 }
 func (f *fakeNode) FenceDeadline() (time.Time, bool) { return f.deadline, f.up }
-func (f *fakeNode) ReadItems(context.Context, string) (coord.JobItems, error) {
+func (f *fakeNode) ReadItems(context.Context, string) (keyspace.JobItems, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := coord.JobItems{Rev: f.rev, Items: map[int]coord.ItemState{}}
+	out := keyspace.JobItems{Rev: f.rev, Items: map[int]keyspace.ItemState{}}
 	for i, st := range f.items {
 		if st.Record != nil {
 			r := *st.Record
@@ -106,21 +107,21 @@ func (f *fakeNode) Claim(_ context.Context, c coord.Claim) (*coord.Grant, error)
 		return nil, coord.ErrClaimLost
 	}
 	f.rev++
-	rec := coord.ItemRecord{Job: c.Job, Item: c.Item, Fire: c.Fire, State: coord.StateRunning, Instance: f.id, Attempt: c.Attempt,
+	rec := keyspace.ItemRecord{Job: c.Job, Item: c.Item, Fire: c.Fire, State: keyspace.StateRunning, Instance: f.id, Attempt: c.Attempt,
 		Source: c.Source, Skipped: c.Skipped, Sched: c.Sched, Trigger: c.Trigger, Fence: f.rev}
 	if rec.Trigger == 0 && st.Record != nil {
 		rec.Trigger = st.Record.Trigger
 	}
-	f.items[c.Item] = coord.ItemState{Record: &rec, Rev: f.rev, RunningBy: f.id, RunningMine: true}
+	f.items[c.Item] = keyspace.ItemState{Record: &rec, Rev: f.rev, RunningBy: f.id, RunningMine: true}
 	f.grants[f.rev] = rec
 	return &coord.Grant{Fence: f.rev, Ctx: f.session}, nil
 }
 
-func (f *fakeNode) Adopt(_ context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error) {
+func (f *fakeNode) Adopt(_ context.Context, job string, item int, st keyspace.ItemState) (*coord.Grant, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	cur := f.items[item]
-	if cur.Rev != st.Rev || !cur.RunningMine || cur.Record == nil || cur.Record.State != coord.StateRunning {
+	if cur.Rev != st.Rev || !cur.RunningMine || cur.Record == nil || cur.Record.State != keyspace.StateRunning {
 		return nil, coord.ErrClaimLost
 	}
 	f.grants[cur.Rev] = *cur.Record
@@ -137,18 +138,18 @@ func (f *fakeNode) Complete(_ context.Context, g *coord.Grant, o coord.Outcome) 
 	}
 	rec.State, rec.Reason, rec.End = o.State, o.Reason, o.End
 	f.rev++
-	f.items[rec.Item] = coord.ItemState{Record: &rec, Rev: f.rev}
+	f.items[rec.Item] = keyspace.ItemState{Record: &rec, Rev: f.rev}
 	return nil
 }
 
-func (f *fakeNode) Skip(_ context.Context, job string, item int, fire time.Time, skipped int, reason string, prev coord.ItemState) error {
+func (f *fakeNode) Skip(_ context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.items[item].Rev != prev.Rev {
 		return coord.ErrClaimLost
 	}
 	f.rev++
-	f.items[item] = coord.ItemState{Record: &coord.ItemRecord{Job: job, Item: item, Fire: fire, Sched: fire, State: coord.StateSkipped, Skipped: skipped, Reason: reason}, Rev: f.rev}
+	f.items[item] = keyspace.ItemState{Record: &keyspace.ItemRecord{Job: job, Item: item, Fire: fire, Sched: fire, State: keyspace.StateSkipped, Skipped: skipped, Reason: reason}, Rev: f.rev}
 	return nil
 }
 
@@ -161,40 +162,40 @@ func (f *fakeNode) Begin(_ context.Context, job string, items []int, sched time.
 	for _, item := range items {
 		if f.items[item].Record == nil {
 			f.rev++
-			f.items[item] = coord.ItemState{Record: &coord.ItemRecord{Job: job, Item: item, Fire: sched, Sched: sched, State: coord.StateSkipped}, Rev: f.rev}
+			f.items[item] = keyspace.ItemState{Record: &keyspace.ItemRecord{Job: job, Item: item, Fire: sched, Sched: sched, State: keyspace.StateSkipped}, Rev: f.rev}
 		}
 	}
 	return nil
 }
 
-func (f *fakeNode) Kills(context.Context, string) (map[coord.KillKey]string, error) {
-	return map[coord.KillKey]string{}, nil
+func (f *fakeNode) Kills(context.Context, string) (map[keyspace.KillKey]string, error) {
+	return map[keyspace.KillKey]string{}, nil
 }
-func (f *fakeNode) SettleKilled(context.Context, string, int, coord.ItemState, string) error {
+func (f *fakeNode) SettleKilled(context.Context, string, int, keyspace.ItemState, string) error {
 	return errors.New("fakeNode: no kills")
 }
 
-func (f *fakeNode) Settle(_ context.Context, job string, item int, st coord.ItemState) error {
+func (f *fakeNode) Settle(_ context.Context, job string, item int, st keyspace.ItemState) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.items[item].Rev != st.Rev || st.Record == nil {
 		return coord.ErrClaimLost
 	}
 	rec := *st.Record
-	rec.State, rec.Reason = coord.StateKilled, coord.ReasonLost
+	rec.State, rec.Reason = keyspace.StateKilled, keyspace.ReasonLost
 	f.rev++
-	f.items[item] = coord.ItemState{Record: &rec, Rev: f.rev}
+	f.items[item] = keyspace.ItemState{Record: &rec, Rev: f.rev}
 	return nil
 }
 
-func (f *fakeNode) History(context.Context, string) ([]coord.ItemRecord, error) { return nil, nil }
+func (f *fakeNode) History(context.Context, string) ([]keyspace.ItemRecord, error) { return nil, nil }
 
 // The fake's jobs have no children and no parents: dependencies are tested
 // against a real etcd (deps_test.go).
-func (f *fakeNode) NoteOutcome(context.Context, string, int, coord.ItemRecord, coord.ParentsOf) (coord.Barrier, bool, error) {
+func (f *fakeNode) NoteOutcome(context.Context, string, int, keyspace.ItemRecord, keyspace.ParentsOf) (keyspace.Barrier, bool, error) {
 	panic("fakeNode: NoteOutcome of a job with no children")
 }
-func (f *fakeNode) ReadTriggers(context.Context, string) ([]coord.Trigger, error) {
+func (f *fakeNode) ReadTriggers(context.Context, string) ([]keyspace.Trigger, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.triggers), nil
@@ -202,19 +203,19 @@ func (f *fakeNode) ReadTriggers(context.Context, string) ([]coord.Trigger, error
 
 // DeleteTrigger deletes tr; the fake's jobs and items are never disabled
 // (decide's tests set st.Disabled on items they do not serve triggers of).
-func (f *fakeNode) DeleteTrigger(_ context.Context, _ string, tr coord.Trigger, _ coord.TriggerGuard) (bool, error) {
+func (f *fakeNode) DeleteTrigger(_ context.Context, _ string, tr keyspace.Trigger, _ coord.TriggerGuard) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := len(f.triggers)
-	f.triggers = slices.DeleteFunc(f.triggers, func(t coord.Trigger) bool { return t.Rev == tr.Rev })
+	f.triggers = slices.DeleteFunc(f.triggers, func(t keyspace.Trigger) bool { return t.Rev == tr.Rev })
 	return len(f.triggers) < n, nil
 }
-func (f *fakeNode) OnChange(string, func()) func()                            { return func() {} }
-func (f *fakeNode) OnTrigger(string, func(coord.TriggerEvent), func()) func() { return func() {} }
-func (f *fakeNode) OnKill(string, func(coord.Kill)) func()                    { return func() {} }
+func (f *fakeNode) OnChange(string, func()) func()                               { return func() {} }
+func (f *fakeNode) OnTrigger(string, func(keyspace.TriggerEvent), func()) func() { return func() {} }
+func (f *fakeNode) OnKill(string, func(keyspace.Kill)) func()                    { return func() {} }
 
 // putTrigger puts a trigger in the fake's etcd at a new revision.
-func (f *fakeNode) putTrigger(tr coord.Trigger) coord.Trigger {
+func (f *fakeNode) putTrigger(tr keyspace.Trigger) keyspace.Trigger {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rev++
@@ -224,7 +225,7 @@ func (f *fakeNode) putTrigger(tr coord.Trigger) coord.Trigger {
 }
 
 // set replaces an item's state in the fake's etcd.
-func (f *fakeNode) set(item int, st coord.ItemState) {
+func (f *fakeNode) set(item int, st keyspace.ItemState) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rev++
@@ -305,36 +306,36 @@ var noon = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 func TestReconcileOnFake(t *testing.T) {
 	const every10 = "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    shardingTotalCount: 2\n    failover: true\n    script: \"true\"\n"
 	at := func(s float64) time.Time { return noon.Add(time.Duration(s * float64(time.Second))) }
-	done := func(fire float64) coord.ItemState {
-		return coord.ItemState{Record: &coord.ItemRecord{Fire: at(fire), Sched: at(fire), State: coord.StateDone, Attempt: 1, End: at(fire + 1)}}
+	done := func(fire float64) keyspace.ItemState {
+		return keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(fire), Sched: at(fire), State: keyspace.StateDone, Attempt: 1, End: at(fire + 1)}}
 	}
 	tests := []struct {
 		name  string
 		owned map[string][]int
-		items map[int]coord.ItemState
+		items map[int]keyspace.ItemState
 		now   float64
 		up    bool
 		want  []string
 	}{
 		{"due fires of owned items are claimed on time", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, true, []string{"0 12:00:10 1 NORMAL", "1 12:00:10 1 NORMAL"}},
+			map[int]keyspace.ItemState{0: done(0), 1: done(0)}, 10.05, true, []string{"0 12:00:10 1 NORMAL", "1 12:00:10 1 NORMAL"}},
 		{"only owned items", map[string][]int{"a": {1}, "b": {0}},
-			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, true, []string{"1 12:00:10 1 NORMAL"}},
+			map[int]keyspace.ItemState{0: done(0), 1: done(0)}, 10.05, true, []string{"1 12:00:10 1 NORMAL"}},
 		{"a cut run fails over at once, between fires", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(10), Sched: at(10), State: coord.StateRunning, Attempt: 1}}, 1: done(10)}, 13, true,
+			map[int]keyspace.ItemState{0: {Record: &keyspace.ItemRecord{Fire: at(10), Sched: at(10), State: keyspace.StateRunning, Attempt: 1}}, 1: done(10)}, 13, true,
 			[]string{"0 12:00:10 2 FAILOVER"}},
 		{"a fire missed while the owner was dead runs late", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: done(0), 1: done(10)}, 13, true, []string{"0 12:00:10 1 NORMAL"}},
+			map[int]keyspace.ItemState{0: done(0), 1: done(10)}, 13, true, []string{"0 12:00:10 1 NORMAL"}},
 		{"nothing without a session", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: done(0), 1: done(0)}, 10.05, false, nil},
+			map[int]keyspace.ItemState{0: done(0), 1: done(0)}, 10.05, false, nil},
 		{"the next fire is claimed ahead, within the lead", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: done(0), 1: done(0)}, 9.98, true, []string{"0 12:00:10 1 NORMAL", "1 12:00:10 1 NORMAL"}},
+			map[int]keyspace.ItemState{0: done(0), 1: done(0)}, 9.98, true, []string{"0 12:00:10 1 NORMAL", "1 12:00:10 1 NORMAL"}},
 		{"not beyond the lead", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: done(0), 1: done(0)}, 9.9, true, nil},
+			map[int]keyspace.ItemState{0: done(0), 1: done(0)}, 9.9, true, nil},
 		{"not a fire that would coalesce others: it waits for its time", map[string][]int{"a": {0}},
-			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(0), Sched: at(0), State: coord.StateDone, Attempt: 1, End: at(10.5)}}}, 9.98, true, nil},
+			map[int]keyspace.ItemState{0: {Record: &keyspace.ItemRecord{Fire: at(0), Sched: at(0), State: keyspace.StateDone, Attempt: 1, End: at(10.5)}}}, 9.98, true, nil},
 		{"an item running elsewhere waits", map[string][]int{"a": {0, 1}},
-			map[int]coord.ItemState{0: {Record: &coord.ItemRecord{Fire: at(0), Sched: at(0), State: coord.StateRunning, Attempt: 1}, RunningBy: "b"}, 1: done(10)}, 10.05, true, nil},
+			map[int]keyspace.ItemState{0: {Record: &keyspace.ItemRecord{Fire: at(0), Sched: at(0), State: keyspace.StateRunning, Attempt: 1}, RunningBy: "b"}, 1: done(10)}, 10.05, true, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -358,7 +359,7 @@ func TestReconcileOnFake(t *testing.T) {
 // (KILLED, reason lost), not run again; the fire after it runs.
 func TestReconcileSettlesACutRunWithoutFailover(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    failover: false\n    script: \"true\"\n", map[string][]int{"a": {0}})
-	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateRunning, Attempt: 1}})
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateRunning, Attempt: 1}})
 	clock := &fakeClock{now: noon.Add(10*time.Second + 50*time.Millisecond)}
 	j, wait := loopOn(f, clock, nil)
 	j.reconcile(context.Background())
@@ -366,7 +367,7 @@ func TestReconcileSettlesACutRunWithoutFailover(t *testing.T) {
 	if got := f.claimed(); len(got) != 0 {
 		t.Fatalf("claims: %q; the cut run must be recorded first", got)
 	}
-	if r := f.items[0].Record; r.State != coord.StateKilled || r.Reason != coord.ReasonLost || !r.Fire.Equal(noon) {
+	if r := f.items[0].Record; r.State != keyspace.StateKilled || r.Reason != keyspace.ReasonLost || !r.Fire.Equal(noon) {
 		t.Fatalf("record after the reconcile: %+v", r)
 	}
 	j.reconcile(context.Background())
@@ -380,7 +381,7 @@ func TestReconcileSettlesACutRunWithoutFailover(t *testing.T) {
 // session is back, although nothing about the map changed.
 func TestReconcileCatchesUpAfterTheSessionReturns(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
-	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	clock := &fakeClock{now: noon.Add(10 * time.Second)}
 	j, wait := loopOn(f, clock, nil)
 	f.up = false
@@ -403,7 +404,7 @@ func TestReconcileCatchesUpAfterTheSessionReturns(t *testing.T) {
 // adopted, and one it does not know is.
 func TestReconcileLostClaimAndAdoption(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
-	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	lost := 1
 	f.claimErr = func(coord.Claim) error {
 		if lost > 0 {
@@ -433,14 +434,14 @@ func TestReconcileLostClaimAndAdoption(t *testing.T) {
 		t.Fatalf("%d outcomes recorded, want 1: the run must not have been adopted a second time", outcomes)
 	}
 	// A claim of this session that applied after its reply was lost.
-	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Item: 0, Fire: noon.Add(20 * time.Second), Sched: noon.Add(20 * time.Second), State: coord.StateRunning, Attempt: 1, Instance: "a"},
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Item: 0, Fire: noon.Add(20 * time.Second), Sched: noon.Add(20 * time.Second), State: keyspace.StateRunning, Attempt: 1, Instance: "a"},
 		RunningBy: "a", RunningMine: true})
 	clock.set(noon.Add(21 * time.Second))
 	j.reconcile(context.Background())
 	wait()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if len(f.outcomes) != 2 || f.items[0].Record.State != coord.StateDone || f.items[0].RunningBy != "" {
+	if len(f.outcomes) != 2 || f.items[0].Record.State != keyspace.StateDone || f.items[0].RunningBy != "" {
 		t.Fatalf("the late-applied claim was not adopted and run: %d outcomes, item %+v", len(f.outcomes), f.items[0])
 	}
 }
@@ -450,7 +451,7 @@ func TestReconcileLostClaimAndAdoption(t *testing.T) {
 func TestReconcileTakesSlotsWhenItDecides(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    shardingTotalCount: 2\n    maxConcurrency: 1\n    script: \"true\"\n", map[string][]int{"a": {0, 1}})
 	for i := range 2 {
-		f.set(i, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+		f.set(i, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	}
 	clock := &fakeClock{now: noon.Add(10 * time.Second)}
 	hold, started := make(chan struct{}), make(chan struct{}, 2)
@@ -478,11 +479,11 @@ func TestReconcileTakesSlotsWhenItDecides(t *testing.T) {
 // free; it is not forgotten, and once served it is deleted.
 func TestReconcileKeepsATriggerWhileTheItemIsBusy(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 1h\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
-	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	clock := &fakeClock{now: noon.Add(10 * time.Second)}
 	j, wait := loopOn(f, clock, nil)
 	j.runs.running[0] = true // a run of the item is in progress here
-	f.putTrigger(coord.Trigger{ID: "t1"})
+	f.putTrigger(keyspace.Trigger{ID: "t1"})
 	j.reconcile(context.Background())
 	clock.set(noon.Add(3 * time.Minute)) // still busy, well past the trigger's minute
 	j.reconcile(context.Background())
@@ -511,7 +512,7 @@ func TestClaimAheadStartsAtTheFire(t *testing.T) {
 		want time.Time
 	}{{10*time.Second - 20*time.Millisecond, noon.Add(10 * time.Second)}, {10*time.Second + 20*time.Millisecond, time.Time{}}} {
 		f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
-		f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+		f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 		clock := &fakeClock{now: noon.Add(tc.now)}
 		j, wait := loopOn(f, clock, nil)
 		var got []time.Time

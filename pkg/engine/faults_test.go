@@ -17,6 +17,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func txnTouches(req any, running bool, del bool) bool {
@@ -76,8 +77,8 @@ func TestFailedCompletionIsRetried(t *testing.T) {
 	if n := starts(path); n < 5 {
 		t.Errorf("%d runs of an every-second job in ~7s: the item is wedged after its completion write failed", n)
 	}
-	recs, err := coord.ReadHistory(context.Background(), srv.Client(), coord.NewKeys(""), "j")
-	if err != nil || len(recs) == 0 || recs[0].State != coord.StateDone {
+	recs, err := coord.ReadHistory(context.Background(), srv.Client(), keyspace.NewKeys(""), "j")
+	if err != nil || len(recs) == 0 || recs[0].State != keyspace.StateDone {
 		t.Errorf("the first run's record is not DONE after its completion was retried: %+v, %v", recs, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // An instance cut off from etcd for ~5s fences; a fire comes while it has
@@ -54,7 +55,7 @@ func TestFireDuringFenceIsCaughtUp(t *testing.T) {
 			ran = true
 		}
 	}
-	recs, _ := coord.ReadHistory(context.Background(), srv.Client(), coord.NewKeys(""), "j")
+	recs, _ := coord.ReadHistory(context.Background(), srv.Client(), keyspace.NewKeys(""), "j")
 	for _, r := range recs {
 		t.Logf("history: fire %s %s %s skipped %d", r.Fire.UTC().Format("15:04:05"), r.State, r.Source, r.Skipped)
 	}

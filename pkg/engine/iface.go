@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // The engine's view of coord.Node, in three small interfaces: what it reads
@@ -26,27 +27,27 @@ type Cluster interface {
 
 // Items reads and writes the state of a job's items in etcd.
 type Items interface {
-	ReadItems(ctx context.Context, job string) (coord.JobItems, error)
+	ReadItems(ctx context.Context, job string) (keyspace.JobItems, error)
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
 	// ClaimAll makes claims of one job together (coord.Node.ClaimAll).
 	ClaimAll(ctx context.Context, claims []coord.Claim) []coord.ClaimResult
-	Adopt(ctx context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error)
+	Adopt(ctx context.Context, job string, item int, st keyspace.ItemState) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, o coord.Outcome) error
-	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev coord.ItemState) error
+	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error
 	Begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) error
-	Settle(ctx context.Context, job string, item int, st coord.ItemState) error
+	Settle(ctx context.Context, job string, item int, st keyspace.ItemState) error
 	// Kills are the operators' kill requests of the job still in etcd;
 	// SettleKilled records a cut run one of them named as killed.
-	Kills(ctx context.Context, job string) (map[coord.KillKey]string, error)
-	SettleKilled(ctx context.Context, job string, item int, st coord.ItemState, by string) error
-	History(ctx context.Context, job string) ([]coord.ItemRecord, error)
+	Kills(ctx context.Context, job string) (map[keyspace.KillKey]string, error)
+	SettleKilled(ctx context.Context, job string, item int, st keyspace.ItemState, by string) error
+	History(ctx context.Context, job string) ([]keyspace.ItemRecord, error)
 	// NoteOutcome notes an item's final record in its fire's barrier;
 	// the completing note triggers the job's children (coord/deps.go).
-	NoteOutcome(ctx context.Context, job string, total int, rec coord.ItemRecord, children coord.ParentsOf) (coord.Barrier, bool, error)
+	NoteOutcome(ctx context.Context, job string, total int, rec keyspace.ItemRecord, children keyspace.ParentsOf) (keyspace.Barrier, bool, error)
 	// ReadTriggers reads the job's waiting triggers; DeleteTrigger deletes
 	// one no item is left to serve, if etcd says so still (its guard).
-	ReadTriggers(ctx context.Context, job string) ([]coord.Trigger, error)
-	DeleteTrigger(ctx context.Context, job string, tr coord.Trigger, g coord.TriggerGuard) (bool, error)
+	ReadTriggers(ctx context.Context, job string) ([]keyspace.Trigger, error)
+	DeleteTrigger(ctx context.Context, job string, tr keyspace.Trigger, g coord.TriggerGuard) (bool, error)
 }
 
 // Events delivers what wakes a job's loop. Callbacks must not block.
@@ -56,8 +57,8 @@ type Events interface {
 	OnChange(job string, fn func()) (cancel func())
 	// OnTrigger: a trigger key put or deleted; lost: the watch may have
 	// lost some.
-	OnTrigger(job string, fn func(coord.TriggerEvent), lost func()) (cancel func())
-	OnKill(job string, fn func(coord.Kill)) (cancel func())
+	OnTrigger(job string, fn func(keyspace.TriggerEvent), lost func()) (cancel func())
+	OnKill(job string, fn func(keyspace.Kill)) (cancel func())
 }
 
 // Node is everything the engine needs of coord.Node.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 	"github.com/shardd/shardd/pkg/shard"
 )
@@ -99,7 +100,7 @@ func (j *jobLoop) follow() (stop func()) {
 // start is one run the reconcile decided on.
 type start struct {
 	item  int
-	st    coord.ItemState
+	st    keyspace.ItemState
 	a     action
 	slots []semaphore // taken for the run; execute gives them back
 	read  time.Time   // when the reconcile that decided on it read the items
@@ -203,7 +204,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	// Triggers are served from a set complete as of a revision: the
 	// record of an item keeps only the newest it served, so serving one
 	// while an older one is unknown here would skip that one.
-	var triggers []coord.Trigger
+	var triggers []keyspace.Trigger
 	loaded := j.loadTriggers(ctx)
 	if loaded {
 		triggers = j.pendingTriggers()
@@ -222,7 +223,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	}
 	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: e.window(), baseline: j.baseline}
 	own := j.ownership(ctx, v)
-	var kills map[coord.KillKey]string // read when a cut run is to run again
+	var kills map[keyspace.KillKey]string // read when a cut run is to run again
 	var starts, skips []start
 	var fresh []int
 	for item := range total {
@@ -251,7 +252,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && !ahead.IsZero() {
 			// Nothing due now: claim the next fire ahead if, as of that
 			// fire, it would simply run (on time, nothing coalesced).
-			if b := decide(st, local, p, ahead); b.kind == run && b.fire.Equal(ahead) && b.source == coord.SourceNormal && b.skipped == 0 && b.attempt == 1 {
+			if b := decide(st, local, p, ahead); b.kind == run && b.fire.Equal(ahead) && b.source == keyspace.SourceNormal && b.skipped == 0 && b.attempt == 1 {
 				a, a.startAt = b, ahead
 			}
 		}
@@ -269,11 +270,11 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 					continue
 				}
 			}
-			if by, ok := kills[coord.KillKey{Item: item, Fence: coord.RunFence(st.Record, st.Rev)}]; ok {
+			if by, ok := kills[keyspace.KillKey{Item: item, Fence: keyspace.RunFence(st.Record, st.Rev)}]; ok {
 				a = action{kind: killed, fire: st.Record.Fire, why: by}
 			}
 		}
-		if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && !coord.OffSchedule(a.source) && a.fire.After(now) {
+		if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && !keyspace.OffSchedule(a.source) && a.fire.After(now) {
 			// A fire claimed ahead before (a claim whose reply was lost, or
 			// one that never started) runs again or is adopted: not before
 			// its time either.
@@ -343,7 +344,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 }
 
 // settle records a run cut by a failure that failover: false leaves alone.
-func (j *jobLoop) settle(ctx context.Context, item int, st coord.ItemState) {
+func (j *jobLoop) settle(ctx context.Context, item int, st keyspace.ItemState) {
 	if err := j.e.opts.Node.Settle(ctx, j.name, item, st); err != nil {
 		j.log.Warn("record a cut run; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
@@ -371,13 +372,13 @@ func earliest(a, b time.Time) time.Time {
 // item has not served, or none: triggers are served in the order they
 // were made, one run each (each may carry its own parameter or fire), so
 // none is lost. baseline is the watermark of an item never claimed.
-func manual(triggers []coord.Trigger, item int, st coord.ItemState, now, baseline time.Time) action {
+func manual(triggers []keyspace.Trigger, item int, st keyspace.ItemState, now, baseline time.Time) action {
 	var served int64
 	sched := baseline
 	if st.Record != nil {
 		served, sched = st.Record.Trigger, st.Record.Watermark()
 	}
-	var tr *coord.Trigger
+	var tr *keyspace.Trigger
 	for i := range triggers {
 		if t := &triggers[i]; t.Rev > served && (len(t.Items) == 0 || slices.Contains(t.Items, item)) {
 			tr = t
@@ -391,16 +392,16 @@ func manual(triggers []coord.Trigger, item int, st coord.ItemState, now, baselin
 	if !tr.Rerun.IsZero() {
 		fire = tr.Rerun
 	}
-	a := action{kind: run, fire: fire, attempt: 1, source: coord.SourceManual, sched: sched, trigger: tr.Rev, triggerID: tr.ID, param: tr.Param, by: tr.By,
-		fireKey: coord.ManualFireKey(*tr), upstream: tr.Upstream, noPropagate: tr.NoPropagate || len(tr.Items) > 0}
+	a := action{kind: run, fire: fire, attempt: 1, source: keyspace.SourceManual, sched: sched, trigger: tr.Rev, triggerID: tr.ID, param: tr.Param, by: tr.By,
+		fireKey: keyspace.ManualFireKey(*tr), upstream: tr.Upstream, noPropagate: tr.NoPropagate || len(tr.Items) > 0}
 	if tr.Upstream != nil {
-		a.source = coord.SourceUpstream
+		a.source = keyspace.SourceUpstream
 	}
 	return a
 }
 
 // skip records fires as skipped by the misfire policy.
-func (j *jobLoop) skip(ctx context.Context, item int, st coord.ItemState, a action) {
+func (j *jobLoop) skip(ctx context.Context, item int, st keyspace.ItemState, a action) {
 	e := j.e
 	if err := e.opts.Node.Skip(ctx, j.name, item, a.fire, a.skipped, a.why, st); err != nil {
 		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
@@ -434,7 +435,7 @@ func (j *jobLoop) ownership(ctx context.Context, v coord.JobView) func(item int,
 			if job.Strategy == shard.Busyover && j.busy() {
 				return false, time.Time{} // busy: the next instance takes the fire
 			}
-			if coord.OffSchedule(source) {
+			if keyspace.OffSchedule(source) {
 				return true, fire
 			}
 			if rank < 0 {
@@ -444,7 +445,7 @@ func (j *jobLoop) ownership(ctx context.Context, v coord.JobView) func(item int,
 		}
 	case m.PerFire:
 		return func(item int, fire time.Time, source string) (bool, time.Time) {
-			if coord.OffSchedule(source) {
+			if keyspace.OffSchedule(source) {
 				// Each instance would draw a manual fire's owner at its
 				// own time; any member may claim it, the claim lets one run.
 				return slices.Contains(m.Instances, me), fire
@@ -467,7 +468,7 @@ func (j *jobLoop) ownership(ctx context.Context, v coord.JobView) func(item int,
 
 // rank is this instance's place in the runtime route's order.
 func (j *jobLoop) rank(ctx context.Context, v coord.JobView) int {
-	var history []coord.ItemRecord
+	var history []keyspace.ItemRecord
 	if r := v.Job.Strategy; r == shard.LFU || r == shard.LRU {
 		h, err := j.e.opts.Node.History(ctx, v.Job.Name)
 		if err != nil {
@@ -535,7 +536,7 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 	ls := v.Job.Listeners
 	groups := map[time.Time][]start{}
 	for _, s := range starts {
-		if ls == nil || s.a.source == coord.SourceFailover || coord.OffSchedule(s.a.source) || s.a.kind == adopt {
+		if ls == nil || s.a.source == keyspace.SourceFailover || keyspace.OffSchedule(s.a.source) || s.a.kind == adopt {
 			e.runs.Add(1)
 			go func() {
 				defer e.runs.Done()

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // An operator's kill (coord.Kill) names runs by fence. The job's loop
@@ -81,12 +81,12 @@ func (l *localRuns) kill(item int, fence int64, by string, now time.Time) bool {
 			kept = append(kept, k)
 		}
 	}
-	l.kills = append(kept, pendingKill{item: item, fence: fence, by: by, until: now.Add(coord.KillTTL)})
+	l.kills = append(kept, pendingKill{item: item, fence: fence, by: by, until: now.Add(keyspace.KillTTL)})
 	return false
 }
 
 // onKill serves an operator's kill of this instance's runs of the job.
-func (j *jobLoop) onKill(k coord.Kill) {
+func (j *jobLoop) onKill(k keyspace.Kill) {
 	now := j.e.opts.Now()
 	for _, r := range k.Runs {
 		stopped := j.runs.kill(r.Item, r.Fence, k.By, now)
@@ -105,12 +105,12 @@ func killedBy(cause error) (string, bool) {
 
 // settleKilled records a run cut by a failure, which an operator killed
 // before the kill could reach it, as killed: it is not run again.
-func (j *jobLoop) settleKilled(ctx context.Context, item int, st coord.ItemState, by string) {
+func (j *jobLoop) settleKilled(ctx context.Context, item int, st keyspace.ItemState, by string) {
 	if err := j.e.opts.Node.SettleKilled(ctx, j.name, item, st, by); err != nil {
 		j.log.Warn("record a killed run; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
 		return
 	}
 	j.log.Info("run killed by an operator and cut by a failure; not run again", "item", item, "fire", st.Record.Fire.UTC(),
-		"fence", coord.RunFence(st.Record, st.Rev), "by", by)
+		"fence", keyspace.RunFence(st.Record, st.Rev), "by", by)
 }

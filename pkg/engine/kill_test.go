@@ -12,6 +12,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // A claim of several items (ClaimAll) gives them one fence: a kill of one
@@ -48,7 +49,7 @@ func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
 	yaml := "jobs:\n  - name: grp\n    cron: '0/6 * * * * ?'\n    shardingTotalCount: 2\n    failover: true\n    script: " + yamlQuote(script) +
 		"\n    listeners:\n      before: " + yamlQuote("date +%s%N >> "+before+"; sleep 2") + "\n"
 	instance(t, srv, "a", yaml, func(o *Options) { o.Sweep = 200 * time.Millisecond })
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "the BEFORE listener of a fire", func() bool {
 		b, _ := os.ReadFile(before)
 		return len(b) > 0
@@ -60,7 +61,7 @@ func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	res, err := coord.WaitKill(wctx, cli, keys, "grp", k.Kill)
-	if err != nil || res[0].State != coord.StateKilled || res[0].Reason != coord.ReasonOperator {
+	if err != nil || res[0].State != keyspace.StateKilled || res[0].Reason != keyspace.ReasonOperator {
 		t.Errorf("kill asked for %+v; WaitKill says %+v (%v), want KILLED/operator", k.Runs, res, err)
 	}
 	hist, err := coord.ReadHistory(ctx, cli, keys, "grp")
@@ -72,10 +73,10 @@ func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
 			continue
 		}
 		t.Logf("run of fence %d: item %d %s/%s killedBy %q", r.Fence, r.Item, r.State, r.Reason, r.KilledBy)
-		if r.Item != 0 && r.Reason == coord.ReasonOperator {
+		if r.Item != 0 && r.Reason == keyspace.ReasonOperator {
 			t.Errorf("the kill of item 0 (fence %d) stopped item %d: %s/%s by %s", r.Fence, r.Item, r.State, r.Reason, r.KilledBy)
 		}
-		if r.Item == 0 && r.Reason != coord.ReasonOperator {
+		if r.Item == 0 && r.Reason != keyspace.ReasonOperator {
 			t.Errorf("item 0, the run killed, ended %s/%s: not stopped", r.State, r.Reason)
 		}
 	}
@@ -94,7 +95,7 @@ func TestWaitKillFindsAKilledRunInTheHistory(t *testing.T) {
 				m = "false"
 			}
 			instance(t, srv, "a", "jobs:\n  - name: sec\n    cron: '* * * * * ?'\n    misfire: "+m+"\n    script: 'sleep 30'\n")
-			cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+			cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 			waitFor(t, 15*time.Second, "a run", func() bool {
 				items, err := cli.Get(ctx, keys.RunningItem("sec", 0))
 				return err == nil && len(items.Kvs) == 1
@@ -115,7 +116,7 @@ func TestWaitKillFindsAKilledRunInTheHistory(t *testing.T) {
 					truth = r.State + "/" + r.Reason
 				}
 			}
-			if truth != "KILLED/operator" || err != nil || res[0].State != coord.StateKilled || res[0].Reason != coord.ReasonOperator {
+			if truth != "KILLED/operator" || err != nil || res[0].State != keyspace.StateKilled || res[0].Reason != keyspace.ReasonOperator {
 				t.Errorf("the run ended %q in the history; WaitKill says %+v, err %v; want KILLED/operator in both", truth, res[0], err)
 			}
 		})
@@ -136,7 +137,7 @@ func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
 	starts := filepath.Join(t.TempDir(), "starts")
 	script := `echo "$SHARDD_SOURCE $SHARDD_FENCE" >> ` + starts + `; sleep 30`
 	node := instanceWith(t, srv.Client("http://"+p.Addr()), "a", "jobs:\n  - name: long\n    failover: true\n    script: "+yamlQuote(script)+"\n")
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 10*time.Second, "a's map", func() bool {
 		v, _ := node.View("long")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
@@ -156,7 +157,7 @@ func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res, err := coord.WaitKill(wctx, cli, keys, "long", k.Kill)
-	if err != nil || res[0].State != coord.StateKilled || res[0].Reason != coord.ReasonOperator || !strings.Contains(res[0].Error, "cut off before the kill reached it") {
+	if err != nil || res[0].State != keyspace.StateKilled || res[0].Reason != keyspace.ReasonOperator || !strings.Contains(res[0].Error, "cut off before the kill reached it") {
 		t.Errorf("WaitKill: %+v (%v), want KILLED/operator, cut off before the kill reached it", res, err)
 	}
 	time.Sleep(2 * time.Second) // a failover would have come at once
@@ -183,7 +184,7 @@ func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
 	yaml := "jobs:\n  - name: long\n    script: " + yamlQuote(script) + "\n"
 	a := instance(t, srv, "a", yaml, clock)
 	b := instance(t, srv, "b", yaml, clock)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	var owner string
 	waitFor(t, 10*time.Second, "the map over a and b", func() bool {
 		v, _ := a.View("long")

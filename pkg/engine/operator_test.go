@@ -14,6 +14,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // lines returns the lines of a file the test's scripts append to.
@@ -32,7 +33,7 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 	script := `echo $SHARDD_FENCE >> ` + starts + `; echo $$ > ` + pidFile + `; sleep 30; echo done >> ` + starts
 	node := instance(t, srv, "a", "jobs:\n  - name: long\n    failover: true\n    script: "+yamlQuote(script)+"\n",
 		func(o *Options) { o.Sweep = 100 * time.Millisecond })
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("long")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
@@ -61,7 +62,7 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the killed run did not end: %v", err)
 	}
-	if res[0].State != coord.StateKilled || res[0].Reason != coord.ReasonOperator || !strings.Contains(res[0].Error, "token:alice") {
+	if res[0].State != keyspace.StateKilled || res[0].Reason != keyspace.ReasonOperator || !strings.Contains(res[0].Error, "token:alice") {
 		t.Fatalf("killed run ended %+v, want KILLED/operator by token:alice", res[0])
 	}
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
@@ -92,7 +93,7 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	// Daily at 03:00 UTC: no scheduled fire comes during the test.
 	script := `printf '%s|%s|%s|%s|%s\n' "$SHARDD_SOURCE" "$SHARDD_FIRE_TIME" "$SHARDD_FENCE" "$SHARDD_TRIGGER_PARAMETER" "$SHARDD_CONTEXT" >> "$OUT"`
 	node := instance(t, srv, "a", "jobs:\n  - name: daily\n    cron: '0 0 3 * * ?'\n    script: "+yamlQuote(script)+"\n")
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 10*time.Second, "the item's record to begin", func() bool {
 		st, err := node.ReadItem(ctx, "daily", 0)
 		return err == nil && st.Record != nil
@@ -168,7 +169,7 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	}
 	var params []string
 	for _, r := range recs {
-		if r.Source == coord.SourceManual {
+		if r.Source == keyspace.SourceManual {
 			params = append(params, r.Param)
 		}
 	}
@@ -186,7 +187,7 @@ func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
 	os.WriteFile(flag, nil, 0o644)
 	script := `if [ -e ` + flag + ` ]; then echo "upstream timeout: bank API 504" >&2; exit 3; fi; echo fine`
 	node := instance(t, srv, "a", "jobs:\n  - name: flaky\n    script: "+yamlQuote(script)+"\n")
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("flaky")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
@@ -203,14 +204,14 @@ func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
 	}
 	waitFor(t, 10*time.Second, "the failure", func() bool { r := runs(); return r.LastFailure != nil })
 	failure := *runs().LastFailure
-	if failure.State != coord.StateFailed || failure.ExitCode != 3 || !strings.Contains(failure.Output, "bank API 504") {
+	if failure.State != keyspace.StateFailed || failure.ExitCode != 3 || !strings.Contains(failure.Output, "bank API 504") {
 		t.Errorf("last failure %+v", failure)
 	}
 	os.Remove(flag)
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "flaky"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the success", func() bool { return runs().Records[0].State == coord.StateDone })
+	waitFor(t, 10*time.Second, "the success", func() bool { return runs().Records[0].State == keyspace.StateDone })
 	if r := runs(); r.LastFailure == nil || r.LastFailure.Fence != failure.Fence {
 		t.Errorf("after a success, the last failure is %+v, want the failed run (fence %d)", r.LastFailure, failure.Fence)
 	}

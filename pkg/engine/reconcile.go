@@ -3,7 +3,7 @@ package engine
 import (
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -42,7 +42,7 @@ func (k actionKind) String() string {
 // rerun reports whether a is the record's own run again (a failover, or a
 // won claim whose work never started) or the record of it cut: what an
 // operator's kill of that run must stop.
-func (a action) rerun(rec *coord.ItemRecord) bool {
+func (a action) rerun(rec *keyspace.ItemRecord) bool {
 	if rec == nil {
 		return false
 	}
@@ -70,7 +70,7 @@ type action struct {
 	fireKey   string // a manual fire's (coord.FireKey)
 	// upstream is the parent fire an UPSTREAM run serves; noPropagate
 	// keeps a manual run's outcome from triggering the job's children.
-	upstream    *coord.Upstream
+	upstream    *keyspace.Upstream
 	noPropagate bool
 	// why says why fires are skipped.
 	why string
@@ -95,7 +95,7 @@ func (a action) waitingSince() time.Time {
 // what should happen now. It does not look at ownership or manual
 // triggers: the caller checks that this instance owns the item for
 // action.fire, and serves triggers when decide says none.
-func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
+func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 	if local {
 		return action{}
 	}
@@ -112,7 +112,7 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 		return action{}
 	}
 	if st.RunningBy != "" {
-		if st.RunningMine && rec != nil && rec.State == coord.StateRunning {
+		if st.RunningMine && rec != nil && rec.State == keyspace.StateRunning {
 			// Our session holds the marker and no run of ours knows it: a
 			// claim whose reply was lost applied after all.
 			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
@@ -125,9 +125,9 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 	}
 	if rec != nil && rec.CutByFailure() {
 		if p.failover {
-			return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: coord.SourceFailover, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
+			return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: keyspace.SourceFailover, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
 		}
-		if rec.State == coord.StateRunning {
+		if rec.State == keyspace.StateRunning {
 			// Not run again; say so on the record, then the fires after it.
 			return action{kind: settle, fire: rec.Fire}
 		}
@@ -138,7 +138,7 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 	base, busyUntil := p.baseline, time.Time{}
 	if rec != nil {
 		base = rec.Watermark()
-		if rec.State != coord.StateSkipped && !rec.CutByFailure() && !rec.NeverStarted() {
+		if rec.State != keyspace.StateSkipped && !rec.CutByFailure() && !rec.NeverStarted() {
 			busyUntil = rec.End // fires up to here came while the item ran
 		}
 	}
@@ -160,9 +160,9 @@ func decide(st coord.ItemState, local bool, p policy, now time.Time) action {
 	}
 	// MISFIRE: a run that stands for fires that came while the item was
 	// busy, or for several; a fire run late by a new owner is still NORMAL.
-	source := coord.SourceNormal
+	source := keyspace.SourceNormal
 	if count > 1 || cameWhileBusy {
-		source = coord.SourceMisfire
+		source = keyspace.SourceMisfire
 	}
 	a := action{kind: run, fire: latest, attempt: 1, source: source, skipped: count - 1, sched: latest}
 	if count > 1 {
@@ -185,7 +185,7 @@ func dueFires(s schedule.Schedule, base, now time.Time) (count int, first, lates
 
 // Why fires are recorded skipped.
 const (
-	whyTooOld   = coord.SkipTooOld
-	whyBusy     = coord.SkipBusy
-	whyDisabled = coord.SkipDisabled
+	whyTooOld   = keyspace.SkipTooOld
+	whyBusy     = keyspace.SkipBusy
+	whyDisabled = keyspace.SkipDisabled
 )

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -25,31 +25,31 @@ func TestDecide(t *testing.T) {
 	on := policy{schedule: every10, failover: true, misfire: true, window: time.Minute, baseline: at(-100)}
 	off := policy{schedule: every10, window: time.Minute, baseline: at(-100)}
 	hourlyOn := policy{schedule: hourly, failover: true, misfire: true, window: time.Minute, baseline: at(-7200)}
-	done := func(fire, end float64) coord.ItemState {
-		return coord.ItemState{Record: &coord.ItemRecord{Fire: at(fire), Sched: at(fire), State: coord.StateDone, Attempt: 1, Source: coord.SourceNormal, End: at(end)}, Rev: 7}
+	done := func(fire, end float64) keyspace.ItemState {
+		return keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(fire), Sched: at(fire), State: keyspace.StateDone, Attempt: 1, Source: keyspace.SourceNormal, End: at(end)}, Rev: 7}
 	}
-	with := func(st coord.ItemState, f func(*coord.ItemState)) coord.ItemState {
+	with := func(st keyspace.ItemState, f func(*keyspace.ItemState)) keyspace.ItemState {
 		r := *st.Record
 		st.Record = &r
 		f(&st)
 		return st
 	}
-	running := func(fire float64) coord.ItemState {
-		return with(done(fire, 0), func(s *coord.ItemState) { s.Record.State, s.Record.End = coord.StateRunning, time.Time{} })
+	running := func(fire float64) keyspace.ItemState {
+		return with(done(fire, 0), func(s *keyspace.ItemState) { s.Record.State, s.Record.End = keyspace.StateRunning, time.Time{} })
 	}
 	tests := []struct {
 		name  string
-		st    coord.ItemState
+		st    keyspace.ItemState
 		local bool
 		p     policy
 		now   time.Time
 		want  action
 	}{
-		{"never claimed, first fire on time", coord.ItemState{}, false, policy{schedule: every10, misfire: true, window: time.Minute, baseline: at(-5)}, at(0.2),
+		{"never claimed, first fire on time", keyspace.ItemState{}, false, policy{schedule: every10, misfire: true, window: time.Minute, baseline: at(-5)}, at(0.2),
 			action{kind: run, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
-		{"never claimed, fires before the baseline are not due: the record begins", coord.ItemState{}, false, policy{schedule: every10, misfire: true, window: time.Minute, baseline: at(5)}, at(9),
+		{"never claimed, fires before the baseline are not due: the record begins", keyspace.ItemState{}, false, policy{schedule: every10, misfire: true, window: time.Minute, baseline: at(5)}, at(9),
 			action{kind: begin, fire: at(9)}},
-		{"a begun record: fires after it are due", coord.ItemState{Record: &coord.ItemRecord{Fire: at(9), Sched: at(9), State: coord.StateSkipped}, Rev: 2}, false, on, at(10.2),
+		{"a begun record: fires after it are due", keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(9), Sched: at(9), State: keyspace.StateSkipped}, Rev: 2}, false, on, at(10.2),
 			action{kind: run, fire: at(10), attempt: 1, source: "NORMAL", sched: at(10)}},
 		{"the fire is claimed already", done(0, 1), false, on, at(5), action{}},
 		{"next fire on time", done(0, 1), false, on, at(10.1),
@@ -58,7 +58,7 @@ func TestDecide(t *testing.T) {
 			action{kind: run, fire: at(10), attempt: 1, source: "NORMAL", sched: at(10)}},
 		{"several missed: the latest runs, the rest are counted", done(0, 1), false, on, at(31),
 			action{kind: run, fire: at(30), attempt: 1, source: "MISFIRE", skipped: 2, sched: at(30), oldest: at(10)}},
-		{"never claimed: fires since the baseline were missed", coord.ItemState{}, false, on, at(0.2),
+		{"never claimed: fires since the baseline were missed", keyspace.ItemState{}, false, on, at(0.2),
 			action{kind: run, fire: at(0), attempt: 1, source: "MISFIRE", skipped: 9, sched: at(0), oldest: at(-90)}},
 		{"missed fires older than the window are recorded skipped", done(-7200, -7190), false, hourlyOn, at(120),
 			action{kind: skip, fire: at(0), skipped: 2, why: whyTooOld}},
@@ -69,38 +69,48 @@ func TestDecide(t *testing.T) {
 		{"misfire off: a fire that came while the item ran is skipped", done(0, 15), false, off, at(15.1),
 			action{kind: skip, fire: at(10), skipped: 1, why: whyBusy}},
 		{"a run of it in progress here", done(0, 1), true, on, at(10), action{}},
-		{"disabled, nothing due", with(done(0, 1), func(s *coord.ItemState) { s.Disabled = true }), false, on, at(9), action{}},
-		{"disabled: due fires are recorded skipped, not caught up later", with(done(0, 1), func(s *coord.ItemState) { s.Disabled = true }), false, on, at(21),
+		{"disabled, nothing due", with(done(0, 1), func(s *keyspace.ItemState) { s.Disabled = true }), false, on, at(9), action{}},
+		{"disabled: due fires are recorded skipped, not caught up later", with(done(0, 1), func(s *keyspace.ItemState) { s.Disabled = true }), false, on, at(21),
 			action{kind: skip, fire: at(20), skipped: 2, why: whyDisabled}},
-		{"disabled while it runs elsewhere: wait", with(running(0), func(s *coord.ItemState) { s.Disabled, s.RunningBy = true, "b" }), false, on, at(21), action{}},
-		{"running elsewhere: wait for the marker", with(running(0), func(s *coord.ItemState) { s.RunningBy = "b" }), false, on, at(10), action{}},
-		{"running under an old session of this instance: wait", with(running(0), func(s *coord.ItemState) { s.RunningBy = "a" }), false, on, at(10), action{}},
-		{"a claim of this session no run knows: adopt it", with(running(0), func(s *coord.ItemState) { s.RunningBy, s.RunningMine = "a", true }), false, on, at(10),
+		{"disabled while it runs elsewhere: wait", with(running(0), func(s *keyspace.ItemState) { s.Disabled, s.RunningBy = true, "b" }), false, on, at(21), action{}},
+		{"running elsewhere: wait for the marker", with(running(0), func(s *keyspace.ItemState) { s.RunningBy = "b" }), false, on, at(10), action{}},
+		{"running under an old session of this instance: wait", with(running(0), func(s *keyspace.ItemState) { s.RunningBy = "a" }), false, on, at(10), action{}},
+		{"a claim of this session no run knows: adopt it", with(running(0), func(s *keyspace.ItemState) { s.RunningBy, s.RunningMine = "a", true }), false, on, at(10),
 			action{kind: adopt, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
 		{"cut run, failover on: re-run at once, attempt+1", running(0), false, on, at(3),
 			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0)}},
-		{"killed at a fence, failover on: re-run", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonFence }), false, on, at(3),
+		{"killed at a fence, failover on: re-run", with(done(0, 2), func(s *keyspace.ItemState) {
+			s.Record.State, s.Record.Reason = keyspace.StateKilled, keyspace.ReasonFence
+		}), false, on, at(3),
 			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0)}},
-		{"killed at shutdown, failover on: re-run", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonShutdown }), false, on, at(3),
+		{"killed at shutdown, failover on: re-run", with(done(0, 2), func(s *keyspace.ItemState) {
+			s.Record.State, s.Record.Reason = keyspace.StateKilled, keyspace.ReasonShutdown
+		}), false, on, at(3),
 			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0)}},
-		{"killed at its timeout: a failure, not re-run", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonTimeout }), false, on, at(3),
+		{"killed at its timeout: a failure, not re-run", with(done(0, 2), func(s *keyspace.ItemState) {
+			s.Record.State, s.Record.Reason = keyspace.StateKilled, keyspace.ReasonTimeout
+		}), false, on, at(3),
 			action{}},
-		{"a won claim whose work never started runs, even with failover off", with(done(0, 2), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonNotStarted }), false, off, at(3),
+		{"a won claim whose work never started runs, even with failover off", with(done(0, 2), func(s *keyspace.ItemState) {
+			s.Record.State, s.Record.Reason = keyspace.StateKilled, keyspace.ReasonNotStarted
+		}), false, off, at(3),
 			action{kind: run, fire: at(0), attempt: 2, source: "NORMAL", sched: at(0)}},
-		{"failed runs never fail over", with(done(0, 2), func(s *coord.ItemState) { s.Record.State = coord.StateFailed }), false, on, at(3), action{}},
+		{"failed runs never fail over", with(done(0, 2), func(s *keyspace.ItemState) { s.Record.State = keyspace.StateFailed }), false, on, at(3), action{}},
 		{"cut run, failover off: recorded, not re-run", running(0), false, off, at(10.5),
 			action{kind: settle, fire: at(0)}},
-		{"cut run recorded (failover off): the fire after it runs", with(running(0), func(s *coord.ItemState) { s.Record.State, s.Record.Reason = coord.StateKilled, coord.ReasonLost }), false, off, at(10.5),
+		{"cut run recorded (failover off): the fire after it runs", with(running(0), func(s *keyspace.ItemState) {
+			s.Record.State, s.Record.Reason = keyspace.StateKilled, keyspace.ReasonLost
+		}), false, off, at(10.5),
 			action{kind: run, fire: at(10), attempt: 1, source: "NORMAL", sched: at(10)}},
-		{"a failover carries the fires its cut run coalesced", with(running(0), func(s *coord.ItemState) { s.Record.Skipped = 3 }), false, on, at(3),
+		{"a failover carries the fires its cut run coalesced", with(running(0), func(s *keyspace.ItemState) { s.Record.Skipped = 3 }), false, on, at(3),
 			action{kind: run, fire: at(0), attempt: 2, source: "FAILOVER", sched: at(0), skipped: 3}},
 		{"hourly, owner killed 1s before the fire: the new owner runs it late", done(-3600, -3590), false, hourlyOn, at(4),
 			action{kind: run, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
-		{"a manual run does not move the watermark", with(done(-3600, -3590), func(s *coord.ItemState) {
-			s.Record.Source, s.Record.Fire, s.Record.Trigger = coord.SourceManual, at(60), 42 // its host's clock ran fast
+		{"a manual run does not move the watermark", with(done(-3600, -3590), func(s *keyspace.ItemState) {
+			s.Record.Source, s.Record.Fire, s.Record.Trigger = keyspace.SourceManual, at(60), 42 // its host's clock ran fast
 		}), false, hourlyOn, at(0.5),
 			action{kind: run, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
-		{"a skipped record's fires are accounted for", coord.ItemState{Record: &coord.ItemRecord{Fire: at(10), Sched: at(10), State: coord.StateSkipped}, Rev: 3}, false, off, at(15), action{}},
+		{"a skipped record's fires are accounted for", keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(10), Sched: at(10), State: keyspace.StateSkipped}, Rev: 3}, false, off, at(15), action{}},
 		{"a host with a fast clock claimed a fire ahead of ours", done(10, 10.5), false, on, at(9.9), action{}},
 	}
 	for _, tc := range tests {
@@ -121,7 +131,7 @@ func TestDecideAccountsForEveryFire(t *testing.T) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, misfire := range []bool{true, false} {
 		p := policy{schedule: every, failover: true, misfire: misfire, window: time.Minute, baseline: base.Add(-time.Second)}
-		var st coord.ItemState
+		var st keyspace.ItemState
 		accounted := 0
 		now := base
 		for step := 0; step < 200; step++ {
@@ -130,12 +140,12 @@ func TestDecideAccountsForEveryFire(t *testing.T) {
 			case run:
 				accounted += 1 + a.skipped
 				end := now.Add(25 * time.Second) // runs outlast two periods
-				st = coord.ItemState{Record: &coord.ItemRecord{Fire: a.fire, Sched: a.sched, State: coord.StateDone, End: end}, Rev: st.Rev + 1}
+				st = keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: a.fire, Sched: a.sched, State: keyspace.StateDone, End: end}, Rev: st.Rev + 1}
 				now = end
 				continue
 			case skip:
 				accounted += a.skipped
-				st = coord.ItemState{Record: &coord.ItemRecord{Fire: a.fire, Sched: a.fire, State: coord.StateSkipped}, Rev: st.Rev + 1}
+				st = keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: a.fire, Sched: a.fire, State: keyspace.StateSkipped}, Rev: st.Rev + 1}
 			}
 			now = now.Add(time.Second)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -58,7 +59,7 @@ type slowReads struct {
 	delay  time.Duration
 }
 
-func (s *slowReads) ReadItems(ctx context.Context, job string) (coord.JobItems, error) {
+func (s *slowReads) ReadItems(ctx context.Context, job string) (keyspace.JobItems, error) {
 	it, err := s.Node.ReadItems(ctx, job)
 	if err == nil {
 		for _, st := range it.Items {
@@ -71,7 +72,7 @@ func (s *slowReads) ReadItems(ctx context.Context, job string) (coord.JobItems, 
 	return it, err
 }
 
-func (s *slowReads) Adopt(ctx context.Context, job string, item int, st coord.ItemState) (*coord.Grant, error) {
+func (s *slowReads) Adopt(ctx context.Context, job string, item int, st keyspace.ItemState) (*coord.Grant, error) {
 	s.adopts.Add(1)
 	return s.Node.Adopt(ctx, job, item, st)
 }
@@ -164,7 +165,7 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 	// must start once and nothing may overlap it.
 	manual := 0
 	for _, ev := range evs {
-		if ev.Kind == "start" && ev.Source == coord.SourceManual {
+		if ev.Kind == "start" && ev.Source == keyspace.SourceManual {
 			manual++
 		}
 	}
@@ -271,10 +272,10 @@ func TestRegressionManualTriggerOwnerPerFire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := coord.JobView{Job: c.Jobs[0], Map: &coord.ShardMap{Instances: []string{"a", "b"}, PerFire: true, Total: 1}}
+	v := coord.JobView{Job: c.Jobs[0], Map: &keyspace.ShardMap{Instances: []string{"a", "b"}, PerFire: true, Total: 1}}
 	own := func(id string, now time.Time) bool {
 		j := &jobLoop{e: &Engine{opts: Options{Node: idOnly{id: id}}}}
-		mine, _ := j.ownership(context.Background(), v)(0, now, coord.SourceManual)
+		mine, _ := j.ownership(context.Background(), v)(0, now, keyspace.SourceManual)
 		return mine
 	}
 	nobody, both := 0, 0
@@ -302,7 +303,7 @@ func TestRegressionLegacyManualRecordWatermark(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC)
 	for _, spec := range []string{"@hourly", "0 * * * * ?", "@every 1m"} {
 		sched := mustSchedule(t, spec)
-		st := coord.ItemState{Rev: 5, Record: &coord.ItemRecord{Fire: now.Add(-20 * time.Minute), State: coord.StateDone, Source: coord.SourceManual, Attempt: 1, End: now.Add(-19 * time.Minute)}}
+		st := keyspace.ItemState{Rev: 5, Record: &keyspace.ItemRecord{Fire: now.Add(-20 * time.Minute), State: keyspace.StateDone, Source: keyspace.SourceManual, Attempt: 1, End: now.Add(-19 * time.Minute)}}
 		p := policy{schedule: sched, failover: true, misfire: true, window: time.Minute, baseline: now.Add(-time.Hour)}
 		start := time.Now()
 		a := decide(st, false, p, now)

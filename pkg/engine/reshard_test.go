@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 type claimHook struct {
@@ -20,7 +21,7 @@ type claimHook struct {
 }
 
 func (h *claimHook) Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error) {
-	if c.Source == coord.SourceNormal {
+	if c.Source == keyspace.SourceNormal {
 		h.mu.Lock()
 		h.normal++
 		n := h.normal
@@ -60,7 +61,7 @@ func TestClaimLostToUnchangedReshardIsRetried(t *testing.T) {
 		lostMu.Unlock()
 		memberOnly(t, srv, "z", yaml) // joins; "a" keeps item 0
 		for i := 0; i < 300; i++ {
-			resp, err := direct.Get(context.Background(), coord.NewKeys("").Shards("j"))
+			resp, err := direct.Get(context.Background(), keyspace.NewKeys("").Shards("j"))
 			if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].ModRevision != c.MapRev {
 				t.Logf("map rewritten (rev %d -> %d): %s", c.MapRev, resp.Kvs[0].ModRevision, resp.Kvs[0].Value)
 				return
@@ -89,7 +90,7 @@ func TestClaimLostToUnchangedReshardIsRetried(t *testing.T) {
 			ran = true
 		}
 	}
-	recs, _ := coord.ReadHistory(context.Background(), direct, coord.NewKeys(""), "j")
+	recs, _ := coord.ReadHistory(context.Background(), direct, keyspace.NewKeys(""), "j")
 	for _, r := range recs {
 		t.Logf("history: fire %s %s source %s skipped %d on %s", r.Fire.UTC(), r.State, r.Source, r.Skipped, r.Instance)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
@@ -19,10 +20,10 @@ func TestAdoptedClaimMadeAheadWaitsForItsFire(t *testing.T) {
 	at := func(s float64) time.Time { return noon.Add(time.Duration(s * float64(time.Second))) }
 	cases := []struct {
 		name string
-		st   coord.ItemState
+		st   keyspace.ItemState
 	}{
 		{"adopted ahead claim (reply lost, applied late)",
-			coord.ItemState{Record: &coord.ItemRecord{Item: 0, Fire: at(10), Sched: at(10), State: coord.StateRunning, Attempt: 1, Source: coord.SourceNormal, Instance: "a"}, RunningBy: "a", RunningMine: true}},
+			keyspace.ItemState{Record: &keyspace.ItemRecord{Item: 0, Fire: at(10), Sched: at(10), State: keyspace.StateRunning, Attempt: 1, Source: keyspace.SourceNormal, Instance: "a"}, RunningBy: "a", RunningMine: true}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,7 +64,7 @@ func TestAdoptedClaimMadeAheadWaitsForItsFire(t *testing.T) {
 // serving reads from memory, nothing in the loop waited and the job spun).
 func TestClaimNotUpDoesNotSpin(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
-	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	f.claimErr = func(coord.Claim) error { return coord.ErrNotUp }
 	clock := &fakeClock{now: noon.Add(10*time.Second + 50*time.Millisecond)}
 	j, _ := loopOn(f, clock, nil)

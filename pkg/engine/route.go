@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -23,12 +23,12 @@ const routeStep = 250 * time.Millisecond
 // Ties keep the instances' order. Every instance computes the same ranking
 // from the same history; when two disagree (history read at different
 // moments), the claim's guard still lets only one run each fire.
-func routeOrder(route string, instances []string, history []coord.ItemRecord) []string {
+func routeOrder(route string, instances []string, history []keyspace.ItemRecord) []string {
 	order := slices.Clone(instances)
 	count := map[string]int{}
 	last := map[string]time.Time{}
 	for _, r := range history {
-		if r.State == coord.StateSkipped {
+		if r.State == keyspace.StateSkipped {
 			continue
 		}
 		count[r.Instance]++

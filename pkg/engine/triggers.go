@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Triggers, the engine's part (docs/design.md, Triggers: durable until
@@ -43,13 +44,13 @@ type triggerSet struct {
 // triggerKey is one trigger key: tr nil once deleted (kept while a read
 // is in flight), rev its last change.
 type triggerKey struct {
-	tr  *coord.Trigger
+	tr  *keyspace.Trigger
 	rev int64
 }
 
 // apply folds a change of one key in; it reports whether it is a trigger
 // this set did not have.
-func (s *triggerSet) apply(id string, tr *coord.Trigger, rev int64) bool {
+func (s *triggerSet) apply(id string, tr *keyspace.Trigger, rev int64) bool {
 	if s.keys == nil {
 		s.keys = map[string]triggerKey{}
 	}
@@ -79,7 +80,7 @@ func (s *triggerSet) begin() int {
 
 // fill folds in a read begun in generation gen (nil read: it failed); it
 // reports whether the set is complete.
-func (s *triggerSet) fill(gen int, read []coord.Trigger) bool {
+func (s *triggerSet) fill(gen int, read []keyspace.Trigger) bool {
 	ok := s.gen == gen // else a gap came after the read began: it may predate it
 	if ok {
 		for _, tr := range read {
@@ -97,14 +98,14 @@ func (s *triggerSet) fill(gen int, read []coord.Trigger) bool {
 }
 
 // pending returns the triggers in the set, oldest first.
-func (s *triggerSet) pending() []coord.Trigger {
-	var out []coord.Trigger
+func (s *triggerSet) pending() []keyspace.Trigger {
+	var out []keyspace.Trigger
 	for _, id := range slices.Sorted(maps.Keys(s.keys)) {
 		if k := s.keys[id]; k.tr != nil {
 			out = append(out, *k.tr)
 		}
 	}
-	slices.SortStableFunc(out, func(a, b coord.Trigger) int { return int(a.Rev - b.Rev) })
+	slices.SortStableFunc(out, func(a, b keyspace.Trigger) int { return int(a.Rev - b.Rev) })
 	return out
 }
 
@@ -112,7 +113,7 @@ func (s *triggerSet) pending() []coord.Trigger {
 // returned stop ends it. Subscribed before any read (loadTriggers): every
 // change after a read's revision comes as an event.
 func (j *jobLoop) followTriggers() (stop func()) {
-	return j.e.opts.Node.OnTrigger(j.name, func(ev coord.TriggerEvent) {
+	return j.e.opts.Node.OnTrigger(j.name, func(ev keyspace.TriggerEvent) {
 		j.mu.Lock()
 		added := j.triggers.apply(ev.ID, ev.Trigger, ev.Rev)
 		j.mu.Unlock()
@@ -151,7 +152,7 @@ func (j *jobLoop) loadTriggers(ctx context.Context) bool {
 		j.log.Warn("read the job's waiting triggers; trying again", "err", err)
 	}
 	if err == nil && trs == nil {
-		trs = []coord.Trigger{} // none: a read all the same
+		trs = []keyspace.Trigger{} // none: a read all the same
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -160,7 +161,7 @@ func (j *jobLoop) loadTriggers(ctx context.Context) bool {
 
 // pendingTriggers returns the loop's triggers, oldest first; call it
 // after loadTriggers reported the set complete.
-func (j *jobLoop) pendingTriggers() []coord.Trigger {
+func (j *jobLoop) pendingTriggers() []keyspace.Trigger {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.triggers.pending()
@@ -171,7 +172,7 @@ func (j *jobLoop) pendingTriggers() []coord.Trigger {
 // having nothing to serve only because they are disabled. An item serves
 // a trigger on whichever instance owns it when it is free: the item may
 // move here, or away, meanwhile.
-func unserved(tr coord.Trigger, total int, items coord.JobItems) (left bool, off []int) {
+func unserved(tr keyspace.Trigger, total int, items keyspace.JobItems) (left bool, off []int) {
 	for item := range total {
 		if len(tr.Items) > 0 && !slices.Contains(tr.Items, item) {
 			continue
@@ -194,7 +195,7 @@ func unserved(tr coord.Trigger, total int, items coord.JobItems) (left bool, off
 // to serve (served, or disabled: like its scheduled fires, the triggers
 // that come while an item is disabled do not run on it), each in a Txn
 // that checks the disable marks it counted on as etcd has them then.
-func (j *jobLoop) deleteServed(ctx context.Context, trs []coord.Trigger, total int, items coord.JobItems) {
+func (j *jobLoop) deleteServed(ctx context.Context, trs []keyspace.Trigger, total int, items keyspace.JobItems) {
 	for _, tr := range trs {
 		left, off := unserved(tr, total, items)
 		if left {
@@ -229,7 +230,7 @@ func (j *jobLoop) dropDisabled(ctx context.Context, v coord.JobView) {
 // dropTrigger deletes tr under g, and forgets it once deleted; a delete
 // that does not apply is decided again at the next reconcile. why, when
 // set, says why it is dropped unserved.
-func (j *jobLoop) dropTrigger(ctx context.Context, tr coord.Trigger, g coord.TriggerGuard, why string) {
+func (j *jobLoop) dropTrigger(ctx context.Context, tr keyspace.Trigger, g coord.TriggerGuard, why string) {
 	ok, err := j.e.opts.Node.DeleteTrigger(ctx, j.name, tr, g)
 	switch {
 	case err != nil:

@@ -17,6 +17,7 @@ import (
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -25,7 +26,7 @@ import (
 // a put the read missed is kept, and a gap empties the set until a read
 // begun after it folds in.
 func TestTriggerSetFoldsAReadAndItsEventsInAnyOrder(t *testing.T) {
-	tr := func(id string, rev int64) coord.Trigger { return coord.Trigger{ID: id, Rev: rev, ModRev: rev} }
+	tr := func(id string, rev int64) keyspace.Trigger { return keyspace.Trigger{ID: id, Rev: rev, ModRev: rev} }
 	ids := func(s *triggerSet) string {
 		var out []string
 		for _, t := range s.pending() {
@@ -35,7 +36,7 @@ func TestTriggerSetFoldsAReadAndItsEventsInAnyOrder(t *testing.T) {
 	}
 	var s triggerSet
 	t1, t2, t3 := tr("t1", 10), tr("t2", 20), tr("t3", 30)
-	s.apply("t0", &coord.Trigger{ID: "t0", Rev: 5, ModRev: 5}, 5)
+	s.apply("t0", &keyspace.Trigger{ID: "t0", Rev: 5, ModRev: 5}, 5)
 	s.apply("t0", nil, 6) // deleted before any read began: no read can bring it back
 	gen := s.begin()
 	if !s.apply("t2", &t2, 20) || s.apply("t2", &t2, 20) {
@@ -45,7 +46,7 @@ func TestTriggerSetFoldsAReadAndItsEventsInAnyOrder(t *testing.T) {
 	if s.complete {
 		t.Fatal("complete before any read")
 	}
-	if !s.fill(gen, []coord.Trigger{t1, t2}) {
+	if !s.fill(gen, []keyspace.Trigger{t1, t2}) {
 		t.Fatal("the read did not fold in")
 	}
 	if got := ids(&s); got != "t2" {
@@ -61,15 +62,15 @@ func TestTriggerSetFoldsAReadAndItsEventsInAnyOrder(t *testing.T) {
 	if s.complete || ids(&s) != "" {
 		t.Fatal("a gap must empty the set")
 	}
-	if s.fill(gen, []coord.Trigger{t3}) {
+	if s.fill(gen, []keyspace.Trigger{t3}) {
 		t.Fatal("a read begun before the gap folded in")
 	}
 	if gen = s.begin(); s.fill(gen, nil) {
 		t.Fatal("a failed read made the set complete")
 	}
 	gen = s.begin()
-	s.apply("t4", &coord.Trigger{ID: "t4", Rev: 40, ModRev: 40}, 40)
-	if !s.fill(gen, []coord.Trigger{t3}) || ids(&s) != "t3,t4" || len(s.keys) != 2 {
+	s.apply("t4", &keyspace.Trigger{ID: "t4", Rev: 40, ModRev: 40}, 40)
+	if !s.fill(gen, []keyspace.Trigger{t3}) || ids(&s) != "t3,t4" || len(s.keys) != 2 {
 		t.Fatalf("after the gap's read: %s complete %v (%d keys), want t3,t4", ids(&s), s.complete, len(s.keys))
 	}
 }
@@ -78,22 +79,22 @@ func TestTriggerSetFoldsAReadAndItsEventsInAnyOrder(t *testing.T) {
 // newer one counts: triggers are served oldest first) or it is disabled,
 // which the deleting Txn must check.
 func TestUnservedCountsRecordsAndDisabledItems(t *testing.T) {
-	rec := func(trigger int64) *coord.ItemRecord {
-		return &coord.ItemRecord{State: coord.StateDone, Trigger: trigger}
+	rec := func(trigger int64) *keyspace.ItemRecord {
+		return &keyspace.ItemRecord{State: keyspace.StateDone, Trigger: trigger}
 	}
-	items := coord.JobItems{Items: map[int]coord.ItemState{
+	items := keyspace.JobItems{Items: map[int]keyspace.ItemState{
 		0: {Record: rec(50)}, 1: {Record: rec(70)}, 2: {Record: rec(10), Disabled: true}, 3: {Record: rec(10)},
 	}}
 	for _, tc := range []struct {
-		tr   coord.Trigger
+		tr   keyspace.Trigger
 		left bool
 		off  []int
 	}{
-		{coord.Trigger{Rev: 50, Items: []int{0, 1}}, false, nil},
-		{coord.Trigger{Rev: 50, Items: []int{0, 2}}, false, []int{2}},
-		{coord.Trigger{Rev: 60, Items: []int{0}}, true, nil},
-		{coord.Trigger{Rev: 50}, true, nil},                      // item 3 is still to serve it
-		{coord.Trigger{Rev: 50, Items: []int{1, 9}}, false, nil}, // no item 9
+		{keyspace.Trigger{Rev: 50, Items: []int{0, 1}}, false, nil},
+		{keyspace.Trigger{Rev: 50, Items: []int{0, 2}}, false, []int{2}},
+		{keyspace.Trigger{Rev: 60, Items: []int{0}}, true, nil},
+		{keyspace.Trigger{Rev: 50}, true, nil},                      // item 3 is still to serve it
+		{keyspace.Trigger{Rev: 50, Items: []int{1, 9}}, false, nil}, // no item 9
 	} {
 		left, off := unserved(tc.tr, 4, items)
 		if left != tc.left || !slices.Equal(off, tc.off) {
@@ -106,11 +107,11 @@ func TestUnservedCountsRecordsAndDisabledItems(t *testing.T) {
 // and deleted once served.
 func TestTriggersAreServedOldestFirstOncePerItem(t *testing.T) {
 	f := newFakeNode(t, "jobs:\n  - name: j\n    script: \"true\"\n", map[string][]int{"a": {0}})
-	f.set(0, coord.ItemState{Record: &coord.ItemRecord{Fire: noon, Sched: noon, State: coord.StateDone, Attempt: 1, End: noon}})
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon}})
 	clock := &fakeClock{now: noon.Add(time.Minute)}
 	j, wait := loopOn(f, clock, nil)
-	f.putTrigger(coord.Trigger{ID: "b-second", Param: "first"}) // ids sort the other way round
-	f.putTrigger(coord.Trigger{ID: "a-first", Param: "second"})
+	f.putTrigger(keyspace.Trigger{ID: "b-second", Param: "first"}) // ids sort the other way round
+	f.putTrigger(keyspace.Trigger{ID: "a-first", Param: "second"})
 	for range 4 {
 		j.reconcile(context.Background())
 		wait()
@@ -151,7 +152,7 @@ func servedBy(dir, param string) map[string]int {
 func waitTriggerGone(t *testing.T, cli *clientv3.Client, tr coord.Triggered) {
 	t.Helper()
 	waitFor(t, 20*time.Second, "trigger "+tr.ID+" deleted once served", func() bool {
-		resp, err := cli.Get(context.Background(), coord.NewKeys("").Trigger("j", tr.ID))
+		resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Trigger("j", tr.ID))
 		return err == nil && len(resp.Kvs) == 0
 	})
 }
@@ -164,7 +165,7 @@ func TestTriggerQueuedBehindARunIsServedByTheItemsNewOwner(t *testing.T) {
 	dir := t.TempDir()
 	yaml := slowJob(dir, 2)
 	a := instance(t, srv, "a", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
 		t.Fatal(err)
@@ -197,7 +198,7 @@ func TestTriggerQueuedBehindARunSurvivesARestart(t *testing.T) {
 	yaml := slowJob(dir, 1)
 	short := func(o *Options) { o.ShutdownGrace = 200 * time.Millisecond }
 	a, stopA := startInstance(t, srv.Client(), "a", yaml, short)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
 		t.Fatal(err)
@@ -231,7 +232,7 @@ func TestTriggerQueuedBehindARunSurvivesAReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, eng, _ := startEngine(t, srv.Client(), "a", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
 		t.Fatal(err)
@@ -300,7 +301,7 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 	go func() { defer close(ldone); lnode.Run(lctx) }()
 	t.Cleanup(func() { lcancel(); <-ldone })
 	r := instance(t, srv, "r", yaml)
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 20*time.Second, "both instances in both maps", func() bool {
 		pv, _ := r.View("parent")
 		cv, _ := r.View("child")
@@ -362,7 +363,7 @@ func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
 	a, eng, _ := startEngine(t, srv.Client(), "a", slowJob(dir, 1))
-	cli, keys, ctx := srv.Client(), coord.NewKeys(""), context.Background()
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
 		t.Fatal(err)
@@ -376,7 +377,7 @@ func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
 	j := eng.jobs["j"]
 	eng.mu.Unlock()
 	waitFor(t, 5*time.Second, "the loop to know T2", func() bool {
-		return j.loadTriggers(ctx) && slices.ContainsFunc(j.pendingTriggers(), func(tr coord.Trigger) bool { return tr.Rev == tr2.Rev })
+		return j.loadTriggers(ctx) && slices.ContainsFunc(j.pendingTriggers(), func(tr keyspace.Trigger) bool { return tr.Rev == tr2.Rev })
 	})
 	stale, _ := a.View("j")
 	m := *stale.Map

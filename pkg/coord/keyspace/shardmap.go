@@ -1,4 +1,4 @@
-package coord
+package keyspace
 
 import (
 	"encoding/json"
@@ -6,23 +6,6 @@ import (
 	"slices"
 	"time"
 )
-
-// InstanceInfo is the value of an instance key.
-type InstanceInfo struct {
-	ID      string    `json:"id"`
-	Node    string    `json:"node"`
-	Host    string    `json:"host"`
-	PID     int       `json:"pid"`
-	Version string    `json:"version"`
-	Started time.Time `json:"started"`
-	API     string    `json:"api,omitempty"`
-	Jobs    []string  `json:"jobs"`
-	// Conflicts are the jobs whose local definition differs from the
-	// registered one, which this instance uses instead.
-	Conflicts []string `json:"conflicts,omitempty"`
-	// APITLS says the API serves TLS: its URL is https://API.
-	APITLS bool `json:"apiTLS,omitempty"`
-}
 
 // ShardMap is the value of a job's shards key: which instance owns which item.
 type ShardMap struct {
@@ -65,9 +48,9 @@ func (m *ShardMap) Owner(item int) string {
 	return ""
 }
 
-// sameAssignment reports whether m and o assign the same items to the same
+// SameAssignment reports whether m and o assign the same items to the same
 // instances from the same inputs, ignoring epoch, writer and time.
-func (m *ShardMap) sameAssignment(o *ShardMap) bool {
+func (m *ShardMap) SameAssignment(o *ShardMap) bool {
 	if m.Total != o.Total || m.Strategy != o.Strategy || m.PerFire != o.PerFire || m.Disabled != o.Disabled ||
 		m.ConfigHash != o.ConfigHash || !slices.Equal(m.Instances, o.Instances) || len(m.Items) != len(o.Items) {
 		return false
@@ -104,8 +87,8 @@ func (m *ShardMap) check() error {
 	return nil
 }
 
-// decodeShardMap parses and checks a shards value.
-func decodeShardMap(data []byte) (*ShardMap, error) {
+// DecodeShardMap parses and checks a shards value.
+func DecodeShardMap(data []byte) (*ShardMap, error) {
 	var m ShardMap
 	if err := json.Unmarshal(data, &m); err != nil {
 		return nil, fmt.Errorf("malformed shard map: %w", err)
@@ -114,33 +97,4 @@ func decodeShardMap(data []byte) (*ShardMap, error) {
 		return nil, fmt.Errorf("malformed shard map: %w", err)
 	}
 	return &m, nil
-}
-
-// registeredConfig is the value of a job's config key: the one definition
-// of the job the cluster runs (see docs/design.md, "Job definitions").
-type registeredConfig struct {
-	Hash    string          `json:"hash"`
-	Job     json.RawMessage `json:"job"`
-	Writer  string          `json:"writer"`
-	Written time.Time       `json:"written"`
-	// Superseded are the hashes of the definitions this one replaced, the
-	// latest last, at most maxSuperseded: a host that comes back with one of
-	// them (and no loaded record) is behind, not editing.
-	Superseded []string `json:"superseded,omitempty"`
-}
-
-// maxSuperseded bounds registeredConfig.Superseded.
-const maxSuperseded = 20
-
-// loadedRecord is the value of a job's loaded/<id> key: the definition
-// instance <id> last loaded from its own files. It has no lease: it
-// outlives the process, so that a restarted host can tell an edit of its
-// file from a file that is behind the cluster.
-type loadedRecord struct {
-	Hash string    `json:"hash"`
-	At   time.Time `json:"at"`
-	// Seen is the generation of the registered definition when the record
-	// was written; 0 when the record was written with a publication of
-	// Hash, whose generation is then the record's own ModRevision.
-	Seen int64 `json:"seen,omitempty"`
 }

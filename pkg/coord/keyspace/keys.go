@@ -1,4 +1,4 @@
-package coord
+package keyspace
 
 import (
 	"path"
@@ -50,12 +50,12 @@ func (k Keys) Prefix() string { return k.prefix }
 func (k Keys) Instances() string            { return k.prefix + "/instances/" }
 func (k Keys) Instance(id string) string    { return k.Instances() + id }
 func (k Keys) Jobs() string                 { return k.prefix + "/jobs/" }
-func (k Keys) job(job string) string        { return k.Jobs() + job + "/" }
-func (k Keys) Config(job string) string     { return k.job(job) + "config" }
-func (k Keys) Loaded(job, id string) string { return k.job(job) + "loaded/" + id }
-func (k Keys) Members(job string) string    { return k.job(job) + "members/" }
+func (k Keys) JobPrefix(job string) string  { return k.Jobs() + job + "/" }
+func (k Keys) Config(job string) string     { return k.JobPrefix(job) + "config" }
+func (k Keys) Loaded(job, id string) string { return k.JobPrefix(job) + "loaded/" + id }
+func (k Keys) Members(job string) string    { return k.JobPrefix(job) + "members/" }
 func (k Keys) Member(job, id string) string { return k.Members(job) + id }
-func (k Keys) Disabled(job string) string   { return k.job(job) + "disabled/" }
+func (k Keys) Disabled(job string) string   { return k.JobPrefix(job) + "disabled/" }
 func (k Keys) DisabledJob(job string) string {
 	return k.Disabled(job) + "job"
 }
@@ -73,31 +73,31 @@ func (k Keys) Leader(job string) string { return k.Election(job) + "/" }
 
 // Election is the prefix to give concurrency.NewElection for job; it adds
 // the "/" itself.
-func (k Keys) Election(job string) string { return k.job(job) + "leader" }
-func (k Keys) Items(job string) string    { return k.job(job) + "items/" }
+func (k Keys) Election(job string) string { return k.JobPrefix(job) + "leader" }
+func (k Keys) Items(job string) string    { return k.JobPrefix(job) + "items/" }
 func (k Keys) Item(job string, item int) string {
 	return k.Items(job) + strconv.Itoa(item)
 }
-func (k Keys) Running(job string) string { return k.job(job) + "running/" }
+func (k Keys) Running(job string) string { return k.JobPrefix(job) + "running/" }
 func (k Keys) RunningItem(job string, item int) string {
 	return k.Running(job) + strconv.Itoa(item)
 }
-func (k Keys) HistoryPrefix(job string) string { return k.job(job) + "history/" }
-func (k Keys) Triggers(job string) string      { return k.job(job) + "triggers/" }
+func (k Keys) HistoryPrefix(job string) string { return k.JobPrefix(job) + "history/" }
+func (k Keys) Triggers(job string) string      { return k.JobPrefix(job) + "triggers/" }
 func (k Keys) Trigger(job, id string) string   { return k.Triggers(job) + id }
-func (k Keys) Kills(job string) string         { return k.job(job) + "kills/" }
-func (k Keys) LastFailure(job string) string   { return k.job(job) + "lastfailure" }
-func (k Keys) Fires(job string) string         { return k.job(job) + "fires/" }
+func (k Keys) Kills(job string) string         { return k.JobPrefix(job) + "kills/" }
+func (k Keys) LastFailure(job string) string   { return k.JobPrefix(job) + "lastfailure" }
+func (k Keys) Fires(job string) string         { return k.JobPrefix(job) + "fires/" }
 func (k Keys) Fire(job, fire string) string    { return k.Fires(job) + fire }
-func (k Keys) Children(job string) string      { return k.job(job) + "children" }
-func (k Keys) LastSuccess(job string) string   { return k.job(job) + "lastsuccess" }
-func (k Keys) Deps(job string) string          { return k.job(job) + "deps" }
+func (k Keys) Children(job string) string      { return k.JobPrefix(job) + "children" }
+func (k Keys) LastSuccess(job string) string   { return k.JobPrefix(job) + "lastsuccess" }
+func (k Keys) Deps(job string) string          { return k.JobPrefix(job) + "deps" }
 func (k Keys) Kill(job, id string) string      { return k.Kills(job) + id }
 func (k Keys) Audit() string                   { return k.prefix + "/audit/" }
 func (k Keys) History(job string, item int, slot int64) string {
 	return k.HistoryPrefix(job) + strconv.Itoa(item) + "/" + strconv.FormatInt(slot, 10)
 }
-func (k Keys) Shards(job string) string { return k.job(job) + "shards" }
+func (k Keys) Shards(job string) string { return k.JobPrefix(job) + "shards" }
 
 // JobOf returns the job name in a key under Jobs(), or "".
 func (k Keys) JobOf(key string) string {
@@ -109,17 +109,17 @@ func (k Keys) JobOf(key string) string {
 	return job
 }
 
-// lastSegment returns what follows the last '/' of key.
-func lastSegment(key string) string {
+// LastSegment returns what follows the last '/' of key.
+func LastSegment(key string) string {
 	return key[strings.LastIndexByte(key, '/')+1:]
 }
 
 // Rewinds holds, per instance, what it saw of etcd's history going back
 // (RewindRecord). It sorts right after jobs/, so that the jobs watch covers
-// both: [Jobs(), rewindsEnd()).
+// both: [Jobs(), RewindsEnd()).
 func (k Keys) Rewinds() string         { return k.prefix + "/rewinds/" }
 func (k Keys) Rewind(id string) string { return k.Rewinds() + id }
-func (k Keys) rewindsEnd() string      { return k.prefix + "/rewinds0" } // "0" follows "/"
+func (k Keys) RewindsEnd() string      { return k.prefix + "/rewinds0" } // "0" follows "/"
 
 // Floor is the key written to raise etcd's revision after it went back
 // (rewind.go); outside the jobs watch's range.

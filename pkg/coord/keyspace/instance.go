@@ -1,0 +1,20 @@
+package keyspace
+
+import "time"
+
+// InstanceInfo is the value of an instance key.
+type InstanceInfo struct {
+	ID      string    `json:"id"`
+	Node    string    `json:"node"`
+	Host    string    `json:"host"`
+	PID     int       `json:"pid"`
+	Version string    `json:"version"`
+	Started time.Time `json:"started"`
+	API     string    `json:"api,omitempty"`
+	Jobs    []string  `json:"jobs"`
+	// Conflicts are the jobs whose local definition differs from the
+	// registered one, which this instance uses instead.
+	Conflicts []string `json:"conflicts,omitempty"`
+	// APITLS says the API serves TLS: its URL is https://API.
+	APITLS bool `json:"apiTLS,omitempty"`
+}

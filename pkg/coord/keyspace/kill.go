@@ -1,0 +1,39 @@
+package keyspace
+
+import "time"
+
+// Kill is an operator's request to stop runs in progress.
+type Kill struct {
+	ID   string    `json:"id"`
+	Runs []KillRun `json:"runs"`
+	// By names who asked (see Trigger.By).
+	By string    `json:"by,omitempty"`
+	At time.Time `json:"at"`
+}
+
+// KillRun is one run a kill stops: the item's run with that fence, on
+// that instance.
+type KillRun struct {
+	Item     int    `json:"item"`
+	Fence    int64  `json:"fence"`
+	Instance string `json:"instance"`
+}
+
+// KillTTL is how long a kill request stays in etcd.
+const KillTTL = time.Minute
+
+// KillKey names a run a kill asked to stop: its item and fence.
+type KillKey struct {
+	Item  int
+	Fence int64
+}
+
+// RunFence is the fence of the run a record describes: its Fence, or, for
+// a RUNNING record (written before its fence was known), the record's
+// revision rev, which is its claim's.
+func RunFence(rec *ItemRecord, rev int64) int64 {
+	if rec.State == StateRunning {
+		return rev
+	}
+	return rec.Fence
+}
