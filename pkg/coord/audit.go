@@ -41,13 +41,10 @@ func AuditOutcome(err error) string {
 	return keyspace.AuditError
 }
 
-// auditOp returns the put of e (with its id and time set, and bounded) for a Txn.
+// auditOp returns the put of e (stamped: keyspace.AuditEntry.Stamp) for a
+// Txn.
 func auditOp(keys keyspace.Keys, e *keyspace.AuditEntry) clientv3.Op {
-	if e.Time.IsZero() {
-		e.Time = time.Now().UTC().Truncate(time.Millisecond)
-	}
-	e.ID = newRequestID(e.Time)
-	e.Bound()
+	e.Stamp(time.Now())
 	val, _ := json.Marshal(e)
 	return clientv3.OpPut(keys.Audit()+e.ID, string(val))
 }

@@ -116,7 +116,7 @@ func RequestKill(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 			lease = l.ID
 		}
 		at := time.Now().UTC().Truncate(time.Millisecond)
-		k, ok, err := putKill(ctx, cli, keys, r.Job, keyspace.Kill{ID: newRequestID(at), Runs: runs, By: r.By, At: at}, lease)
+		k, ok, err := putKill(ctx, cli, keys, r.Job, keyspace.Kill{ID: keyspace.NewRequestID(at), Runs: runs, By: r.By, At: at}, lease)
 		if err != nil || ok {
 			return k, err
 		}

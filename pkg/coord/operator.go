@@ -2,8 +2,6 @@ package coord
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -344,7 +342,7 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Key
 	}
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	// A key of its own: two triggers in one millisecond must not share one.
-	tr := keyspace.Trigger{ID: newRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param, NoPropagate: r.NoPropagate || len(r.Items) > 0 || len(res.Disabled) > 0}
+	tr := keyspace.Trigger{ID: keyspace.NewRequestID(now), Items: items, Fire: now, By: r.By, Param: r.Param, NoPropagate: r.NoPropagate || len(r.Items) > 0 || len(res.Disabled) > 0}
 	if !rerun.IsZero() {
 		tr.Rerun = rerun.UTC()
 	}
@@ -367,14 +365,6 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Key
 		}
 	}
 	return res, nil
-}
-
-// newRequestID names an operator request's key: time-ordered, with a
-// random part so that two requests in one millisecond do not share a key.
-func newRequestID(now time.Time) string {
-	var nonce [4]byte
-	rand.Read(nonce[:])
-	return strconv.FormatInt(now.UnixNano(), 36) + "-" + hex.EncodeToString(nonce[:])
 }
 
 // checkParam validates a trigger's parameter.

@@ -65,3 +65,13 @@ func (e *AuditEntry) Bound() {
 	e.Detail = oneLineCut(e.Detail, MaxAuditText)
 	e.Message = oneLineCut(e.Message, MaxAuditText)
 }
+
+// Stamp gives e its id and, when it has none, the time now; and bounds it
+// (Bound): e is then as it is stored under Keys.Audit()+e.ID.
+func (e *AuditEntry) Stamp(now time.Time) {
+	if e.Time.IsZero() {
+		e.Time = now.UTC().Truncate(time.Millisecond)
+	}
+	e.ID = NewRequestID(e.Time)
+	e.Bound()
+}
