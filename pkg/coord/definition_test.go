@@ -30,25 +30,25 @@ func TestPublishDecision(t *testing.T) {
 		name    string
 		local   *config.Job
 		reg     *keyspace.RegisteredConfig
-		state   regState
+		state   keyspace.DefinitionState
 		loaded  loadedState
 		first   bool
 		publish bool
 	}{
-		{"nothing registered", v1, nil, regMissing, loadedState{}, true, true},
-		{"garbage registered", v1, reg(v2), regGarbage, loadedState{v1.Hash(), 10}, false, true},
-		{"a definition this version cannot read", v1, reg(v2), regUnreadable, loadedState{v2.Hash(), 10}, true, false},
-		{"one it cannot read, overwrite", v2over, reg(v1), regUnreadable, loadedState{v2.Hash(), 10}, true, true},
-		{"same definition", v1, reg(v1), regGood, loadedState{v1.Hash(), 10}, true, false},
-		{"edited on this host", v2, reg(v1), regGood, loadedState{v1.Hash(), 10}, true, true},
-		{"rolled back on this host, the cluster unmoved", v1, reg(v2, v1), regGood, loadedState{v2.Hash(), gen}, false, true},
-		{"a superseded one on a host that was away (the cluster moved on)", v2, reg(v1, v2), regGood, loadedState{v1.Hash(), 10}, true, false},
-		{"this host is behind", v1, reg(v2, v1), regGood, loadedState{v1.Hash(), 10}, true, false},
-		{"new host with a superseded definition", v1, reg(v2, v1), regGood, loadedState{}, true, false},
-		{"new host with a definition new to the cluster", v2, reg(v1), regGood, loadedState{}, true, true},
-		{"overwrite, first registration in this process", v2over, reg(v1, v2), regGood, loadedState{v2.Hash(), 10}, true, true},
-		{"overwrite, again (a reconnect)", v2over, reg(v1, v2), regGood, loadedState{v2.Hash(), 10}, false, false},
-		{"overwrite equal to the registered one", v2over, reg(v2), regGood, loadedState{v2.Hash(), 10}, true, false},
+		{"nothing registered", v1, nil, keyspace.DefinitionMissing, loadedState{}, true, true},
+		{"garbage registered", v1, reg(v2), keyspace.DefinitionGarbage, loadedState{v1.Hash(), 10}, false, true},
+		{"a definition this version cannot read", v1, reg(v2), keyspace.DefinitionUnreadable, loadedState{v2.Hash(), 10}, true, false},
+		{"one it cannot read, overwrite", v2over, reg(v1), keyspace.DefinitionUnreadable, loadedState{v2.Hash(), 10}, true, true},
+		{"same definition", v1, reg(v1), keyspace.DefinitionGood, loadedState{v1.Hash(), 10}, true, false},
+		{"edited on this host", v2, reg(v1), keyspace.DefinitionGood, loadedState{v1.Hash(), 10}, true, true},
+		{"rolled back on this host, the cluster unmoved", v1, reg(v2, v1), keyspace.DefinitionGood, loadedState{v2.Hash(), gen}, false, true},
+		{"a superseded one on a host that was away (the cluster moved on)", v2, reg(v1, v2), keyspace.DefinitionGood, loadedState{v1.Hash(), 10}, true, false},
+		{"this host is behind", v1, reg(v2, v1), keyspace.DefinitionGood, loadedState{v1.Hash(), 10}, true, false},
+		{"new host with a superseded definition", v1, reg(v2, v1), keyspace.DefinitionGood, loadedState{}, true, false},
+		{"new host with a definition new to the cluster", v2, reg(v1), keyspace.DefinitionGood, loadedState{}, true, true},
+		{"overwrite, first registration in this process", v2over, reg(v1, v2), keyspace.DefinitionGood, loadedState{v2.Hash(), 10}, true, true},
+		{"overwrite, again (a reconnect)", v2over, reg(v1, v2), keyspace.DefinitionGood, loadedState{v2.Hash(), 10}, false, false},
+		{"overwrite equal to the registered one", v2over, reg(v2), keyspace.DefinitionGood, loadedState{v2.Hash(), 10}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, why := publishDecision(tc.local, tc.reg, tc.state, gen, tc.loaded, tc.first)

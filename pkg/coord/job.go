@@ -58,16 +58,6 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	return nil
 }
 
-// regState is what an instance found at a job's config key.
-type regState int
-
-const (
-	regMissing    regState = iota // no key
-	regGood                       // a definition this version reads
-	regGarbage                    // not a definition of this job at all: replaced
-	regUnreadable                 // a definition of this job this version cannot read (a newer shardd wrote it?): kept
-)
-
 // loadedState is this instance's loaded record as registration reads it.
 type loadedState struct {
 	hash string // "" when there is none
@@ -88,14 +78,14 @@ type loadedState struct {
 // was away while others deployed and rolled back is behind, not editing);
 // brought by a host with no record and not superseded; or overwrite: true,
 // once per process and local definition.
-func publishDecision(local *config.Job, reg *keyspace.RegisteredConfig, state regState, gen int64, loaded loadedState, first bool) (publish bool, why string) {
+func publishDecision(local *config.Job, reg *keyspace.RegisteredConfig, state keyspace.DefinitionState, gen int64, loaded loadedState, first bool) (publish bool, why string) {
 	hash := local.Hash()
 	switch state {
-	case regMissing:
+	case keyspace.DefinitionMissing:
 		return true, "registered job definition"
-	case regGarbage:
+	case keyspace.DefinitionGarbage:
 		return true, "replaced malformed registered job definition"
-	case regUnreadable:
+	case keyspace.DefinitionUnreadable:
 		if local.Overwrite && first {
 			return true, "published job definition over one this version cannot read (overwrite: true)"
 		}
@@ -146,7 +136,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		}
 		var (
 			reg        *keyspace.RegisteredConfig
-			state      = regMissing
+			state      = keyspace.DefinitionMissing
 			regErr     error
 			configRev  int64
 			loaded     loadedState
@@ -158,8 +148,8 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 			configRev = kvs[0].ModRevision
 			configCmp = clientv3.Compare(clientv3.ModRevision(key), "=", configRev)
 			reg = &keyspace.RegisteredConfig{}
-			registered, regErr = decodeRegistered(key, local.Name, kvs[0].Value, reg)
-			state = stateOf(regErr)
+			registered, regErr = keyspace.DecodeRegistered(key, local.Name, kvs[0].Value, reg)
+			state = keyspace.DefinitionStateOf(regErr)
 		}
 		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
 			loadedCmp = clientv3.Compare(clientv3.ModRevision(lkey), "=", kvs[0].ModRevision)
@@ -179,7 +169,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 				return nil, err
 			}
 			ops = append(ops, clientv3.OpPut(key, string(val)))
-			if state != regMissing { // a change of the cluster's definition
+			if state != keyspace.DefinitionMissing { // a change of the cluster's definition
 				ops = append(ops, auditOp(n.keys, &keyspace.AuditEntry{Actor: "instance:" + n.opts.ID, Action: "definition", Job: local.Name,
 					Target: "job " + local.Name, Detail: "hash " + hash, Outcome: keyspace.AuditOK, Message: why}))
 			}
@@ -203,7 +193,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 			}
 			return nil, fmt.Errorf("register job definition %s: it keeps changing; retrying", key)
 		}
-		if state == regGarbage && publish {
+		if state == keyspace.DefinitionGarbage && publish {
 			log.Error("registered job definition is malformed; replacing it with the local one", "key", key, "err", regErr)
 		}
 		kv := w.Responses[len(w.Responses)-1].GetResponseRange().Kvs[0]
@@ -211,7 +201,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		n.registered[local.Name] = hash
 		n.mu.Unlock()
 		switch {
-		case publish && state == regGood && loaded.hash != "" && loaded.seen != configRev && reg.Writer != n.opts.ID:
+		case publish && state == keyspace.DefinitionGood && loaded.hash != "" && loaded.seen != configRev && reg.Writer != n.opts.ID:
 			// An edit of a file that was behind: the whole definition wins,
 			// including what it lacks of the one it replaces.
 			log.Warn(why+"; it replaces a newer definition this host's file did not have: check that nothing of it was lost",
@@ -220,7 +210,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		case publish:
 			log.Info(why, "hash", hash, "generation", kv.ModRevision)
 			n.takeDefinition(local.Name, local, kv.ModRevision)
-		case state == regUnreadable:
+		case state == keyspace.DefinitionUnreadable:
 			n.unreadableDefinition(local.Name, kv.ModRevision, regErr)
 		default:
 			n.takeDefinition(local.Name, registered, kv.ModRevision)
@@ -290,62 +280,17 @@ func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 	key := n.keys.Config(job)
 	take := func(kv *mvccpb.KeyValue) {
 		var rc keyspace.RegisteredConfig
-		def, err := decodeRegistered(key, job, kv.Value, &rc)
-		switch stateOf(err) {
-		case regUnreadable:
+		def, err := keyspace.DecodeRegistered(key, job, kv.Value, &rc)
+		switch keyspace.DefinitionStateOf(err) {
+		case keyspace.DefinitionUnreadable:
 			n.unreadableDefinition(job, kv.ModRevision, err)
-		case regGarbage:
+		case keyspace.DefinitionGarbage:
 			n.log.Error("ignoring malformed registered job definition; keeping the last good one", "job", job, "key", key, "err", err)
 		default:
 			n.takeDefinition(job, def, kv.ModRevision)
 		}
 	}
 	return n.followKey(ctx, job, key, false, take, func(v *JobView) int64 { return v.Generation })
-}
-
-// errUnreadable marks a registered definition of the right job that this
-// version cannot read: most likely a newer shardd wrote it, with a field
-// this one does not know. Unlike garbage, it is not replaced.
-var errUnreadable = errors.New("a definition this shardd version cannot read (written by a newer version?)")
-
-// stateOf classifies the error of decodeRegistered.
-func stateOf(err error) regState {
-	switch {
-	case err == nil:
-		return regGood
-	case errors.Is(err, errUnreadable):
-		return regUnreadable
-	}
-	return regGarbage
-}
-
-// decodeRegistered decodes a config key's value into rc and returns its
-// job definition. The error wraps errUnreadable when the value is a
-// definition of job that this version's strict parser refuses.
-func decodeRegistered(key, job string, data []byte, rc *keyspace.RegisteredConfig) (*config.Job, error) {
-	if err := json.Unmarshal(data, rc); err != nil {
-		return nil, fmt.Errorf("not JSON: %w", err)
-	}
-	var named struct {
-		Name string `json:"name"`
-	}
-	if err := json.Unmarshal(rc.Job, &named); err != nil || named.Name == "" {
-		return nil, fmt.Errorf("no job definition in the value")
-	}
-	if named.Name != job {
-		return nil, fmt.Errorf("defines job %q, not %q", named.Name, job)
-	}
-	j, err := config.ParseJobJSON(key, rc.Job)
-	switch {
-	case errors.Is(err, config.ErrUnknownFields):
-		return nil, fmt.Errorf("%w: %v", errUnreadable, err)
-	case err != nil:
-		return nil, err
-	}
-	if rc.Hash != j.Hash() {
-		rc.Hash = j.Hash() // written by another version: the hash of what it says
-	}
-	return j, nil
 }
 
 // unreadableDefinition records that the registered definition of job, at
@@ -369,7 +314,7 @@ func (n *Node) unreadableDefinition(job string, gen int64, err error) {
 
 // parseRegistered decodes a config key's value.
 func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error) {
-	return decodeRegistered(key, job, data, &keyspace.RegisteredConfig{})
+	return keyspace.DecodeRegistered(key, job, data, &keyspace.RegisteredConfig{})
 }
 
 // followMap keeps the node's view of job's shard map current until ctx is

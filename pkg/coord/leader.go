@@ -123,7 +123,7 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 func (l *leader) reconcile(ctx context.Context, st *state) error {
 	log := l.n.log.With("job", l.job)
 	job := st.config
-	if job == nil && stateOf(st.configBad) == regUnreadable {
+	if job == nil && keyspace.DefinitionStateOf(st.configBad) == keyspace.DefinitionUnreadable {
 		// A definition this version cannot read (a newer shardd wrote it):
 		// neither replace it nor compute a map from a guess; the job
 		// keeps its map until a host that reads it leads.

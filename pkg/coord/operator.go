@@ -86,7 +86,7 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys,
 	f.leaders = int(resp.Responses[7].GetResponseRange().Count)
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		f.configRev = kvs[0].ModRevision
-		if j, err := decodeRegistered(keys.Config(job), job, kvs[0].Value, &f.reg); err == nil {
+		if j, err := keyspace.DecodeRegistered(keys.Config(job), job, kvs[0].Value, &f.reg); err == nil {
 			f.def = j
 		}
 	}

@@ -255,7 +255,7 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, j
 			rc, def, err := decoded[i].rc, decoded[i].def, decoded[i].defErr
 			if err != nil {
 				what := "registered definition is malformed: "
-				if stateOf(err) == regUnreadable {
+				if keyspace.DefinitionStateOf(err) == keyspace.DefinitionUnreadable {
 					what = "registered definition cannot be read by this shardd version (written by a newer one?): "
 				}
 				js.Problems = append(js.Problems, what+err.Error())
@@ -334,7 +334,7 @@ func decodeJobKeys(keys keyspace.Keys, names []string, perJob [][]*etcdserverpb.
 			for i := int(next.Add(1) - 1); i < len(names); i = int(next.Add(1) - 1) {
 				d, r, name := &out[i], perJob[i], names[i]
 				if kvs := r[1].GetResponseRange().Kvs; len(kvs) > 0 {
-					d.def, d.defErr = decodeRegistered(keys.Config(name), name, kvs[0].Value, &d.rc)
+					d.def, d.defErr = keyspace.DecodeRegistered(keys.Config(name), name, kvs[0].Value, &d.rc)
 				}
 				if kvs := r[0].GetResponseRange().Kvs; len(kvs) > 0 {
 					d.m, d.mErr = keyspace.DecodeShardMap(kvs[0].Value)
@@ -418,7 +418,7 @@ func jobState(m *keyspace.ShardMap, eligible []string, alive map[string]bool, di
 
 // ReadMaps reads every job's published shard map in one request, keyed by job
 // name. A malformed map is left out: its leader replaces it.
-func ReadMaps(ctx context.Context, cli *Client, keys keyspace.Keys) (map[string]*keyspace.ShardMap, error) {
+func ReadMaps(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) (map[string]*keyspace.ShardMap, error) {
 	resp, err := cli.Get(ctx, keys.Jobs(), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", keys.Jobs(), err)

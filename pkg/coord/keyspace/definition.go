@@ -2,7 +2,11 @@ package keyspace
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
+
+	"github.com/shardd/shardd/pkg/config"
 )
 
 // RegisteredConfig is the value of a job's config key: the one definition
@@ -32,4 +36,59 @@ type LoadedRecord struct {
 	// was written; 0 when the record was written with a publication of
 	// Hash, whose generation is then the record's own ModRevision.
 	Seen int64 `json:"seen,omitempty"`
+}
+
+// DefinitionState is what an instance found at a job's config key.
+type DefinitionState int
+
+const (
+	DefinitionMissing    DefinitionState = iota // no key
+	DefinitionGood                              // a definition this version reads
+	DefinitionGarbage                           // not a definition of this job at all: replaced
+	DefinitionUnreadable                        // a definition of this job this version cannot read (a newer shardd wrote it?): kept
+)
+
+// ErrUnreadable marks a registered definition of the right job that this
+// version cannot read: most likely a newer shardd wrote it, with a field
+// this one does not know. Unlike garbage, it is not replaced.
+var ErrUnreadable = errors.New("a definition this shardd version cannot read (written by a newer version?)")
+
+// DefinitionStateOf classifies the error of DecodeRegistered.
+func DefinitionStateOf(err error) DefinitionState {
+	switch {
+	case err == nil:
+		return DefinitionGood
+	case errors.Is(err, ErrUnreadable):
+		return DefinitionUnreadable
+	}
+	return DefinitionGarbage
+}
+
+// DecodeRegistered decodes a config key's value into rc and returns its
+// job definition. The error wraps ErrUnreadable when the value is a
+// definition of job that this version's strict parser refuses.
+func DecodeRegistered(key, job string, data []byte, rc *RegisteredConfig) (*config.Job, error) {
+	if err := json.Unmarshal(data, rc); err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	var named struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(rc.Job, &named); err != nil || named.Name == "" {
+		return nil, fmt.Errorf("no job definition in the value")
+	}
+	if named.Name != job {
+		return nil, fmt.Errorf("defines job %q, not %q", named.Name, job)
+	}
+	j, err := config.ParseJobJSON(key, rc.Job)
+	switch {
+	case errors.Is(err, config.ErrUnknownFields):
+		return nil, fmt.Errorf("%w: %v", ErrUnreadable, err)
+	case err != nil:
+		return nil, err
+	}
+	if rc.Hash != j.Hash() {
+		rc.Hash = j.Hash() // written by another version: the hash of what it says
+	}
+	return j, nil
 }
