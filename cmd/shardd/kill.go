@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -48,7 +48,7 @@ func cmdKill(e *env, args []string) error {
 	}
 	defer done()
 	keys := keyspace.NewKeys(o.ef.prefix)
-	k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: job, Items: items, Fence: *fence, By: cliActor()})
+	k, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: job, Items: items, Fence: *fence, By: cliActor()})
 	if err != nil {
 		o.audit(ctx, cli, keyspace.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail}, err)
 		return o.opError(err)
@@ -65,7 +65,7 @@ func cmdKill(e *env, args []string) error {
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
-	res, err := coord.WaitKill(wctx, cli, keys, job, k.Kill)
+	res, err := admin.New(cli, keys).WaitKill(wctx, job, k.Kill)
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ITEM\tFENCE\tINSTANCE\tRESULT")
 	pending := 0
@@ -125,7 +125,7 @@ func cmdAudit(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	entries, err := coord.ReadAudit(ctx, cli, keyspace.NewKeys(o.ef.prefix), coord.AuditFilter{Job: *job, Actor: *actor, Limit: *limit})
+	entries, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Audit(ctx, admin.AuditFilter{Job: *job, Actor: *actor, Limit: *limit})
 	if err != nil {
 		return o.opError(err)
 	}

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/api"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/trust"
@@ -145,12 +145,12 @@ func cmdLogs(e *env, args []string) error {
 	}
 	defer done()
 	keys := keyspace.NewKeys(o.ef.prefix)
-	recs, err := coord.FindRuns(ctx, cli, keys, job, runItem, fence)
+	recs, err := admin.New(cli, keys).FindRuns(ctx, job, runItem, fence)
 	if err != nil {
 		return o.opError(err)
 	}
 	if fence == 0 && runItem < 0 { // the latest run: of which item?
-		n, ok, err := coord.ItemCount(ctx, cli, keys, job)
+		n, ok, err := admin.New(cli, keys).ItemCount(ctx, job)
 		if err != nil {
 			return o.opError(err)
 		}
@@ -184,7 +184,7 @@ func cmdLogs(e *env, args []string) error {
 	id := runlog.RunID{Fence: rec.Fence, Item: int32(rec.Item)}
 	what := fmt.Sprintf("run %s of job %s (item %d, fire %s, attempt %d, %s) on instance %s", id, job, rec.Item, rec.Fire.Format(time.RFC3339), rec.Attempt, rec.Source, rec.Instance)
 
-	info, live, err := coord.ReadInstance(ctx, cli, keys, rec.Instance)
+	info, live, err := admin.New(cli, keys).Instance(ctx, rec.Instance)
 	if err != nil {
 		return o.opError(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -108,7 +109,7 @@ func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 // opError turns an error of an etcd operation into the command's error,
 // naming the cluster when etcd could not be reached.
 func (o *opsFlags) opError(err error) error {
-	if errors.Is(err, coord.ErrUnknownJob) || errors.Is(err, coord.ErrBadTarget) || errors.Is(err, coord.ErrRefused) {
+	if errors.Is(err, admin.ErrUnknownJob) || errors.Is(err, admin.ErrBadTarget) || errors.Is(err, admin.ErrRefused) {
 		return err
 	}
 	if why := o.unreachable.Load(); why != nil && errors.Is(err, context.Canceled) {
@@ -186,8 +187,8 @@ func cmdTrigger(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	req := coord.TriggerRequest{Job: job, Items: items, Param: *param, Fire: *fire, By: cliActor(), NoPropagate: *noPropagate}
-	tr, err := coord.RequestTrigger(ctx, cli, keyspace.NewKeys(o.ef.prefix), req)
+	req := admin.TriggerRequest{Job: job, Items: items, Param: *param, Fire: *fire, By: cliActor(), NoPropagate: *noPropagate}
+	tr, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Trigger(ctx, req)
 	target := "job " + job
 	if item.set {
 		target = fmt.Sprintf("item %d of job %s", item.n, job)
@@ -245,11 +246,11 @@ func cliActor() string {
 // outcome (err). A failure to record it does not change the command's
 // result (etcd that refused the command may refuse the record too).
 func (o *opsFlags) audit(ctx context.Context, cli *coord.Client, a keyspace.AuditEntry, err error) {
-	a.Actor, a.Outcome = cliActor(), coord.AuditOutcome(err)
+	a.Actor, a.Outcome = cliActor(), admin.AuditOutcome(err)
 	if err != nil {
 		a.Message = err.Error()
 	}
-	coord.AppendAudit(ctx, cli, keyspace.NewKeys(o.ef.prefix), a)
+	admin.New(cli, keyspace.NewKeys(o.ef.prefix)).RecordAudit(ctx, a)
 }
 
 func cmdDisable(e *env, args []string) error { return setDisabled(e, "disable", args, true) }
@@ -285,8 +286,8 @@ func setDisabled(e *env, name string, args []string, on bool) error {
 		return err
 	}
 	defer done()
-	t := coord.Target{Job: job, Item: item.value(), Instance: *instance}
-	res, err := coord.SetDisabled(ctx, cli, keyspace.NewKeys(o.ef.prefix), t, on, *force)
+	t := admin.Target{Job: job, Item: item.value(), Instance: *instance}
+	res, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).SetDisabled(ctx, t, on, *force)
 	if err == nil || res.Changed {
 		fmt.Fprintln(e.stdout, res.Message)
 	}
@@ -310,7 +311,7 @@ func cmdRemove(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	n, err := coord.RemoveJob(ctx, cli, keyspace.NewKeys(o.ef.prefix), job)
+	n, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Remove(ctx, job)
 	msg := fmt.Sprintf("removed job %s: deleted its %d keys from %s", job, n, o.cluster())
 	if err != nil {
 		msg = ""
@@ -344,7 +345,7 @@ func cmdHistory(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	recs, err := coord.JobHistory(ctx, cli, keyspace.NewKeys(o.ef.prefix), job, item.value())
+	recs, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).History(ctx, job, item.value())
 	if err != nil {
 		return o.opError(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/console"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/engine"
@@ -386,11 +387,15 @@ func cmdRun(e *env, args []string) error {
 	}
 	if ln != nil {
 		auth := api.NewAuth(tokens, 0, tlsCfg != nil)
-		ui := console.New(console.Options{Cluster: node, Auth: auth, Endpoints: copts.Endpoints, Version: version.String(), Logger: log})
+		// The API and the console read and command through an operator
+		// client of this node's connection, whose status reads stay shown
+		// while the node refuses etcd's answers (etcd went back in time).
+		adm := admin.New(cli, node.Keys()).WithShown(node.ShownContext)
+		ui := console.New(console.Options{Instance: node.ID(), Admin: adm, Auth: auth, Endpoints: copts.Endpoints, Version: version.String(), Logger: log})
 		srv := newHTTPServer(api.Handler(api.Options{
-			Cluster: node, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
-			Auth: auth, UI: ui, Loopback: isLoopback(ln.Addr()), Logger: log, OnWrite: func() { console.Invalidate(ui) },
-			RunLogs: &api.RunLogs{Store: runLogs, Runs: node, Transport: peers, Host: hostname()},
+			Instance: node, Admin: adm, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
+			Auth: auth, UI: ui, Loopback: isLoopback(ln.Addr()), Logger: log.With("instance", node.ID()), OnWrite: func() { console.Invalidate(ui) },
+			RunLogs: &api.RunLogs{Store: runLogs, Runs: adm, Transport: peers, Host: hostname()},
 		}), tlsCfg, log)
 		g.Add(func() error {
 			if err := serve(srv, ln); !errors.Is(err, http.ErrServerClosed) {

@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -31,7 +31,7 @@ func cmdStatus(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	st, err := coord.ReadStatus(ctx, cli, keyspace.NewKeys(o.ef.prefix))
+	st, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Status(ctx)
 	if err != nil {
 		return o.opError(err)
 	}
@@ -51,13 +51,13 @@ func cmdStatus(e *env, args []string) error {
 
 // writeEtcdHealth says what keeps etcd from taking shardd's writes, and
 // what instances saw of its history going back.
-func writeEtcdHealth(w io.Writer, st *coord.ClusterStatus) {
+func writeEtcdHealth(w io.Writer, st *admin.ClusterStatus) {
 	for _, p := range st.EtcdProblems() {
 		fmt.Fprintln(w, p)
 	}
 }
 
-func writeStatus(w io.Writer, st *coord.ClusterStatus) error {
+func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "JOB\tSTATUS\tLEADER\tEPOCH\tSTRATEGY\tITEMS\tELIGIBLE\tDEFINITION\tCONFLICTS")
 	for _, j := range st.Jobs {

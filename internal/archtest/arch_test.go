@@ -36,7 +36,11 @@ func TestDependencyDirection(t *testing.T) {
 		{"pkg/runlog", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in"}, []string{module + "/pkg/trust"}},
 		{"pkg/trust", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in", "golang.org"}, nil},
 		{"pkg/config", []string{module + "/pkg/coord", module + "/pkg/embedetcd", "go.etcd.io", module + "/cmd"}, nil},
-		{"pkg/coord", []string{module + "/cmd", module + "/pkg/embedetcd", "go.etcd.io/etcd/server"}, nil},
+		// The runtime never uses the operator client, nor the operator
+		// client the runtime: they share only the keyspace.
+		{"pkg/coord", []string{module + "/cmd", module + "/pkg/embedetcd", "go.etcd.io/etcd/server", module + "/pkg/coord/admin"}, nil},
+		{"pkg/coord/admin", []string{module + "/cmd", module + "/pkg/coord", module + "/pkg/engine", module + "/pkg/api", module + "/pkg/console", "go.etcd.io/etcd/server"},
+			[]string{module + "/pkg/coord/keyspace"}},
 		// The keyspace is keys and values: no etcd, no I/O, nothing of
 		// shardd above the definitions it stores.
 		{"pkg/coord/keyspace", []string{module + "/", "go.etcd.io", "google.golang.org"}, []string{module + "/pkg/config", module + "/pkg/schedule", module + "/pkg/shard", module + "/pkg/runner"}},
@@ -55,18 +59,19 @@ func TestDependencyDirection(t *testing.T) {
 	}
 }
 
-// Only pkg/coord (and test helpers) talk to etcd through its client.
+// Only pkg/coord, the runtime, and pkg/coord/admin, the operator client (and
+// test helpers), talk to etcd through its client.
 func TestOnlyCoordImportsEtcdClient(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"/...").Output()
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := map[string]bool{module + "/pkg/coord": true, module + "/internal/etcdtest": true}
+	allowed := map[string]bool{module + "/pkg/coord": true, module + "/pkg/coord/admin": true, module + "/internal/etcdtest": true}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
 		for _, imp := range fields[1:] {
 			if strings.HasPrefix(imp, "go.etcd.io/etcd/client/v3") && !allowed[fields[0]] {
-				t.Errorf("%s imports %s; only pkg/coord may", fields[0], imp)
+				t.Errorf("%s imports %s; only pkg/coord and pkg/coord/admin may", fields[0], imp)
 			}
 		}
 	}

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -351,7 +352,7 @@ func firstLine(b []byte) string {
 func converged(cli *coord.Client, jobs, n int) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	maps, err := coord.ReadMaps(ctx, cli, keyspace.NewKeys("/shardd"))
+	maps, err := admin.New(cli, keyspace.NewKeys("/shardd")).Maps(ctx)
 	if err != nil {
 		return false
 	}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -118,7 +118,7 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	code, body := call(t, "POST", fmt.Sprintf("http://%s/api/v1/jobs/sleepy/kill?item=%d&wait=10s", apiA, itemOfB), aliceSecret, nil)
 	var killed struct {
 		Runs    []keyspace.KillRun `json:"runs"`
-		Results []coord.KillResult `json:"results"`
+		Results []admin.KillResult `json:"results"`
 	}
 	json.Unmarshal(body, &killed)
 	if code != http.StatusAccepted || len(killed.Results) != 1 || killed.Results[0].Instance != "b" ||
@@ -156,7 +156,7 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	if n := countLines(ledgerPath, "start "); n != 2 {
 		t.Errorf("%d starts after the kills, want the 2 killed ones only (no failover):\n%s", n, mustRead(t, ledgerPath))
 	}
-	recs, err := coord.ReadHistory(t.Context(), etcd, keyspace.NewKeys(""), "sleepy")
+	recs, err := admin.New(etcd, keyspace.NewKeys("")).Records(t.Context(), "sleepy")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/shardd/shardd/internal/browsertest"
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -208,7 +208,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	waitText(t, ctx, "#flash", "item 1 of job regions", 15*time.Second)
 	waitText(t, ctx, "#item-1", "DISABLED", 10*time.Second)
 	browsertest.Screenshot(t, ctx, "item-disabled")
-	if off, err := coord.ReadJobStatus(ctx, etcd, keyspace.NewKeys(""), "regions"); err != nil || len(off.Jobs) != 1 || fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
+	if off, err := admin.New(etcd, keyspace.NewKeys("")).JobStatus(ctx, "regions"); err != nil || len(off.Jobs) != 1 || fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
 		t.Errorf("regions' disabled items in etcd: %+v, %v", off, err)
 	}
 
@@ -240,7 +240,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	var next int64
 	waitFor(t, 20*time.Second, "long-import's next run", func() bool {
-		runs, err := coord.ReadJobRuns(ctx, etcd, keyspace.NewKeys(""), []string{"long-import"})
+		runs, err := admin.New(etcd, keyspace.NewKeys("")).JobRuns(ctx, []string{"long-import"})
 		rec := runs["long-import"].Records[0]
 		next = rec.Fence
 		return err == nil && rec.State == keyspace.StateRunning && fmt.Sprint(rec.Fence) != shown
@@ -252,7 +252,7 @@ func TestConsoleInABrowser(t *testing.T) {
 			t.Errorf("the kill from the stale page says %q, want %q", refused, want)
 		}
 	}
-	if runs, err := coord.ReadJobRuns(ctx, etcd, keyspace.NewKeys(""), []string{"long-import"}); err != nil || runs["long-import"].Records[0].State != keyspace.StateRunning || runs["long-import"].Records[0].Fence != next {
+	if runs, err := admin.New(etcd, keyspace.NewKeys("")).JobRuns(ctx, []string{"long-import"}); err != nil || runs["long-import"].Records[0].State != keyspace.StateRunning || runs["long-import"].Records[0].Fence != next {
 		t.Errorf("after the kill from the stale page, long-import's item 0: %+v, %v; want fence %d still running", runs["long-import"].Records[0], err, next)
 	}
 
@@ -269,7 +269,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	if status != 403 {
 		t.Errorf("a read-role session's POST: %d, want 403", status)
 	}
-	if off, _ := coord.ReadJobStatus(ctx, etcd, keyspace.NewKeys(""), "regions"); fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
+	if off, _ := admin.New(etcd, keyspace.NewKeys("")).JobStatus(ctx, "regions"); fmt.Sprint(off.Jobs[0].DisabledItems) != "[1]" {
 		t.Errorf("the read-role session changed regions: disabled items %v", off.Jobs[0].DisabledItems)
 	}
 }
@@ -371,10 +371,10 @@ func TestConsoleCookieOnAnotherPortIsWorthNothingInABrowser(t *testing.T) {
 		}
 	}
 	replay("POST", "/logout", nil)
-	if st, err := coord.ReadJobStatus(ctx, etcd, keyspace.NewKeys(""), "regions"); err != nil || len(st.Jobs) != 1 || st.Jobs[0].Status == coord.StatusDisabled {
+	if st, err := admin.New(etcd, keyspace.NewKeys("")).JobStatus(ctx, "regions"); err != nil || len(st.Jobs) != 1 || st.Jobs[0].Status == admin.StatusDisabled {
 		t.Errorf("regions after the replays: %+v, %v; want it enabled", st, err)
 	}
-	if entries, err := coord.ReadAudit(ctx, etcd, keyspace.NewKeys(""), coord.AuditFilter{Job: "regions", Limit: 10}); err != nil || len(entries) != 0 {
+	if entries, err := admin.New(etcd, keyspace.NewKeys("")).Audit(ctx, admin.AuditFilter{Job: "regions", Limit: 10}); err != nil || len(entries) != 0 {
 		t.Errorf("audit of regions after the replays: %+v, %v; want none", entries, err)
 	}
 
@@ -398,7 +398,7 @@ func TestConsoleCookieOnAnotherPortIsWorthNothingInABrowser(t *testing.T) {
 	if who := text(t, ctx, "#who"); !strings.Contains(who, "alice") {
 		t.Errorf("after the other page's logout: logged in as %q, want alice", who)
 	}
-	if st, err := coord.ReadJobStatus(ctx, etcd, keyspace.NewKeys(""), "regions"); err != nil || len(st.Jobs) != 1 || st.Jobs[0].Status == coord.StatusDisabled {
+	if st, err := admin.New(etcd, keyspace.NewKeys("")).JobStatus(ctx, "regions"); err != nil || len(st.Jobs) != 1 || st.Jobs[0].Status == admin.StatusDisabled {
 		t.Errorf("regions after the other page's write: %+v, %v; want it enabled", st, err)
 	}
 }

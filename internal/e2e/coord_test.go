@@ -13,7 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -323,19 +323,19 @@ func TestStatusCommand(t *testing.T) {
 	waitFor(t, 15*time.Second, "agreement", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b)
 	})
-	status := func() coord.ClusterStatus {
+	status := func() admin.ClusterStatus {
 		out, err := exec.Command(bin.shardd, "status", "--etcd", e.clientURL, "-o", "json").Output()
 		if err != nil {
 			t.Fatalf("shardd status: %v", err)
 		}
-		var st coord.ClusterStatus
+		var st admin.ClusterStatus
 		if err := json.Unmarshal(out, &st); err != nil {
 			t.Fatalf("status output is not JSON: %v\n%s", err, out)
 		}
 		return st
 	}
 	st := status()
-	if len(st.Jobs) != 1 || st.Jobs[0].Status != coord.StatusOK || st.Jobs[0].Leader == "" || len(st.Jobs[0].Items) != 4 || len(st.Instances) != 2 {
+	if len(st.Jobs) != 1 || st.Jobs[0].Status != admin.StatusOK || st.Jobs[0].Leader == "" || len(st.Jobs[0].Items) != 4 || len(st.Instances) != 2 {
 		t.Fatalf("status = %+v", st)
 	}
 	if st.Jobs[0].Items[2].Instance != "b" {
@@ -347,13 +347,13 @@ func TestStatusCommand(t *testing.T) {
 	// gone only with the lease too; CRASHED shows when the map names an
 	// instance that has no instance key. Delete it by hand to see it now.
 	mustDelete(t, cli, keyspace.NewKeys("").Instance("b"))
-	if st := status(); st.Jobs[0].Status != coord.StatusCrashed {
+	if st := status(); st.Jobs[0].Status != admin.StatusCrashed {
 		t.Errorf("status after b died = %s, want CRASHED", st.Jobs[0].Status)
 	}
 	waitFor(t, ttl+5*time.Second, "a alone", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3}}, a)
 	})
-	if st := status(); st.Jobs[0].Status != coord.StatusOK {
+	if st := status(); st.Jobs[0].Status != admin.StatusOK {
 		t.Errorf("status after resharding = %s, want OK", st.Jobs[0].Status)
 	}
 }

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/ledger"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
@@ -182,7 +182,7 @@ func TestDependenciesUnderFaults(t *testing.T) {
 		}
 	}
 	runs := readChildRuns(t, filepath.Join(dir, "child"))
-	hist, err := coord.ReadHistory(context.Background(), cli, keyspace.NewKeys(""), "child")
+	hist, err := admin.New(cli, keyspace.NewKeys("")).Records(context.Background(), "child")
 	if err != nil {
 		t.Fatal(err)
 	}

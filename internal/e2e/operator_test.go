@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -131,13 +131,13 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 	a.stop(syscall.SIGTERM)
 	waitFor(t, 10*time.Second, "NO INSTANCES", func() bool {
 		_, out := cli(t, e, nil, "status", "-o", "json")
-		var st coord.ClusterStatus
+		var st admin.ClusterStatus
 		if json.Unmarshal([]byte(out), &st) != nil {
 			return false
 		}
 		for _, j := range st.Jobs {
 			if j.Name == "j" {
-				return j.Status == coord.StatusNoInstances
+				return j.Status == admin.StatusNoInstances
 			}
 		}
 		return false

@@ -16,7 +16,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -155,7 +155,7 @@ func TestSIGHUPAtStartAndStop(t *testing.T) {
 	// A run in progress, SIGTERM, then SIGHUP during the graceful stop.
 	cli := e.client()
 	waitFor(t, 10*time.Second, "a trigger of slow to be accepted", func() bool {
-		_, err := coord.RequestTrigger(context.Background(), cli, keyspace.NewKeys(""), coord.TriggerRequest{Job: "slow", By: "test"})
+		_, err := admin.New(cli, keyspace.NewKeys("")).Trigger(context.Background(), admin.TriggerRequest{Job: "slow", By: "test"})
 		return err == nil // refused until slow is registered and has its map
 	})
 	waitFor(t, 10*time.Second, "the run", func() bool { return len(p.find(msg("run"))) > 0 })

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 )
@@ -50,7 +50,7 @@ func runOf(t *testing.T, e *etcdProc, job string, item int, state string) keyspa
 	waitFor(t, 10*time.Second, job+" item "+strconv.Itoa(item)+" "+state, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		recs, err := coord.FindRuns(ctx, etcd, keyspace.NewKeys(""), job, item, 0)
+		recs, err := admin.New(etcd, keyspace.NewKeys("")).FindRuns(ctx, job, item, 0)
 		if err != nil || len(recs) == 0 || recs[0].State != state {
 			return false
 		}

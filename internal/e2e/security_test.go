@@ -25,7 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/embedetcd"
 )
 
@@ -544,7 +544,7 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 // owners returns how many distinct instances own items of job in the
 // output of shardd status -o json.
 func owners(statusJSON, job string) int {
-	var st coord.ClusterStatus
+	var st admin.ClusterStatus
 	if json.Unmarshal([]byte(statusJSON), &st) != nil {
 		return 0
 	}

@@ -75,11 +75,13 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
-// Cluster is what the API reads and changes; *coord.Node implements it.
-type Cluster interface {
+// Instance is the instance serving the API: whether it can work, and its
+// view of a job; *coord.Node implements it.
+type Instance interface {
 	ID() string
 	Up() bool
 	// Impaired says why the instance can start no run or record no outcome
@@ -87,20 +89,26 @@ type Cluster interface {
 	// alarm); nil when nothing does.
 	Impaired() error
 	View(job string) (coord.JobView, bool)
-	Status(ctx context.Context) (*coord.ClusterStatus, error)
-	JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
-	Trigger(ctx context.Context, r coord.TriggerRequest) (coord.Triggered, error)
-	Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error)
-	WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]coord.KillResult, error)
-	SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error)
+}
+
+// Admin is what the API reads of the cluster and the commands it sends;
+// *admin.Client implements it.
+type Admin interface {
+	Status(ctx context.Context) (*admin.ClusterStatus, error)
+	History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
+	Trigger(ctx context.Context, r admin.TriggerRequest) (admin.Triggered, error)
+	Kill(ctx context.Context, r admin.KillRequest) (admin.Killing, error)
+	WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]admin.KillResult, error)
+	SetDisabled(ctx context.Context, t admin.Target, on, force bool) (admin.Disabling, error)
 	Remove(ctx context.Context, job string) (int64, error)
-	Audit(ctx context.Context, f coord.AuditFilter) ([]keyspace.AuditEntry, error)
-	RecordAudit(ctx context.Context, e keyspace.AuditEntry) error
+	Audit(ctx context.Context, f admin.AuditFilter) ([]keyspace.AuditEntry, error)
+	RecordAudit(ctx context.Context, e keyspace.AuditEntry) (keyspace.AuditEntry, error)
 }
 
 // Options configure the handler.
 type Options struct {
-	Cluster Cluster
+	Instance Instance
+	Admin    Admin
 	// Metrics serves /metrics (nil: 404).
 	Metrics http.Handler
 	// ConfigError returns the last configuration reload's error, nil if it succeeded.
@@ -112,8 +120,9 @@ type Options struct {
 	Tokens []Token
 	// UI, if set, serves every path the API does not (the console).
 	UI http.Handler
-	// Logger receives what the API refuses that the audit log does not
-	// keep; default slog.Default().
+	// Logger receives every audit entry the API records (and the error
+	// when etcd did not take it), and what the API refuses that the audit
+	// log does not keep; default slog.Default().
 	Logger *slog.Logger
 	// OnWrite, if set, is called after every write that changed the
 	// cluster (the console then shows it fresh).
@@ -259,11 +268,11 @@ func crossOrigin(r *http.Request) bool {
 // opStatus is the HTTP status of an error of the coord operator commands.
 func opStatus(err error) int {
 	switch {
-	case errors.Is(err, coord.ErrUnknownJob):
+	case errors.Is(err, admin.ErrUnknownJob):
 		return http.StatusNotFound
-	case errors.Is(err, coord.ErrBadTarget):
+	case errors.Is(err, admin.ErrBadTarget):
 		return http.StatusBadRequest
-	case errors.Is(err, coord.ErrRefused):
+	case errors.Is(err, admin.ErrRefused):
 		return http.StatusConflict
 	}
 	return http.StatusServiceUnavailable
@@ -374,7 +383,7 @@ func actionOf(r *http.Request) string {
 // record appends a write action to the audit log (and the instance's
 // log) with its outcome.
 func (a *api) record(r *http.Request, e keyspace.AuditEntry, err error) {
-	e.Actor, e.Outcome = CallerOf(r.Context()).Actor(), coord.AuditOutcome(err)
+	e.Actor, e.Outcome = CallerOf(r.Context()).Actor(), admin.AuditOutcome(err)
 	if err != nil {
 		e.Message = err.Error()
 	} else if a.o.OnWrite != nil {
@@ -382,7 +391,13 @@ func (a *api) record(r *http.Request, e keyspace.AuditEntry, err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), a.o.Timeout)
 	defer cancel()
-	a.o.Cluster.RecordAudit(ctx, e)
+	e, err = a.o.Admin.RecordAudit(ctx, e)
+	attrs := []any{"actor", e.Actor, "action", e.Action, "target", e.Target, "detail", e.Detail, "outcome", e.Outcome, "message", e.Message}
+	if err != nil {
+		a.o.Logger.Error("audit entry not recorded in etcd", append(attrs, "err", err)...)
+		return
+	}
+	a.o.Logger.Info("audit", attrs...)
 }
 
 // readyz is 200 while the instance holds an etcd session and etcd takes
@@ -405,12 +420,12 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 		note = "; the last configuration reload failed, the previous configuration runs: " + problemCount(reload) + "; GET /api/v1/config/problems lists them"
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if err := a.o.Cluster.Impaired(); err != nil {
+	if err := a.o.Instance.Impaired(); err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: %v%s\n", err, note)
 		return
 	}
-	if !a.o.Cluster.Up() {
+	if !a.o.Instance.Up() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: no etcd session%s\n", note)
 		return
@@ -504,10 +519,10 @@ func (a *api) ctx(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), a.o.Timeout)
 }
 
-func (a *api) status(w http.ResponseWriter, r *http.Request) (*coord.ClusterStatus, bool) {
+func (a *api) status(w http.ResponseWriter, r *http.Request) (*admin.ClusterStatus, bool) {
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	st, err := a.o.Cluster.Status(ctx)
+	st, err := a.o.Admin.Status(ctx)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "read cluster state from etcd: %v", err)
 		return nil, false
@@ -517,7 +532,7 @@ func (a *api) status(w http.ResponseWriter, r *http.Request) (*coord.ClusterStat
 
 // jobOut is a job as the API shows it.
 type jobOut struct {
-	coord.JobStatus
+	admin.JobStatus
 	// Local is this instance's view, when it defines the job.
 	Local *localView `json:"local,omitempty"`
 }
@@ -532,14 +547,14 @@ type localView struct {
 }
 
 func (a *api) local(job string) *localView {
-	v, ok := a.o.Cluster.View(job)
+	v, ok := a.o.Instance.View(job)
 	if !ok {
 		return nil
 	}
-	lv := &localView{Instance: a.o.Cluster.ID(), Items: []int{}, Leading: v.Leading, Conflict: v.Conflict}
+	lv := &localView{Instance: a.o.Instance.ID(), Items: []int{}, Leading: v.Leading, Conflict: v.Conflict}
 	if v.Map != nil {
 		lv.Epoch = v.Map.Epoch
-		if items := v.Map.ItemsOf(a.o.Cluster.ID()); items != nil {
+		if items := v.Map.ItemsOf(a.o.Instance.ID()); items != nil {
 			lv.Items = items
 		}
 	}
@@ -593,7 +608,7 @@ func (a *api) history(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	recs, err := a.o.Cluster.JobHistory(ctx, name, item)
+	recs, err := a.o.Admin.History(ctx, name, item)
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
 		return
@@ -650,7 +665,7 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	req := coord.TriggerRequest{Job: name, Param: q.Get("param"), Fire: q.Get("fire"), By: CallerOf(r.Context()).Actor()}
+	req := admin.TriggerRequest{Job: name, Param: q.Get("param"), Fire: q.Get("fire"), By: CallerOf(r.Context()).Actor()}
 	switch q.Get("propagate") {
 	case "", "true", "1":
 	case "false", "0":
@@ -661,7 +676,7 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 	}
 	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
 		var b triggerBody
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*coord.MaxTriggerParam))
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 2*admin.MaxTriggerParam))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&b); err != nil {
 			writeError(w, http.StatusBadRequest, "trigger body: %v (want {\"item\": N, \"param\": \"...\", \"fire\": \"RFC 3339\", \"propagate\": false}, every field optional)", err)
@@ -689,8 +704,8 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	tr, err := a.o.Cluster.Trigger(ctx, req)
-	a.record(r, keyspace.AuditEntry{Action: "trigger", Job: name, Target: coord.Target{Job: name, Item: item}.String(), Detail: req.Detail()}, err)
+	tr, err := a.o.Admin.Trigger(ctx, req)
+	a.record(r, keyspace.AuditEntry{Action: "trigger", Job: name, Target: admin.Target{Job: name, Item: item}.String(), Detail: req.Detail()}, err)
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
 		return
@@ -705,8 +720,8 @@ const maxKillWait = 20 * time.Second
 // killOut is a kill's answer: what was asked to stop and, when the
 // request waited, how each run ended.
 type killOut struct {
-	coord.Killing
-	Results []coord.KillResult `json:"results,omitempty"`
+	admin.Killing
+	Results []admin.KillResult `json:"results,omitempty"`
 	Message string             `json:"message"`
 }
 
@@ -725,7 +740,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 		wait = d
 	}
 	q := r.URL.Query()
-	req := coord.KillRequest{Job: name, Instance: q.Get("instance"), By: CallerOf(r.Context()).Actor()}
+	req := admin.KillRequest{Job: name, Instance: q.Get("instance"), By: CallerOf(r.Context()).Actor()}
 	if item >= 0 {
 		req.Items = []int{item}
 	}
@@ -739,8 +754,8 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	k, err := a.o.Cluster.Kill(ctx, req)
-	target := coord.Target{Job: name, Item: item}.String()
+	k, err := a.o.Admin.Kill(ctx, req)
+	target := admin.Target{Job: name, Item: item}.String()
 	var detail string
 	if req.Fence != 0 {
 		detail = fmt.Sprintf("fence %d", req.Fence)
@@ -761,7 +776,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 	a.record(r, keyspace.AuditEntry{Action: "kill", Job: name, Target: target, Detail: detail, Message: out.Message}, nil)
 	if wait > 0 {
 		wctx, wcancel := context.WithTimeout(r.Context(), wait)
-		out.Results, _ = a.o.Cluster.WaitKill(wctx, name, k.Kill)
+		out.Results, _ = a.o.Admin.WaitKill(wctx, name, k.Kill)
 		wcancel()
 	}
 	writeJSON(w, http.StatusAccepted, out)
@@ -769,7 +784,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 
 func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := coord.AuditFilter{Job: q.Get("job"), Actor: q.Get("actor"), Limit: 100}
+	f := admin.AuditFilter{Job: q.Get("job"), Actor: q.Get("actor"), Limit: 100}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n <= 0 {
@@ -780,7 +795,7 @@ func (a *api) audit(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	entries, err := a.o.Cluster.Audit(ctx, f)
+	entries, err := a.o.Admin.Audit(ctx, f)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "%v", err)
 		return
@@ -795,7 +810,7 @@ func (a *api) remove(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	n, err := a.o.Cluster.Remove(ctx, name)
+	n, err := a.o.Admin.Remove(ctx, name)
 	a.record(r, keyspace.AuditEntry{Action: "remove", Job: name, Target: "job " + name}, err)
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
@@ -821,8 +836,8 @@ func (a *api) disable(on bool) http.HandlerFunc {
 		}
 		ctx, cancel := a.ctx(r)
 		defer cancel()
-		t := coord.Target{Job: name, Item: item, Instance: instance}
-		res, err := a.o.Cluster.SetDisabled(ctx, t, on, force)
+		t := admin.Target{Job: name, Item: item, Instance: instance}
+		res, err := a.o.Admin.SetDisabled(ctx, t, on, force)
 		action := "enable"
 		if on {
 			action = "disable"

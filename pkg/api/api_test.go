@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -24,8 +25,8 @@ type fakeCluster struct {
 	trigger     []string
 	disabled    []string
 	historyItem []int
-	triggers    []coord.TriggerRequest
-	kills       []coord.KillRequest
+	triggers    []admin.TriggerRequest
+	kills       []admin.KillRequest
 	audit       []keyspace.AuditEntry
 }
 
@@ -51,10 +52,10 @@ func (f *fakeCluster) View(job string) (coord.JobView, bool) {
 	}
 	return coord.JobView{Leading: true, Map: &keyspace.ShardMap{Epoch: 7, Items: map[string][]int{"a": {0, 1}}}}, true
 }
-func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) {
-	return &coord.ClusterStatus{
-		Jobs:      []coord.JobStatus{{Name: "orders", Status: coord.StatusOK, Leader: "a", Epoch: 7, Total: 2}},
-		Instances: []coord.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a"}}},
+func (f *fakeCluster) Status(ctx context.Context) (*admin.ClusterStatus, error) {
+	return &admin.ClusterStatus{
+		Jobs:      []admin.JobStatus{{Name: "orders", Status: admin.StatusOK, Leader: "a", Epoch: 7, Total: 2}},
+		Instances: []admin.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a"}}},
 	}, nil
 }
 
@@ -63,71 +64,71 @@ func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) 
 func (f *fakeCluster) check(job string, item int) error {
 	switch {
 	case job != "orders":
-		return fmt.Errorf("%w: no job %q", coord.ErrUnknownJob, job)
+		return fmt.Errorf("%w: no job %q", admin.ErrUnknownJob, job)
 	case item > 1:
-		return fmt.Errorf("%w: no item %d", coord.ErrBadTarget, item)
+		return fmt.Errorf("%w: no item %d", admin.ErrBadTarget, item)
 	}
 	return nil
 }
-func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+func (f *fakeCluster) History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
 	if err := f.check(job, item); err != nil {
 		return nil, err
 	}
 	f.historyItem = append(f.historyItem, item)
 	return []keyspace.ItemRecord{{Job: job, Item: 0, State: keyspace.StateDone}}, nil
 }
-func (f *fakeCluster) Trigger(ctx context.Context, r coord.TriggerRequest) (coord.Triggered, error) {
+func (f *fakeCluster) Trigger(ctx context.Context, r admin.TriggerRequest) (admin.Triggered, error) {
 	job, items := r.Job, r.Items
 	for _, i := range append(items, 0) {
 		if err := f.check(job, i); err != nil {
-			return coord.Triggered{}, err
+			return admin.Triggered{}, err
 		}
 	}
 	if f.refuse {
-		return coord.Triggered{}, fmt.Errorf("%w: job %q is disabled", coord.ErrRefused, job)
+		return admin.Triggered{}, fmt.Errorf("%w: job %q is disabled", admin.ErrRefused, job)
 	}
 	f.trigger = append(f.trigger, job)
 	f.triggers = append(f.triggers, r)
-	return coord.Triggered{Trigger: keyspace.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0), Param: r.Param, By: r.By}, Runs: items}, nil
+	return admin.Triggered{Trigger: keyspace.Trigger{ID: "t1", Items: items, Fire: time.Unix(0, 0), Param: r.Param, By: r.By}, Runs: items}, nil
 }
-func (f *fakeCluster) Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error) {
+func (f *fakeCluster) Kill(ctx context.Context, r admin.KillRequest) (admin.Killing, error) {
 	for _, i := range append(r.Items, 0) {
 		if err := f.check(r.Job, i); err != nil {
-			return coord.Killing{}, err
+			return admin.Killing{}, err
 		}
 	}
 	f.kills = append(f.kills, r)
 	// Item 0 runs fence 42 on a; any other fence has ended.
 	if r.Fence != 0 && r.Fence != 42 {
-		return coord.Killing{}, fmt.Errorf("%w: job %q: the run of item 0 with fence %d has ended (DONE at 2026-11-30T03:00:01Z); item 0 now runs fence 42 on a: nothing killed", coord.ErrRefused, r.Job, r.Fence)
+		return admin.Killing{}, fmt.Errorf("%w: job %q: the run of item 0 with fence %d has ended (DONE at 2026-11-30T03:00:01Z); item 0 now runs fence 42 on a: nothing killed", admin.ErrRefused, r.Job, r.Fence)
 	}
-	return coord.Killing{Kill: keyspace.Kill{ID: "k1", By: r.By, Runs: []keyspace.KillRun{{Item: 0, Fence: 42, Instance: "a"}}}}, nil
+	return admin.Killing{Kill: keyspace.Kill{ID: "k1", By: r.By, Runs: []keyspace.KillRun{{Item: 0, Fence: 42, Instance: "a"}}}}, nil
 }
-func (f *fakeCluster) WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]coord.KillResult, error) {
-	return []coord.KillResult{{KillRun: k.Runs[0], State: keyspace.StateKilled, Reason: keyspace.ReasonOperator}}, nil
+func (f *fakeCluster) WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]admin.KillResult, error) {
+	return []admin.KillResult{{KillRun: k.Runs[0], State: keyspace.StateKilled, Reason: keyspace.ReasonOperator}}, nil
 }
-func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]keyspace.AuditEntry, error) {
+func (f *fakeCluster) Audit(ctx context.Context, af admin.AuditFilter) ([]keyspace.AuditEntry, error) {
 	return f.audit, nil
 }
-func (f *fakeCluster) RecordAudit(ctx context.Context, e keyspace.AuditEntry) error {
+func (f *fakeCluster) RecordAudit(ctx context.Context, e keyspace.AuditEntry) (keyspace.AuditEntry, error) {
 	f.audit = append(f.audit, e)
-	return nil
+	return e, nil
 }
-func (f *fakeCluster) SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error) {
+func (f *fakeCluster) SetDisabled(ctx context.Context, t admin.Target, on, force bool) (admin.Disabling, error) {
 	if err := f.check(t.Job, t.Item); err != nil {
-		return coord.Disabling{}, err
+		return admin.Disabling{}, err
 	}
 	if t.Item >= 0 && t.Instance != "" {
-		return coord.Disabling{}, fmt.Errorf("%w: an item and an instance exclude each other", coord.ErrBadTarget)
+		return admin.Disabling{}, fmt.Errorf("%w: an item and an instance exclude each other", admin.ErrBadTarget)
 	}
 	f.disabled = append(f.disabled, t.Job)
-	return coord.Disabling{Changed: true, Disabled: on, Message: "ok"}, nil
+	return admin.Disabling{Changed: true, Disabled: on, Message: "ok"}, nil
 }
 func (f *fakeCluster) Remove(ctx context.Context, job string) (int64, error) {
 	if err := f.check(job, 0); err != nil {
 		return 0, err
 	}
-	return 0, fmt.Errorf("%w: job %q is still defined by live instances (a)", coord.ErrRefused, job)
+	return 0, fmt.Errorf("%w: job %q is still defined by live instances (a)", admin.ErrRefused, job)
 }
 
 func do(t *testing.T, h http.Handler, method, path, token string) (int, string) {
@@ -165,7 +166,7 @@ func TestAuthorization(t *testing.T) {
 		{"health is open", w, r, "GET", "/healthz", "", 200},
 	}
 	for _, tt := range tests {
-		h := Handler(Options{Cluster: &fakeCluster{up: true}, Tokens: toks(tt.writeTok, tt.readTok),
+		h := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}, Tokens: toks(tt.writeTok, tt.readTok),
 			Metrics: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})})
 		code, body := do(t, h, tt.method, tt.path, tt.token)
 		if code != tt.want {
@@ -183,7 +184,7 @@ func TestAuthorization(t *testing.T) {
 func TestEndpoints(t *testing.T) {
 	fc := &fakeCluster{up: true}
 	const token = "endpoints-write-token"
-	inner := Handler(Options{Cluster: fc, Tokens: toks(token, "")})
+	inner := Handler(Options{Instance: fc, Admin: fc, Tokens: toks(token, "")})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("Authorization", "Bearer "+token)
 		inner.ServeHTTP(w, r)
@@ -267,7 +268,7 @@ func TestEndpoints(t *testing.T) {
 func TestReadyz(t *testing.T) {
 	fc := &fakeCluster{}
 	var cfgErr error
-	h := Handler(Options{Cluster: fc, ConfigError: func() error { return cfgErr }})
+	h := Handler(Options{Instance: fc, Admin: fc, ConfigError: func() error { return cfgErr }})
 	if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, "no etcd session") {
 		t.Errorf("down: %d %s", code, body)
 	}
@@ -318,7 +319,7 @@ func TestReadyzQuotesNoConfigValue(t *testing.T) {
 		tokens []Token
 	}{{"reads open", nil}, {"reads need a token", toks("", "read-token-1234567")}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := Handler(Options{Cluster: &fakeCluster{up: true}, ConfigError: func() error { return cfgErr }, Tokens: tc.tokens})
+			h := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}, ConfigError: func() error { return cfgErr }, Tokens: tc.tokens})
 			code, body := do(t, h, "GET", "/readyz", "")
 			if code != 200 || !strings.Contains(body, "3 problems") || !strings.Contains(body, `job billing: 2`) || !strings.Contains(body, "/api/v1/config/problems") {
 				t.Errorf("readyz: %d %q, want 200 counting 3 problems, 2 of job billing, and where the details are", code, body)
@@ -346,7 +347,7 @@ func TestReadyzQuotesNoConfigValue(t *testing.T) {
 		})
 	}
 	// After a successful reload: none.
-	h := Handler(Options{Cluster: &fakeCluster{up: true}, ConfigError: func() error { return nil }})
+	h := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}, ConfigError: func() error { return nil }})
 	if code, body := do(t, h, "GET", "/api/v1/config/problems", ""); code != 200 || !strings.Contains(body, `"reloadFailed": false`) {
 		t.Errorf("problems after a good reload: %d %s", code, body)
 	}
@@ -356,7 +357,7 @@ func TestReadyzQuotesNoConfigValue(t *testing.T) {
 // or without a token, and a loopback server answers only to loopback names.
 func TestBrowserSafe(t *testing.T) {
 	const tok = "browser-test-token-123"
-	h := Handler(Options{Cluster: &fakeCluster{up: true}, Tokens: toks(tok, ""), Loopback: true})
+	h := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}, Tokens: toks(tok, ""), Loopback: true})
 	req := func(method, host, origin, token string) int {
 		r := httptest.NewRequest(method, "http://"+host+"/api/v1/jobs/orders/trigger", nil)
 		if method == "GET" {

@@ -55,7 +55,7 @@ func TestParseTokens(t *testing.T) {
 // JSON body.
 func TestWritesAreAudited(t *testing.T) {
 	fc := &fakeCluster{up: true}
-	h := Handler(Options{Cluster: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
+	h := Handler(Options{Instance: fc, Admin: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
 	req := httptest.NewRequest("POST", "/api/v1/jobs/orders/trigger", strings.NewReader(`{"item": 1, "param": "day=2026-11-30", "fire": "2026-11-30T03:00:00Z"}`))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer alice-secret-0123456789")
@@ -104,7 +104,7 @@ func TestWritesAreAudited(t *testing.T) {
 // answers 409 with the cluster's words, and the audit keeps the fence.
 func TestKillNamesTheRunShown(t *testing.T) {
 	fc := &fakeCluster{up: true}
-	h := Handler(Options{Cluster: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
+	h := Handler(Options{Instance: fc, Admin: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
 	code, body := do(t, h, "POST", "/api/v1/jobs/orders/kill?item=0&fence=42&instance=a&wait=1s", "alice-secret-0123456789")
 	if code != http.StatusAccepted || !strings.Contains(body, "asked to kill item 0 (fence 42 on a)") {
 		t.Errorf("kill of the run in progress: %d %s", code, body)
@@ -132,7 +132,7 @@ func TestKillNamesTheRunShown(t *testing.T) {
 func TestSessionWrites(t *testing.T) {
 	auth := NewAuth([]Token{{"alice", RoleWrite, "alice-secret-0123456789"}, {"bob", RoleRead, "bob-secret-0123456789"}}, 0, true)
 	fc := &fakeCluster{up: true}
-	h := Handler(Options{Cluster: fc, Auth: auth})
+	h := Handler(Options{Instance: fc, Admin: fc, Auth: auth})
 	session := func(secret string) (*http.Cookie, string) {
 		rec := httptest.NewRecorder()
 		_, key, err := auth.Login(rec, httptest.NewRequest("POST", "/login", nil), secret)
@@ -239,7 +239,7 @@ func TestSessionNeedsBothHalves(t *testing.T) {
 	if got := who(r, rKey); got != "reader" {
 		t.Errorf("a session used with its key every 40 min: %s, want live", got)
 	}
-	h := Handler(Options{Cluster: &fakeCluster{up: true}, Auth: auth})
+	h := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}, Auth: auth})
 	req := httptest.NewRequest("GET", "/api/v1/jobs", nil)
 	req.AddCookie(r)
 	rec := httptest.NewRecorder()
@@ -368,7 +368,7 @@ func TestLoginLimit(t *testing.T) {
 // bad value is refused before anything is triggered.
 func TestTriggerPropagate(t *testing.T) {
 	fc := &fakeCluster{up: true}
-	h := Handler(Options{Cluster: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
+	h := Handler(Options{Instance: fc, Admin: fc, Tokens: []Token{{"alice", RoleWrite, "alice-secret-0123456789"}}})
 	for _, path := range []string{"/api/v1/jobs/orders/trigger", "/api/v1/jobs/orders/trigger?propagate=true", "/api/v1/jobs/orders/trigger?propagate=false"} {
 		if code, body := do(t, h, "POST", path, "alice-secret-0123456789"); code != http.StatusAccepted {
 			t.Fatalf("%s: %d %s", path, code, body)

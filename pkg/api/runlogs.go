@@ -67,7 +67,7 @@ type RunLogs struct {
 	Host string
 }
 
-// RunFinder finds runs in the cluster; *coord.Node implements it.
+// RunFinder finds runs in the cluster; *admin.Client implements it.
 type RunFinder interface {
 	FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error)
 	Instance(ctx context.Context, id string) (keyspace.InstanceInfo, bool, error)
@@ -121,7 +121,7 @@ func parseLogQuery(w http.ResponseWriter, r *http.Request) (logQuery, bool) {
 
 // runLog serves GET /api/v1/jobs/{job}/runs/{run}/log.
 func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
-	self := a.o.Cluster.ID()
+	self := a.o.Instance.ID()
 	w.Header().Set(ServedByHeader, self)
 	job, ok := jobName(w, r)
 	if !ok {
@@ -322,7 +322,7 @@ func (a *api) serveLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job 
 		return true
 	case errors.Is(err, trust.ErrNotTrusted):
 		a.o.Logger.Warn("run log refused", "job", job, "run", id.String(), "err", err)
-		writeError(w, http.StatusInternalServerError, "run %s of job %q: its log on instance %s is not served: %v", id, job, a.o.Cluster.ID(), err)
+		writeError(w, http.StatusInternalServerError, "run %s of job %q: its log on instance %s is not served: %v", id, job, a.o.Instance.ID(), err)
 		return true
 	case err != nil:
 		writeError(w, http.StatusInternalServerError, "%v", err)
@@ -408,7 +408,7 @@ func (a *api) proxyLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, info
 	if transport == nil {
 		transport = defaultProxy
 	}
-	self := a.o.Cluster.ID()
+	self := a.o.Instance.ID()
 	rc := http.NewResponseController(w) // each write its own deadline, as serveLog's
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

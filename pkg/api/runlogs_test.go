@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 )
@@ -35,11 +35,11 @@ type fakeRuns struct {
 func (f *fakeRuns) FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
 	switch {
 	case job == "order":
-		return nil, fmt.Errorf("%w: no job %q in the cluster at prefix /shardd (did you mean orders?)", coord.ErrUnknownJob, job)
+		return nil, fmt.Errorf("%w: no job %q in the cluster at prefix /shardd (did you mean orders?)", admin.ErrUnknownJob, job)
 	case job != "orders":
-		return nil, fmt.Errorf("%w: no job %q in the cluster at prefix /shardd (jobs: orders)", coord.ErrUnknownJob, job)
+		return nil, fmt.Errorf("%w: no job %q in the cluster at prefix /shardd (jobs: orders)", admin.ErrUnknownJob, job)
 	case item > 3:
-		return nil, fmt.Errorf("%w: job %q has items 0-3; there is no item %d", coord.ErrBadTarget, job, item)
+		return nil, fmt.Errorf("%w: job %q has items 0-3; there is no item %d", admin.ErrBadTarget, job, item)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -81,7 +81,8 @@ func newInstance(t *testing.T, id string, runs *fakeRuns, o Options) *instance {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	o.Cluster = named{&fakeCluster{up: true}, id}
+	f := named{&fakeCluster{up: true}, id}
+	o.Instance, o.Admin = f, f
 	if o.RunLogs == nil {
 		o.RunLogs = &RunLogs{}
 	}
@@ -249,7 +250,7 @@ func TestRunLogErrors(t *testing.T) {
 		t.Errorf("with the read token: %d %s", rec.Code, rec.Body)
 	}
 	// Without run logs, or without the cluster's records.
-	none := Handler(Options{Cluster: &fakeCluster{up: true}})
+	none := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}})
 	if rec := get(t, none, "/api/v1/jobs/orders/runs/20-0/log", ""); rec.Code != 404 || !strings.Contains(rec.Body.String(), "shardd history orders") {
 		t.Errorf("an instance without run logs: %d %s", rec.Code, rec.Body)
 	}
@@ -592,7 +593,7 @@ func TestRunLogStoppedForLackOfSpace(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() }) // before the unmount
-	h := Handler(Options{Cluster: named{&fakeCluster{up: true}, "a"}, RunLogs: &RunLogs{Store: s}})
+	h := Handler(Options{Instance: named{&fakeCluster{up: true}, "a"}, Admin: named{&fakeCluster{up: true}, "a"}, RunLogs: &RunLogs{Store: s}})
 	srv := serve(t, h, false)
 	l, err := s.Create(runlog.Header{Job: "orders", Fence: 50, Instance: "a"}, runlog.Retention{})
 	if err != nil {

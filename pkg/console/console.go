@@ -78,26 +78,28 @@ import (
 
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 	sched "github.com/shardd/shardd/pkg/schedule"
 )
 
-// Cluster is what the console reads; *coord.Node implements it.
-type Cluster interface {
-	ID() string
-	Status(ctx context.Context) (*coord.ClusterStatus, error)
-	JobStatus(ctx context.Context, job string) (*coord.ClusterStatus, error)
-	JobRuns(ctx context.Context, jobs []string) (map[string]coord.JobRuns, error)
-	JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
-	Audit(ctx context.Context, f coord.AuditFilter) ([]keyspace.AuditEntry, error)
+// Admin is what the console reads of the cluster; *admin.Client
+// implements it.
+type Admin interface {
+	Status(ctx context.Context) (*admin.ClusterStatus, error)
+	JobStatus(ctx context.Context, job string) (*admin.ClusterStatus, error)
+	JobRuns(ctx context.Context, jobs []string) (map[string]admin.JobRuns, error)
+	History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
+	Audit(ctx context.Context, f admin.AuditFilter) ([]keyspace.AuditEntry, error)
 }
 
 // Options configure the console.
 type Options struct {
-	Cluster Cluster
-	Auth    *api.Auth
+	// Instance is the id of the instance serving the console.
+	Instance string
+	Admin    Admin
+	Auth     *api.Auth
 	// Endpoints are the etcd endpoints this instance uses; Version its
 	// version.
 	Endpoints []string
@@ -236,7 +238,7 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 			http.Redirect(w, r, to, http.StatusSeeOther)
 			return
 		}
-		v := &view{Caller: caller, Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK}
+		v := &view{Caller: caller, Instance: c.o.Instance, Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK}
 		if caller != nil {
 			v.CanWrite = caller.Token.Role == api.RoleWrite && caller.Session
 		}
@@ -305,7 +307,7 @@ func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
 	case q.Get("bye") != "":
 		d.Note = "You are logged out."
 	}
-	v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK, Data: d}
+	v := &view{Title: "Log in", Instance: c.o.Instance, Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK, Data: d}
 	v.Caller, _ = c.o.Auth.Identify(r)
 	c.render(w, "login", v)
 }
@@ -323,7 +325,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	next := safeNext(r.PostFormValue("next"))
 	refused := func(status int, problem string) {
-		v := &view{Title: "Log in", Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(), Status: status,
+		v := &view{Title: "Log in", Instance: c.o.Instance, Version: c.o.Version, Now: c.o.Now(), Status: status,
 			Data: loginData{Next: next, Problem: problem, Writable: c.o.Auth.Writable()}}
 		c.render(w, "login", v)
 	}
@@ -342,7 +344,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.o.Logger.Info("console login", "token", caller.Token.Name, "role", caller.Token.Role, "remote", r.RemoteAddr)
-	c.render(w, "welcome", &view{Title: "Logged in", Caller: caller, Key: key, Instance: c.o.Cluster.ID(), Version: c.o.Version, Now: c.o.Now(),
+	c.render(w, "welcome", &view{Title: "Logged in", Caller: caller, Key: key, Instance: c.o.Instance, Version: c.o.Version, Now: c.o.Now(),
 		Status: http.StatusOK, Data: welcomeData{Name: caller.Token.Name, Role: caller.Token.Role, Next: next}})
 }
 
@@ -399,8 +401,8 @@ type snapshot struct {
 	// gen is the generation of the snapshots (see snapshots.gen) when
 	// its read began: it shows every write invalidated before that.
 	gen  uint64
-	st   *coord.ClusterStatus
-	runs map[string]coord.JobRuns
+	st   *admin.ClusterStatus
+	runs map[string]admin.JobRuns
 	rows []jobRow // by name
 }
 
@@ -544,7 +546,7 @@ func (c *console) read() (*snapshot, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.o.Timeout)
 	defer cancel()
 	at := c.o.Now()
-	st, err := c.o.Cluster.Status(ctx)
+	st, err := c.o.Admin.Status(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -552,7 +554,7 @@ func (c *console) read() (*snapshot, error) {
 	for i, j := range st.Jobs {
 		names[i] = j.Name
 	}
-	runs, err := c.o.Cluster.JobRuns(ctx, names)
+	runs, err := c.o.Admin.JobRuns(ctx, names)
 	if err != nil {
 		return nil, err
 	}
@@ -567,7 +569,7 @@ func (c *console) read() (*snapshot, error) {
 
 // jobRow is a job as the job list shows it.
 type jobRow struct {
-	job     *coord.JobStatus
+	job     *admin.JobStatus
 	Name    string
 	Status  string
 	Leader  string
@@ -585,7 +587,7 @@ type jobRow struct {
 	def      []byte
 }
 
-func newJobRow(j *coord.JobStatus, runs coord.JobRuns) jobRow {
+func newJobRow(j *admin.JobStatus, runs admin.JobRuns) jobRow {
 	row := jobRow{job: j, Name: j.Name, Status: j.Status, Leader: j.Leader, Total: j.Total, Running: len(runs.Running)}
 	for _, rec := range runs.Records {
 		if rec.State == keyspace.StateRunning || rec.End.IsZero() || begun(rec) {
@@ -709,9 +711,9 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 	hourAgo := v.Now.Add(-time.Hour)
 	for _, row := range snap.rows {
 		switch row.Status {
-		case coord.StatusOK:
+		case admin.StatusOK:
 			d.OK++
-		case coord.StatusDisabled:
+		case admin.StatusDisabled:
 			d.Disabled++
 		default:
 			d.Troubled++
@@ -778,7 +780,7 @@ func (c *console) jobs(r *http.Request, v *view) (string, error) {
 		ok := true
 		switch d.Filter {
 		case "ok":
-			ok = row.Status == coord.StatusOK
+			ok = row.Status == admin.StatusOK
 		case "running":
 			ok = row.Running > 0
 		case "failed-last-hour":
@@ -786,9 +788,9 @@ func (c *console) jobs(r *http.Request, v *view) (string, error) {
 		case "failing":
 			ok = row.Failing > 0
 		case "disabled":
-			ok = row.Status == coord.StatusDisabled
+			ok = row.Status == admin.StatusDisabled
 		case "troubled":
-			ok = row.Status != coord.StatusOK && row.Status != coord.StatusDisabled
+			ok = row.Status != admin.StatusOK && row.Status != admin.StatusDisabled
 		}
 		if ok {
 			match = append(match, row)
@@ -825,7 +827,7 @@ func (c *console) jobs(r *http.Request, v *view) (string, error) {
 // ---- job
 
 type jobData struct {
-	Job       coord.JobStatus
+	Job       admin.JobStatus
 	Schedule  schedule
 	Failover  bool
 	Items     []itemRow
@@ -881,7 +883,7 @@ func pastFires(j *config.Job, now time.Time, n int) []string {
 }
 
 type itemRow struct {
-	coord.ItemStatus
+	admin.ItemStatus
 	Disabled  bool
 	RunningOn string
 	// RunningFence is the fence of the run in progress: its Kill button
@@ -902,11 +904,11 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	name := r.PathValue("job")
 	ctx, cancel := c.ctx(r)
 	defer cancel()
-	st, err := c.o.Cluster.JobStatus(ctx, name)
+	st, err := c.o.Admin.JobStatus(ctx, name)
 	if err != nil {
 		return "", err
 	}
-	idx := slices.IndexFunc(st.Jobs, func(j coord.JobStatus) bool { return j.Name == name })
+	idx := slices.IndexFunc(st.Jobs, func(j admin.JobStatus) bool { return j.Name == name })
 	if idx < 0 {
 		v.Status, v.Error = http.StatusNotFound, "no job "+strconv.Quote(name)+" in the cluster"
 		if snap := c.snap.current(); snap != nil {
@@ -924,7 +926,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		return "error", nil
 	}
 	js := st.Jobs[idx]
-	runs, err := c.o.Cluster.JobRuns(ctx, []string{name})
+	runs, err := c.o.Admin.JobRuns(ctx, []string{name})
 	if err != nil {
 		return "", err
 	}
@@ -995,7 +997,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 			d.Item = ""
 		}
 	}
-	hist, err := c.o.Cluster.JobHistory(ctx, name, item)
+	hist, err := c.o.Admin.History(ctx, name, item)
 	if err != nil {
 		d.HistoryNote = err.Error()
 	}
@@ -1031,7 +1033,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 // ---- instances
 
 type instanceRow struct {
-	coord.InstanceStatus
+	admin.InstanceStatus
 	Items   int
 	Leading int
 }
@@ -1069,7 +1071,7 @@ func (c *console) audit(r *http.Request, v *view) (string, error) {
 	defer cancel()
 	q := r.URL.Query()
 	d := auditData{Job: strings.TrimSpace(q.Get("job")), Actor: strings.TrimSpace(q.Get("actor"))}
-	entries, err := c.o.Cluster.Audit(ctx, coord.AuditFilter{Job: d.Job, Actor: d.Actor, Limit: 200})
+	entries, err := c.o.Admin.Audit(ctx, admin.AuditFilter{Job: d.Job, Actor: d.Actor, Limit: 200})
 	if err != nil {
 		return "", err
 	}

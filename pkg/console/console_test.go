@@ -16,7 +16,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	sched "github.com/shardd/shardd/pkg/schedule"
 )
@@ -32,16 +32,16 @@ type fakeCluster struct {
 
 func (f *fakeCluster) ID() string { return "a" }
 
-func (f *fakeCluster) status(names ...string) *coord.ClusterStatus {
-	st := &coord.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []coord.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}}}
+func (f *fakeCluster) status(names ...string) *admin.ClusterStatus {
+	st := &admin.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []admin.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}}}
 	// As config.Job.JSON writes it.
 	def := []byte(`{"name":"%s","cron":"0 */5 * * * ?","timeZone":"UTC","shardingTotalCount":2,"strategy":"AVG_ALLOCATION","failover":true,"misfire":true,"monitorExecution":true,"disabled":false,"overwrite":false,"maxTimeDiffSeconds":-1,"reconcileIntervalMinutes":10,"timeout":"0s","retries":0,"retryBackoff":"1s","maxConcurrency":0,"script":{"command":{"shell":"true"}},"logRetention":{"maxAge":"168h0m0s","maxBytesPerRun":"16MiB","maxTotalBytes":"256MiB"}}`)
 	for _, name := range names {
-		js := coord.JobStatus{Name: name, Status: coord.StatusOK, Leader: "a", Total: 2, Strategy: "AVG_ALLOCATION",
-			Items: []coord.ItemStatus{{Item: 0, Instance: "a"}, {Item: 1, Instance: "a"}}, Eligible: []string{"a"},
-			Definition: &coord.DefinitionStatus{Generation: 7, Writer: "a", Job: []byte(fmt.Sprintf(string(def), name))}}
+		js := admin.JobStatus{Name: name, Status: admin.StatusOK, Leader: "a", Total: 2, Strategy: "AVG_ALLOCATION",
+			Items: []admin.ItemStatus{{Item: 0, Instance: "a"}, {Item: 1, Instance: "a"}}, Eligible: []string{"a"},
+			Definition: &admin.DefinitionStatus{Generation: 7, Writer: "a", Job: []byte(fmt.Sprintf(string(def), name))}}
 		if name == "job-00003" {
-			js.Status = coord.StatusDisabled
+			js.Status = admin.StatusDisabled
 		}
 		st.Jobs = append(st.Jobs, js)
 	}
@@ -56,7 +56,7 @@ func (f *fakeCluster) names() []string {
 	return names
 }
 
-func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) {
+func (f *fakeCluster) Status(ctx context.Context) (*admin.ClusterStatus, error) {
 	f.statuses.Add(1)
 	if f.slow != nil {
 		<-f.slow
@@ -64,18 +64,18 @@ func (f *fakeCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) 
 	return f.status(f.names()...), nil
 }
 
-func (f *fakeCluster) JobStatus(ctx context.Context, job string) (*coord.ClusterStatus, error) {
+func (f *fakeCluster) JobStatus(ctx context.Context, job string) (*admin.ClusterStatus, error) {
 	if !strings.HasPrefix(job, "job-") {
 		return f.status(), nil
 	}
 	return f.status(job), nil
 }
 
-func (f *fakeCluster) JobRuns(ctx context.Context, jobs []string) (map[string]coord.JobRuns, error) {
-	out := map[string]coord.JobRuns{}
+func (f *fakeCluster) JobRuns(ctx context.Context, jobs []string) (map[string]admin.JobRuns, error) {
+	out := map[string]admin.JobRuns{}
 	now := time.Now()
 	for _, j := range jobs {
-		jr := coord.JobRuns{Records: map[int]keyspace.ItemRecord{}, Running: map[int]string{}}
+		jr := admin.JobRuns{Records: map[int]keyspace.ItemRecord{}, Running: map[int]string{}}
 		switch j {
 		case "job-00001":
 			jr.Running[0] = "a"
@@ -94,14 +94,14 @@ func (f *fakeCluster) JobRuns(ctx context.Context, jobs []string) (map[string]co
 	return out, nil
 }
 
-func (f *fakeCluster) JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+func (f *fakeCluster) History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
 	return []keyspace.ItemRecord{
 		{Job: job, Item: 0, State: keyspace.StateDone, Source: keyspace.SourceNormal, Fence: 80, Fire: time.Now().Add(-time.Minute)},
 		{Job: job, Item: 1, State: keyspace.StateKilled, Reason: keyspace.ReasonOperator, KilledBy: "token:alice", Source: keyspace.SourceManual, Param: "p<1>", Fence: 81, Fire: time.Now()},
 	}, nil
 }
 
-func (f *fakeCluster) Audit(ctx context.Context, af coord.AuditFilter) ([]keyspace.AuditEntry, error) {
+func (f *fakeCluster) Audit(ctx context.Context, af admin.AuditFilter) ([]keyspace.AuditEntry, error) {
 	return []keyspace.AuditEntry{{Time: time.Now(), Actor: "token:alice", Action: "kill", Job: "job-00001", Target: "item 0 of job job-00001", Outcome: keyspace.AuditOK}}, nil
 }
 
@@ -113,7 +113,7 @@ const (
 )
 
 func newTestConsole(f *fakeCluster, ts ...api.Token) http.Handler {
-	return New(Options{Cluster: f, Auth: api.NewAuth(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
+	return New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
 }
 
 // session is what a browser keeps of a login: the cookie, and the key
@@ -319,7 +319,7 @@ func TestSnapshotRefreshesOnce(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: time.Second, Warm: -1,
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: time.Second, Warm: -1,
 		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	if code, _, _ := get(c, "/jobs", nil); code != 200 || f.statuses.Load() != 1 {
 		t.Fatalf("first page: %d, %d reads", code, f.statuses.Load())
@@ -376,7 +376,7 @@ func TestVeryStaleSnapshotIsNotShown(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1,
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1,
 		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	get(c, "/jobs", nil)
 	mu.Lock()
@@ -394,7 +394,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
 		Endpoints: []string{"https://127.0.0.1:2379"}, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	get(c, "/jobs", nil)
 	f.slow = make(chan struct{}) // etcd stops answering
@@ -407,7 +407,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 	if took := time.Since(start); code != 200 || took > 2*time.Second || !strings.Contains(body, "this is the cluster as it was 1m0s ago") {
 		t.Errorf("jobs page with etcd down: %d after %s; warning shown: %v", code, took, strings.Contains(body, "as it was"))
 	}
-	fresh := New(Options{Cluster: &fakeCluster{n: 3, slow: f.slow}, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
+	fresh := New(Options{Instance: "a", Admin: &fakeCluster{n: 3, slow: f.slow}, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
 		Endpoints: []string{"https://127.0.0.1:2379"}})
 	code, body, _ = get(fresh, "/", nil)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "etcd at https://127.0.0.1:2379 has not answered within 200ms") {
@@ -419,7 +419,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 // now, not the snapshot from before the write.
 func TestWriteMakesTheNextPageFresh(t *testing.T) {
 	f := &fakeCluster{n: 3}
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1})
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1})
 	get(c, "/jobs", nil)
 	get(c, "/jobs", nil)
 	if n := f.statuses.Load(); n != 1 {
@@ -444,10 +444,10 @@ type toggleCluster struct {
 	entered  chan struct{}
 }
 
-func (f *toggleCluster) Status(ctx context.Context) (*coord.ClusterStatus, error) {
+func (f *toggleCluster) Status(ctx context.Context) (*admin.ClusterStatus, error) {
 	st := f.fakeCluster.status(f.names()...)
 	if f.disabled.Load() {
-		st.Jobs[0].Status = coord.StatusDisabled
+		st.Jobs[0].Status = admin.StatusDisabled
 	}
 	f.mu.Lock()
 	gate, entered := f.gate, f.entered
@@ -508,7 +508,7 @@ func TestWriteDuringARefreshMakesTheNextPageFresh(t *testing.T) {
 				}
 				return now
 			}
-			h := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1, Now: clock})
+			h := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1, Now: clock})
 			page := func() string {
 				_, body, _ := get(h, "/jobs?q=job-00000", nil)
 				return body
@@ -567,7 +567,7 @@ func TestWriteDuringARefreshMakesTheNextPageFresh(t *testing.T) {
 // every MaxAge: a page in use does not wait for a read.
 func TestSnapshotKeptWarmWhileUsed(t *testing.T) {
 	f := &fakeCluster{n: 3}
-	c := New(Options{Cluster: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: 50 * time.Millisecond, Warm: 300 * time.Millisecond})
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: 50 * time.Millisecond, Warm: 300 * time.Millisecond})
 	get(c, "/jobs", nil)
 	deadline := time.Now().Add(5 * time.Second)
 	for f.statuses.Load() < 3 && time.Now().Before(deadline) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -21,41 +22,41 @@ import (
 type apiCluster struct {
 	*fakeCluster
 	mu       sync.Mutex
-	disabled []coord.Target
+	disabled []admin.Target
 	audit    []keyspace.AuditEntry
 }
 
 func (a *apiCluster) Up() bool                              { return true }
 func (a *apiCluster) Impaired() error                       { return nil }
 func (a *apiCluster) View(job string) (coord.JobView, bool) { return coord.JobView{}, false }
-func (a *apiCluster) Trigger(ctx context.Context, r coord.TriggerRequest) (coord.Triggered, error) {
-	return coord.Triggered{}, errors.New("no trigger in this test")
+func (a *apiCluster) Trigger(ctx context.Context, r admin.TriggerRequest) (admin.Triggered, error) {
+	return admin.Triggered{}, errors.New("no trigger in this test")
 }
-func (a *apiCluster) Kill(ctx context.Context, r coord.KillRequest) (coord.Killing, error) {
-	return coord.Killing{}, errors.New("no kill in this test")
+func (a *apiCluster) Kill(ctx context.Context, r admin.KillRequest) (admin.Killing, error) {
+	return admin.Killing{}, errors.New("no kill in this test")
 }
-func (a *apiCluster) WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]coord.KillResult, error) {
+func (a *apiCluster) WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]admin.KillResult, error) {
 	return nil, nil
 }
-func (a *apiCluster) SetDisabled(ctx context.Context, t coord.Target, on, force bool) (coord.Disabling, error) {
+func (a *apiCluster) SetDisabled(ctx context.Context, t admin.Target, on, force bool) (admin.Disabling, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.disabled = append(a.disabled, t)
-	return coord.Disabling{Target: t, Changed: true, Disabled: on, Message: t.String() + " disabled"}, nil
+	return admin.Disabling{Target: t, Changed: true, Disabled: on, Message: t.String() + " disabled"}, nil
 }
 func (a *apiCluster) Remove(ctx context.Context, job string) (int64, error) { return 0, nil }
-func (a *apiCluster) RecordAudit(ctx context.Context, e keyspace.AuditEntry) error {
+func (a *apiCluster) RecordAudit(ctx context.Context, e keyspace.AuditEntry) (keyspace.AuditEntry, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.audit = append(a.audit, e)
-	return nil
+	return e, nil
 }
 
 // newInstance is the API with the console, as shardd serves them.
 func newInstance(ac *apiCluster, ts ...api.Token) http.Handler {
 	auth := api.NewAuth(ts, 0, false)
-	ui := New(Options{Cluster: ac, Auth: auth, Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
-	return api.Handler(api.Options{Cluster: ac, Auth: auth, UI: ui, Logger: quiet})
+	ui := New(Options{Instance: ac.ID(), Admin: ac, Auth: auth, Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
+	return api.Handler(api.Options{Instance: ac, Admin: ac, Auth: auth, UI: ui, Logger: quiet})
 }
 
 // A browser sends a host's cookies to every port of the host: another

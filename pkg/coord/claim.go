@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -676,12 +675,7 @@ func (n *Node) finishApplied(ctx context.Context, rec keyspace.ItemRecord, put c
 
 // History returns the recorded executions of job, oldest first.
 func (n *Node) History(ctx context.Context, job string) ([]keyspace.ItemRecord, error) {
-	return ReadHistory(ctx, n.opts.Client, n.keys, job)
-}
-
-// ReadHistory reads job's history from etcd, oldest first.
-func ReadHistory(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) ([]keyspace.ItemRecord, error) {
-	resp, err := cli.Get(ctx, keys.HistoryPrefix(job), clientv3.WithPrefix())
+	resp, err := n.opts.Client.Get(ctx, n.keys.HistoryPrefix(job), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read history of job %q: %w", job, err)
 	}
@@ -692,20 +686,8 @@ func ReadHistory(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 			out = append(out, rec)
 		}
 	}
-	sortRecords(out)
+	keyspace.SortHistory(out)
 	return out, nil
-}
-
-func sortRecords(recs []keyspace.ItemRecord) {
-	slices.SortStableFunc(recs, func(a, b keyspace.ItemRecord) int {
-		if c := a.Start.Compare(b.Start); c != 0 {
-			return c
-		}
-		if a.Item != b.Item {
-			return a.Item - b.Item
-		}
-		return int(a.Seq - b.Seq)
-	})
 }
 
 // finishTxn is the guard and the writes of finish.

@@ -18,6 +18,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -511,3 +512,12 @@ func TestLeaveWithdrawsMembership(t *testing.T) {
 		t.Error("Leave ended the session")
 	}
 }
+
+// adminOf is the operator client of n's cluster, over n's connection (n
+// is a *Node or a *testNode).
+func adminOf(n interface{ node() *Node }) *admin.Client {
+	nd := n.node()
+	return admin.New(nd.opts.Client, nd.keys)
+}
+
+func (n *Node) node() *Node { return n }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -116,11 +117,11 @@ func TestRemoveWaitsForALeavingLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Withdrawn but still leading (a shutdown in progress): refused.
-	if _, err := RemoveJob(context.Background(), cli, keyspace.NewKeys(""), "orders"); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "leads or campaigns") {
+	if _, err := admin.New(cli, keyspace.NewKeys("")).Remove(context.Background(), "orders"); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "leads or campaigns") {
 		t.Fatalf("remove while a leads: %v", err)
 	}
 	a.stop(t) // the shutdown ends: a resigns and revokes
-	n, err := RemoveJob(context.Background(), cli, keyspace.NewKeys(""), "orders")
+	n, err := admin.New(cli, keyspace.NewKeys("")).Remove(context.Background(), "orders")
 	if err != nil {
 		t.Fatalf("remove: %v", err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -141,7 +142,7 @@ func TestOneDefinitionRunsEverywhere(t *testing.T) {
 		t.Error("b did not log the definition change")
 	}
 	waitFor(t, 5*time.Second, "status to report b's conflict", func() bool {
-		st, err := ReadStatus(context.Background(), cli, keyspace.NewKeys(""))
+		st, err := admin.New(cli, keyspace.NewKeys("")).Status(context.Background())
 		return err == nil && len(st.Jobs) == 1 && len(st.Jobs[0].Problems) == 1 &&
 			strings.Contains(st.Jobs[0].Problems[0], "instance b has a different local definition")
 	})

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/stacks"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -194,7 +195,7 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	defer cli.Close()
 	mapsOf := func(want ...string) func() bool {
 		return func() bool {
-			maps, err := ReadMaps(context.Background(), cli, first.Keys())
+			maps, err := admin.New(cli, first.Keys()).Maps(context.Background())
 			if err != nil || len(maps) != count {
 				return false
 			}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -47,7 +48,7 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 	fire := time.Now().Truncate(time.Second)
 	g1 := claimNext(t, n, fire)
 	// The page the operator looks at: JobRuns as the console reads it.
-	runs, err := n.JobRuns(ctx, []string{"orders"})
+	runs, err := adminOf(n).JobRuns(ctx, []string{"orders"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,12 +64,12 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 	g2 := claimNext(t, n, next)
 
 	// The operator confirms the kill of the run the page showed.
-	k, err := n.Kill(ctx, KillRequest{Job: "orders", Items: []int{0}, Fence: shown, Instance: on, By: "token:alice"})
+	k, err := adminOf(n).Kill(ctx, admin.KillRequest{Job: "orders", Items: []int{0}, Fence: shown, Instance: on, By: "token:alice"})
 	if err == nil {
 		t.Fatalf("the kill confirmed on a page showing fence %d asked to stop %+v (fence %d is the next fire's run, %s)", shown, k.Runs, g2.Fence, next.UTC())
 	}
 	for _, want := range []string{fmt.Sprintf("the run of item 0 with fence %d has ended (DONE at ", shown), fmt.Sprintf("item 0 now runs fence %d on a", g2.Fence), "nothing killed"} {
-		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), want) {
 			t.Errorf("kill of the ended run: %v, want refused saying %q", err, want)
 		}
 	}
@@ -77,13 +78,13 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 	}
 
 	// A kill of the run in progress, named, asks for that run.
-	k, err = n.Kill(ctx, KillRequest{Job: "orders", Items: []int{0}, Fence: g2.Fence, Instance: "a", By: "token:alice"})
+	k, err = adminOf(n).Kill(ctx, admin.KillRequest{Job: "orders", Items: []int{0}, Fence: g2.Fence, Instance: "a", By: "token:alice"})
 	if err != nil || len(k.Runs) != 1 || k.Runs[0] != (keyspace.KillRun{Item: 0, Fence: g2.Fence, Instance: "a"}) {
 		t.Fatalf("kill of the run in progress, fence %d: %+v, %v", g2.Fence, k.Runs, err)
 	}
 	// Without a fence, a kill names the run in progress when it is
 	// recorded (and says which).
-	k, err = n.Kill(ctx, KillRequest{Job: "orders", Items: []int{0}, By: "token:alice"})
+	k, err = adminOf(n).Kill(ctx, admin.KillRequest{Job: "orders", Items: []int{0}, By: "token:alice"})
 	if err != nil || len(k.Runs) != 1 || k.Runs[0].Fence != g2.Fence {
 		t.Fatalf("kill without a fence: %+v, %v, want fence %d", k.Runs, err, g2.Fence)
 	}
@@ -91,39 +92,9 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 	if err := n.Complete(ctx, g2, Outcome{State: keyspace.StateFailed, Start: next, End: time.Now(), Err: "exit status 1"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = n.Kill(ctx, KillRequest{Job: "orders", Items: []int{0}, Fence: shown, By: "token:alice"})
-	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), fmt.Sprintf("fence %d has ended (DONE at ", shown)) || !strings.Contains(err.Error(), "item 0 is not running now") {
+	_, err = adminOf(n).Kill(ctx, admin.KillRequest{Job: "orders", Items: []int{0}, Fence: shown, By: "token:alice"})
+	if !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), fmt.Sprintf("fence %d has ended (DONE at ", shown)) || !strings.Contains(err.Error(), "item 0 is not running now") {
 		t.Errorf("kill of an ended run, nothing running: %v", err)
-	}
-}
-
-// The kill request is put only if each run it names still holds its
-// item, compared in the put's Txn: a run that ends between the read of the
-// runs and the put is never asked to stop, and neither is its successor.
-func TestKillIsRecordedOnlyWhileItsRunsRun(t *testing.T) {
-	n := ordersNode(t, 1)
-	ctx := context.Background()
-	fire := time.Now().Truncate(time.Second)
-	g1 := claimNext(t, n, fire)
-	seen := []keyspace.KillRun{{Item: 0, Fence: g1.Fence, Instance: "a"}}
-	// Read, then the run ends and the next starts, then the put.
-	if err := n.Complete(ctx, g1, Outcome{State: keyspace.StateDone, Start: fire, End: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	g2 := claimNext(t, n, fire.Add(time.Minute))
-	lease, err := n.opts.Client.Grant(ctx, int64(keyspace.KillTTL/time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok, err := putKill(ctx, n.opts.Client, n.keys, "orders", keyspace.Kill{Runs: seen, By: "test", At: time.Now()}, lease.ID); err != nil || ok {
-		t.Fatalf("put of a kill of fence %d after it ended (fence %d runs): applied %v, %v; want not applied", g1.Fence, g2.Fence, ok, err)
-	}
-	if c := killKeys(t, n); c != 0 {
-		t.Errorf("%d kill requests in etcd, want none", c)
-	}
-	now := []keyspace.KillRun{{Item: 0, Fence: g2.Fence, Instance: "a"}}
-	if _, ok, err := putKill(ctx, n.opts.Client, n.keys, "orders", keyspace.Kill{Runs: now, By: "test", At: time.Now()}, lease.ID); err != nil || !ok {
-		t.Fatalf("put of a kill of the run in progress: applied %v, %v", ok, err)
 	}
 }
 
@@ -135,18 +106,18 @@ func TestKillRequestNamingARunIsChecked(t *testing.T) {
 	ctx := context.Background()
 	g := claimNext(t, n, time.Now().Truncate(time.Second))
 	for _, tc := range []struct {
-		r    KillRequest
+		r    admin.KillRequest
 		kind error
 		want string
 	}{
-		{KillRequest{Job: "orders", Fence: g.Fence}, ErrBadTarget, "a fence names the run of one item"},
-		{KillRequest{Job: "orders", Items: []int{0, 1}, Fence: g.Fence}, ErrBadTarget, "a fence names the run of one item"},
-		{KillRequest{Job: "orders", Items: []int{0}, Fence: -3}, ErrBadTarget, "fence -3: fences are positive"},
-		{KillRequest{Job: "orders", Items: []int{0}, Instance: "a"}, ErrBadTarget, "instance a names a run with its fence"},
-		{KillRequest{Job: "orders", Items: []int{0}, Fence: g.Fence, Instance: "b"}, ErrRefused, fmt.Sprintf("the run of item 0 with fence %d is on a, not b: nothing killed", g.Fence)},
-		{KillRequest{Job: "orders", Items: []int{1}, Fence: g.Fence}, ErrRefused, fmt.Sprintf("the run of item 1 with fence %d is not running (item 1 has no such run in its history); item 1 is not running now", g.Fence)},
+		{admin.KillRequest{Job: "orders", Fence: g.Fence}, admin.ErrBadTarget, "a fence names the run of one item"},
+		{admin.KillRequest{Job: "orders", Items: []int{0, 1}, Fence: g.Fence}, admin.ErrBadTarget, "a fence names the run of one item"},
+		{admin.KillRequest{Job: "orders", Items: []int{0}, Fence: -3}, admin.ErrBadTarget, "fence -3: fences are positive"},
+		{admin.KillRequest{Job: "orders", Items: []int{0}, Instance: "a"}, admin.ErrBadTarget, "instance a names a run with its fence"},
+		{admin.KillRequest{Job: "orders", Items: []int{0}, Fence: g.Fence, Instance: "b"}, admin.ErrRefused, fmt.Sprintf("the run of item 0 with fence %d is on a, not b: nothing killed", g.Fence)},
+		{admin.KillRequest{Job: "orders", Items: []int{1}, Fence: g.Fence}, admin.ErrRefused, fmt.Sprintf("the run of item 1 with fence %d is not running (item 1 has no such run in its history); item 1 is not running now", g.Fence)},
 	} {
-		_, err := n.Kill(ctx, tc.r)
+		_, err := adminOf(n).Kill(ctx, tc.r)
 		if !errors.Is(err, tc.kind) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("kill %+v: %v, want %v saying %q", tc.r, err, tc.kind, tc.want)
 		}

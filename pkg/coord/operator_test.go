@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -39,44 +40,44 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 		want string
 		do   func() error
 	}{
-		{"trigger an unknown job", ErrUnknownJob, `no job "nope" in the cluster at prefix /shardd (jobs: off, orders)`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "nope", By: "t"})
+		{"trigger an unknown job", admin.ErrUnknownJob, `no job "nope" in the cluster at prefix /shardd (jobs: off, orders)`, func() error {
+			_, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "nope", By: "t"})
 			return err
 		}},
-		{"trigger a typo of a job", ErrUnknownJob, `no job "order" in the cluster at prefix /shardd (did you mean orders?)`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "order", By: "t"})
+		{"trigger a typo of a job", admin.ErrUnknownJob, `no job "order" in the cluster at prefix /shardd (did you mean orders?)`, func() error {
+			_, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "order", By: "t"})
 			return err
 		}},
-		{"trigger item 7 of 3", ErrBadTarget, `job "orders" has items 0-2; there is no item 7`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", Items: []int{7}, By: "t"})
+		{"trigger item 7 of 3", admin.ErrBadTarget, `job "orders" has items 0-2; there is no item 7`, func() error {
+			_, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "orders", Items: []int{7}, By: "t"})
 			return err
 		}},
-		{"trigger item -3", ErrBadTarget, "items are numbered from 0", func() error {
-			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", Items: []int{-3}, By: "t"})
+		{"trigger item -3", admin.ErrBadTarget, "items are numbered from 0", func() error {
+			_, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "orders", Items: []int{-3}, By: "t"})
 			return err
 		}},
-		{"trigger a job disabled in its definition", ErrRefused, `job "off" is disabled in its definition (disabled: true, registered by a`, func() error {
-			_, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "off", By: "t"})
+		{"trigger a job disabled in its definition", admin.ErrRefused, `job "off" is disabled in its definition (disabled: true, registered by a`, func() error {
+			_, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "off", By: "t"})
 			return err
 		}},
-		{"disable an unknown job", ErrUnknownJob, `no job "nope"`, func() error {
-			_, err := SetDisabled(ctx, cli, keys, Target{Job: "nope", Item: -1}, true, false)
+		{"disable an unknown job", admin.ErrUnknownJob, `no job "nope"`, func() error {
+			_, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "nope", Item: -1}, true, false)
 			return err
 		}},
-		{"disable item 5 of 3", ErrBadTarget, "there is no item 5", func() error {
-			_, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: 5}, true, false)
+		{"disable item 5 of 3", admin.ErrBadTarget, "there is no item 5", func() error {
+			_, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "orders", Item: 5}, true, false)
 			return err
 		}},
-		{"disable an instance that does not run the job", ErrBadTarget, "instance ghost does not run job orders (its instances: a)", func() error {
-			_, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "ghost"}, true, false)
+		{"disable an instance that does not run the job", admin.ErrBadTarget, "instance ghost does not run job orders (its instances: a)", func() error {
+			_, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "orders", Item: -1, Instance: "ghost"}, true, false)
 			return err
 		}},
-		{"remove a job still defined", ErrRefused, `job "orders" is still defined by live instances (a)`, func() error {
-			_, err := RemoveJob(ctx, cli, keys, "orders")
+		{"remove a job still defined", admin.ErrRefused, `job "orders" is still defined by live instances (a)`, func() error {
+			_, err := admin.New(cli, keys).Remove(ctx, "orders")
 			return err
 		}},
-		{"history of an unknown job", ErrUnknownJob, `no job "nope"`, func() error {
-			_, err := JobHistory(ctx, cli, keys, "nope", -1)
+		{"history of an unknown job", admin.ErrUnknownJob, `no job "nope"`, func() error {
+			_, err := admin.New(cli, keys).History(ctx, "nope", -1)
 			return err
 		}},
 	} {
@@ -90,56 +91,56 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 	}
 
 	// Enabling a job its definition disables is refused, and says where.
-	if _, err := SetDisabled(ctx, cli, keys, Target{Job: "off", Item: -1}, false, false); !errors.Is(err, ErrRefused) ||
+	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "off", Item: -1}, false, false); !errors.Is(err, admin.ErrRefused) ||
 		!strings.Contains(err.Error(), "stays disabled: its definition says disabled: true") {
 		t.Errorf("enable off: %v", err)
 	}
 	// Disabling twice says so; an item that is disabled cannot be triggered.
-	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: 1}, true, false); err != nil || !res.Changed || res.Message != "disabled item 1 of job orders" {
+	if res, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "orders", Item: 1}, true, false); err != nil || !res.Changed || res.Message != "disabled item 1 of job orders" {
 		t.Errorf("disable item 1: %+v %v", res, err)
 	}
-	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: 1}, true, false); err != nil || res.Changed || !strings.Contains(res.Message, "already disabled") {
+	if res, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "orders", Item: 1}, true, false); err != nil || res.Changed || !strings.Contains(res.Message, "already disabled") {
 		t.Errorf("disable item 1 again: %+v %v", res, err)
 	}
-	if _, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", Items: []int{1}, By: "t"}); !errors.Is(err, ErrRefused) {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "orders", Items: []int{1}, By: "t"}); !errors.Is(err, admin.ErrRefused) {
 		t.Errorf("trigger of a disabled item: %v", err)
 	}
-	tr, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", By: "t"})
+	tr, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "orders", By: "t"})
 	if err != nil || !slices.Equal(tr.Runs, []int{0, 2}) || !slices.Equal(tr.Disabled, []int{1}) || tr.Rev == 0 {
 		t.Errorf("trigger every item with item 1 disabled: %+v %v", tr, err)
 	}
 	// --force disables an instance before it first starts.
-	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "ghost"}, true, true); err != nil || !res.Changed || strings.Contains(res.Message, "warning") {
+	if res, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "orders", Item: -1, Instance: "ghost"}, true, true); err != nil || !res.Changed || strings.Contains(res.Message, "warning") {
 		t.Errorf("forced disable of ghost: %+v %v", res, err)
 	}
 	// Disabling the job's last enabled instance works, and warns that the
 	// job's fires are not run.
-	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "a"}, true, false); err != nil || !res.Changed ||
+	if res, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "orders", Item: -1, Instance: "a"}, true, false); err != nil || !res.Changed ||
 		!strings.Contains(res.Message, "warning: no enabled instance is left to run job orders") {
 		t.Errorf("disable of the last instance: %+v %v", res, err)
 	}
-	if res, err := SetDisabled(ctx, cli, keys, Target{Job: "orders", Item: -1, Instance: "a"}, false, false); err != nil || !res.Changed {
+	if res, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "orders", Item: -1, Instance: "a"}, false, false); err != nil || !res.Changed {
 		t.Errorf("enable a again: %+v %v", res, err)
 	}
 
 	// Once no instance defines the job, it can be removed, and is gone.
 	a.stop(t)
-	st, err := ReadStatus(ctx, cli, keys)
+	st, err := admin.New(cli, keys).Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, j := range st.Jobs {
-		if j.Name == "orders" && (j.Status != StatusNoInstances || !slices.Equal(j.DisabledInstances, []string{"ghost"})) {
+		if j.Name == "orders" && (j.Status != admin.StatusNoInstances || !slices.Equal(j.DisabledInstances, []string{"ghost"})) {
 			t.Errorf("orders with no instance: %+v", j)
 		}
 	}
-	if _, err := RequestTrigger(ctx, cli, keys, TriggerRequest{Job: "orders", By: "t"}); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no live instance") {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "orders", By: "t"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "no live instance") {
 		t.Errorf("trigger with no instance: %v", err)
 	}
-	if n, err := RemoveJob(ctx, cli, keys, "orders"); err != nil || n == 0 {
+	if n, err := admin.New(cli, keys).Remove(ctx, "orders"); err != nil || n == 0 {
 		t.Fatalf("remove: %d keys, %v", n, err)
 	}
-	if _, err := JobHistory(ctx, cli, keys, "orders", -1); !errors.Is(err, ErrUnknownJob) {
+	if _, err := admin.New(cli, keys).History(ctx, "orders", -1); !errors.Is(err, admin.ErrUnknownJob) {
 		t.Errorf("history after remove: %v", err)
 	}
 }
@@ -164,7 +165,7 @@ func TestStatusOfManyJobs(t *testing.T) {
 		}
 		return true
 	})
-	st, err := ReadStatus(context.Background(), cli, keyspace.NewKeys(""))
+	st, err := admin.New(cli, keyspace.NewKeys("")).Status(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestStatusOfManyJobs(t *testing.T) {
 		if js.Definition != nil {
 			json.Unmarshal(js.Definition.Job, &def)
 		}
-		if js.Name != name || js.Total != i%5+1 || len(js.Items) != i%5+1 || js.Leader != "a" || def.Name != name || js.Status != StatusOK {
+		if js.Name != name || js.Total != i%5+1 || len(js.Items) != i%5+1 || js.Leader != "a" || def.Name != name || js.Status != admin.StatusOK {
 			t.Errorf("job %d: %s total %d items %d leader %q definition of %q status %s", i, js.Name, js.Total, len(js.Items), js.Leader, def.Name, js.Status)
 		}
 	}

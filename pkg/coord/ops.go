@@ -37,13 +37,14 @@ func (n *Node) OnChange(job string, fn func()) (cancel func()) {
 	}
 }
 
-// Status reads the cluster's state (see ReadStatus).
-func (n *Node) Status(ctx context.Context) (*ClusterStatus, error) {
+// ShownContext marks ctx for reads that are shown, never acted on
+// (admin.Client.WithShown): while etcd is seen to have gone back in time,
+// the API and the console still show what etcd holds now, with the
+// instances' rewind records (what is being done, or what the operator
+// must do), though the node refuses every answer it would act on.
+func (n *Node) ShownContext(ctx context.Context) context.Context {
 	if n.hist.Rewound() != nil {
-		// Shown, never acted on: the console and the API then show what
-		// etcd holds now, with the instances' rewind records (what is being
-		// done, or what the operator must do).
-		ctx = recovering(ctx)
+		return recovering(ctx)
 	}
-	return ReadStatus(ctx, n.opts.Client, n.keys)
+	return ctx
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -330,7 +331,7 @@ func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.SetDisabled(ctx, Target{Job: "orders", Item: 1}, true, false); err != nil {
+	if _, err := adminOf(a).SetDisabled(ctx, admin.Target{Job: "orders", Item: 1}, true, false); err != nil {
 		t.Fatal(err)
 	}
 	members, err := cli.MemberList(ctx)
@@ -358,7 +359,7 @@ func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 		t.Fatal("not impaired after a claim refused for NOSPACE")
 	}
 
-	if _, err := a.SetDisabled(ctx, Target{Job: "orders", Item: 1}, false, false); err != nil {
+	if _, err := adminOf(a).SetDisabled(ctx, admin.Target{Job: "orders", Item: 1}, false, false); err != nil {
 		t.Logf("enable under the alarm: %v", err)
 	}
 	if a.NoSpace() == nil {

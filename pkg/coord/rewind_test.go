@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -188,7 +189,7 @@ func TestNoSpaceAlarmIsSaid(t *testing.T) {
 	if !errors.As(n.Impaired(), &ns) {
 		t.Fatalf("impaired under the NOSPACE alarm: %v, want a NoSpaceError", n.Impaired())
 	}
-	st, err := ReadStatus(ctx, cli, n.keys)
+	st, err := admin.New(cli, n.keys).Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -45,7 +46,7 @@ func TestFindRuns(t *testing.T) {
 
 	runs := func(item int, fence int64) string {
 		t.Helper()
-		recs, err := n.FindRuns(ctx, "orders", item, fence)
+		recs, err := adminOf(n).FindRuns(ctx, "orders", item, fence)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,23 +73,23 @@ func TestFindRuns(t *testing.T) {
 		}
 	}
 
-	if _, err := n.FindRuns(ctx, "order", -1, 0); !errors.Is(err, ErrUnknownJob) || !strings.Contains(err.Error(), "did you mean orders?") {
+	if _, err := adminOf(n).FindRuns(ctx, "order", -1, 0); !errors.Is(err, admin.ErrUnknownJob) || !strings.Contains(err.Error(), "did you mean orders?") {
 		t.Errorf("unknown job: %v", err)
 	}
-	if _, err := n.FindRuns(ctx, "orders", 3, 0); !errors.Is(err, ErrBadTarget) {
+	if _, err := adminOf(n).FindRuns(ctx, "orders", 3, 0); !errors.Is(err, admin.ErrBadTarget) {
 		t.Errorf("item out of range: %v", err)
 	}
-	if total, ok, err := ItemCount(ctx, n.cli, n.keys, "orders"); total != 3 || !ok || err != nil {
+	if total, ok, err := admin.New(n.cli, n.keys).ItemCount(ctx, "orders"); total != 3 || !ok || err != nil {
 		t.Errorf("ItemCount(orders) = %d, %v, %v", total, ok, err)
 	}
-	if _, _, err := ItemCount(ctx, n.cli, n.keys, "nope"); !errors.Is(err, ErrUnknownJob) {
+	if _, _, err := admin.New(n.cli, n.keys).ItemCount(ctx, "nope"); !errors.Is(err, admin.ErrUnknownJob) {
 		t.Errorf("ItemCount(nope): %v", err)
 	}
-	info, ok, err := n.Instance(ctx, "a")
+	info, ok, err := adminOf(n).Instance(ctx, "a")
 	if err != nil || !ok || info.ID != "a" || info.Host != "test" {
 		t.Errorf("Instance(a) = %+v, %v, %v", info, ok, err)
 	}
-	if _, ok, err := n.Instance(ctx, "gone"); ok || err != nil {
+	if _, ok, err := adminOf(n).Instance(ctx, "gone"); ok || err != nil {
 		t.Errorf("Instance(gone) = %v, %v; want not live", ok, err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -48,7 +49,7 @@ func TestStreamingRunDrainsAQueue(t *testing.T) {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	var rec *keyspace.ItemRecord
@@ -98,7 +99,7 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("b")) == 1
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "two iterations", func() bool { return len(lines(filepath.Join(dir, "done"))) >= 6 })
@@ -117,7 +118,7 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 		if len(lines(filepath.Join(dir, "done"))) >= 30 {
 			break
 		}
-		if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "drain"}); err != nil {
+		if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "drain"}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(2 * time.Second)
@@ -169,7 +170,7 @@ func TestStreamingStopsAtShutdown(t *testing.T) {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestTrigger(ctx, srv.Client(), keyspace.NewKeys(""), coord.TriggerRequest{Job: "drain"}); err != nil {
+	if _, err := admin.New(srv.Client(), keyspace.NewKeys("")).Trigger(ctx, admin.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 20*time.Second, "the second iteration", func() bool { return len(lines(filepath.Join(dir, "done"))) > 3 })

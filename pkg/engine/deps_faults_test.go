@@ -14,6 +14,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -86,7 +87,7 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 				return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.Instances) == 1 && cv.Map != nil
 			})
 			cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-			if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+			if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 				t.Fatal(err)
 			}
 			waitFor(t, 15*time.Second, "x to run the parent's item", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 1 })
@@ -152,7 +153,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 
 	// The child's connection to etcd stalls (a short partition, < TTL).
 	proxy.Blackhole()
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the upstream trigger in etcd", func() bool {
@@ -182,7 +183,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 	}
 
 	// A second parent fire: its trigger arrives by the watch and is served.
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "the child to run for parent fire 2", func() bool { return childRuns() >= 1 })
@@ -220,7 +221,7 @@ func TestDepsTotalShrinkMidFire(t *testing.T) {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 4
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -270,7 +271,7 @@ func TestDepsBroadcastMemberDies(t *testing.T) {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 3
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the 3 parent items to start", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
@@ -322,7 +323,7 @@ func TestDepsTwoParentsAtOnce(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: j}); err != nil {
+				if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: j}); err != nil {
 					t.Error(err)
 				}
 			}()

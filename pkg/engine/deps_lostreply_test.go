@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"google.golang.org/grpc"
@@ -51,7 +51,7 @@ func TestDepsLostCompletingReply(t *testing.T) {
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && c.Map != nil
 	})
 	for i := 1; i <= 2; i++ {
-		if _, err := coord.RequestTrigger(ctx, srv.Client(), keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		if _, err := admin.New(srv.Client(), keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(4 * time.Second)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -42,7 +42,7 @@ func TestDepsManyChildren(t *testing.T) {
 		return len(v.Children) == kids && v.Map != nil
 	})
 	for i := 1; i <= 2; i++ {
-		if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+		if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(5 * time.Second)
@@ -102,7 +102,7 @@ func TestDepsDependsOnEditWithAStaleIndex(t *testing.T) {
 	if len(resp.Kvs) > 0 {
 		t.Logf("p1's children index: %s (index reads failed: %d)", resp.Kvs[0].Value, failed.Load())
 	}
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "p1"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "p1"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Second)

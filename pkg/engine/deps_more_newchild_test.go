@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -31,7 +31,7 @@ func TestDepsNewChildSkipsOlderParentFires(t *testing.T) {
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a, stopA := startInstance(t, srv.Client(), "a", parentOnly)
 	waitFor(t, 15*time.Second, "parent map", func() bool { v, _ := a.View("parent"); return v.Map != nil })
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "the parent's fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 2 })

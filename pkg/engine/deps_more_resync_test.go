@@ -11,7 +11,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -67,7 +67,7 @@ func TestDepsResyncDuringLoadTriggers(t *testing.T) {
 	// While the reply is on its way: a gap in z's watch, compacted, in which
 	// parent fire 1 completes.
 	proxy.Blackhole()
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "upstream trigger 1", func() bool {
@@ -84,7 +84,7 @@ func TestDepsResyncDuringLoadTriggers(t *testing.T) {
 	close(release)
 	time.Sleep(time.Second)
 	// Parent fire 2: its trigger reaches z by the watch.
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(6 * time.Second)

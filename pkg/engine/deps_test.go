@@ -11,6 +11,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -59,7 +60,7 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	})
 	// The status of one job, as the console reads it, links the graph.
 	for job, want := range map[string]string{"parent": "[] [child] []", "child": "[parent] [] []"} {
-		st, err := coord.ReadJobStatus(ctx, cli, keys, job)
+		st, err := admin.New(cli, keys).JobStatus(ctx, job)
 		if err != nil || len(st.Jobs) != 1 {
 			t.Fatalf("status of %s: %v", job, err)
 		}
@@ -68,16 +69,16 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 			t.Errorf("status of %s: dependsOn, children, problems = %s, want %s", job, got, want)
 		}
 	}
-	trigger := func(r coord.TriggerRequest) {
+	trigger := func(r admin.TriggerRequest) {
 		t.Helper()
 		r.Job = "parent"
-		if _, err := coord.RequestTrigger(ctx, cli, keys, r); err != nil {
+		if _, err := admin.New(cli, keys).Trigger(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 	}
 	childLines := func() []string { return lines(filepath.Join(dir, "child")) }
 
-	trigger(coord.TriggerRequest{})
+	trigger(admin.TriggerRequest{})
 	waitFor(t, 15*time.Second, "the child's 2 items to run", func() bool { return len(childLines()) == 2 })
 	for _, l := range childLines() {
 		if f := strings.Split(l, "_"); len(f) != 4 || f[1] != keyspace.SourceUpstream || f[2] != "parent" || f[3] == "" {
@@ -89,11 +90,11 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	}
 
 	// Not propagated: the parent runs, the child does not.
-	trigger(coord.TriggerRequest{NoPropagate: true})
+	trigger(admin.TriggerRequest{NoPropagate: true})
 	waitFor(t, 15*time.Second, "the parent's second fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 6 })
 
 	// A failing item blocks the child for that fire, and the child says so.
-	trigger(coord.TriggerRequest{Param: "fail"})
+	trigger(admin.TriggerRequest{Param: "fail"})
 	waitFor(t, 15*time.Second, "the child's items to record the failed parent fire", func() bool {
 		n := 0
 		for _, r := range childRecords(t, a, "child") {
@@ -110,7 +111,7 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	}
 
 	// One more good fire: one more child run per item, and no other.
-	trigger(coord.TriggerRequest{})
+	trigger(admin.TriggerRequest{})
 	waitFor(t, 15*time.Second, "the child's items to run again", func() bool { return len(childLines()) == 4 })
 	time.Sleep(2 * time.Second) // a second run of the child would show by now
 	if got := childLines(); len(got) != 4 {
@@ -142,7 +143,7 @@ func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
 		v, _ := a.View("parent")
 		return v.Map != nil && slices.Equal(v.Map.Instances, []string{"a"})
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "the upstream trigger in etcd", func() bool {
@@ -184,7 +185,7 @@ func TestChildOfTwoParents(t *testing.T) {
 	fire := func(job string) {
 		t.Helper()
 		before := len(childRecords(t, a, job))
-		if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: job}); err != nil {
+		if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: job}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, 15*time.Second, job+"'s fire to end", func() bool {
@@ -231,7 +232,7 @@ func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
 		v, _ := b.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("a")) > 0 && len(v.Map.ItemsOf("b")) > 0
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "the parent's 3 items to run", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
@@ -259,14 +260,14 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1
 	})
-	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "child", Item: -1}, true, false); err != nil {
+	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "child", Item: -1}, true, false); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the child disabled in a's view", func() bool {
 		v, _ := a.View("child")
 		return v.Map != nil && v.Map.Disabled
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "the parent's fire to complete (its lastsuccess is put with the child's trigger)", func() bool {
@@ -277,7 +278,7 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 0
 	})
-	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "child", Item: -1}, false, false); err != nil {
+	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "child", Item: -1}, false, false); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
@@ -285,7 +286,7 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 		t.Errorf("the child ran %d times for a parent fire that completed while it was disabled", n)
 	}
 	// Enabled, it runs after the next fire.
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "the enabled child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
@@ -315,7 +316,7 @@ func TestRerunOfAPastFireTriggersTheChildren(t *testing.T) {
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && c.Map != nil
 	})
 	past := time.Date(time.Now().UTC().Year(), 1, 1, 0, 0, 0, 0, time.UTC) // the parent's last scheduled fire, before the child's since
-	res, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent", Fire: past.Format(time.RFC3339)})
+	res, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent", Fire: past.Format(time.RFC3339)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
@@ -162,7 +163,7 @@ func TestMisfireCoalesces(t *testing.T) {
 			t.Errorf("run %d started %s after run %d ended", i, gap, i-1)
 		}
 	}
-	recs, err := coord.ReadHistory(context.Background(), srv.Client(), keyspace.NewKeys(""), "slow")
+	recs, err := admin.New(srv.Client(), keyspace.NewKeys("")).Records(context.Background(), "slow")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -346,12 +347,12 @@ func TestHTTPRetries(t *testing.T) {
 		v, _ := node.View("hooked")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestTrigger(context.Background(), cli, keyspace.NewKeys(""), coord.TriggerRequest{Job: "hooked", By: "test"}); err != nil {
+	if _, err := admin.New(cli, keyspace.NewKeys("")).Trigger(context.Background(), admin.TriggerRequest{Job: "hooked", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	var recs []keyspace.ItemRecord
 	waitFor(t, 10*time.Second, "the run to be recorded", func() bool {
-		recs, _ = coord.ReadHistory(context.Background(), cli, keyspace.NewKeys(""), "hooked")
+		recs, _ = admin.New(cli, keyspace.NewKeys("")).Records(context.Background(), "hooked")
 		return len(recs) == 1
 	})
 	mu.Lock()

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -77,7 +77,7 @@ func TestFailedCompletionIsRetried(t *testing.T) {
 	if n := starts(path); n < 5 {
 		t.Errorf("%d runs of an every-second job in ~7s: the item is wedged after its completion write failed", n)
 	}
-	recs, err := coord.ReadHistory(context.Background(), srv.Client(), keyspace.NewKeys(""), "j")
+	recs, err := admin.New(srv.Client(), keyspace.NewKeys("")).Records(context.Background(), "j")
 	if err != nil || len(recs) == 0 || recs[0].State != keyspace.StateDone {
 		t.Errorf("the first run's record is not DONE after its completion was retried: %+v, %v", recs, err)
 	}

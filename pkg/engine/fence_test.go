@@ -9,7 +9,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -55,7 +55,7 @@ func TestFireDuringFenceIsCaughtUp(t *testing.T) {
 			ran = true
 		}
 	}
-	recs, _ := coord.ReadHistory(context.Background(), srv.Client(), keyspace.NewKeys(""), "j")
+	recs, _ := admin.New(srv.Client(), keyspace.NewKeys("")).Records(context.Background(), "j")
 	for _, r := range recs {
 		t.Logf("history: fire %s %s %s skipped %d", r.Fire.UTC().Format("15:04:05"), r.State, r.Source, r.Skipped)
 	}

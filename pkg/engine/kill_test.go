@@ -11,7 +11,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -54,17 +54,17 @@ func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
 		b, _ := os.ReadFile(before)
 		return len(b) > 0
 	})
-	k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: "grp", Items: []int{0}, By: "token:alice"})
+	k, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "grp", Items: []int{0}, By: "token:alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	res, err := coord.WaitKill(wctx, cli, keys, "grp", k.Kill)
+	res, err := admin.New(cli, keys).WaitKill(wctx, "grp", k.Kill)
 	if err != nil || res[0].State != keyspace.StateKilled || res[0].Reason != keyspace.ReasonOperator {
 		t.Errorf("kill asked for %+v; WaitKill says %+v (%v), want KILLED/operator", k.Runs, res, err)
 	}
-	hist, err := coord.ReadHistory(ctx, cli, keys, "grp")
+	hist, err := admin.New(cli, keys).Records(ctx, "grp")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,15 +101,15 @@ func TestWaitKillFindsAKilledRunInTheHistory(t *testing.T) {
 				return err == nil && len(items.Kvs) == 1
 			})
 			time.Sleep(1500 * time.Millisecond) // a fire comes while it runs
-			k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: "sec", By: "token:alice"})
+			k, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "sec", By: "token:alice"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			defer cancel()
 			// WaitKill right after the put, as `shardd kill` and the API do.
-			res, err := coord.WaitKill(wctx, cli, keys, "sec", k.Kill)
-			hist, _ := coord.ReadHistory(ctx, cli, keys, "sec")
+			res, err := admin.New(cli, keys).WaitKill(wctx, "sec", k.Kill)
+			hist, _ := admin.New(cli, keys).Records(ctx, "sec")
 			var truth string
 			for _, r := range hist {
 				if r.Fence == k.Runs[0].Fence {
@@ -142,12 +142,12 @@ func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
 		v, _ := node.View("long")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "long", By: "test"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the run", func() bool { return len(lines(starts)) == 1 })
 	p.Blackhole()
-	k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: "long", By: "token:alice"})
+	k, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "long", By: "token:alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
 	p.Restore()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	res, err := coord.WaitKill(wctx, cli, keys, "long", k.Kill)
+	res, err := admin.New(cli, keys).WaitKill(wctx, "long", k.Kill)
 	if err != nil || res[0].State != keyspace.StateKilled || res[0].Reason != keyspace.ReasonOperator || !strings.Contains(res[0].Error, "cut off before the kill reached it") {
 		t.Errorf("WaitKill: %+v (%v), want KILLED/operator, cut off before the kill reached it", res, err)
 	}
@@ -199,17 +199,17 @@ func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
 		return owner != ""
 	})
 	_ = b
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "long", Param: "T1", By: "test"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", Param: "T1", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "T1 to run", func() bool { return len(lines(starts)) == 1 })
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "long", Param: "T2", By: "test"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", Param: "T2", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
 	offset.Store(int64(61 * time.Second)) // T2 is a minute old; T1 still runs
 	time.Sleep(500 * time.Millisecond)
-	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "long", Item: -1, Instance: owner}, true, false); err != nil {
+	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "long", Item: -1, Instance: owner}, true, false); err != nil {
 		t.Fatal(err)
 	}
 	// T1 ends (6 s); the other instance owns the item now and runs T2.

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -38,18 +38,18 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 		v, _ := node.View("long")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	if _, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: "long", By: "token:alice"}); !errors.Is(err, coord.ErrRefused) || !strings.Contains(err.Error(), "nothing to kill") {
+	if _, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "long", By: "token:alice"}); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "nothing to kill") {
 		t.Fatalf("kill with nothing running: %v, want refused, nothing to kill", err)
 	}
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "long", By: "test"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the run to start", func() bool { return len(lines(pidFile)) == 1 })
 	pid, _ := strconv.Atoi(lines(pidFile)[0])
-	if _, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: "long", Items: []int{3}, By: "token:alice"}); !errors.Is(err, coord.ErrBadTarget) {
+	if _, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "long", Items: []int{3}, By: "token:alice"}); !errors.Is(err, admin.ErrBadTarget) {
 		t.Fatalf("kill of item 3 of a 1-item job: %v, want a bad target", err)
 	}
-	k, err := coord.RequestKill(ctx, cli, keys, coord.KillRequest{Job: "long", Items: []int{0}, By: "token:alice"})
+	k, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "long", Items: []int{0}, By: "token:alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	res, err := coord.WaitKill(wctx, cli, keys, "long", k.Kill)
+	res, err := admin.New(cli, keys).WaitKill(wctx, "long", k.Kill)
 	if err != nil {
 		t.Fatalf("the killed run did not end: %v", err)
 	}
@@ -108,35 +108,35 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	}
 	for _, tt := range []struct {
 		name string
-		req  coord.TriggerRequest
+		req  admin.TriggerRequest
 		want string
 	}{
-		{"not a fire", coord.TriggerRequest{Fire: last.Add(30 * time.Minute).Format(time.RFC3339)}, "is not a fire of job \"daily\""},
-		{"future fire", coord.TriggerRequest{Fire: last.AddDate(0, 0, 2).Format(time.RFC3339)}, "is in the future"},
-		{"not a time", coord.TriggerRequest{Fire: "yesterday"}, "want RFC 3339"},
-		{"NUL in the parameter", coord.TriggerRequest{Param: "a\x00b"}, "NUL"},
-		{"parameter too long", coord.TriggerRequest{Param: strings.Repeat("x", coord.MaxTriggerParam+1)}, "at most"},
+		{"not a fire", admin.TriggerRequest{Fire: last.Add(30 * time.Minute).Format(time.RFC3339)}, "is not a fire of job \"daily\""},
+		{"future fire", admin.TriggerRequest{Fire: last.AddDate(0, 0, 2).Format(time.RFC3339)}, "is in the future"},
+		{"not a time", admin.TriggerRequest{Fire: "yesterday"}, "want RFC 3339"},
+		{"NUL in the parameter", admin.TriggerRequest{Param: "a\x00b"}, "NUL"},
+		{"parameter too long", admin.TriggerRequest{Param: strings.Repeat("x", admin.MaxTriggerParam+1)}, "at most"},
 	} {
 		tt.req.Job = "daily"
-		_, err := coord.RequestTrigger(ctx, cli, keys, tt.req)
-		if !errors.Is(err, coord.ErrBadTarget) || !strings.Contains(err.Error(), tt.want) {
+		_, err := admin.New(cli, keys).Trigger(ctx, tt.req)
+		if !errors.Is(err, admin.ErrBadTarget) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want a bad target saying %q", tt.name, err, tt.want)
 		}
 	}
 	// The previous and next fires are named for a time off the schedule.
-	_, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "daily", Fire: last.Add(time.Hour).Format("2006-01-02 15:04")})
+	_, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "daily", Fire: last.Add(time.Hour).Format("2006-01-02 15:04")})
 	if err == nil || !strings.Contains(err.Error(), "previous "+last.Format(time.RFC3339)) {
 		t.Errorf("a fire an hour off: %v, want the previous fire %s named", err, last.Format(time.RFC3339))
 	}
 
-	first, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "daily", Fire: last.Format("2006-01-02 15:04:05"), Param: "re-run: day 1", By: "token:bob"})
+	first, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "daily", Fire: last.Format("2006-01-02 15:04:05"), Param: "re-run: day 1", By: "token:bob"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !first.Rerun.Equal(last) {
 		t.Errorf("trigger's rerun %s, want %s", first.Rerun, last)
 	}
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "daily", Param: "second"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "daily", Param: "second"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "both triggers to run", func() bool { return len(lines(out)) == 2 })
@@ -163,7 +163,7 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	if !after.Record.Watermark().Equal(before.Record.Watermark()) {
 		t.Errorf("watermark moved from %s to %s: a manual re-run must not account for scheduled fires", before.Record.Watermark(), after.Record.Watermark())
 	}
-	recs, err := coord.ReadHistory(ctx, cli, keys, "daily")
+	recs, err := admin.New(cli, keys).Records(ctx, "daily")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,14 +192,14 @@ func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
 		v, _ := node.View("flaky")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
-	runs := func() coord.JobRuns {
-		rs, err := coord.ReadJobRuns(ctx, cli, keys, []string{"flaky"})
+	runs := func() admin.JobRuns {
+		rs, err := admin.New(cli, keys).JobRuns(ctx, []string{"flaky"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return rs["flaky"]
 	}
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "flaky"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "flaky"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the failure", func() bool { r := runs(); return r.LastFailure != nil })
@@ -208,7 +208,7 @@ func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
 		t.Errorf("last failure %+v", failure)
 	}
 	os.Remove(flag)
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "flaky"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "flaky"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the success", func() bool { return runs().Records[0].State == keyspace.StateDone })

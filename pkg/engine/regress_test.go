@@ -20,6 +20,7 @@ import (
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
@@ -145,7 +146,7 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 
 	// Trigger a run now rather than waiting for the cron.
 	waitFor(t, 20*time.Second, "a map", func() bool { v, ok := node.View("j"); return ok && v.Map != nil && len(v.Map.Instances) == 1 })
-	if _, err := node.Trigger(context.Background(), coord.TriggerRequest{Job: "j"}); err != nil {
+	if _, err := admin.New(srv.Client(), node.Keys()).Trigger(context.Background(), admin.TriggerRequest{Job: "j", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "a first start", func() bool { return starts(path) >= 1 })

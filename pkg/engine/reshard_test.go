@@ -10,6 +10,7 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -90,7 +91,7 @@ func TestClaimLostToUnchangedReshardIsRetried(t *testing.T) {
 			ran = true
 		}
 	}
-	recs, _ := coord.ReadHistory(context.Background(), direct, keyspace.NewKeys(""), "j")
+	recs, _ := admin.New(direct, keyspace.NewKeys("")).Records(context.Background(), "j")
 	for _, r := range recs {
 		t.Logf("history: fire %s %s source %s skipped %d on %s", r.Fire.UTC(), r.State, r.Source, r.Skipped, r.Instance)
 	}

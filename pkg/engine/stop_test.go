@@ -17,6 +17,7 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
@@ -85,7 +86,7 @@ func TestCompletedRunDoesNotFailOver(t *testing.T) {
 	if len(ran) < 5 {
 		t.Errorf("%d fires ran in ~8s of an every-second job", len(ran))
 	}
-	recs, _ := coord.ReadHistory(context.Background(), srv.Client(), keyspace.NewKeys(""), "j")
+	recs, _ := admin.New(srv.Client(), keyspace.NewKeys("")).Records(context.Background(), "j")
 	for _, r := range recs {
 		t.Logf("history: fire %s %s %s attempt %d on %s", r.Fire.UTC().Format("15:04:05"), r.State, r.Source, r.Attempt, r.Instance)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/shard"
 )
@@ -149,7 +150,7 @@ func servedBy(dir, param string) map[string]int {
 
 // waitTriggerGone waits until the trigger's key is deleted (served by
 // every item).
-func waitTriggerGone(t *testing.T, cli *clientv3.Client, tr coord.Triggered) {
+func waitTriggerGone(t *testing.T, cli *clientv3.Client, tr admin.Triggered) {
 	t.Helper()
 	waitFor(t, 20*time.Second, "trigger "+tr.ID+" deleted once served", func() bool {
 		resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Trigger("j", tr.ID))
@@ -167,11 +168,11 @@ func TestTriggerQueuedBehindARunIsServedByTheItemsNewOwner(t *testing.T) {
 	a := instance(t, srv, "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "both items running the first trigger", func() bool { return len(servedBy(dir, "slow5")) == 2 })
-	tr2, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "T2"})
+	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,11 +201,11 @@ func TestTriggerQueuedBehindARunSurvivesARestart(t *testing.T) {
 	a, stopA := startInstance(t, srv.Client(), "a", yaml, short)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow3")) == 1 })
-	tr2, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "T2"})
+	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,11 +235,11 @@ func TestTriggerQueuedBehindARunSurvivesAReload(t *testing.T) {
 	a, eng, _ := startEngine(t, srv.Client(), "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow3")) == 1 })
-	tr2, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "T2"})
+	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +309,7 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 		return pv.Map != nil && len(pv.Map.Instances) == 2 && cv.Map != nil && len(cv.Map.Instances) == 2
 	})
 	for _, job := range []string{"parent", "child"} { // r runs both; l only leads
-		if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: job, Item: -1, Instance: lid}, true, false); err != nil {
+		if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: job, Item: -1, Instance: lid}, true, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -318,7 +319,7 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 		return pv.Map != nil && slices.Equal(pv.Map.Instances, []string{"r"}) && len(pv.Children["child"].Parents) == 1 &&
 			cv.Map != nil && slices.Equal(cv.Map.Instances, []string{"r"}) && cv.Map.Leader == lid
 	})
-	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "child", Item: -1}, true, false); err != nil {
+	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "child", Item: -1}, true, false); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "r sees the child disabled", func() bool { cv, _ := r.View("child"); return cv.Map != nil && cv.Map.Disabled })
@@ -326,11 +327,11 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 	// The child's leader is cut off; the operator enables the child, then
 	// the parent fires (a manual trigger) and succeeds.
 	proxy.Blackhole()
-	res, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "child", Item: -1}, false, false)
+	res, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "child", Item: -1}, false, false)
 	if err != nil || !res.Changed {
 		t.Fatalf("enable child: %+v %v", res, err)
 	}
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "parent"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the parent's run", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 1 })
@@ -365,11 +366,11 @@ func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
 	a, eng, _ := startEngine(t, srv.Client(), "a", slowJob(dir, 1))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
-	if _, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow5")) == 1 })
-	tr2, err := coord.RequestTrigger(ctx, cli, keys, coord.TriggerRequest{Job: "j", Param: "T2"}) // waits behind it
+	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"}) // waits behind it
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +387,7 @@ func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
 	if resp, err := cli.Get(ctx, keys.Trigger("j", tr2.ID)); err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("T2 dropped on a view that says disabled while etcd says enabled (%v)", err)
 	}
-	if _, err := coord.SetDisabled(ctx, cli, keys, coord.Target{Job: "j", Item: -1}, true, false); err != nil {
+	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "j", Item: -1}, true, false); err != nil {
 		t.Fatal(err)
 	}
 	j.dropDisabled(ctx, stale)

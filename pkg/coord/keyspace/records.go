@@ -1,6 +1,9 @@
 package keyspace
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Item states in an ItemRecord.
 const (
@@ -169,4 +172,18 @@ type ItemState struct {
 type JobItems struct {
 	Rev   int64
 	Items map[int]ItemState
+}
+
+// SortHistory sorts history records oldest first: by start, then item,
+// then sequence.
+func SortHistory(recs []ItemRecord) {
+	slices.SortStableFunc(recs, func(a, b ItemRecord) int {
+		if c := a.Start.Compare(b.Start); c != 0 {
+			return c
+		}
+		if a.Item != b.Item {
+			return a.Item - b.Item
+		}
+		return int(a.Seq - b.Seq)
+	})
 }

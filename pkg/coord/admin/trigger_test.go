@@ -1,4 +1,4 @@
-package coord
+package admin
 
 import (
 	"errors"
@@ -101,7 +101,6 @@ func TestRerunFireAroundDST(t *testing.T) {
 		}
 	}
 }
-
 func mustTime(t *testing.T, s string) time.Time {
 	t.Helper()
 	v, err := time.Parse(time.RFC3339, s)
@@ -109,26 +108,4 @@ func mustTime(t *testing.T, s string) time.Time {
 		t.Fatal(err)
 	}
 	return v
-}
-
-func TestActorMatches(t *testing.T) {
-	for _, tt := range []struct {
-		actor, want string
-		ok          bool
-	}{
-		{"cli:root@vm", "", true},
-		{"cli:root@vm", "cli:root@vm", true},
-		{"cli:root@vm", "cli", true},
-		{"cli:root@vm", "cli:", true},
-		{"cli:root@vm", "cli:root", true},
-		{"cli:root@vm", "cli:ro", false},
-		{"token:alice", "token", true},
-		{"token:alice", "token:al", false},
-		{"token:alice", "cli", false},
-		{"instance:a", "instance:a", true},
-	} {
-		if got := actorMatches(tt.actor, tt.want); got != tt.ok {
-			t.Errorf("actorMatches(%q, %q) = %v, want %v", tt.actor, tt.want, got, tt.ok)
-		}
-	}
 }

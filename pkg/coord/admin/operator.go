@@ -1,4 +1,4 @@
-package coord
+package admin
 
 import (
 	"context"
@@ -42,6 +42,7 @@ type opError struct {
 }
 
 func (e *opError) Error() string { return e.msg }
+
 func (e *opError) Unwrap() error { return e.kind }
 
 func opErr(kind error, format string, args ...any) error {
@@ -67,16 +68,16 @@ type jobFacts struct {
 }
 
 // readJobFacts reads what the operator commands check, in one request.
-func readJobFacts(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (*jobFacts, error) {
-	resp, err := cli.Txn(ctx).Then(
-		clientv3.OpGet(keys.Config(job)),
-		clientv3.OpGet(keys.Shards(job)),
-		clientv3.OpGet(keys.Members(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.Running(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.Disabled(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.JobPrefix(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
-		clientv3.OpGet(keys.Leader(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+func (c *Client) readJobFacts(ctx context.Context, job string) (*jobFacts, error) {
+	resp, err := c.cli.Txn(ctx).Then(
+		clientv3.OpGet(c.keys.Config(job)),
+		clientv3.OpGet(c.keys.Shards(job)),
+		clientv3.OpGet(c.keys.Members(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(c.keys.Running(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(c.keys.Disabled(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(c.keys.Instances(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
+		clientv3.OpGet(c.keys.JobPrefix(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(c.keys.Leader(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read job %q from etcd: %w", job, err)
@@ -86,7 +87,7 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys,
 	f.leaders = int(resp.Responses[7].GetResponseRange().Count)
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		f.configRev = kvs[0].ModRevision
-		if j, err := keyspace.DecodeRegistered(keys.Config(job), job, kvs[0].Value, &f.reg); err == nil {
+		if j, err := keyspace.DecodeRegistered(c.keys.Config(job), job, kvs[0].Value, &f.reg); err == nil {
 			f.def = j
 		}
 	}
@@ -105,13 +106,13 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys,
 	for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
 		key := string(kv.Key)
 		switch {
-		case key == keys.DisabledJob(job):
+		case key == c.keys.DisabledJob(job):
 			f.jobOff = true
-		case strings.HasPrefix(key, keys.DisabledItems(job)):
+		case strings.HasPrefix(key, c.keys.DisabledItems(job)):
 			if n, err := strconv.Atoi(keyspace.LastSegment(key)); err == nil {
 				f.offItems[n] = true
 			}
-		case strings.HasPrefix(key, keys.DisabledInstances(job)):
+		case strings.HasPrefix(key, c.keys.DisabledInstances(job)):
 			f.offInst[keyspace.LastSegment(key)] = true
 		}
 	}
@@ -123,14 +124,14 @@ func readJobFacts(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys,
 
 // knownJobs lists the jobs registered in the cluster, for "unknown job"
 // messages: a read of every key name, so only on that error path.
-func knownJobs(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) []string {
-	resp, err := cli.Get(ctx, keys.Jobs(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+func (c *Client) knownJobs(ctx context.Context) []string {
+	resp, err := c.cli.Get(ctx, c.keys.Jobs(), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil
 	}
 	var names []string
 	for _, kv := range resp.Kvs {
-		if name := keys.JobOf(string(kv.Key)); string(kv.Key) == keys.Config(name) {
+		if name := c.keys.JobOf(string(kv.Key)); string(kv.Key) == c.keys.Config(name) {
 			names = append(names, name)
 		}
 	}
@@ -139,29 +140,29 @@ func knownJobs(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) []
 
 // unknownJob returns the error for a job etcd does not know, naming the
 // jobs it does.
-func unknownJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) error {
-	known := knownJobs(ctx, cli, keys)
+func (c *Client) unknownJob(ctx context.Context, job string) error {
+	known := c.knownJobs(ctx)
 	if len(known) == 0 {
-		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s: it has no jobs", job, keys.Prefix())
+		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s: it has no jobs", job, c.keys.Prefix())
 	}
 	if near, ok := config.Nearest(job, known); ok {
-		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s (did you mean %s?)", job, keys.Prefix(), near)
+		return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s (did you mean %s?)", job, c.keys.Prefix(), near)
 	}
 	if len(known) > 20 {
 		known = append(known[:20], fmt.Sprintf("and %d more", len(known)-20))
 	}
-	return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s (jobs: %s)", job, keys.Prefix(), strings.Join(known, ", "))
+	return opErr(ErrUnknownJob, "no job %q in the cluster at prefix %s (jobs: %s)", job, c.keys.Prefix(), strings.Join(known, ", "))
 }
 
 // requireJob returns the job's facts, or ErrUnknownJob when no key of it
 // exists.
-func requireJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (*jobFacts, error) {
-	f, err := readJobFacts(ctx, cli, keys, job)
+func (c *Client) requireJob(ctx context.Context, job string) (*jobFacts, error) {
+	f, err := c.readJobFacts(ctx, job)
 	if err != nil {
 		return nil, err
 	}
 	if !f.exists {
-		return nil, unknownJob(ctx, cli, keys, job)
+		return nil, c.unknownJob(ctx, job)
 	}
 	return f, nil
 }
@@ -274,19 +275,19 @@ func (r TriggerRequest) Detail() string {
 // record and history and in the run's environment.
 const MaxTriggerParam = 16 << 10
 
-// RequestTrigger asks the cluster to run the job's items (every item when
+// Trigger asks the cluster to run the job's items (every item when
 // none is named) once, as source MANUAL: now, or for a past scheduled fire
 // (r.Rerun). It refuses an unknown job or item, a disabled job or item, a
 // job no instance can run, a bad parameter, and a rerun time that is not a
 // past fire of the job's schedule. The owners of the items run them; the
 // request is deleted once every item served it, or expires after
 // TriggerTTL.
-func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, r TriggerRequest) (Triggered, error) {
+func (c *Client) Trigger(ctx context.Context, r TriggerRequest) (Triggered, error) {
 	job, items := r.Job, r.Items
 	if err := checkParam(r.Param); err != nil {
 		return Triggered{}, err
 	}
-	f, err := requireJob(ctx, cli, keys, job)
+	f, err := c.requireJob(ctx, job)
 	if err != nil {
 		return Triggered{}, err
 	}
@@ -301,8 +302,8 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Key
 	}
 	var res Triggered
 	cmps := []clientv3.Cmp{
-		clientv3.Compare(clientv3.ModRevision(keys.Config(job)), "=", f.configRev),
-		clientv3.Compare(clientv3.CreateRevision(keys.DisabledJob(job)), "=", 0),
+		clientv3.Compare(clientv3.ModRevision(c.keys.Config(job)), "=", f.configRev),
+		clientv3.Compare(clientv3.CreateRevision(c.keys.DisabledJob(job)), "=", 0),
 	}
 	if len(items) == 0 {
 		n, _ := f.total()
@@ -327,7 +328,7 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Key
 		if f.offItems[item] {
 			return Triggered{}, opErr(ErrRefused, "item %d of job %q is disabled; `shardd enable %s --item %d` enables it", item, job, job, item)
 		}
-		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.DisabledItem(job, item)), "=", 0))
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.DisabledItem(job, item)), "=", 0))
 		res.Runs = append(res.Runs, item)
 	}
 	var rerun time.Time
@@ -336,7 +337,7 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Key
 			return Triggered{}, err
 		}
 	}
-	lease, err := cli.Grant(ctx, int64(TriggerTTL/time.Second))
+	lease, err := c.cli.Grant(ctx, int64(TriggerTTL/time.Second))
 	if err != nil {
 		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
 	}
@@ -347,9 +348,9 @@ func RequestTrigger(ctx context.Context, cli *clientv3.Client, keys keyspace.Key
 		tr.Rerun = rerun.UTC()
 	}
 	val, _ := json.Marshal(tr)
-	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(keys.Trigger(job, tr.ID)), "=", 0))
-	resp, err := cli.Txn(ctx).If(cmps...).
-		Then(clientv3.OpPut(keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID)), clientv3.OpGet(keys.Children(job))).Commit()
+	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.Trigger(job, tr.ID)), "=", 0))
+	resp, err := c.cli.Txn(ctx).If(cmps...).
+		Then(clientv3.OpPut(c.keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID)), clientv3.OpGet(c.keys.Children(job))).Commit()
 	if err != nil {
 		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
 	}
@@ -516,11 +517,11 @@ type Disabling struct {
 // refused; force lets an operator disable an instance before it first
 // starts. Enabling a job whose definition says disabled: true removes an
 // operator's mark but is refused, since the job stays disabled.
-func SetDisabled(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, t Target, on, force bool) (Disabling, error) {
+func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Disabling, error) {
 	if t.Item >= 0 && t.Instance != "" {
 		return Disabling{}, opErr(ErrBadTarget, "an item and an instance exclude each other")
 	}
-	f, err := requireJob(ctx, cli, keys, t.Job)
+	f, err := c.requireJob(ctx, t.Job)
 	if err != nil {
 		return Disabling{}, err
 	}
@@ -531,7 +532,7 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 		if err := f.checkItem(t.Item); err != nil && !(errors.Is(err, ErrBadTarget) && !on && f.offItems[t.Item]) {
 			return Disabling{}, err // enabling an item that no longer exists is allowed: it cleans up
 		}
-		key, was = keys.DisabledItem(t.Job, t.Item), f.offItems[t.Item]
+		key, was = c.keys.DisabledItem(t.Job, t.Item), f.offItems[t.Item]
 	case t.Instance != "":
 		if err := config.CheckName(t.Instance); err != nil {
 			return Disabling{}, opErr(ErrBadTarget, "instance %v", err)
@@ -548,15 +549,15 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 			}
 			return Disabling{}, opErr(ErrBadTarget, "instance %s does not run job %s (%s)%s", t.Instance, t.Job, members, hint)
 		}
-		key, was = keys.DisabledInstance(t.Job, t.Instance), f.offInst[t.Instance]
+		key, was = c.keys.DisabledInstance(t.Job, t.Instance), f.offInst[t.Instance]
 	default:
-		key, was = keys.DisabledJob(t.Job), f.jobOff
+		key, was = c.keys.DisabledJob(t.Job), f.jobOff
 	}
 	res := Disabling{Target: t, Changed: was != on, Disabled: on}
 	if res.Changed {
 		// Guarded by what was checked: the definition the item was checked
 		// against, and the mark as it was read.
-		guards := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(keys.Config(t.Job)), "=", f.configRev)}
+		guards := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(c.keys.Config(t.Job)), "=", f.configRev)}
 		if was {
 			guards = append(guards, clientv3.Compare(clientv3.CreateRevision(key), ">", 0))
 		} else {
@@ -566,7 +567,7 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 		if on {
 			op = clientv3.OpPut(key, time.Now().UTC().Format(time.RFC3339))
 		}
-		resp, err := cli.Txn(ctx).If(guards...).Then(op).Commit()
+		resp, err := c.cli.Txn(ctx).If(guards...).Then(op).Commit()
 		if err != nil {
 			return Disabling{}, fmt.Errorf("update %s: %w", key, err)
 		}
@@ -599,13 +600,13 @@ func SetDisabled(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 	return res, nil
 }
 
-// RemoveJob deletes every key of a job that no instance defines any more
+// Remove deletes every key of a job that no instance defines any more
 // (its definition, map, records, history, disable marks). It refuses while
 // any live instance is a member of the job or runs one of its items: such
 // an instance would register the job again at once. It returns the number
-// of keys deleted.
-func RemoveJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (int64, error) {
-	f, err := requireJob(ctx, cli, keys, job)
+// of c.keys deleted.
+func (c *Client) Remove(ctx context.Context, job string) (int64, error) {
+	f, err := c.requireJob(ctx, job)
 	if err != nil {
 		return 0, err
 	}
@@ -618,11 +619,11 @@ func RemoveJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, jo
 	if f.leaders > 0 {
 		return 0, opErr(ErrRefused, "an instance still leads or campaigns for job %q (it is stopping); try again in a moment", job)
 	}
-	resp, err := cli.Txn(ctx).If(
-		clientv3.Compare(clientv3.CreateRevision(keys.Members(job)), "=", 0).WithPrefix(),
-		clientv3.Compare(clientv3.CreateRevision(keys.Running(job)), "=", 0).WithPrefix(),
-		clientv3.Compare(clientv3.CreateRevision(keys.Leader(job)), "=", 0).WithPrefix(),
-	).Then(clientv3.OpDelete(keys.JobPrefix(job), clientv3.WithPrefix())).Commit()
+	resp, err := c.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.CreateRevision(c.keys.Members(job)), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(c.keys.Running(job)), "=", 0).WithPrefix(),
+		clientv3.Compare(clientv3.CreateRevision(c.keys.Leader(job)), "=", 0).WithPrefix(),
+	).Then(clientv3.OpDelete(c.keys.JobPrefix(job), clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("remove job %q: %w", job, err)
 	}
@@ -632,10 +633,10 @@ func RemoveJob(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, jo
 	return resp.Responses[0].GetResponseDeleteRange().Deleted, nil
 }
 
-// JobHistory reads a job's history (ReadHistory), only item's when item
+// History reads a job's history (Records), only item's when item
 // >= 0, after checking that the job and the item exist.
-func JobHistory(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, item int) ([]keyspace.ItemRecord, error) {
-	f, err := requireJob(ctx, cli, keys, job)
+func (c *Client) History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+	f, err := c.requireJob(ctx, job)
 	if err != nil {
 		return nil, err
 	}
@@ -644,32 +645,9 @@ func JobHistory(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, j
 			return nil, err
 		}
 	}
-	recs, err := ReadHistory(ctx, cli, keys, job)
+	recs, err := c.Records(ctx, job)
 	if err != nil || item < 0 {
 		return recs, err
 	}
 	return slices.DeleteFunc(recs, func(r keyspace.ItemRecord) bool { return r.Item != item }), nil
-}
-
-// Trigger requests a one-off run of job (see RequestTrigger).
-func (n *Node) Trigger(ctx context.Context, r TriggerRequest) (Triggered, error) {
-	if r.By == "" {
-		r.By = n.opts.ID
-	}
-	return RequestTrigger(ctx, n.opts.Client, n.keys, r)
-}
-
-// SetDisabled disables or enables a job, item or instance (see SetDisabled).
-func (n *Node) SetDisabled(ctx context.Context, t Target, on, force bool) (Disabling, error) {
-	return SetDisabled(ctx, n.opts.Client, n.keys, t, on, force)
-}
-
-// JobHistory reads a job's history (see JobHistory).
-func (n *Node) JobHistory(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
-	return JobHistory(ctx, n.opts.Client, n.keys, job, item)
-}
-
-// Remove deletes a job no instance defines (see RemoveJob).
-func (n *Node) Remove(ctx context.Context, job string) (int64, error) {
-	return RemoveJob(ctx, n.opts.Client, n.keys, job)
 }

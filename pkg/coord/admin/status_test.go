@@ -1,4 +1,4 @@
-package coord
+package admin
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package coord
+package admin
 
 import (
 	"context"
@@ -7,13 +7,10 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
-)
 
-// Where a run's log is: the instance that ran it keeps it, as
-// <fence>-<item>.log in its run log directory. These read which instance
-// ran a run and where that instance's API is.
+	"github.com/shardd/shardd/pkg/coord/keyspace"
+)
 
 // FindRuns returns the runs of job that etcd records, newest (highest
 // fence) first, one record per run (fence and item): each item's current
@@ -24,8 +21,8 @@ import (
 // item >= 0 keeps that item's runs, fence > 0 that fence's (the items of
 // one claim share it). An unknown job is ErrUnknownJob, naming the job
 // meant when it is near one; an item out of range is ErrBadTarget.
-func FindRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
-	f, err := requireJob(ctx, cli, keys, job)
+func (c *Client) FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
+	f, err := c.requireJob(ctx, job)
 	if err != nil {
 		return nil, err
 	}
@@ -34,9 +31,9 @@ func FindRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job
 			return nil, err
 		}
 	}
-	resp, err := cli.Txn(ctx).Then(
-		clientv3.OpGet(keys.Items(job), clientv3.WithPrefix()),
-		clientv3.OpGet(keys.HistoryPrefix(job), clientv3.WithPrefix()),
+	resp, err := c.cli.Txn(ctx).Then(
+		clientv3.OpGet(c.keys.Items(job), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.HistoryPrefix(job), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read the runs of job %q: %w", job, err)
@@ -83,10 +80,10 @@ func FindRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job
 	return out, nil
 }
 
-// ReadInstance returns the registration of instance id; ok is false when
+// Instance returns the registration of instance id; ok is false when
 // no live instance has that id (its key goes with its lease).
-func ReadInstance(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, id string) (info keyspace.InstanceInfo, ok bool, err error) {
-	resp, err := cli.Get(ctx, keys.Instance(id))
+func (c *Client) Instance(ctx context.Context, id string) (info keyspace.InstanceInfo, ok bool, err error) {
+	resp, err := c.cli.Get(ctx, c.keys.Instance(id))
 	if err != nil {
 		return keyspace.InstanceInfo{}, false, fmt.Errorf("read instance %q: %w", id, err)
 	}
@@ -102,21 +99,11 @@ func ReadInstance(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys,
 	return info, true, nil
 }
 
-// FindRuns returns job's runs that etcd records (see FindRuns).
-func (n *Node) FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
-	return FindRuns(ctx, n.opts.Client, n.keys, job, item, fence)
-}
-
-// Instance returns the registration of a live instance (see ReadInstance).
-func (n *Node) Instance(ctx context.Context, id string) (keyspace.InstanceInfo, bool, error) {
-	return ReadInstance(ctx, n.opts.Client, n.keys, id)
-}
-
 // ItemCount returns how many items job has now (the registered definition's
 // shardingTotalCount; for BROADCAST, its map's): ok is false when etcd has
 // neither readable. An unknown job is ErrUnknownJob.
-func ItemCount(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (n int, ok bool, err error) {
-	f, err := requireJob(ctx, cli, keys, job)
+func (c *Client) ItemCount(ctx context.Context, job string) (n int, ok bool, err error) {
+	f, err := c.requireJob(ctx, job)
 	if err != nil {
 		return 0, false, err
 	}

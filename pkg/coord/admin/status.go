@@ -1,4 +1,4 @@
-package coord
+package admin
 
 import (
 	"context"
@@ -14,12 +14,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
 // Job statuses, after ElasticJob's.
@@ -106,15 +106,18 @@ type InstanceStatus struct {
 	Lease string `json:"lease"`
 }
 
-// ReadStatus reads the cluster's state from etcd at one revision.
-func ReadStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) (*ClusterStatus, error) {
-	return readStatus(ctx, cli, keys, keys.Jobs())
+// Status reads the cluster's state from etcd at one revision.
+func (c *Client) Status(ctx context.Context) (*ClusterStatus, error) {
+	if c.shown != nil {
+		ctx = c.shown(ctx)
+	}
+	return c.readStatus(ctx, c.keys.Jobs())
 }
 
-// ReadJobStatus reads the instances and one job, as ReadStatus does; the
+// JobStatus reads the instances and one job, as Status does; the
 // job is missing from Jobs when etcd has no key of it.
-func ReadJobStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, job string) (*ClusterStatus, error) {
-	return readStatus(ctx, cli, keys, keys.JobPrefix(job))
+func (c *Client) JobStatus(ctx context.Context, job string) (*ClusterStatus, error) {
+	return c.readStatus(ctx, c.keys.JobPrefix(job))
 }
 
 // EtcdProblems says, a line each, what keeps etcd from taking shardd's
@@ -157,8 +160,8 @@ func recentRewinds(kvs []*mvccpb.KeyValue, now time.Time) []keyspace.RewindRecor
 
 // readAlarms lists etcd's raised alarms; nothing when it cannot (a user
 // without the right to list them).
-func readAlarms(ctx context.Context, cli *clientv3.Client) []string {
-	resp, err := cli.AlarmList(ctx)
+func (c *Client) readAlarms(ctx context.Context) []string {
+	resp, err := c.cli.AlarmList(ctx)
 	if err != nil {
 		return nil
 	}
@@ -169,19 +172,19 @@ func readAlarms(ctx context.Context, cli *clientv3.Client) []string {
 	return out
 }
 
-// readStatus reads the instances and the jobs with keys under jobsPrefix.
-func readStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, jobsPrefix string) (*ClusterStatus, error) {
-	resp, err := cli.Txn(ctx).Then(
-		clientv3.OpGet(keys.Instances(), clientv3.WithPrefix()),
+// readStatus reads the instances and the jobs with c.keys under jobsPrefix.
+func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterStatus, error) {
+	resp, err := c.cli.Txn(ctx).Then(
+		clientv3.OpGet(c.keys.Instances(), clientv3.WithPrefix()),
 		clientv3.OpGet(jobsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(keys.Rewinds(), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Rewinds(), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", keys.Prefix(), err)
+		return nil, fmt.Errorf("read %s: %w", c.keys.Prefix(), err)
 	}
 	rev := resp.Header.Revision
-	cs := &ClusterStatus{Prefix: keys.Prefix(), Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{},
-		Rewinds: recentRewinds(resp.Responses[2].GetResponseRange().Kvs, time.Now()), Alarms: readAlarms(ctx, cli)}
+	cs := &ClusterStatus{Prefix: c.keys.Prefix(), Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{},
+		Rewinds: recentRewinds(resp.Responses[2].GetResponseRange().Kvs, time.Now()), Alarms: c.readAlarms(ctx)}
 	alive := map[string]bool{}
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		var info keyspace.InstanceInfo
@@ -202,7 +205,7 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, j
 	byJob := map[string]*jobKeys{}
 	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
 		key := string(kv.Key)
-		name := keys.JobOf(key)
+		name := c.keys.JobOf(key)
 		if name == "" {
 			continue
 		}
@@ -212,14 +215,14 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, j
 			byJob[name] = jk
 		}
 		switch {
-		case strings.HasPrefix(key, keys.Members(name)):
+		case strings.HasPrefix(key, c.keys.Members(name)):
 			jk.members = append(jk.members, keyspace.LastSegment(key))
-		case key == keys.DisabledJob(name):
+		case key == c.keys.DisabledJob(name):
 			jk.jobOff = true
-		case strings.HasPrefix(key, keys.DisabledInstances(name)):
+		case strings.HasPrefix(key, c.keys.DisabledInstances(name)):
 			jk.disabledInst[keyspace.LastSegment(key)] = true
 			jk.disabledList = append(jk.disabledList, keyspace.LastSegment(key))
-		case strings.HasPrefix(key, keys.DisabledItems(name)):
+		case strings.HasPrefix(key, c.keys.DisabledItems(name)):
 			if n, err := strconv.Atoi(keyspace.LastSegment(key)); err == nil {
 				jk.disabledItems = append(jk.disabledItems, n)
 			}
@@ -230,11 +233,11 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, j
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	perJob, err := readJobKeys(ctx, cli, keys, names, rev)
+	perJob, err := c.readJobKeys(ctx, names, rev)
 	if err != nil {
 		return nil, err
 	}
-	decoded := decodeJobKeys(keys, names, perJob)
+	decoded := decodeJobKeys(c.keys, names, perJob)
 	for i, name := range names {
 		jk := byJob[name]
 		js := JobStatus{Name: name, Eligible: []string{}, Items: []ItemStatus{}, DisabledInstances: jk.disabledList}
@@ -299,11 +302,11 @@ func readStatus(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, j
 		}
 		cs.Jobs = append(cs.Jobs, js)
 	}
-	if jobsPrefix == keys.Jobs() {
+	if jobsPrefix == c.keys.Jobs() {
 		linkChildren(cs.Jobs)
 	} else {
 		for i := range cs.Jobs {
-			if err := linkOne(ctx, cli, keys, &cs.Jobs[i], rev); err != nil {
+			if err := c.linkOne(ctx, &cs.Jobs[i], rev); err != nil {
 				return nil, err
 			}
 		}
@@ -358,7 +361,7 @@ const statusReaders = 8
 // Txns at a time: a cluster of 10,000 jobs takes about 240 Txns, not
 // 10,000 round trips. It returns the three responses of each job, in the
 // order of names.
-func readJobKeys(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, names []string, rev int64) ([][]*etcdserverpb.ResponseOp, error) {
+func (c *Client) readJobKeys(ctx context.Context, names []string, rev int64) ([][]*etcdserverpb.ResponseOp, error) {
 	const perTxn = 128 / statusOpsPerJob
 	out := make([][]*etcdserverpb.ResponseOp, len(names))
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -370,16 +373,16 @@ func readJobKeys(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 		var ops []clientv3.Op
 		for _, name := range chunk {
 			ops = append(ops,
-				clientv3.OpGet(keys.Shards(name), clientv3.WithRev(rev)),
-				clientv3.OpGet(keys.Config(name), clientv3.WithRev(rev)),
-				clientv3.OpGet(keys.Leader(name), append(clientv3.WithFirstCreate(), clientv3.WithRev(rev))...))
+				clientv3.OpGet(c.keys.Shards(name), clientv3.WithRev(rev)),
+				clientv3.OpGet(c.keys.Config(name), clientv3.WithRev(rev)),
+				clientv3.OpGet(c.keys.Leader(name), append(clientv3.WithFirstCreate(), clientv3.WithRev(rev))...))
 		}
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			resp, err := cli.Txn(ctx).Then(ops...).Commit()
+			resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 			if err != nil {
 				cancel(fmt.Errorf("read jobs %s to %s: %w", chunk[0], chunk[len(chunk)-1], err))
 				return
@@ -416,17 +419,17 @@ func jobState(m *keyspace.ShardMap, eligible []string, alive map[string]bool, di
 	return StatusOK
 }
 
-// ReadMaps reads every job's published shard map in one request, keyed by job
+// Maps reads every job's published shard map in one request, keyed by job
 // name. A malformed map is left out: its leader replaces it.
-func ReadMaps(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys) (map[string]*keyspace.ShardMap, error) {
-	resp, err := cli.Get(ctx, keys.Jobs(), clientv3.WithPrefix())
+func (c *Client) Maps(ctx context.Context) (map[string]*keyspace.ShardMap, error) {
+	resp, err := c.cli.Get(ctx, c.keys.Jobs(), clientv3.WithPrefix())
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", keys.Jobs(), err)
+		return nil, fmt.Errorf("read %s: %w", c.keys.Jobs(), err)
 	}
 	maps := map[string]*keyspace.ShardMap{}
 	for _, kv := range resp.Kvs {
-		job := keys.JobOf(string(kv.Key))
-		if job == "" || string(kv.Key) != keys.Shards(job) {
+		job := c.keys.JobOf(string(kv.Key))
+		if job == "" || string(kv.Key) != c.keys.Shards(job) {
 			continue
 		}
 		var m keyspace.ShardMap
@@ -450,10 +453,10 @@ type JobRuns struct {
 // etcd's default --max-txn-ops of 128).
 const runsPerTxn = 42
 
-// ReadJobRuns reads the latest record and running marker of every item of
+// JobRuns reads the latest record and running marker of every item of
 // jobs, in Txns of runsPerTxn jobs, four at a time. A RUNNING record's
 // Fence is set to its claim's revision.
-func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, jobs []string) (map[string]JobRuns, error) {
+func (c *Client) JobRuns(ctx context.Context, jobs []string) (map[string]JobRuns, error) {
 	out := make(map[string]JobRuns, len(jobs))
 	var (
 		mu    sync.Mutex
@@ -469,10 +472,10 @@ func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 			defer func() { <-slots; wg.Done() }()
 			ops := make([]clientv3.Op, 0, 3*len(chunk))
 			for _, job := range chunk {
-				ops = append(ops, clientv3.OpGet(keys.Items(job), clientv3.WithPrefix()), clientv3.OpGet(keys.Running(job), clientv3.WithPrefix()),
-					clientv3.OpGet(keys.LastFailure(job)))
+				ops = append(ops, clientv3.OpGet(c.keys.Items(job), clientv3.WithPrefix()), clientv3.OpGet(c.keys.Running(job), clientv3.WithPrefix()),
+					clientv3.OpGet(c.keys.LastFailure(job)))
 			}
-			resp, err := cli.Txn(ctx).Then(ops...).Commit()
+			resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -509,16 +512,6 @@ func ReadJobRuns(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, 
 	return out, first
 }
 
-// JobStatus reads one job's status (see ReadJobStatus).
-func (n *Node) JobStatus(ctx context.Context, job string) (*ClusterStatus, error) {
-	return ReadJobStatus(ctx, n.opts.Client, n.keys, job)
-}
-
-// JobRuns reads what jobs' items did last (see ReadJobRuns).
-func (n *Node) JobRuns(ctx context.Context, jobs []string) (map[string]JobRuns, error) {
-	return ReadJobRuns(ctx, n.opts.Client, n.keys, jobs)
-}
-
 // linkChildren fills each job's Children from the others' DependsOn, and
 // notes a parent no instance defines as a problem of its child.
 func linkChildren(jobs []JobStatus) {
@@ -539,12 +532,12 @@ func linkChildren(jobs []JobStatus) {
 
 // linkOne does linkChildren's work for one job read alone: its children
 // from its children index, its parents checked by their config keys.
-func linkOne(ctx context.Context, cli *clientv3.Client, keys keyspace.Keys, js *JobStatus, rev int64) error {
-	ops := []clientv3.Op{clientv3.OpGet(keys.Children(js.Name), clientv3.WithRev(rev))}
+func (c *Client) linkOne(ctx context.Context, js *JobStatus, rev int64) error {
+	ops := []clientv3.Op{clientv3.OpGet(c.keys.Children(js.Name), clientv3.WithRev(rev))}
 	for _, p := range js.DependsOn {
-		ops = append(ops, clientv3.OpGet(keys.Config(p), clientv3.WithRev(rev), clientv3.WithCountOnly()))
+		ops = append(ops, clientv3.OpGet(c.keys.Config(p), clientv3.WithRev(rev), clientv3.WithCountOnly()))
 	}
-	resp, err := cli.Txn(ctx).Then(ops...).Commit()
+	resp, err := c.cli.Txn(ctx).Then(ops...).Commit()
 	if err != nil {
 		return fmt.Errorf("read the dependencies of %s: %w", js.Name, err)
 	}

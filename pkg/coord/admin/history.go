@@ -1,0 +1,29 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/pkg/coord/keyspace"
+)
+
+// Records reads job's history from etcd, oldest first, whatever the job's
+// state (History checks the job and the item first).
+func (c *Client) Records(ctx context.Context, job string) ([]keyspace.ItemRecord, error) {
+	resp, err := c.cli.Get(ctx, c.keys.HistoryPrefix(job), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read history of job %q: %w", job, err)
+	}
+	out := make([]keyspace.ItemRecord, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var rec keyspace.ItemRecord
+		if json.Unmarshal(kv.Value, &rec) == nil {
+			out = append(out, rec)
+		}
+	}
+	keyspace.SortHistory(out)
+	return out, nil
+}
