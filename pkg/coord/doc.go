@@ -1,11 +1,13 @@
-// Package coord coordinates shardd instances through etcd: one session
-// (lease) per instance, one elected leader per job, and one fenced shard map
-// per job that every instance watches.
+// Package coord is the runtime that coordinates shardd instances through
+// etcd: one session (lease) per instance, one elected leader per job, and
+// one fenced shard map per job that every instance watches; the claims and
+// outcomes of the items it runs.
 //
-// It is the only package that imports the etcd client; it converts etcd
-// types to shardd types at its edge. Key names are built in keys.go, and
-// nowhere else outside tests. docs/design.md describes the keyspace, the
-// state machines and the guarantees for users and contributors.
+// It and the operator client (package admin) are the only packages that
+// import the etcd client, and neither imports the other; they read and
+// write the keys and values of package keyspace, which builds every key
+// name. docs/design.md describes the keyspace, the state machines and the
+// guarantees for users and contributors.
 //
 // # Instance lifecycle
 //
