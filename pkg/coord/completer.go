@@ -1,0 +1,189 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord/keyspace"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// completer groups the outcomes of runs into shared Txns by group commit:
+// an outcome that comes while no Txn of outcomes is in flight is written at
+// once; those that come while one is are written together by the next.
+// Each keeps its own guard (its claim's fence); when a shared Txn's guards
+// fail, each outcome is written on its own, so that one taken-over item
+// does not fail the others.
+//
+// Siblings, the runs of one claim Txn (one fence), were released together
+// and often end together: an outcome whose siblings are still running waits
+// for them, at most siblingLinger, and the last one writes them all in one
+// Txn (measured: an outcome Txn per item execution without it, for the
+// items of a job that an instance runs at each fire). Only siblings wait.
+type completer struct {
+	mu      sync.Mutex
+	busy    bool // a flush is writing
+	pending []*completion
+	// siblings counts, by fence, the runs of a shared claim whose outcome
+	// has not come yet.
+	siblings map[int64]int
+}
+
+// siblingLinger bounds how long an outcome waits for its siblings'.
+const siblingLinger = 5 * time.Millisecond
+
+// maxSiblingFences bounds the fences expect tracks: claims whose runs never
+// report an outcome here (a run that never started is recorded elsewhere)
+// would otherwise stay; past it the map starts over (their outcomes are
+// then written without waiting).
+const maxSiblingFences = 4096
+
+// expect records that count runs were claimed together under fence.
+func (c *completer) expect(fence int64, count int) {
+	if count < 2 {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.siblings == nil || len(c.siblings) >= maxSiblingFences {
+		c.siblings = map[int64]int{}
+	}
+	c.siblings[fence] = count
+}
+
+// kick starts a flush of what is pending, if none is in progress.
+func (c *completer) kick(n *Node) {
+	c.mu.Lock()
+	if c.busy || len(c.pending) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.busy = true
+	c.mu.Unlock()
+	c.drain(n)
+}
+
+type completion struct {
+	rec   keyspace.ItemRecord
+	fence int64
+	done  chan error // buffered(1)
+}
+
+// completionsPerTxn bounds a shared Txn: up to 4 writes per outcome
+// (record, history, marker, and a failure's last-failure key) within
+// etcd's default --max-txn-ops of 128.
+const completionsPerTxn = 32
+
+// do writes rec's outcome, guarded by fence, with others' if they come
+// together; it returns finish's error for it, or ctx's when ctx ends first
+// (a shutdown's bound: the write goes on, guarded by the fence). The
+// caller that finds no flush in progress starts a goroutine that writes
+// batches while there are some, so that no run's caller is held by
+// others' outcomes, nor past its ctx by its own.
+func (c *completer) do(ctx context.Context, n *Node, rec keyspace.ItemRecord, fence int64) error {
+	req := &completion{rec: rec, fence: fence, done: make(chan error, 1)}
+	c.mu.Lock()
+	c.pending = append(c.pending, req)
+	waiting := 0 // siblings still running
+	if left, ok := c.siblings[fence]; ok {
+		if waiting = left - 1; waiting > 0 {
+			c.siblings[fence] = waiting
+		} else {
+			delete(c.siblings, fence)
+		}
+	}
+	flusher := !c.busy && waiting == 0
+	if flusher {
+		c.busy = true
+	}
+	c.mu.Unlock()
+	switch {
+	case flusher:
+		go c.drain(n)
+	case waiting > 0:
+		// The last sibling, or this timer, writes it.
+		time.AfterFunc(siblingLinger, func() {
+			c.mu.Lock()
+			delete(c.siblings, fence) // late siblings do not wait
+			c.mu.Unlock()
+			c.kick(n)
+		})
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// flushOne writes the next batch of pending outcomes and says whether more
+// are pending (else the completer is idle again).
+func (c *completer) flushOne(n *Node) (more bool) {
+	c.mu.Lock()
+	batch := c.pending[:min(len(c.pending), completionsPerTxn)]
+	c.pending = c.pending[len(batch):]
+	c.mu.Unlock()
+	if len(batch) > 0 {
+		c.write(n, batch)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pending) == 0 {
+		c.busy = false
+		return false
+	}
+	return true
+}
+
+// drain writes pending outcomes until none is left.
+func (c *completer) drain(n *Node) {
+	for c.flushOne(n) {
+	}
+}
+
+func (c *completer) write(n *Node, batch []*completion) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.opts.TTL)
+	defer cancel()
+	if len(batch) == 1 {
+		batch[0].done <- n.finish(ctx, batch[0].rec, batch[0].fence, true)
+		return
+	}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	ok := batch[:0:0]
+	for _, r := range batch {
+		cmp, o, err := n.finishTxn(r.rec, r.fence, true)
+		if err != nil {
+			r.done <- err
+			continue
+		}
+		cmps, ops, ok = append(cmps, cmp), append(ops, o...), append(ok, r)
+	}
+	batch = ok
+	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	switch {
+	case err != nil: // unknown outcome: read back; those not written retry on their own
+		for _, r := range batch {
+			if _, o, _ := n.finishTxn(r.rec, r.fence, true); n.finishApplied(ctx, r.rec, o[0]) {
+				r.done <- nil
+				continue
+			}
+			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
+		}
+	case resp.Succeeded:
+		n.wroteItems(resp.Header.Revision)
+		for _, r := range batch {
+			if _, o, err := n.finishTxn(r.rec, r.fence, true); err == nil {
+				n.learnWrite(r.rec.Job, r.rec.Item, o[0].ValueBytes(), resp.Header.Revision)
+			}
+			r.done <- nil
+		}
+	default: // some guard failed: each on its own
+		for _, r := range batch {
+			r.done <- n.finish(ctx, r.rec, r.fence, true)
+		}
+	}
+}

@@ -1,0 +1,270 @@
+package coord
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Outcome is how a granted run ended.
+type Outcome struct {
+	// State is StateDone, StateFailed or StateKilled; Reason says why a
+	// KILLED run was stopped.
+	State, Reason string
+	// ExitCode of the script, -1 when none; HTTPStatus of the hook's
+	// response, 0 when none.
+	ExitCode   int
+	HTTPStatus int
+	Err        string
+	Output     string
+	Start, End time.Time
+	// KilledBy names who stopped a run killed by an operator.
+	KilledBy string
+	// Iterations counts a streaming run's iterations (0: not streaming).
+	Iterations int
+}
+
+// Complete records the outcome of a granted run, removes its running marker
+// and appends it to the item's history, guarded by the claim's fence. The
+// outcome is known here and nowhere else, so a write whose result is
+// unknown or failed is retried with backoff, even after the session ended,
+// until it lands, the guard fails (another instance took the item over:
+// ErrClaimLost), or ctx is done.
+func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
+	rec := g.Final(o)
+	po := n.outcomes.add(rec, g.Fence) // a rewind's repair writes it if the claim's record went
+	defer n.outcomes.remove(po)
+	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
+	for try := 0; ; try++ {
+		var err error
+		if try == 0 {
+			err = n.completions.do(ctx, n, rec, g.Fence) // with the outcomes of others
+		} else {
+			err = n.finish(ctx, rec, g.Fence, true)
+		}
+		if errors.Is(err, ErrClaimLost) && po.written() {
+			return nil // written by the repair after etcd went back (rewind.go)
+		}
+		if err == nil || errors.Is(err, ErrClaimLost) {
+			return err
+		}
+		n.log.Warn("record the outcome; retrying", "job", rec.Job, "item", rec.Item, "fence", g.Fence, "err", err)
+		if !sleep(ctx, b.next()) {
+			return err
+		}
+	}
+}
+
+// Final is the record Complete writes for the run of g with outcome o.
+func (g *Grant) Final(o Outcome) keyspace.ItemRecord {
+	rec := g.record
+	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
+	rec.KilledBy, rec.Iterations = o.KilledBy, o.Iterations
+	if !o.Start.IsZero() {
+		rec.Start = o.Start.UTC()
+	}
+	rec.End = o.End.UTC()
+	return rec
+}
+
+// Skip records that skipped fires up to fire were not run for item, and
+// why (Skip* reasons), visible in history.
+func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error {
+	now := n.opts.Now().UTC()
+	rec := keyspace.ItemRecord{Job: job, Item: item, Fire: fire.UTC(), Sched: fire.UTC(), State: keyspace.StateSkipped, Instance: n.opts.ID, ExitCode: -1,
+		Skipped: skipped, Reason: reason, Start: now, End: now}
+	if prev.Record != nil {
+		rec.Seq = prev.Record.Seq + 1
+		rec.Trigger = prev.Record.Trigger
+	}
+	return n.finish(ctx, rec, prev.Rev, false)
+}
+
+// Settle records a run cut by a failure that will not be re-run (the job
+// says failover: false): KILLED, reason lost, in the item's record and
+// history, guarded by the record read. The fires after it go on.
+func (n *Node) Settle(ctx context.Context, job string, item int, st keyspace.ItemState) error {
+	if st.Record == nil {
+		return nil
+	}
+	rec := *st.Record
+	rec.State, rec.Reason, rec.End, rec.Fence = keyspace.StateKilled, keyspace.ReasonLost, n.opts.Now().UTC(), st.Rev
+	rec.Error = "its instance died or was cut off mid-run; failover: false, not run again"
+	return n.finish(ctx, rec, st.Rev, false)
+}
+
+// Begin starts the record of items never claimed: the scheduled fires up
+// to sched are accounted for (there were none to run: the items did not
+// exist, as far as anyone knows). Without it, every instance would guess
+// when an item began, and an owner restarting across an item's first fire
+// would never run it. An item claimed meanwhile is left alone, and nothing
+// is written once the map acted on (mapRev, 0: not checked) has changed.
+// The records are written in transactions of up to 64 items; a transaction
+// that does not apply is retried item by item.
+func (n *Node) Begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) error {
+	for len(items) > 0 {
+		batch := items[:min(len(items), 64)]
+		items = items[len(batch):]
+		ok, err := n.begin(ctx, job, batch, sched, mapRev)
+		if err != nil {
+			return err
+		}
+		if !ok && len(batch) > 1 {
+			// One of them has a record now, or the map changed: one by one.
+			for _, item := range batch {
+				if _, err := n.begin(ctx, job, []int{item}, sched, mapRev); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// begin writes the first records of items in one transaction, guarded by
+// the absence of each and the map revision acted on; it reports whether it
+// applied.
+func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) (bool, error) {
+	cmps := make([]clientv3.Cmp, 0, len(items)+1)
+	ops := make([]clientv3.Op, 0, len(items))
+	if mapRev != 0 {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Shards(job)), "=", mapRev))
+	}
+	for _, item := range items {
+		rec := keyspace.ItemRecord{Job: job, Item: item, Fire: sched.UTC(), Sched: sched.UTC(), State: keyspace.StateSkipped, Instance: n.opts.ID, ExitCode: -1}
+		val, err := json.Marshal(rec)
+		if err != nil {
+			return false, err
+		}
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(n.keys.Item(job, item)), "=", 0))
+		ops = append(ops, clientv3.OpPut(n.keys.Item(job, item), string(val)))
+	}
+	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return false, fmt.Errorf("begin items of job %q: %w", job, err)
+	}
+	if resp.Succeeded {
+		n.wroteItems(resp.Header.Revision)
+	} else {
+		n.refused(job)
+	}
+	return resp.Succeeded, nil
+}
+
+// finish writes rec to the item and its history if the item record is still
+// at revision rev, and removes the running marker when clearRunning is set.
+func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, clearRunning bool) error {
+	cmp, ops, err := n.finishTxn(rec, rev, clearRunning)
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	key := n.keys.Item(rec.Job, rec.Item)
+	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Else(clientv3.OpGet(key)).Commit()
+	if refusedWrite(err) {
+		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
+	}
+	if err != nil {
+		// Unknown outcome (a timeout, a member lost, or ctx ended with the
+		// request on its way): read it back, so that a record written is
+		// reported written (the caller logs the policy it applied), not
+		// left to look unwritten to everyone but etcd.
+		if n.finishApplied(ctx, rec, ops[0]) {
+			return nil
+		}
+		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
+	}
+	if !resp.Succeeded {
+		n.refused(rec.Job)
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) > 0 && bytes.Equal(kvs[0].Value, ops[0].ValueBytes()) {
+			return nil // written already (a write whose answer was lost, or a rewind's repair)
+		}
+		if len(kvs) > 0 && kvs[0].ModRevision < rev {
+			// The record is older than the claim that wrote it: etcd went
+			// back. Not lost: the repair writes the outcome (rewind.go).
+			return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job,
+				n.hist.noteKeyRevision(key, rev, kvs[0].ModRevision))
+		}
+		// Our claim was taken over (after a fence): its record is not ours to write.
+		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
+	}
+	n.wroteItems(resp.Header.Revision)
+	n.learnWrite(rec.Job, rec.Item, ops[0].ValueBytes(), resp.Header.Revision)
+	return nil
+}
+
+// refusedWrite reports whether etcd refused a write outright, so that it
+// did not apply: its NOSPACE alarm, or a rewind History found. Such a
+// write's outcome is known; it is not read back.
+func refusedWrite(err error) bool {
+	return err != nil && (errors.Is(err, ErrRewound) || errors.Is(rpctypes.Error(err), rpctypes.ErrNoSpace))
+}
+
+// finishApplied reports whether a finish whose outcome is unknown applied:
+// the item record holds what it wrote (each record written is unique: it
+// carries its end time). One read, even after ctx ended (then a short one:
+// ctx ends at shutdown, which an etcd without a leader must not hold).
+func (n *Node) finishApplied(ctx context.Context, rec keyspace.ItemRecord, put clientv3.Op) bool {
+	wait := n.opts.TTL
+	if ctx.Err() != nil {
+		wait = min(wait, time.Second)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait)
+	defer cancel()
+	// ctx ending during the read leaves it a second more, not a TTL.
+	defer context.AfterFunc(ctx, func() { time.AfterFunc(time.Second, cancel) })()
+	resp, err := n.opts.Client.Get(rctx, n.keys.Item(rec.Job, rec.Item))
+	if err != nil || len(resp.Kvs) == 0 || !bytes.Equal(resp.Kvs[0].Value, put.ValueBytes()) {
+		return false
+	}
+	n.wroteItems(resp.Kvs[0].ModRevision)
+	return true
+}
+
+// History returns the recorded executions of job, oldest first.
+func (n *Node) History(ctx context.Context, job string) ([]keyspace.ItemRecord, error) {
+	resp, err := n.opts.Client.Get(ctx, n.keys.HistoryPrefix(job), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read history of job %q: %w", job, err)
+	}
+	out := make([]keyspace.ItemRecord, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var rec keyspace.ItemRecord
+		if json.Unmarshal(kv.Value, &rec) == nil {
+			out = append(out, rec)
+		}
+	}
+	keyspace.SortHistory(out)
+	return out, nil
+}
+
+// finishTxn is the guard and the writes of finish.
+func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) (clientv3.Cmp, []clientv3.Op, error) {
+	k := n.keys
+	val, err := json.Marshal(rec)
+	if err != nil {
+		return clientv3.Cmp{}, nil, err
+	}
+	ops := []clientv3.Op{
+		clientv3.OpPut(k.Item(rec.Job, rec.Item), string(val)),
+		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%keyspace.HistoryPerItem), string(val)),
+	}
+	if clearRunning {
+		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
+	}
+	if rec.Failed() {
+		ops = append(ops, clientv3.OpPut(k.LastFailure(rec.Job), string(val)))
+	}
+	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
+}
