@@ -1,0 +1,281 @@
+// Package console is shardd's web console: server-rendered pages, served
+// by every instance at / on its --listen address, over the same data as
+// the API and acting through the API's own endpoints.
+//
+// # Pages
+//
+//	/                  overview: cluster health, job counts, recent failures
+//	/jobs              jobs, searched and filtered server-side, 50 a page
+//	/jobs/{job}        one job: items, instances, history, a run's log, actions
+//	/instances         live instances: version, start, jobs, items, leaderships
+//	/audit             who did what (the audit log)
+//	/login, /logout    a token pasted once becomes a session cookie
+//
+// # Reading
+//
+// The overview, the job list and the instances page read a snapshot of the
+// cluster (coord.ReadStatus and coord.ReadJobRuns) kept for a few seconds:
+// with 10,000 jobs one read takes seconds, a page must not. A page served
+// from a snapshot older than Options.MaxAge starts one refresh in the
+// background (never two) and shows the age of what it shows; a snapshot
+// older than 15 s is not shown: the page waits for the refresh (at most
+// PageWait, then it shows what it has, with a warning). While pages are
+// asked for, the snapshot is refreshed in the background (Options.Warm),
+// so pages in use do not wait. A write through this instance's API
+// (Invalidate) makes the next page wait for a read begun after the write:
+// a read already in progress saw the cluster before it, however late it
+// ends. The job page reads its job fresh (one job's keys, its items and
+// history).
+//
+// # Acting
+//
+// Actions are forms that the page's script sends to the API
+// (/api/v1/jobs/{job}/trigger, kill, disable, enable) with the session's
+// cookie and its key in a header, after a confirmation; the API checks,
+// does and records them in the audit log exactly as for any other caller.
+// The console itself changes nothing: one mechanism, one audit.
+//
+// # Who
+//
+// api.Auth decides: when some token has the read role, every page needs a
+// login; otherwise pages are open and a login is needed only to act. A
+// read-role login sees everything and no action. Login and logout refuse
+// cross-origin posts; logins are rate-limited (429).
+//
+// A session is two halves (see api.Auth): an HttpOnly, SameSite=Strict
+// cookie (Secure over TLS), which the browser sends to every port of the
+// host, so to other local users' servers too, and a key, which only this
+// origin's script has. The login answers with a page that gives the key to
+// the script, which keeps it in the origin's localStorage and sends it in
+// api.KeyHeader with every request it makes. A navigation sends only the
+// cookie: a page asked for with the cookie of a live session and no key
+// is answered with a bootstrap page that holds no data, whose script asks
+// for the same URL with the key and shows that page in its place. So the
+// cookie alone gets nothing but the bootstrap; and the key replaces a CSRF
+// token (no page of another origin can know or send it). Logout takes the
+// key from its form (the script fills it in); without it, it only clears
+// the caller's cookie.
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/admin"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/runlog"
+	sched "github.com/shardd/shardd/pkg/schedule"
+)
+
+type jobData struct {
+	Job       admin.JobStatus
+	Schedule  schedule
+	Failover  bool
+	Items     []itemRow
+	Instances []instanceFor
+	History   []keyspace.ItemRecord
+	// Filters of the history.
+	Item, Result, Source, Since string
+	Results, Sources            []string
+	HistoryNote                 string
+	// Run is the run whose log is shown ("FENCE-ITEM"), "" for none.
+	Run string
+	// Description and Definition (indented JSON) say what the job is;
+	// PastFires are its latest fires, to re-run, in its time zone.
+	Description string
+	Definition  string
+	PastFires   []string
+}
+
+// errorData is an error page's way on.
+type errorData struct {
+	Link, LinkText string
+}
+
+// pastFires returns the job's last n fires before now, newest first, as
+// the re-run form takes them: in the job's time zone, with the offset
+// where the clocks show that time twice (a schedule that follows the
+// clock fires at both).
+func pastFires(j *config.Job, now time.Time, n int) []string {
+	if j.Schedule == nil {
+		return nil
+	}
+	loc := j.Location
+	if loc == nil {
+		loc = time.UTC
+	}
+	var fires []time.Time
+	for span := time.Hour; span <= 400*24*time.Hour && len(fires) < n; span *= 4 {
+		fires = fires[:0]
+		for t := j.Schedule.Next(now.Add(-span)); !t.IsZero() && !t.After(now); t = j.Schedule.Next(t) {
+			fires = append(fires, t)
+		}
+	}
+	var out []string
+	for i := len(fires) - 1; i >= 0 && len(out) < n; i-- {
+		f := fires[i].In(loc)
+		if at, _ := sched.Instants(loc, f); len(at) > 1 {
+			out = append(out, f.Format(time.RFC3339))
+			continue
+		}
+		out = append(out, f.Format("2006-01-02 15:04:05"))
+	}
+	return out
+}
+
+type itemRow struct {
+	admin.ItemStatus
+	Disabled  bool
+	RunningOn string
+	// RunningFence is the fence of the run in progress: its Kill button
+	// names it, so that a kill from this page never stops a later run.
+	RunningFence int64
+	Last         *keyspace.ItemRecord
+	Result       string
+	LogRun       string
+}
+
+type instanceFor struct {
+	ID       string
+	Eligible bool
+	Disabled bool
+}
+
+func (c *console) job(r *http.Request, v *view) (string, error) {
+	name := r.PathValue("job")
+	ctx, cancel := c.ctx(r)
+	defer cancel()
+	st, err := c.o.Admin.JobStatus(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	idx := slices.IndexFunc(st.Jobs, func(j admin.JobStatus) bool { return j.Name == name })
+	if idx < 0 {
+		v.Status, v.Error = http.StatusNotFound, "no job "+strconv.Quote(name)+" in the cluster"
+		if snap := c.snap.current(); snap != nil {
+			names := make([]string, len(snap.rows))
+			for i, row := range snap.rows {
+				names[i] = row.Name
+			}
+			if near, ok := config.Nearest(name, names); ok {
+				v.Error += " (did you mean " + near + "?)"
+				v.Data = errorData{Link: "/jobs/" + url.PathEscape(near), LinkText: near}
+				return "error", nil
+			}
+		}
+		v.Data = errorData{Link: "/jobs?q=" + url.QueryEscape(name), LinkText: "search the jobs for " + strconv.Quote(name)}
+		return "error", nil
+	}
+	js := st.Jobs[idx]
+	runs, err := c.o.Admin.JobRuns(ctx, []string{name})
+	if err != nil {
+		return "", err
+	}
+	q := r.URL.Query()
+	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"),
+		Results: []string{"", keyspace.StateDone, keyspace.StateFailed, keyspace.StateKilled, keyspace.StateSkipped, keyspace.StateRunning},
+		Sources: []string{"", keyspace.SourceNormal, keyspace.SourceMisfire, keyspace.SourceFailover, keyspace.SourceManual, keyspace.SourceUpstream}}
+	if run := q.Get("run"); run != "" {
+		if _, _, ok := runlog.ParseRun(run); ok {
+			d.Run = run
+		} else {
+			d.HistoryNote = "run " + strconv.Quote(run) + " is not a run (FENCE-ITEM, as the history's log links give it)"
+		}
+	}
+	def := []byte(nil)
+	if js.Definition != nil {
+		def = js.Definition.Job
+	}
+	if j := definition(def, name); j != nil {
+		d.Schedule, d.Failover, d.Description = scheduleOf(j, v.Now, 3), j.Failover, j.Description
+		d.PastFires = pastFires(j, v.Now, 10)
+	}
+	if len(def) > 0 {
+		var pretty bytes.Buffer
+		if json.Indent(&pretty, def, "", "  ") == nil {
+			d.Definition = pretty.String()
+		}
+	}
+	off := map[int]bool{}
+	for _, i := range js.DisabledItems {
+		off[i] = true
+	}
+	jr := runs[name]
+	for _, it := range js.Items {
+		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
+		if rec, ok := jr.Records[it.Item]; ok && !begun(rec) {
+			row.Last, row.Result = &rec, result(rec)
+			if row.RunningOn != "" && rec.State == keyspace.StateRunning {
+				row.RunningFence = rec.Fence
+			}
+			if rec.Fence > 0 {
+				row.LogRun = strconv.FormatInt(rec.Fence, 10) + "-" + strconv.Itoa(it.Item)
+			}
+		}
+		d.Items = append(d.Items, row)
+	}
+	ids := map[string]*instanceFor{}
+	for _, id := range js.Eligible {
+		ids[id] = &instanceFor{ID: id, Eligible: true}
+	}
+	for _, id := range js.DisabledInstances {
+		if ids[id] == nil {
+			ids[id] = &instanceFor{ID: id}
+		}
+		ids[id].Disabled = true
+	}
+	for _, in := range ids {
+		d.Instances = append(d.Instances, *in)
+	}
+	slices.SortFunc(d.Instances, func(a, b instanceFor) int { return strings.Compare(a.ID, b.ID) })
+
+	item := -1
+	if d.Item != "" {
+		if n, err := strconv.Atoi(d.Item); err == nil && n >= 0 {
+			item = n
+		} else {
+			d.HistoryNote = "item must be a number; showing every item"
+			d.Item = ""
+		}
+	}
+	hist, err := c.o.Admin.History(ctx, name, item)
+	if err != nil {
+		d.HistoryNote = err.Error()
+	}
+	var since time.Time
+	if d.Since != "" {
+		if dur, err := time.ParseDuration(d.Since); err == nil && dur > 0 {
+			since = v.Now.Add(-dur)
+		} else {
+			d.HistoryNote, d.Since = "since must be a duration like 1h or 30m; showing all", ""
+		}
+	}
+	for _, rec := range jr.Records { // runs in progress: history has them when they end
+		if rec.State == keyspace.StateRunning && (d.Item == "" || strconv.Itoa(rec.Item) == d.Item) {
+			hist = append(hist, rec)
+		}
+	}
+	for _, rec := range hist {
+		if (d.Result != "" && rec.State != d.Result) || (d.Source != "" && rec.Source != d.Source) || (!since.IsZero() && rec.Fire.Before(since)) {
+			continue
+		}
+		d.History = append(d.History, rec)
+	}
+	slices.SortStableFunc(d.History, func(a, b keyspace.ItemRecord) int {
+		if c := b.Fire.Compare(a.Fire); c != 0 {
+			return c
+		}
+		return a.Item - b.Item
+	})
+	v.Title, v.Nav, v.Data = name, "jobs", d
+	return "job", nil
+}
+
+// ---- instances
