@@ -1,5 +1,16 @@
 // Package etcdtest runs a real etcd server for tests: embedded in the test
 // process, on free loopback ports, with its data in a temporary directory.
+//
+// Start gives a test an etcd of its own, which it may stop, restart,
+// restore or wipe. Shared gives it a keyspace of its own in the package's
+// one etcd: every client it returns sees only keys under a prefix no other
+// test uses (etcd's namespace wrappers of KV, Watcher and Lease), so tests
+// that only read and write keys run in parallel on one server instead of
+// starting one each. A package that uses Shared runs its tests through
+// Main (func TestMain(m *testing.M) { os.Exit(etcdtest.Main(m)) }).
+// Revisions are the server's, shared by every test; a test that needs
+// revisions of its own, compacts, raises alarms or counts the server's
+// watchers uses Start.
 package etcdtest
 
 import (
@@ -9,11 +20,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/namespace"
 	"go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -22,12 +36,83 @@ import (
 )
 
 // Server is one embedded etcd member that can be stopped and restarted on
-// the same data directory and ports.
+// the same data directory and ports; or a test's keyspace in the
+// package's shared member (Shared), which cannot.
 type Server struct {
 	t                  testing.TB
 	dir                string
 	clientURL, peerURL string
 	e                  *embedetcd.Server
+	// ns is the prefix of a shared server's test keyspace; "" for a
+	// server of the test's own.
+	ns string
+}
+
+// shared is the package's one etcd of Shared, started at its first use.
+var shared struct {
+	sync.Mutex
+	main bool // Main runs the tests
+	srv  *Server
+	dir  string
+	next int
+}
+
+// Main runs the tests of a package that uses Shared, then stops the shared
+// server and removes its data. It returns m.Run's exit code.
+func Main(m *testing.M) int {
+	shared.Lock()
+	shared.main = true
+	shared.Unlock()
+	code := m.Run()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.srv != nil && shared.srv.e != nil {
+		shared.srv.e.Close()
+		os.RemoveAll(shared.dir)
+	}
+	return code
+}
+
+// Shared returns a keyspace of t's own in the package's shared etcd (see
+// the package doc): its clients see only the keys t writes.
+func Shared(t testing.TB) *Server {
+	t.Helper()
+	shared.Lock()
+	defer shared.Unlock()
+	if !shared.main {
+		t.Fatal("etcdtest.Shared needs the package's TestMain to run the tests through etcdtest.Main")
+	}
+	if shared.srv == nil {
+		dir, err := os.MkdirTemp("", "etcdtest-shared-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &Server{t: t, dir: dir}
+		for range 10 {
+			srv.clientURL, srv.peerURL = "http://"+FreeAddr(t), "http://"+FreeAddr(t)
+			if err = srv.start(); err == nil {
+				break
+			}
+		}
+		if err != nil {
+			os.RemoveAll(dir)
+			t.Fatalf("start the shared etcd: %v", err)
+		}
+		shared.srv, shared.dir = srv, dir
+	}
+	shared.next++
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	return &Server{t: t, dir: shared.dir, clientURL: shared.srv.clientURL, peerURL: shared.srv.peerURL,
+		ns: fmt.Sprintf("/etcdtest/%s-%d", name, shared.next)}
+}
+
+// own fails t when s is a keyspace of the shared server: what a test does
+// to the server itself needs a server of its own (Start).
+func (s *Server) own(what string) {
+	s.t.Helper()
+	if s.ns != "" {
+		s.t.Fatalf("etcdtest: %s needs an etcd of the test's own (etcdtest.Start), not the shared one", what)
+	}
 }
 
 // Start starts a server that is stopped when the test ends.
@@ -65,6 +150,7 @@ func (s *Server) Addr() string { return s.clientURL[len("http://"):] }
 
 // Stop stops the server; its data stays for Restart.
 func (s *Server) Stop() {
+	s.own("Stop")
 	if s.e != nil {
 		s.e.Close()
 		s.e = nil
@@ -74,6 +160,7 @@ func (s *Server) Stop() {
 // Restart starts the server (again) on the same data directory and ports.
 func (s *Server) Restart() {
 	s.t.Helper()
+	s.own("Restart")
 	var err error
 	for attempt := 0; attempt < 50; attempt++ { // a just-closed port can take a moment to free
 		if err = s.start(); err == nil {
@@ -89,6 +176,7 @@ func (s *Server) Restart() {
 // server is down), and starts it again. It returns the copy for Restore.
 func (s *Server) Backup() string {
 	s.t.Helper()
+	s.own("Backup")
 	s.Stop()
 	to := s.t.TempDir()
 	if err := os.CopyFS(to, os.DirFS(s.dir)); err != nil {
@@ -104,6 +192,7 @@ func (s *Server) Backup() string {
 // a restore of a snapshot.
 func (s *Server) Restore(backup string) {
 	s.t.Helper()
+	s.own("Restore")
 	s.Stop()
 	s.replaceData(func(dir string) error { return os.CopyFS(dir, os.DirFS(backup)) })
 	s.Restart()
@@ -113,6 +202,7 @@ func (s *Server) Restore(backup string) {
 // cluster at revision 1.
 func (s *Server) Wipe() {
 	s.t.Helper()
+	s.own("Wipe")
 	s.Stop()
 	s.replaceData(func(string) error { return nil })
 	s.Restart()
@@ -123,6 +213,7 @@ func (s *Server) Wipe() {
 // RestoreSnapshot.
 func (s *Server) Snapshot() string {
 	s.t.Helper()
+	s.own("Snapshot")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r, err := s.Client().Snapshot(ctx)
@@ -151,6 +242,7 @@ func (s *Server) Snapshot() string {
 // docs/operations.md.
 func (s *Server) RestoreSnapshot(snap string, bump uint64, markCompacted bool) {
 	s.t.Helper()
+	s.own("RestoreSnapshot")
 	s.Stop()
 	s.replaceData(func(dir string) error {
 		return snapshot.NewV3(zap.NewNop()).Restore(snapshot.RestoreConfig{
@@ -177,7 +269,8 @@ func (s *Server) replaceData(fill func(dir string) error) {
 }
 
 // Client returns a client of endpoint (the server's by default) that is
-// closed when the test ends.
+// closed when the test ends; of a shared server, one that sees only the
+// test's keyspace.
 func (s *Server) Client(endpoint ...string) *clientv3.Client {
 	s.t.Helper()
 	return s.ClientWith(nil, endpoint...)
@@ -201,6 +294,11 @@ func (s *Server) ClientWith(opts []grpc.DialOption, endpoint ...string) *clientv
 		s.t.Fatal(err)
 	}
 	s.t.Cleanup(func() { cli.Close() })
+	if s.ns != "" {
+		cli.KV = namespace.NewKV(cli.KV, s.ns)
+		cli.Watcher = namespace.NewWatcher(cli.Watcher, s.ns)
+		cli.Lease = namespace.NewLease(cli.Lease, s.ns)
+	}
 	return cli
 }
 

@@ -14,7 +14,8 @@ import (
 // A definition edited on one host is recorded in the audit log, as the
 // instance that published it.
 func TestDefinitionChangeIsAudited(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)))
 	waitFor(t, 10*time.Second, "orders' map", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })

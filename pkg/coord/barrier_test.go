@@ -16,7 +16,8 @@ import (
 // The outcomes of a fire's items, noted at once from many nodes, all count;
 // exactly one note completes the barrier; a repeated note changes nothing.
 func TestBarrierCompletesOnce(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	const total = 12
 	fire := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
 	nodes := make([]*testNode, 3)
@@ -73,7 +74,8 @@ func TestBarrierCompletesOnce(t *testing.T) {
 // Each note deletes the job's barriers older than BarrierKeep, scheduled
 // and manual alike, and keeps the younger ones.
 func TestOldBarriersAreDeleted(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("parent", 2)))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	now := time.Now()
@@ -106,6 +108,7 @@ func TestOldBarriersAreDeleted(t *testing.T) {
 // The children index's since is compared with when a fire happened: a
 // manual fire's when it was asked for, whatever fire it re-runs.
 func TestFireAskedOfAManualFireIsWhenItWasAskedFor(t *testing.T) {
+	t.Parallel()
 	asked := time.Date(2026, 12, 1, 10, 0, 0, 123e6, time.UTC)
 	sched := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	if got := keyspace.FireAsked(keyspace.ManualFireKey(keyspace.Trigger{Fire: asked, Rev: 4711}), sched); !got.Equal(asked) {

@@ -17,7 +17,7 @@ import (
 // waits for its membership.
 func ordersNode(t *testing.T, items int) *testNode {
 	t.Helper()
-	n := startNode(t, etcdtest.Start(t), "a", jobs(t, "jobs:\n"+job("orders", items)))
+	n := startNode(t, etcdtest.Shared(t), "a", jobs(t, "jobs:\n"+job("orders", items)))
 	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
 	return n
 }
@@ -41,6 +41,7 @@ func claimsOf(t *testing.T, n *testNode, items int, fire time.Time) []Claim {
 // marker would hold the item for as long as the session lives); if it did
 // not, the claim is lost and the caller decides again.
 func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	s, _ := n.sessionFor("orders")
@@ -83,6 +84,7 @@ func TestClaimWithUnknownOutcomeIsReadBack(t *testing.T) {
 // ClaimAll wins the claims of one job in one Txn, at one fence; when one
 // item's guard fails, the others are still won, one by one.
 func TestClaimAll(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 4)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
@@ -118,6 +120,7 @@ func TestClaimAll(t *testing.T) {
 // Outcomes that come together are written together; one whose guard fails
 // (its item was taken over) does not fail the others.
 func TestCompletionsTogether(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 8)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
@@ -152,6 +155,7 @@ func TestCompletionsTogether(t *testing.T) {
 
 // A batch of outcomes whose guards hold is one Txn: one revision.
 func TestCompletionsBatchIsOneTxn(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 4)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
@@ -189,6 +193,7 @@ func TestCompletionsBatchIsOneTxn(t *testing.T) {
 // siblingLinger). Without it, each was written on its own (an outcome Txn
 // per execution in make bench).
 func TestSiblingOutcomesAreOneTxn(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
@@ -232,6 +237,7 @@ func TestSiblingOutcomesAreOneTxn(t *testing.T) {
 // instance's own claims and outcomes show in what it reads next, another
 // writer's changes too, and reading needs no request to etcd.
 func TestItemCache(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
@@ -286,6 +292,7 @@ func TestItemCache(t *testing.T) {
 // marker's deletion missed that way is a lost wake-up: the loop waits for
 // a deletion that already came).
 func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache and fills it
@@ -335,6 +342,7 @@ func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
 // A read begun before the hub lost events (a compacted watch: resync) does
 // not fill the cache: it may miss events the hub will never deliver.
 func TestItemCacheNotFilledByAReadOlderThanAResync(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache and fills it
@@ -378,6 +386,7 @@ func TestItemCacheNotFilledByAReadOlderThanAResync(t *testing.T) {
 // ended with the request on its way (a graceful stop), so that the engine
 // logs the policy it applied.
 func TestFinishWithUnknownOutcomeIsReadBack(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
@@ -409,6 +418,7 @@ func TestFinishWithUnknownOutcomeIsReadBack(t *testing.T) {
 // empties the job's item cache: the next decision reads etcd, instead of
 // trying the same adopt again on the same cached state.
 func TestFailedAdoptInvalidatesTheItemCache(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	if _, err := n.ReadItems(ctx, "orders"); err != nil { // subscribes the cache

@@ -9,7 +9,8 @@ import (
 )
 
 func TestClockSkewAgainstEtcd(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	c, err := NewClockSkew(ClientOptions{Endpoints: []string{srv.Endpoint()}})
 	if err != nil {
 		t.Fatal(err)

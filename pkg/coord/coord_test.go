@@ -154,7 +154,8 @@ func agreed(t testing.TB, cli *clientv3.Client, job string, want map[string][]in
 }
 
 func TestMembershipChangesReshard(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 10))
 	a := startNode(t, srv, "a", js)
@@ -185,6 +186,7 @@ func TestMembershipChangesReshard(t *testing.T) {
 }
 
 func TestCrashedInstanceIsResharded(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 6))
@@ -217,6 +219,7 @@ func TestCrashedInstanceIsResharded(t *testing.T) {
 
 // The session fences itself before etcd can expire its lease.
 func TestSessionFencesBeforeServerExpiry(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	p, err := faultproxy.Start(srv.Addr())
 	if err != nil {
@@ -260,6 +263,7 @@ func TestSessionFencesBeforeServerExpiry(t *testing.T) {
 // A leader that lost its lease cannot write the shard map: its transaction
 // compares an election key that no longer exists.
 func TestDeposedLeaderCannotWrite(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 4))
@@ -302,7 +306,8 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 }
 
 func TestMalformedValuesAreRepaired(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 4))
 	a := startNode(t, srv, "a", js)
@@ -361,7 +366,7 @@ func leaderOf(t *testing.T, cli *clientv3.Client, job string) string {
 // waits until they agree on its map.
 func startAgreedPair(t *testing.T) (*clientv3.Client, *testNode, *testNode) {
 	t.Helper()
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 4))
 	a := startNode(t, srv, "a", js)
@@ -371,6 +376,7 @@ func startAgreedPair(t *testing.T) (*clientv3.Client, *testNode, *testNode) {
 }
 
 func TestDisabledInstanceAndJob(t *testing.T) {
+	t.Parallel()
 	cli, a, b := startAgreedPair(t)
 	keys := keyspace.NewKeys("")
 	ctx := context.Background()
@@ -387,6 +393,7 @@ func TestDisabledInstanceAndJob(t *testing.T) {
 }
 
 func TestWatchesSurviveCompaction(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 2))
@@ -411,6 +418,7 @@ func TestWatchesSurviveCompaction(t *testing.T) {
 }
 
 func TestEtcdRestart(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	js := jobs(t, "jobs:\n"+job("orders", 4)+job("billing", 2))
 	a := startNode(t, srv, "a", js)
@@ -437,7 +445,8 @@ func TestEtcdRestart(t *testing.T) {
 }
 
 func TestDuplicateIDIsRejected(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	js := jobs(t, "jobs:\n"+job("orders", 2))
 	a := startNode(t, srv, "a", js)
 	waitFor(t, 10*time.Second, "a up", a.Up)
@@ -459,7 +468,8 @@ func TestDuplicateIDIsRejected(t *testing.T) {
 }
 
 func TestManyJobsSpreadLeadership(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	var yaml strings.Builder
 	yaml.WriteString("jobs:\n")
@@ -491,6 +501,7 @@ func TestManyJobsSpreadLeadership(t *testing.T) {
 }
 
 func TestShardMapJSON(t *testing.T) {
+	t.Parallel()
 	m := &keyspace.ShardMap{Epoch: 3, Total: 3, Strategy: "AVG_ALLOCATION", Instances: []string{"a", "b"}, Items: map[string][]int{"a": {0, 1}, "b": {2}}}
 	b, _ := json.Marshal(m)
 	back, err := keyspace.DecodeShardMap(b)
@@ -502,6 +513,7 @@ func TestShardMapJSON(t *testing.T) {
 // Leave moves an instance's items away at once while its session (and the
 // running markers under it) stays up.
 func TestLeaveWithdrawsMembership(t *testing.T) {
+	t.Parallel()
 	cli, a, b := startAgreedPair(t)
 	if err := a.Leave(context.Background()); err != nil {
 		t.Fatal(err)

@@ -34,7 +34,8 @@ func waitRegistered(t *testing.T, n *testNode) {
 // with the deployed (bad) file and republishes it cluster-wide: "edited on
 // this host" ignores that the cluster superseded that definition.
 func TestHostBehindARollbackDoesNotUndoIt(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	a := startNode(t, srv, "a", reviewV(t, 3))
 	c := startNode(t, srv, "c", reviewV(t, 3))
@@ -57,6 +58,7 @@ func TestHostBehindARollbackDoesNotUndoIt(t *testing.T) {
 // not know) is not garbage: neither this version's registration nor its
 // leader replaces it; this host keeps its last good one and shows a conflict.
 func TestDefinitionOfANewerVersionIsKept(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	a := startNode(t, srv, "a", reviewV(t, 3))
@@ -89,7 +91,8 @@ func TestDefinitionOfANewerVersionIsKept(t *testing.T) {
 // overwrite: true added by a reload publishes (the hash leaves overwrite
 // out: the worker restart and publishDecision's first must not).
 func TestOverwriteAddedByReloadPublishes(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	a := startNode(t, srv, "a", reviewV(t, 3))
 	runsTotal(t, cli, 3, a)
@@ -108,7 +111,8 @@ func TestOverwriteAddedByReloadPublishes(t *testing.T) {
 // refuses while an election key exists; a leaving instance does not
 // campaign again, so once it resigned remove works, and stays done.
 func TestRemoveWaitsForALeavingLeader(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	a := startNode(t, srv, "a", reviewV(t, 3))
 	runsTotal(t, cli, 3, a)
@@ -140,6 +144,7 @@ func TestRemoveWaitsForALeavingLeader(t *testing.T) {
 // retrying (and says so) although a waiting campaign's cleanup, which
 // concurrency.Election does without a deadline, blocks until etcd is back.
 func TestReconnectDoesNotWaitForAStuckCampaign(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	a := startNode(t, srv, "a", reviewV(t, 2))

@@ -16,6 +16,7 @@ import (
 )
 
 func TestPublishDecision(t *testing.T) {
+	t.Parallel()
 	v1 := jobs(t, "jobs:\n"+job("orders", 3))[0]
 	v2 := jobs(t, "jobs:\n"+job("orders", 5))[0]
 	v2over := jobs(t, "jobs:\n"+job("orders", 5, "    overwrite: true\n"))[0]
@@ -123,6 +124,7 @@ func wantConflicts(t *testing.T, want map[string]bool, nodes ...*testNode) {
 // the registered definition and shows a conflict, and never puts its old
 // definition back, neither at a restart nor as a new instance.
 func TestOneDefinitionRunsEverywhere(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	v := func(n int) []*config.Job { return jobs(t, "jobs:\n"+job("orders", n)) }
@@ -184,6 +186,7 @@ func TestOneDefinitionRunsEverywhere(t *testing.T) {
 // reconnect does not flip it back (each overwrites once, when it starts or
 // reloads).
 func TestOverwriteSplitBrain(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	over := func(n int) []*config.Job { return jobs(t, "jobs:\n"+job("orders", n, "    overwrite: true\n")) }

@@ -14,6 +14,7 @@ import (
 )
 
 func TestCleartext(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		endpoints []string
 		want      []string
@@ -33,11 +34,12 @@ func TestCleartext(t *testing.T) {
 }
 
 func TestProbeAndDiagnose(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	k := keyspace.NewKeys("")
 
 	// The tests' etcd: no TLS, no auth.
-	open := etcdtest.Start(t)
+	open := etcdtest.Shared(t)
 	if e := Probe(ctx, ClientOptions{Endpoints: []string{open.Endpoint()}}, k); !e.Known || !e.Anonymous || len(e.Cleartext) != 0 {
 		t.Errorf("an etcd without TLS and auth: %+v, want known anonymous, not cleartext (loopback)", e)
 	}

@@ -66,7 +66,8 @@ func startHub(t *testing.T, cli *clientv3.Client, keys keyspace.Keys, from int64
 // The hub routes each event to the subscribers of its job and prefix only,
 // in revision order, and stops after cancel.
 func TestHubRoutesByJobAndPrefix(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	defer cli.Close()
 	keys := keyspace.NewKeys("/hubtest")
@@ -118,6 +119,7 @@ func TestHubRoutesByJobAndPrefix(t *testing.T) {
 // A watch resumed at a compacted revision cannot replay what it missed:
 // the hub tells every subscriber to re-read, then delivers what follows.
 func TestHubResyncsAfterCompaction(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
 	defer cli.Close()
@@ -180,7 +182,8 @@ func watchers(t *testing.T, srv *etcdtest.Server) int {
 // runs, leads or waits to lead: etcd's watcher count does not grow with
 // the jobs. A candidate waiting behind another one waits on that watch
 // (elect.go), not on a watch of its own as concurrency.Election's Campaign
-// does; when the leader leaves, it leads.
+// does; when the leader leaves, it leads. Not parallel: it counts the
+// process's goroutines.
 func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	srv := etcdtest.Start(t)
 	var yaml strings.Builder

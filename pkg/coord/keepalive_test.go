@@ -15,6 +15,7 @@ import (
 // session whose lease had >0.9s left when etcd came back. (The loop once
 // waited a whole interval after a failed attempt, past the deadline.)
 func TestOneSlowKeepaliveDoesNotFence(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	p, err := faultproxy.Start(srv.Addr())
 	if err != nil {

@@ -43,6 +43,7 @@ func killKeys(t *testing.T, n *testNode) int64 {
 // stop (a kill of the next run would record it KILLED/operator, never to be
 // re-run: a lost fire). The same kill of the run in progress asks for it.
 func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 1)
 	ctx := context.Background()
 	fire := time.Now().Truncate(time.Second)
@@ -102,6 +103,7 @@ func TestKillNamingAnEndedRunStopsNothing(t *testing.T) {
 // one item, a bad fence, or an instance without a fence is refused as a
 // bad target; a run named on the wrong instance is refused.
 func TestKillRequestNamingARunIsChecked(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	g := claimNext(t, n, time.Now().Truncate(time.Second))

@@ -18,7 +18,8 @@ import (
 // The operator commands check their target against etcd and refuse with
 // an error of the right kind, changing nothing.
 func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Start(t) // of its own: it checks that refused commands leave the revision as it was
 	cli := srv.Client()
 	keys := keyspace.NewKeys("")
 	ctx := context.Background()
@@ -148,7 +149,8 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 // Status reads many jobs in batched Txns: every job is there, each with
 // its own map, definition and leader (not a neighbour's).
 func TestStatusOfManyJobs(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	const n = 100 // more than two of readJobKeys' Txns
 	var b strings.Builder

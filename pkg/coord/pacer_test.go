@@ -7,6 +7,7 @@ import (
 )
 
 func TestPacer(t *testing.T) {
+	t.Parallel()
 	// answer gives back a slot taken at start, with err.
 	answer := func(p *pacer, start time.Time, err error) {
 		t := &ticket{}
@@ -62,6 +63,7 @@ func repeat(f func(*pacer), n int) []func(*pacer) {
 // with no goroutine; a release grants the head of the line and calls its
 // wake; a dropped ticket is skipped, and a slot it held is given back.
 func TestPacerLine(t *testing.T) {
+	t.Parallel()
 	p := newPacer(time.Second)
 	held := make([]*ticket, startPace)
 	for i := range held {

@@ -23,6 +23,7 @@ import (
 // goroutine, which holds its item "running" and its concurrency slots)
 // does not return.
 func TestCompleteIsNotHeldByOthersOutcomes(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 1)
 	ctx := context.Background()
 	var c completer
@@ -80,7 +81,8 @@ func TestCompleteIsNotHeldByOthersOutcomes(t *testing.T) {
 // ReadItems of every job on this node waits cacheWait (200 ms) and then
 // reads etcd anyway.
 func TestRefusedClaimDoesNotStallCachedReads(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)+job("other", 2)))
 	waitFor(t, 10*time.Second, "a's membership", func() bool {
 		s, m := n.sessionFor("orders")
@@ -134,6 +136,7 @@ func TestRefusedClaimDoesNotStallCachedReads(t *testing.T) {
 // registrations were serialized however idle etcd was. Steady answers must
 // let it grow.
 func TestPacerNotPinnedBySteadyLatency(t *testing.T) {
+	t.Parallel()
 	p := newPacer(20 * time.Millisecond) // TTL/10 of a 200 ms TTL, to keep the test short
 	var wg sync.WaitGroup
 	var peak, inFlight atomic.Int64
@@ -167,7 +170,8 @@ func TestPacerNotPinnedBySteadyLatency(t *testing.T) {
 // or dies), the next candidate leads. A leaving candidate that kept its key
 // blocked the election until it stopped (review of the job tasks).
 func TestLeavingCandidateDoesNotBlockTheElection(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	cli := srv.Client()
 	keys := keyspace.NewKeys("")
 	ctx := context.Background()

@@ -322,7 +322,7 @@ func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
 // hourly or daily job is an hour or a day away.
 func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
 	cli := srv.Client()
 	ctx := context.Background()

@@ -15,6 +15,7 @@ import (
 // FindRuns finds a job's runs, finished and in progress, by item and by
 // fence; ReadInstance finds where the instance that ran one is.
 func TestFindRuns(t *testing.T) {
+	t.Parallel()
 	n := ordersNode(t, 3)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)

@@ -15,7 +15,8 @@ import (
 // counted on: the disable marks it names exist, the definition is the
 // generation that disabled the job, the key is the trigger read.
 func TestDeleteTriggerComparesWhatEtcdSaysNow(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("j", 2)))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	put := func(id string) keyspace.Trigger {
@@ -92,7 +93,8 @@ func TestDeleteTriggerComparesWhatEtcdSaysNow(t *testing.T) {
 // OnTrigger delivers a trigger's put and its deletion, with their
 // revisions and the trigger's identity.
 func TestOnTriggerDeliversPutsAndDeletions(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("j", 1)))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	if !n.hub.waitReady(ctx) {

@@ -46,7 +46,8 @@ func (l *runLog) Handle(_ context.Context, r slog.Record) error {
 
 // Runs are claimed ahead of their fire and start at it, never before.
 func TestClaimsAheadOfTheFire(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	logs := &runLog{}
 	yaml := `jobs:

@@ -36,7 +36,8 @@ exit 0`
 // it repeats while the script exits 100 and stops when the queue is empty;
 // every record is processed once, and the record counts the iterations.
 func TestStreamingRunDrainsAQueue(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	var queue strings.Builder
 	for i := range 10 {
@@ -85,7 +86,8 @@ func TestStreamingRunDrainsAQueue(t *testing.T) {
 // run, on the new owner, goes on from the work's own cursor: no record is
 // processed twice.
 func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	var queue strings.Builder
 	for i := range 30 {
@@ -141,7 +143,8 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 // under way finishes, no other starts, and the run is DONE (its next run
 // goes on from the cursor), not KILLED at the end of the grace.
 func TestStreamingStopsAtShutdown(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	var queue strings.Builder
 	for i := range 60 {

@@ -17,8 +17,9 @@ import (
 // (notes take the larger total), so the child never runs before every item
 // of the fire ended, nor after one of them failed.
 func TestDepsBroadcastRejoin(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: parent

@@ -64,10 +64,11 @@ func wrapDying(job string, stop *func()) func(*Options) {
 // strategies, whose maps name no owner: any member notes. The child runs
 // once, within the bound.
 func TestDepsPerFireUnnotedOutcome(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
 	for _, strategy := range []string{"AVG_ALLOCATION", "ROUND", "RANDOM", "FAILOVER"} {
 		t.Run(strategy, func(t *testing.T) {
-			srv := etcdtest.Start(t)
+			srv := etcdtest.Shared(t)
 			dir := t.TempDir()
 			yaml := `jobs:
   - name: parent
@@ -121,6 +122,7 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 // resumes (the hub's resync): the child runs for it, and a later trigger
 // served first cannot make it look served.
 func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
@@ -202,8 +204,9 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 // claims, and the runs left out of the new map note their outcomes when
 // they end. The child runs after all of them.
 func TestDepsTotalShrinkMidFire(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	def := func(total int) string {
 		return `jobs:
@@ -251,8 +254,9 @@ func TestDepsTotalShrinkMidFire(t *testing.T) {
 // fire does not complete as a success without that member's item: the
 // child does not run for it.
 func TestDepsBroadcastMemberDies(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: parent
@@ -294,8 +298,9 @@ func TestDepsBroadcastMemberDies(t *testing.T) {
 // Two parents completing at once on two
 // instances fire the child once per round.
 func TestDepsTwoParentsAtOnce(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: pa

@@ -21,8 +21,9 @@ import (
 // (every time for the first 3 completing Txns): the child runs once per
 // parent fire.
 func TestDepsLostCompletingReply(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	var dropped atomic.Int32
 	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

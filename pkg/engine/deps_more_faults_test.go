@@ -26,8 +26,9 @@ import (
 // --max-txn-ops (128); the parent runs on, and every child runs once per
 // fire. (More children are refused by validate.)
 func TestDepsManyChildren(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	kids := config.MaxChildren
 	var b strings.Builder
@@ -62,8 +63,9 @@ func TestDepsManyChildren(t *testing.T) {
 // but a fire of p1 reads the child's registered definition and does not
 // trigger it.
 func TestDepsDependsOnEditWithAStaleIndex(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	def := func(parent string) string {
 		return `jobs:

@@ -16,8 +16,9 @@ import (
 // fire: fires from before the child depended on the parent trigger nothing
 // (the index entry's since).
 func TestDepsNewChildSkipsOlderParentFires(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	parentOnly := `jobs:
   - name: parent

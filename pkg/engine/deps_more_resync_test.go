@@ -22,6 +22,7 @@ import (
 // may predate the gap, so the triggers are read again before any is
 // served, and the trigger put in the gap runs the child.
 func TestDepsResyncDuringLoadTriggers(t *testing.T) {
+	t.Parallel()
 	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()

@@ -47,7 +47,8 @@ func childRecords(t *testing.T, node *coord.Node, job string) []keyspace.ItemRec
 // as SKIPPED/upstream-failed and runs nothing; a manual trigger with
 // NoPropagate does not reach the child.
 func TestChildRunsOncePerParentFire(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := depsJobs(dir)
 	a := instance(t, srv, "a", yaml)
@@ -127,7 +128,8 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 // An upstream trigger put while no instance of the child runs is served
 // when one starts: it is durable in etcd, read at start.
 func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := depsJobs(dir)
 	parentOnly := yaml[:strings.Index(yaml, "  - name: child")]
@@ -162,7 +164,8 @@ func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
 // consumed: after A alone, nothing; after B too, once; then A again,
 // nothing until B again.
 func TestChildOfTwoParents(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: pa
@@ -222,7 +225,8 @@ func TestChildOfTwoParents(t *testing.T) {
 // owner: the parent fire completes when the other instance takes the
 // items over, and the child runs once.
 func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := depsJobs(dir)
 	_, stopA := startInstance(t, srv.Client(), "a", yaml, func(o *Options) { o.forgetNotes = true })
@@ -252,7 +256,8 @@ func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
 // the upstream triggers that reach it are dropped, as its own fires are
 // recorded skipped.
 func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	a := instance(t, srv, "a", depsJobs(dir))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
@@ -297,7 +302,8 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 // child that began to depend on the parent after the past fire runs for
 // it, with the re-run fire's time.
 func TestRerunOfAPastFireTriggersTheChildren(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: parent

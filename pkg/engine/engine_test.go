@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == runner.WatchdogCommand {
 		os.Exit(runner.WatchdogMain())
 	}
-	os.Exit(m.Run())
+	os.Exit(etcdtest.Main(m))
 }
 
 // memberOnly runs a coord node without an engine: a member that never runs anything.
@@ -130,7 +130,7 @@ func events(t *testing.T, path string) []ledger.Event {
 // coalesced run follows when it finishes, and the coalesced fires are
 // counted in the history.
 func TestMisfireCoalesces(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 2.5; ` + strings.ReplaceAll(ledgerLine, "$1", "end") + `'`
@@ -182,7 +182,8 @@ func yamlQuote(s string) string {
 }
 
 func TestOnFailureAndListeners(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	var mu sync.Mutex
 	var posts []map[string]any
@@ -233,7 +234,7 @@ func TestOnFailureAndListeners(t *testing.T) {
 
 // maxConcurrency 1: the job's items run one at a time on the instance.
 func TestMaxConcurrency(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 0.2; ` + strings.ReplaceAll(ledgerLine, "$1", "end") + `'`
@@ -263,6 +264,7 @@ func TestMaxConcurrency(t *testing.T) {
 }
 
 func TestClockSkewRefusesToFire(t *testing.T) {
+	t.Parallel()
 	job := &config.Job{Name: "j", MaxTimeDiffSeconds: 2}
 	e := New(Options{Skew: func() (time.Duration, bool) { return 5 * time.Second, true }})
 	if err := e.checkClock(job); err == nil || !strings.Contains(err.Error(), "off by 5s against etcd, more than maxTimeDiffSeconds 2") {
@@ -287,7 +289,7 @@ func TestRuntimeRoutes(t *testing.T) {
 		spread bool
 	}{{"FAILOVER", false}, {"LFU", true}} {
 		t.Run(tc.route, func(t *testing.T) {
-			srv := etcdtest.Start(t)
+			srv := etcdtest.Shared(t)
 			path := filepath.Join(t.TempDir(), "ledger")
 			t.Setenv("LEDGER", path)
 			script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
@@ -325,7 +327,8 @@ func TestRuntimeRoutes(t *testing.T) {
 // A hook answering 5xx is retried with backoff up to retries; the run is
 // recorded once, as done.
 func TestHTTPRetries(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	var mu sync.Mutex
 	calls := 0
 	var retries []int // the retry number each call's context says

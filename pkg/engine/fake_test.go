@@ -304,6 +304,7 @@ var noon = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 // The reconcile's decisions over the fake, with an injected clock: no
 // etcd, no sleeps.
 func TestReconcileOnFake(t *testing.T) {
+	t.Parallel()
 	const every10 = "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    shardingTotalCount: 2\n    failover: true\n    script: \"true\"\n"
 	at := func(s float64) time.Time { return noon.Add(time.Duration(s * float64(time.Second))) }
 	done := func(fire float64) keyspace.ItemState {
@@ -358,6 +359,7 @@ func TestReconcileOnFake(t *testing.T) {
 // A run of a failover: false job cut by a failure is recorded as such
 // (KILLED, reason lost), not run again; the fire after it runs.
 func TestReconcileSettlesACutRunWithoutFailover(t *testing.T) {
+	t.Parallel()
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    failover: false\n    script: \"true\"\n", map[string][]int{"a": {0}})
 	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateRunning, Attempt: 1}})
 	clock := &fakeClock{now: noon.Add(10*time.Second + 50*time.Millisecond)}
@@ -380,6 +382,7 @@ func TestReconcileSettlesACutRunWithoutFailover(t *testing.T) {
 // A fire that came while the instance had no session runs as soon as the
 // session is back, although nothing about the map changed.
 func TestReconcileCatchesUpAfterTheSessionReturns(t *testing.T) {
+	t.Parallel()
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
 	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	clock := &fakeClock{now: noon.Add(10 * time.Second)}
@@ -403,6 +406,7 @@ func TestReconcileCatchesUpAfterTheSessionReturns(t *testing.T) {
 // then; a claim of this session whose run this process knows is never
 // adopted, and one it does not know is.
 func TestReconcileLostClaimAndAdoption(t *testing.T) {
+	t.Parallel()
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
 	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	lost := 1
@@ -449,6 +453,7 @@ func TestReconcileLostClaimAndAdoption(t *testing.T) {
 // With maxConcurrency 1, one of two due items runs; the other is decided
 // again, with what is true then, when the slot is given back.
 func TestReconcileTakesSlotsWhenItDecides(t *testing.T) {
+	t.Parallel()
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    shardingTotalCount: 2\n    maxConcurrency: 1\n    script: \"true\"\n", map[string][]int{"a": {0, 1}})
 	for i := range 2 {
 		f.set(i, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
@@ -478,6 +483,7 @@ func TestReconcileTakesSlotsWhenItDecides(t *testing.T) {
 // A manual trigger for an item busy for minutes runs when the item is
 // free; it is not forgotten, and once served it is deleted.
 func TestReconcileKeepsATriggerWhileTheItemIsBusy(t *testing.T) {
+	t.Parallel()
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 1h\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
 	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	clock := &fakeClock{now: noon.Add(10 * time.Second)}
@@ -507,6 +513,7 @@ func TestReconcileKeepsATriggerWhileTheItemIsBusy(t *testing.T) {
 // A run claimed ahead carries its fire as its start time; one claimed at
 // or after its fire starts at once.
 func TestClaimAheadStartsAtTheFire(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		now  time.Duration
 		want time.Time

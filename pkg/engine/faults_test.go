@@ -61,7 +61,7 @@ const everySecondJob = "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    script:
 // live session: the item never ran again. Complete now retries until the
 // write lands.
 func TestFailedCompletionIsRetried(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	cli := srv.ClientWith([]grpc.DialOption{failCompletions(3)})
@@ -87,7 +87,7 @@ func TestFailedCompletionIsRetried(t *testing.T) {
 // said it had not: the marker appears under the live session with no run
 // here. The next reconcile adopts the claim and runs it.
 func TestLateAppliedClaimIsAdopted(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	var once atomic.Bool

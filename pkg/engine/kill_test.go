@@ -19,6 +19,7 @@ import (
 // item that arrives before its run registered stops that item's run, not
 // the first of the claim to register.
 func TestPendingKillStopsOnlyItsItem(t *testing.T) {
+	t.Parallel()
 	var l localRuns
 	now := time.Now()
 	if l.kill(0, 42, "token:alice", now) {
@@ -42,7 +43,8 @@ func TestPendingKillStopsOnlyItsItem(t *testing.T) {
 // both items in one Txn (one fence), then runs the listener (2 s) before
 // the items' runs register. A kill of item 0 meanwhile stops item 0 only.
 func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	before := filepath.Join(dir, "before")
 	script := `echo "$SHARDD_ITEM $SHARDD_FENCE" >> ` + filepath.Join(dir, "starts") + `; sleep 3`
@@ -87,9 +89,10 @@ func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
 // replaces the KILLED/operator record within milliseconds: WaitKill (what
 // `shardd kill` and the API say) finds the run's own record in the history.
 func TestWaitKillFindsAKilledRunInTheHistory(t *testing.T) {
+	t.Parallel()
 	for _, misfire := range []bool{true, false} {
 		t.Run("misfire="+map[bool]string{true: "true", false: "false"}[misfire], func(t *testing.T) {
-			srv := etcdtest.Start(t)
+			srv := etcdtest.Shared(t)
 			m := "true"
 			if !misfire {
 				m = "false"
@@ -128,6 +131,7 @@ func TestWaitKillFindsAKilledRunInTheHistory(t *testing.T) {
 // fence). Once back, the run is not failed over: the kill request in etcd
 // names it, and the record says KILLED/operator, as WaitKill reports.
 func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	p, err := faultproxy.Start(srv.Addr())
 	if err != nil {
@@ -173,7 +177,8 @@ func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
 // here, as a run of more than a minute would take: the trigger's lease,
 // an hour, is etcd's to count).
 func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	starts := filepath.Join(t.TempDir(), "starts")
 	script := `echo "$SHARDD_TRIGGER_PARAMETER" >> ` + starts + `; sleep 6`
 	var offset atomic.Int64

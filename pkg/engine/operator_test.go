@@ -27,7 +27,8 @@ func lines(path string) []string {
 // KILLED/operator with who asked, and the run is not failed over although
 // the job says failover: true.
 func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	starts, pidFile := filepath.Join(dir, "starts"), filepath.Join(dir, "pid")
 	script := `echo $SHARDD_FENCE >> ` + starts + `; echo $$ > ` + pidFile + `; sleep 30; echo done >> ` + starts
@@ -87,7 +88,7 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 // watermark; triggers are served one by one, in order; bad fires and
 // parameters are refused with what is wrong.
 func TestTriggerParamAndRerunFire(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	out := filepath.Join(t.TempDir(), "runs")
 	t.Setenv("OUT", out)
 	// Daily at 03:00 UTC: no scheduled fire comes during the test.
@@ -182,7 +183,8 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 // success does not erase: the console counts failures in the last hour
 // from it, not from the items' latest runs.
 func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	flag := filepath.Join(t.TempDir(), "fail")
 	os.WriteFile(flag, nil, 0o644)
 	script := `if [ -e ` + flag + ` ]; then echo "upstream timeout: bank API 504" >&2; exit 3; fi; echo fine`

@@ -18,6 +18,7 @@ func mustSchedule(t *testing.T, spec string) schedule.Schedule {
 }
 
 func TestDecide(t *testing.T) {
+	t.Parallel()
 	base := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
 	every10 := mustSchedule(t, "@every 10s")
@@ -127,6 +128,7 @@ func TestDecide(t *testing.T) {
 // item runs longer than the period, each fire either runs or is counted
 // as skipped, exactly once.
 func TestDecideAccountsForEveryFire(t *testing.T) {
+	t.Parallel()
 	every := mustSchedule(t, "@every 10s")
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, misfire := range []bool{true, false} {

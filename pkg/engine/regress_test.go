@@ -29,7 +29,7 @@ import (
 // job.ShardingTotalCount (forced to 1 for BROADCAST) instead of the map's
 // Total, so the instance holding item 1 never runs anything.
 func TestRegressionBroadcastRunsEveryItem(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
@@ -83,7 +83,7 @@ func (s *slowReads) Adopt(ctx context.Context, job string, item int, st keyspace
 // j.local: decide says adopt, Adopt trusts the stale snapshot, and the
 // completed fire runs again under the same fence.
 func TestRegressionStaleReadAdoptsCompletedRun(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	// item 1 ends at once (its end wakes the loop); item 0 runs 0.4s.
@@ -117,7 +117,7 @@ func TestRegressionStaleReadAdoptsCompletedRun(t *testing.T) {
 // sees the item RUNNING under this session and adopts it: a second,
 // concurrent execution of the same (job, item) with the same fence.
 func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 4; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
@@ -178,7 +178,7 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 // The same race without any injected delay: 32 items ending a few ms apart,
 // every end waking the loop while the others are still RUNNING.
 func TestRegressionStaleReadAdoptsNaturally(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 0.$(( SHARDD_ITEM * 3 % 10 ))$(( SHARDD_ITEM % 10 )); ` + strings.ReplaceAll(ledgerLine, "$1", "end")
@@ -200,7 +200,7 @@ func TestRegressionStaleReadAdoptsNaturally(t *testing.T) {
 // Complete deleted it), so the other instance claims fire F+1 of the same
 // item while the replay runs: two concurrent executions of (j, 0).
 func TestRegressionStaleAdoptOverlapsOtherInstance(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.6; fi; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
@@ -269,6 +269,7 @@ func (n idOnly) ID() string { return n.id }
 // so each instance draws the owner independently; often nobody owns it (the
 // trigger then waits for the next sweep), sometimes both do.
 func TestRegressionManualTriggerOwnerPerFire(t *testing.T) {
+	t.Parallel()
 	c, err := config.Parse("jobs.yaml", []byte("jobs:\n  - name: j\n    cron: \"@every 10s\"\n    strategy: RANDOM\n    script: \"true\"\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -301,6 +302,7 @@ func TestRegressionManualTriggerOwnerPerFire(t *testing.T) {
 // A MANUAL record written before Sched existed (an upgrade): its watermark
 // is the zero time, so decide counts fires from year 1, 100000 at a time.
 func TestRegressionLegacyManualRecordWatermark(t *testing.T) {
+	t.Parallel()
 	now := time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC)
 	for _, spec := range []string{"@hourly", "0 * * * * ?", "@every 1m"} {
 		sched := mustSchedule(t, spec)

@@ -40,7 +40,7 @@ func (h *claimHook) Claim(ctx context.Context, c coord.Claim) (*coord.Grant, err
 // a fire's read and its claim, makes the claim fail on the map revision.
 // The fire is decided again and runs (it was once dropped).
 func TestClaimLostToUnchangedReshardIsRetried(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`

@@ -17,6 +17,7 @@ import (
 // A fire claimed ahead whose claim reply was lost and that applied late is
 // adopted by the next reconcile: it starts at its fire, not at once.
 func TestAdoptedClaimMadeAheadWaitsForItsFire(t *testing.T) {
+	t.Parallel()
 	at := func(s float64) time.Time { return noon.Add(time.Duration(s * float64(time.Second))) }
 	cases := []struct {
 		name string
@@ -63,6 +64,7 @@ func TestAdoptedClaimMadeAheadWaitsForItsFire(t *testing.T) {
 // must not reconcile the job again at once (it did: with the item cache
 // serving reads from memory, nothing in the loop waited and the job spun).
 func TestClaimNotUpDoesNotSpin(t *testing.T) {
+	t.Parallel()
 	f := newFakeNode(t, "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n", map[string][]int{"a": {0}})
 	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
 	f.claimErr = func(coord.Claim) error { return coord.ErrNotUp }

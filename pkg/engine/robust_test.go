@@ -14,7 +14,8 @@ import (
 // The trigger delay runs from the fire to the first attempt's start, not
 // to the last retry's.
 func TestTriggerDelayWithRetries(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	var mu sync.Mutex
 	var runs []Run
 	yaml := `jobs:
@@ -38,7 +39,8 @@ func TestTriggerDelayWithRetries(t *testing.T) {
 
 // A NUL in a failed run's output does not stop onFailure.
 func TestNulOutputOnFailure(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: nul
@@ -57,7 +59,8 @@ func TestNulOutputOnFailure(t *testing.T) {
 // A run that fails before it starts (a hook whose CA file is missing) is
 // counted, recorded and notified like any failure.
 func TestUnrunnableIsCounted(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: badtls

@@ -16,7 +16,8 @@ import (
 // A run's whole output, stdout and stderr apart, and its retries are in its
 // run log, which ends with how the run ended; the history keeps the tail.
 func TestRunLogHasTheWholeRun(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	store, err := runlog.New(filepath.Join(t.TempDir(), "runs"))
 	if err != nil {
 		t.Fatal(err)

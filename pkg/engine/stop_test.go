@@ -64,7 +64,7 @@ func stoppable(t *testing.T, cli *clientv3.Client, id, yaml string) (*coord.Node
 // its instance: the completion must have landed, so the new owner never
 // fails over a run that completed.
 func TestCompletedRunDoesNotFailOver(t *testing.T) {
-	srv := etcdtest.Start(t)
+	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	t.Setenv("LEDGER", path)
 	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`

@@ -27,6 +27,7 @@ import (
 // a put the read missed is kept, and a gap empties the set until a read
 // begun after it folds in.
 func TestTriggerSetFoldsAReadAndItsEventsInAnyOrder(t *testing.T) {
+	t.Parallel()
 	tr := func(id string, rev int64) keyspace.Trigger { return keyspace.Trigger{ID: id, Rev: rev, ModRev: rev} }
 	ids := func(s *triggerSet) string {
 		var out []string
@@ -80,6 +81,7 @@ func TestTriggerSetFoldsAReadAndItsEventsInAnyOrder(t *testing.T) {
 // newer one counts: triggers are served oldest first) or it is disabled,
 // which the deleting Txn must check.
 func TestUnservedCountsRecordsAndDisabledItems(t *testing.T) {
+	t.Parallel()
 	rec := func(trigger int64) *keyspace.ItemRecord {
 		return &keyspace.ItemRecord{State: keyspace.StateDone, Trigger: trigger}
 	}
@@ -107,6 +109,7 @@ func TestUnservedCountsRecordsAndDisabledItems(t *testing.T) {
 // Two triggers waiting for one item are served one run each, oldest first,
 // and deleted once served.
 func TestTriggersAreServedOldestFirstOncePerItem(t *testing.T) {
+	t.Parallel()
 	f := newFakeNode(t, "jobs:\n  - name: j\n    script: \"true\"\n", map[string][]int{"a": {0}})
 	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon}})
 	clock := &fakeClock{now: noon.Add(time.Minute)}
@@ -162,7 +165,8 @@ func waitTriggerGone(t *testing.T, cli *clientv3.Client, tr admin.Triggered) {
 // run held when b joins and takes the item: b reads the triggers in etcd,
 // it does not only watch for new ones.
 func TestTriggerQueuedBehindARunIsServedByTheItemsNewOwner(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := slowJob(dir, 2)
 	a := instance(t, srv, "a", yaml)
@@ -194,7 +198,8 @@ func TestTriggerQueuedBehindARunIsServedByTheItemsNewOwner(t *testing.T) {
 // A trigger queued behind a run survives the instance's restart: the run
 // is cut at shutdown and failed over, then the trigger runs, once.
 func TestTriggerQueuedBehindARunSurvivesARestart(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := slowJob(dir, 1)
 	short := func(o *Options) { o.ShutdownGrace = 200 * time.Millisecond }
@@ -225,7 +230,8 @@ func TestTriggerQueuedBehindARunSurvivesARestart(t *testing.T) {
 // A trigger queued behind a run survives a reload that removes the job and
 // adds it back: the new job loop reads it from etcd.
 func TestTriggerQueuedBehindARunSurvivesAReload(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := slowJob(dir, 1)
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
@@ -268,7 +274,8 @@ func TestTriggerQueuedBehindARunSurvivesAReload(t *testing.T) {
 // that view (the drop's Txn compares the disable mark, gone in etcd), and
 // the child runs once its new map comes.
 func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	yaml := `jobs:
   - name: parent
@@ -361,7 +368,8 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 // drops no trigger: the drop's Txn compares the disable mark. Once etcd
 // says disabled, the same view drops it.
 func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
-	srv := etcdtest.Start(t)
+	t.Parallel()
+	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
 	a, eng, _ := startEngine(t, srv.Client(), "a", slowJob(dir, 1))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
