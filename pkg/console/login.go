@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/auth"
 )
 
 type loginData struct {
@@ -51,7 +51,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		c.render(w, "login", v)
 	}
 	caller, key, err := c.o.Auth.Login(w, r, r.PostFormValue("token"))
-	var limited *api.LimitError
+	var limited *auth.LimitError
 	switch {
 	case errors.As(err, &limited):
 		// Not a warning each: a flood of attempts would flood the log.
