@@ -3,7 +3,6 @@ package console
 import (
 	"errors"
 	"net/http"
-	"net/url"
 	"path"
 	"strconv"
 	"strings"
@@ -40,7 +39,7 @@ type welcomeData struct {
 }
 
 func (c *console) login(w http.ResponseWriter, r *http.Request) {
-	if crossOrigin(r) {
+	if auth.CrossOrigin(r) {
 		http.Error(w, "cross-origin login refused", http.StatusForbidden)
 		return
 	}
@@ -73,7 +72,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 // carries the session's key (the page's script puts it there): whoever
 // received the cookie alone cannot log its owner out.
 func (c *console) logout(w http.ResponseWriter, r *http.Request) {
-	if crossOrigin(r) {
+	if auth.CrossOrigin(r) {
 		http.Error(w, "logout refused: not from this console's page", http.StatusForbidden)
 		return
 	}
@@ -95,14 +94,4 @@ func safeNext(next string) string {
 		return "/"
 	}
 	return next
-}
-
-// crossOrigin reports whether r comes from a page of another origin.
-func crossOrigin(r *http.Request) bool {
-	o := r.Header.Get("Origin")
-	if o == "" {
-		return false
-	}
-	u, err := url.Parse(o)
-	return err != nil || !strings.EqualFold(u.Host, r.Host)
 }
