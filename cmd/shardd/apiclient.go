@@ -12,7 +12,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/auth"
 )
 
 // apiFlags are the flags of a client of the instances' APIs.
@@ -86,7 +86,7 @@ func proxyTransport(apiCA string, s serverTLS) (*http.Transport, error) {
 }
 
 // cliToken returns the secret the command line presents to the API, from
-// a token file in shardd run's format (api.ParseTokens: NAME ROLE SECRET
+// a token file in shardd run's format (auth.ParseTokens: NAME ROLE SECRET
 // lines, or one bare SECRET): its first token of the read role, else its
 // first token (reads need no more). "" without a file.
 func cliToken(path string) (string, error) {
@@ -97,7 +97,7 @@ func cliToken(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ts, err := api.ParseTokens(string(b), path, "default", api.RoleRead)
+	ts, err := auth.ParseTokens(string(b), path, "default", auth.RoleRead)
 	if err != nil {
 		return "", err
 	}
@@ -105,7 +105,7 @@ func cliToken(path string) (string, error) {
 		return "", fmt.Errorf("%s holds no token", path)
 	}
 	for _, t := range ts {
-		if t.Role == api.RoleRead {
+		if t.Role == auth.RoleRead {
 			return t.Secret, nil
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/console"
 	"github.com/shardd/shardd/pkg/coord"
@@ -272,7 +273,7 @@ func cmdRun(e *env, args []string) error {
 		}
 		apiAddr = ln.Addr().String()
 		defer ln.Close() // when a later step fails; Serve closes it otherwise
-		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, api.RoleWrite), hasRole(tokens, api.RoleRead))
+		warnAPI(log, ln.Addr(), tlsCfg != nil, hasRole(tokens, auth.RoleWrite), hasRole(tokens, auth.RoleRead))
 	}
 	node, err := coord.New(coord.Options{
 		Client: cli, History: hist, Prefix: ef.prefix, ID: *name, TTL: *ttl, Logger: log,
@@ -386,15 +387,15 @@ func cmdRun(e *env, args []string) error {
 		})
 	}
 	if ln != nil {
-		auth := api.NewAuth(tokens, 0, tlsCfg != nil)
+		authority := auth.New(tokens, 0, tlsCfg != nil)
 		// The API and the console read and command through an operator
 		// client of this node's connection, whose status reads stay shown
 		// while the node refuses etcd's answers (etcd went back in time).
 		adm := admin.New(cli, node.Keys()).WithShown(node.ShownContext)
-		ui := console.New(console.Options{Instance: node.ID(), Admin: adm, Auth: auth, Endpoints: copts.Endpoints, Version: version.String(), Logger: log})
+		ui := console.New(console.Options{Instance: node.ID(), Admin: adm, Auth: authority, Endpoints: copts.Endpoints, Version: version.String(), Logger: log})
 		srv := newHTTPServer(api.Handler(api.Options{
 			Instance: node, Admin: adm, Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), ConfigError: rl.Err,
-			Auth: auth, UI: ui, Loopback: isLoopback(ln.Addr()), Logger: log.With("instance", node.ID()), OnWrite: func() { console.Invalidate(ui) },
+			Auth: authority, UI: ui, Loopback: isLoopback(ln.Addr()), Logger: log.With("instance", node.ID()), OnWrite: func() { console.Invalidate(ui) },
 			RunLogs: &api.RunLogs{Store: runLogs, Runs: adm, Transport: peers, Host: hostname()},
 		}), tlsCfg, log)
 		g.Add(func() error {
@@ -508,12 +509,12 @@ func nodeState(node *coord.Node) metrics.State {
 
 // loadTokens reads the API's token files ("" for none): the write file's
 // bare token is named "default" with the write role, the read file's
-// "read" with the read role; named lines give their own (api.ParseTokens).
-func loadTokens(writeFile, readFile string) ([]api.Token, error) {
-	var all []api.Token
+// "read" with the read role; named lines give their own (auth.ParseTokens).
+func loadTokens(writeFile, readFile string) ([]auth.Token, error) {
+	var all []auth.Token
 	for _, f := range []struct{ flag, path, name, role string }{
-		{"--api-token-file", writeFile, "default", api.RoleWrite},
-		{"--api-read-token-file", readFile, "read", api.RoleRead},
+		{"--api-token-file", writeFile, "default", auth.RoleWrite},
+		{"--api-read-token-file", readFile, "read", auth.RoleRead},
 	} {
 		if f.path == "" {
 			continue
@@ -522,7 +523,7 @@ func loadTokens(writeFile, readFile string) ([]api.Token, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.flag, err)
 		}
-		ts, err := api.ParseTokens(string(b), f.path, f.name, f.role)
+		ts, err := auth.ParseTokens(string(b), f.path, f.name, f.role)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", f.flag, err)
 		}
@@ -541,8 +542,8 @@ func loadTokens(writeFile, readFile string) ([]api.Token, error) {
 	return all, nil
 }
 
-func hasRole(ts []api.Token, role string) bool {
-	return slices.ContainsFunc(ts, func(t api.Token) bool { return t.Role == role })
+func hasRole(ts []auth.Token, role string) bool {
+	return slices.ContainsFunc(ts, func(t auth.Token) bool { return t.Role == role })
 }
 
 // listenPprof listens on addr for the profiles, and returns their

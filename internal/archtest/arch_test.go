@@ -44,6 +44,13 @@ func TestDependencyDirection(t *testing.T) {
 		// The keyspace is keys and values: no etcd, no I/O, nothing of
 		// shardd above the definitions it stores.
 		{"pkg/coord/keyspace", []string{module + "/", "go.etcd.io", "google.golang.org"}, []string{module + "/pkg/config", module + "/pkg/schedule", module + "/pkg/shard", module + "/pkg/runner"}},
+		// Authentication knows tokens, sessions and requests: nothing of
+		// the cluster, of etcd, or of the handlers it guards (see also
+		// TestAuthImports).
+		{"pkg/auth", []string{module + "/cmd", module + "/pkg/coord", module + "/pkg/api", module + "/pkg/console", module + "/pkg/engine", module + "/pkg/embedetcd", module + "/pkg/runlog", "go.etcd.io", "google.golang.org"}, nil},
+		// The console acts through the API's endpoints, not its code;
+		// both ask pkg/auth who is calling.
+		{"pkg/console", []string{module + "/pkg/api", module + "/cmd"}, nil},
 	}
 	for _, tt := range tests {
 		for _, d := range deps(t, tt.pkg) {
@@ -55,6 +62,21 @@ func TestDependencyDirection(t *testing.T) {
 					t.Errorf("%s depends on %s", tt.pkg, d)
 				}
 			}
+		}
+	}
+}
+
+// pkg/auth imports the standard library and pkg/config (a token's name
+// follows the rule of a job's name), nothing else.
+func TestAuthImports(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{join .Imports " "}}`, module+"/pkg/auth").Output()
+	if err != nil {
+		t.Fatalf("go list pkg/auth: %v", err)
+	}
+	for _, imp := range strings.Fields(string(out)) {
+		std := !strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")
+		if !std && imp != module+"/pkg/config" {
+			t.Errorf("pkg/auth imports %s; it may import the standard library and pkg/config only", imp)
 		}
 	}
 }

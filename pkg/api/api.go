@@ -28,7 +28,7 @@
 // (either token reads). /healthz, /readyz and /metrics need no token, and
 // quote nothing of the job files. The console's sessions stand for a token
 // with two halves, the session cookie and the session's key in
-// X-Shardd-Key; the cookie alone is nothing (see Auth).
+// X-Shardd-Key; the cookie alone is nothing (see package auth).
 //
 // # Run logs
 //
@@ -68,11 +68,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
@@ -113,11 +113,11 @@ type Options struct {
 	Metrics http.Handler
 	// ConfigError returns the last configuration reload's error, nil if it succeeded.
 	ConfigError func() error
-	// Auth knows the named bearer tokens and console sessions (NewAuth);
+	// Auth knows the named bearer tokens and console sessions (auth.New);
 	// without a write token the write endpoints are refused. Nil: Tokens.
-	Auth *Auth
-	// Tokens, when Auth is nil, are the bearer tokens (see ParseTokens).
-	Tokens []Token
+	Auth *auth.Authority
+	// Tokens, when Auth is nil, are the bearer tokens (see auth.ParseTokens).
+	Tokens []auth.Token
 	// UI, if set, serves every path the API does not (the console).
 	UI http.Handler
 	// Logger receives every audit entry the API records (and the error
@@ -147,7 +147,7 @@ func Handler(o Options) http.Handler {
 		o.Logger = slog.Default()
 	}
 	if o.Auth == nil {
-		o.Auth = NewAuth(o.Tokens, 0, false)
+		o.Auth = auth.New(o.Tokens, 0, false)
 	}
 	a := &api{o: o, auth: o.Auth}
 	mux := http.NewServeMux()
@@ -254,17 +254,6 @@ func hostOf(host string) (net.IP, string) {
 	return net.ParseIP(host), host
 }
 
-// crossOrigin reports whether r comes from a web page of another origin
-// than the API's own: browsers send Origin on such requests.
-func crossOrigin(r *http.Request) bool {
-	o := r.Header.Get("Origin")
-	if o == "" {
-		return false
-	}
-	u, err := url.Parse(o)
-	return err != nil || !strings.EqualFold(u.Host, r.Host)
-}
-
 // opStatus is the HTTP status of an error of the coord operator commands.
 func opStatus(err error) int {
 	switch {
@@ -280,7 +269,7 @@ func opStatus(err error) int {
 
 type api struct {
 	o    Options
-	auth *Auth
+	auth *auth.Authority
 }
 
 type apiError struct {
@@ -312,17 +301,17 @@ func (a *api) read(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "a bearer token is required%s", cookieOnly(r))
 			return
 		}
-		h(w, r.WithContext(WithCaller(r.Context(), c)))
+		h(w, r.WithContext(auth.WithCaller(r.Context(), c)))
 	}
 }
 
 // cookieOnly explains a refusal of a request that came with a console
 // session cookie: the cookie is half of the session.
 func cookieOnly(r *http.Request) string {
-	if _, err := r.Cookie(sessionCookie); err != nil {
+	if _, err := r.Cookie(auth.SessionCookie); err != nil {
 		return ""
 	}
-	return " (a console session's cookie is not enough: the console's script sends the session's key in " + KeyHeader + "; log in again if it has none)"
+	return " (a console session's cookie is not enough: the console's script sends the session's key in " + auth.KeyHeader + "; log in again if it has none)"
 }
 
 // write guards a write endpoint: a token of the write role, from a page of
@@ -331,7 +320,7 @@ func cookieOnly(r *http.Request) string {
 // is the proof that the write comes from the console's own script.
 func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if crossOrigin(r) {
+		if auth.CrossOrigin(r) {
 			writeError(w, http.StatusForbidden, "cross-origin request refused: a web page of %s may not change this cluster", r.Header.Get("Origin"))
 			return
 		}
@@ -345,14 +334,14 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "%v", err)
 		case c == nil:
 			writeError(w, http.StatusUnauthorized, "a bearer token is required%s", cookieOnly(r))
-		case c.Token.Role != RoleWrite:
+		case c.Token.Role != auth.RoleWrite:
 			// Said in this instance's log, not in the audit log in etcd:
 			// a reader must not be able to flush that log with refusals.
 			a.o.Logger.Warn("write refused: the token has the read role", "token", c.Token.Name, "action", actionOf(r),
 				"path", oneLine(r.URL.Path, 300), "remote", r.RemoteAddr)
 			writeError(w, http.StatusForbidden, "token %q has the read role: it cannot change anything", c.Token.Name)
 		default:
-			h(w, r.WithContext(WithCaller(r.Context(), c)))
+			h(w, r.WithContext(auth.WithCaller(r.Context(), c)))
 		}
 	}
 }
@@ -383,7 +372,7 @@ func actionOf(r *http.Request) string {
 // record appends a write action to the audit log (and the instance's
 // log) with its outcome.
 func (a *api) record(r *http.Request, e keyspace.AuditEntry, err error) {
-	e.Actor, e.Outcome = CallerOf(r.Context()).Actor(), admin.AuditOutcome(err)
+	e.Actor, e.Outcome = auth.CallerOf(r.Context()).Actor(), admin.AuditOutcome(err)
 	if err != nil {
 		e.Message = err.Error()
 	} else if a.o.OnWrite != nil {
@@ -665,7 +654,7 @@ func (a *api) trigger(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	req := admin.TriggerRequest{Job: name, Param: q.Get("param"), Fire: q.Get("fire"), By: CallerOf(r.Context()).Actor()}
+	req := admin.TriggerRequest{Job: name, Param: q.Get("param"), Fire: q.Get("fire"), By: auth.CallerOf(r.Context()).Actor()}
 	switch q.Get("propagate") {
 	case "", "true", "1":
 	case "false", "0":
@@ -740,7 +729,7 @@ func (a *api) kill(w http.ResponseWriter, r *http.Request) {
 		wait = d
 	}
 	q := r.URL.Query()
-	req := admin.KillRequest{Job: name, Instance: q.Get("instance"), By: CallerOf(r.Context()).Actor()}
+	req := admin.KillRequest{Job: name, Instance: q.Get("instance"), By: auth.CallerOf(r.Context()).Actor()}
 	if item >= 0 {
 		req.Items = []int{item}
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
@@ -32,13 +33,13 @@ type fakeCluster struct {
 
 // toks returns a write token named writer and a read token named reader
 // with the given secrets ("" for none).
-func toks(write, read string) []Token {
-	var out []Token
+func toks(write, read string) []auth.Token {
+	var out []auth.Token
 	if write != "" {
-		out = append(out, Token{Name: "writer", Role: RoleWrite, Secret: write})
+		out = append(out, auth.Token{Name: "writer", Role: auth.RoleWrite, Secret: write})
 	}
 	if read != "" {
-		out = append(out, Token{Name: "reader", Role: RoleRead, Secret: read})
+		out = append(out, auth.Token{Name: "reader", Role: auth.RoleRead, Secret: read})
 	}
 	return out
 }
@@ -316,7 +317,7 @@ func TestReadyzQuotesNoConfigValue(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name   string
-		tokens []Token
+		tokens []auth.Token
 	}{{"reads open", nil}, {"reads need a token", toks("", "read-token-1234567")}} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}, ConfigError: func() error { return cfgErr }, Tokens: tc.tokens})
@@ -391,5 +392,32 @@ func TestBrowserSafe(t *testing.T) {
 		if got := req(tt.method, tt.host, tt.origin, tt.token); got != tt.want {
 			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
 		}
+	}
+}
+
+// loginOf logs in to au with secret, returning the session's cookie and
+// key.
+func loginOf(t *testing.T, au *auth.Authority, secret string) (*http.Cookie, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	_, key, err := au.Login(rec, httptest.NewRequest("POST", "/login", nil), secret)
+	if err != nil {
+		t.Fatalf("login: %v", err)
+	}
+	return rec.Result().Cookies()[0], key
+}
+
+// A request with a live session's cookie and without its key is nobody,
+// and the refusal says what is missing.
+func TestReadWithTheSessionCookieAlone(t *testing.T) {
+	au := auth.New(toks("writer-secret-0123456789", "reader-secret-0123456789"), time.Hour, false)
+	r, _ := loginOf(t, au, "reader-secret-0123456789")
+	h := Handler(Options{Instance: &fakeCluster{up: true}, Admin: &fakeCluster{up: true}, Auth: au})
+	req := httptest.NewRequest("GET", "/api/v1/jobs", nil)
+	req.AddCookie(r)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Body.String(), "a console session's cookie is not enough") {
+		t.Errorf("read with the cookie alone: %d %s", rec.Code, rec.Body)
 	}
 }

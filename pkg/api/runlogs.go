@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/trust"
@@ -418,9 +419,9 @@ func (a *api) proxyLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, info
 			// own header: a write token must not travel for a read. The
 			// session's cookie and key are this instance's own.
 			pr.Out.Header.Del("Cookie")
-			pr.Out.Header.Del(KeyHeader)
+			pr.Out.Header.Del(auth.KeyHeader)
 			pr.Out.Header.Del("Authorization")
-			if secret := a.auth.ReadSecret(CallerOf(pr.In.Context())); secret != "" {
+			if secret := a.auth.ReadSecret(auth.CallerOf(pr.In.Context())); secret != "" {
 				pr.Out.Header.Set("Authorization", "Bearer "+secret)
 			}
 		},

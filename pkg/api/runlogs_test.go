@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runlog"
@@ -361,7 +362,7 @@ func TestRunLogProxy(t *testing.T) {
 		},
 		instances: map[string]keyspace.InstanceInfo{},
 	}
-	authA := NewAuth(toks("", token), 0, false)
+	authA := auth.New(toks("", token), 0, false)
 	a := newInstance(t, "a", runs, Options{Auth: authA})
 	b := newInstance(t, "b", &fakeRuns{runs: []keyspace.ItemRecord{{Job: "orders", Item: 3, Fence: 52, Instance: "a", State: keyspace.StateDone}}}, Options{Tokens: toks("", token)})
 	srvA, srvB := serve(t, a.h, false), serve(t, b.h, false)
@@ -382,7 +383,7 @@ func TestRunLogProxy(t *testing.T) {
 	ck, key := loginOf(t, authA, token)
 	req := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
 	req.AddCookie(ck)
-	req.Header.Set(KeyHeader, key)
+	req.Header.Set(auth.KeyHeader, key)
 	rec = httptest.NewRecorder()
 	a.h.ServeHTTP(rec, req)
 	if rec.Code != 200 || rec.Header().Get(ServedByHeader) != "b" || !strings.Contains(rec.Body.String(), " out from b\n") {
@@ -527,7 +528,7 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		got = append(got, r.Header.Get("Authorization"))
-		if r.Header.Get("Cookie") != "" || r.Header.Get(KeyHeader) != "" {
+		if r.Header.Get("Cookie") != "" || r.Header.Get(auth.KeyHeader) != "" {
 			got = append(got, "a session's cookie or key")
 		}
 		mu.Unlock()
@@ -536,7 +537,7 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 	defer b.Close()
 	for _, tc := range []struct {
 		name   string
-		tokens []Token
+		tokens []auth.Token
 		want   string
 	}{
 		{"reads open", toks(writeSecret, ""), ""},
@@ -547,12 +548,12 @@ func TestRunLogProxyNeverSendsAWriteSecret(t *testing.T) {
 			runs:      []keyspace.ItemRecord{{Job: "orders", Item: 1, Fence: 50, Instance: "b", State: keyspace.StateDone}},
 			instances: map[string]keyspace.InstanceInfo{"b": {ID: "b", Host: "host-b", API: strings.TrimPrefix(b.URL, "http://")}},
 		}
-		auth := NewAuth(tc.tokens, 0, false)
-		a := newInstance(t, "a", runs, Options{Auth: auth})
-		ck, key := loginOf(t, auth, writeSecret)
+		au := auth.New(tc.tokens, 0, false)
+		a := newInstance(t, "a", runs, Options{Auth: au})
+		ck, key := loginOf(t, au, writeSecret)
 		bySession := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
 		bySession.AddCookie(ck)
-		bySession.Header.Set(KeyHeader, key)
+		bySession.Header.Set(auth.KeyHeader, key)
 		byBearer := httptest.NewRequest("GET", "/api/v1/jobs/orders/runs/50-1/log", nil)
 		byBearer.Header.Set("Authorization", "Bearer "+writeSecret)
 		for _, req := range []*http.Request{bySession, byBearer} {

@@ -37,17 +37,17 @@
 //
 // # Who
 //
-// api.Auth decides: when some token has the read role, every page needs a
+// auth.Authority decides: when some token has the read role, every page needs a
 // login; otherwise pages are open and a login is needed only to act. A
 // read-role login sees everything and no action. Login and logout refuse
 // cross-origin posts; logins are rate-limited (429).
 //
-// A session is two halves (see api.Auth): an HttpOnly, SameSite=Strict
+// A session is two halves (see package auth): an HttpOnly, SameSite=Strict
 // cookie (Secure over TLS), which the browser sends to every port of the
 // host, so to other local users' servers too, and a key, which only this
 // origin's script has. The login answers with a page that gives the key to
 // the script, which keeps it in the origin's localStorage and sends it in
-// api.KeyHeader with every request it makes. A navigation sends only the
+// auth.KeyHeader with every request it makes. A navigation sends only the
 // cookie: a page asked for with the cookie of a live session and no key
 // is answered with a bootstrap page that holds no data, whose script asks
 // for the same URL with the key and shows that page in its place. So the
@@ -71,7 +71,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
@@ -91,7 +91,7 @@ type Options struct {
 	// Instance is the id of the instance serving the console.
 	Instance string
 	Admin    Admin
-	Auth     *api.Auth
+	Auth     *auth.Authority
 	// Endpoints are the etcd endpoints this instance uses; Version its
 	// version.
 	Endpoints []string
@@ -193,7 +193,7 @@ func secureHeaders(h http.Handler) http.Handler {
 type view struct {
 	Title    string
 	Nav      string
-	Caller   *api.Caller
+	Caller   *auth.Caller
 	CanWrite bool
 	// Key is the new session's key, on the page that answers a login:
 	// the page's script keeps it (see the package doc).
@@ -224,7 +224,7 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 		}
 		if caller == nil && !c.o.Auth.ReadsOpen() {
 			to := "/login?next=" + url.QueryEscape(r.URL.RequestURI())
-			if _, err := r.Cookie(api.SessionCookie); err == nil {
+			if _, err := r.Cookie(auth.SessionCookie); err == nil {
 				to += "&expired=1" // a cookie this instance does not know
 			}
 			http.Redirect(w, r, to, http.StatusSeeOther)
@@ -232,7 +232,7 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 		}
 		v := &view{Caller: caller, Instance: c.o.Instance, Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK}
 		if caller != nil {
-			v.CanWrite = caller.Token.Role == api.RoleWrite && caller.Session
+			v.CanWrite = caller.Token.Role == auth.RoleWrite && caller.Session
 		}
 		name, err := h(r, v)
 		if err != nil {

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
@@ -112,8 +112,8 @@ const (
 	readSecret  = "read-secret-0123456789"
 )
 
-func newTestConsole(f *fakeCluster, ts ...api.Token) http.Handler {
-	return New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
+func newTestConsole(f *fakeCluster, ts ...auth.Token) http.Handler {
+	return New(Options{Instance: f.ID(), Admin: f, Auth: auth.New(ts, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
 }
 
 // session is what a browser keeps of a login: the cookie, and the key
@@ -127,7 +127,7 @@ type session struct {
 // them.
 func (s *session) add(req *http.Request) {
 	req.AddCookie(s.cookie)
-	req.Header.Set(api.KeyHeader, s.key)
+	req.Header.Set(auth.KeyHeader, s.key)
 }
 
 // login logs in with secret as a browser does:
@@ -179,7 +179,7 @@ func get(h http.Handler, path string, s *session) (int, string, http.Header) {
 
 func TestPages(t *testing.T) {
 	f := &fakeCluster{n: 120}
-	h := newTestConsole(f, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret}, api.Token{Name: "bob", Role: api.RoleRead, Secret: readSecret})
+	h := newTestConsole(f, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret}, auth.Token{Name: "bob", Role: auth.RoleRead, Secret: readSecret})
 	alice := login(t, h, writeSecret)
 	tests := []struct {
 		path string
@@ -230,7 +230,7 @@ func TestPages(t *testing.T) {
 // redirect to the login when some token has the read role.
 func TestRolesAndLogin(t *testing.T) {
 	f := &fakeCluster{n: 5}
-	h := newTestConsole(f, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret}, api.Token{Name: "bob", Role: api.RoleRead, Secret: readSecret})
+	h := newTestConsole(f, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret}, auth.Token{Name: "bob", Role: auth.RoleRead, Secret: readSecret})
 	if code, _, hdr := get(h, "/jobs/job-00001?item=1", nil); code != http.StatusSeeOther || hdr.Get("Location") != "/login?next="+url.QueryEscape("/jobs/job-00001?item=1") {
 		t.Errorf("anonymous GET = %d to %q, want a redirect to the login", code, hdr.Get("Location"))
 	}
@@ -297,7 +297,7 @@ func between(s, from, to string) string {
 // Without a read-role token, pages are open and show no action to an
 // anonymous visitor.
 func TestOpenReads(t *testing.T) {
-	h := newTestConsole(&fakeCluster{n: 3}, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret})
+	h := newTestConsole(&fakeCluster{n: 3}, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret})
 	code, body, _ := get(h, "/jobs/job-00001", nil)
 	if code != 200 || strings.Contains(body, `class="act`) || !strings.Contains(body, `id="login-link"`) {
 		t.Errorf("anonymous job page: %d, actions shown %v", code, strings.Contains(body, `class="act`))
@@ -319,7 +319,7 @@ func TestSnapshotRefreshesOnce(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: time.Second, Warm: -1,
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: auth.New(nil, 0, false), Logger: quiet, MaxAge: time.Second, Warm: -1,
 		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	if code, _, _ := get(c, "/jobs", nil); code != 200 || f.statuses.Load() != 1 {
 		t.Fatalf("first page: %d, %d reads", code, f.statuses.Load())
@@ -376,7 +376,7 @@ func TestVeryStaleSnapshotIsNotShown(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1,
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: auth.New(nil, 0, false), Logger: quiet, Warm: -1,
 		Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	get(c, "/jobs", nil)
 	mu.Lock()
@@ -394,7 +394,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 	f := &fakeCluster{n: 3}
 	now := time.Now()
 	var mu sync.Mutex
-	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: auth.New(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
 		Endpoints: []string{"https://127.0.0.1:2379"}, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	get(c, "/jobs", nil)
 	f.slow = make(chan struct{}) // etcd stops answering
@@ -407,7 +407,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 	if took := time.Since(start); code != 200 || took > 2*time.Second || !strings.Contains(body, "this is the cluster as it was 1m0s ago") {
 		t.Errorf("jobs page with etcd down: %d after %s; warning shown: %v", code, took, strings.Contains(body, "as it was"))
 	}
-	fresh := New(Options{Instance: "a", Admin: &fakeCluster{n: 3, slow: f.slow}, Auth: api.NewAuth(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
+	fresh := New(Options{Instance: "a", Admin: &fakeCluster{n: 3, slow: f.slow}, Auth: auth.New(nil, 0, false), Logger: quiet, PageWait: 200 * time.Millisecond, Warm: -1,
 		Endpoints: []string{"https://127.0.0.1:2379"}})
 	code, body, _ = get(fresh, "/", nil)
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "etcd at https://127.0.0.1:2379 has not answered within 200ms") {
@@ -419,7 +419,7 @@ func TestEtcdDownPagesAnswerFast(t *testing.T) {
 // now, not the snapshot from before the write.
 func TestWriteMakesTheNextPageFresh(t *testing.T) {
 	f := &fakeCluster{n: 3}
-	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, Warm: -1})
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: auth.New(nil, 0, false), Logger: quiet, Warm: -1})
 	get(c, "/jobs", nil)
 	get(c, "/jobs", nil)
 	if n := f.statuses.Load(); n != 1 {
@@ -508,7 +508,7 @@ func TestWriteDuringARefreshMakesTheNextPageFresh(t *testing.T) {
 				}
 				return now
 			}
-			h := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1, Now: clock})
+			h := New(Options{Instance: f.ID(), Admin: f, Auth: auth.New(nil, 0, false), Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1, Now: clock})
 			page := func() string {
 				_, body, _ := get(h, "/jobs?q=job-00000", nil)
 				return body
@@ -567,7 +567,7 @@ func TestWriteDuringARefreshMakesTheNextPageFresh(t *testing.T) {
 // every MaxAge: a page in use does not wait for a read.
 func TestSnapshotKeptWarmWhileUsed(t *testing.T) {
 	f := &fakeCluster{n: 3}
-	c := New(Options{Instance: f.ID(), Admin: f, Auth: api.NewAuth(nil, 0, false), Logger: quiet, MaxAge: 50 * time.Millisecond, Warm: 300 * time.Millisecond})
+	c := New(Options{Instance: f.ID(), Admin: f, Auth: auth.New(nil, 0, false), Logger: quiet, MaxAge: 50 * time.Millisecond, Warm: 300 * time.Millisecond})
 	get(c, "/jobs", nil)
 	deadline := time.Now().Add(5 * time.Second)
 	for f.statuses.Load() < 3 && time.Now().Before(deadline) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/api"
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
@@ -53,10 +54,10 @@ func (a *apiCluster) RecordAudit(ctx context.Context, e keyspace.AuditEntry) (ke
 }
 
 // newInstance is the API with the console, as shardd serves them.
-func newInstance(ac *apiCluster, ts ...api.Token) http.Handler {
-	auth := api.NewAuth(ts, 0, false)
-	ui := New(Options{Instance: ac.ID(), Admin: ac, Auth: auth, Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
-	return api.Handler(api.Options{Instance: ac, Admin: ac, Auth: auth, UI: ui, Logger: quiet})
+func newInstance(ac *apiCluster, ts ...auth.Token) http.Handler {
+	au := auth.New(ts, 0, false)
+	ui := New(Options{Instance: ac.ID(), Admin: ac, Auth: au, Endpoints: []string{"https://127.0.0.1:2379"}, Version: "test", Logger: quiet, Warm: -1})
+	return api.Handler(api.Options{Instance: ac, Admin: ac, Auth: au, UI: ui, Logger: quiet})
 }
 
 // A browser sends a host's cookies to every port of the host: another
@@ -68,7 +69,7 @@ func newInstance(ac *apiCluster, ts ...api.Token) http.Handler {
 // session, with its key, goes on.
 func TestSessionCookieAloneGivesNothing(t *testing.T) {
 	ac := &apiCluster{fakeCluster: &fakeCluster{n: 5}}
-	h := newInstance(ac, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret}, api.Token{Name: "bob", Role: api.RoleRead, Secret: readSecret})
+	h := newInstance(ac, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret}, auth.Token{Name: "bob", Role: auth.RoleRead, Secret: readSecret})
 	req := httptest.NewRequest("POST", "/login", strings.NewReader(url.Values{"token": {writeSecret}, "next": {"/jobs"}}.Encode()))
 	req.Host = "127.0.0.1:9741"
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
@@ -164,13 +165,13 @@ func TestSessionCookieAloneGivesNothing(t *testing.T) {
 // not the operator's login, not an action.
 func TestSessionCookieAloneGivesNothingWhenReadsAreOpen(t *testing.T) {
 	ac := &apiCluster{fakeCluster: &fakeCluster{n: 5}}
-	h := newInstance(ac, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret})
+	h := newInstance(ac, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret})
 	s := login(t, h, writeSecret)
 	for _, withKey := range []bool{false, true} {
 		req := httptest.NewRequest("GET", "/jobs/job-00001", nil)
 		req.AddCookie(s.cookie)
 		if withKey {
-			req.Header.Set(api.KeyHeader, "a guess")
+			req.Header.Set(auth.KeyHeader, "a guess")
 		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
@@ -184,7 +185,7 @@ func TestSessionCookieAloneGivesNothingWhenReadsAreOpen(t *testing.T) {
 // no data, whose script asks again with the key; with a wrong key the
 // answer is what anyone gets: the login, saying the session has expired.
 func TestNavigationGetsTheBootstrap(t *testing.T) {
-	h := newTestConsole(&fakeCluster{n: 3}, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret}, api.Token{Name: "bob", Role: api.RoleRead, Secret: readSecret})
+	h := newTestConsole(&fakeCluster{n: 3}, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret}, auth.Token{Name: "bob", Role: auth.RoleRead, Secret: readSecret})
 	s := login(t, h, writeSecret)
 	req := httptest.NewRequest("GET", "/jobs/job-00001?run=90-0", nil)
 	req.AddCookie(s.cookie)
@@ -199,7 +200,7 @@ func TestNavigationGetsTheBootstrap(t *testing.T) {
 	}
 	req = httptest.NewRequest("GET", "/jobs/job-00001", nil)
 	req.AddCookie(s.cookie)
-	req.Header.Set(api.KeyHeader, "none")
+	req.Header.Set(auth.KeyHeader, "none")
 	rec = httptest.NewRecorder()
 	h.ServeHTTP(rec, req)
 	if rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != "/login?next=%2Fjobs%2Fjob-00001&expired=1" {
@@ -215,7 +216,7 @@ func TestNavigationGetsTheBootstrap(t *testing.T) {
 // saying how long to wait, the right secret too; another address still
 // logs in.
 func TestLoginRateLimit(t *testing.T) {
-	h := newTestConsole(&fakeCluster{n: 3}, api.Token{Name: "alice", Role: api.RoleWrite, Secret: writeSecret})
+	h := newTestConsole(&fakeCluster{n: 3}, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret})
 	post := func(secret, remote string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest("POST", "/login", strings.NewReader(url.Values{"token": {secret}}.Encode()))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
