@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
@@ -28,75 +29,117 @@ import (
 )
 
 func cmdLogs(e *env, args []string) error {
-	fs := newFlagSet(e, "logs")
-	var o opsFlags
-	o.register(fs)
-	var af apiFlags
-	af.register(fs)
-	var item itemFlag
-	fs.Var(&item, "item", "the `item` whose run to show (default: the job's only item; required when it has several, unless --run names one)")
-	runFlag := fs.String("run", "", "the run: its `FENCE`, or FENCE-ITEM (the FENCE and ITEM columns of shardd history); default: the item's latest run")
-	followFlag := fs.Bool("f", false, "follow: print the run's output as it comes, until the run ends")
-	raw := fs.Bool("raw", false, "print the log's records as stored (<time> <tag> <text>, shardd's own included), all on stdout")
-	if err := applyEnv(e, fs, apiFlagNames...); err != nil {
-		return err
-	}
-	job, err := o.parseJob(e, fs, args)
+	var f logsFlags
+	job, err := f.parse(e, args)
 	if err != nil {
 		return err
 	}
-	fence, runItem := int64(0), -1
-	if *runFlag != "" {
-		var ok bool
-		if fence, runItem, ok = runlog.ParseRun(*runFlag); !ok {
-			return usageError("--run %q: a run is FENCE or FENCE-ITEM (the FENCE and ITEM columns of shardd history %s)", *runFlag, job)
-		}
-		if runItem >= 0 && item.set && item.n != runItem {
-			return usageError("--run %s is a run of item %d, not of --item %d", *runFlag, runItem, item.n)
-		}
+	fence, runItem, err := f.run(job)
+	if err != nil {
+		return err
 	}
-	if item.set {
-		runItem = item.n
-	}
-	token, err := cliToken(af.tokenFile)
+	token, err := cliToken(f.api.tokenFile)
 	if err != nil {
 		return &exitError{exitFailure, fmt.Errorf("--api-token-file: %w", err)}
 	}
-	tlsCfg, err := clientTLS(af.ca, af.cert, af.key, "--api-ca", "--api-cert")
+	tlsCfg, err := clientTLS(f.api.ca, f.api.cert, f.api.key, "--api-ca", "--api-cert")
 	if err != nil {
 		return err
 	}
 
-	cli, ctx, done, err := o.connect()
+	cli, ctx, done, err := f.ops.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	keys := keyspace.NewKeys(o.ef.prefix)
-	recs, err := admin.New(cli, keys).FindRuns(ctx, job, runItem, fence)
+	adm := admin.New(cli, keyspace.NewKeys(f.ops.ef.prefix))
+	rec, err := f.findRun(ctx, adm, job, runItem, fence)
 	if err != nil {
-		return o.opError(err)
+		return err
+	}
+	r := loggedRun{job: job, rec: rec, id: runlog.RunID{Fence: rec.Fence, Item: int32(rec.Item)}}
+	r.what = fmt.Sprintf("run %s of job %s (item %d, fire %s, attempt %d, %s) on instance %s", r.id, job, rec.Item, rec.Fire.Format(time.RFC3339), rec.Attempt, rec.Source, rec.Instance)
+
+	if r.info, r.live, err = adm.Instance(ctx, rec.Instance); err != nil {
+		return f.ops.opError(err)
+	}
+	if why := r.noAPI(); why != "" {
+		return f.printFile(e, r, why)
+	}
+	return f.printFromAPI(e, r, token, tlsCfg)
+}
+
+// logsFlags are the flags of shardd logs.
+type logsFlags struct {
+	ops    opsFlags
+	api    apiFlags
+	item   itemFlag
+	runArg string // --run
+	follow bool
+	raw    bool
+}
+
+// parse parses the command line, and returns its job.
+func (f *logsFlags) parse(e *env, args []string) (string, error) {
+	fs := newFlagSet(e, "logs")
+	f.ops.register(fs)
+	f.api.register(fs)
+	fs.Var(&f.item, "item", "the `item` whose run to show (default: the job's only item; required when it has several, unless --run names one)")
+	fs.StringVar(&f.runArg, "run", "", "the run: its `FENCE`, or FENCE-ITEM (the FENCE and ITEM columns of shardd history); default: the item's latest run")
+	fs.BoolVar(&f.follow, "f", false, "follow: print the run's output as it comes, until the run ends")
+	fs.BoolVar(&f.raw, "raw", false, "print the log's records as stored (<time> <tag> <text>, shardd's own included), all on stdout")
+	if err := applyEnv(e, fs, apiFlagNames...); err != nil {
+		return "", err
+	}
+	return f.ops.parseJob(e, fs, args)
+}
+
+// run returns the run --run and --item name: its fence (0: the latest
+// run) and item (-1: not named).
+func (f *logsFlags) run(job string) (fence int64, item int, err error) {
+	fence, item = 0, -1
+	if f.runArg != "" {
+		var ok bool
+		if fence, item, ok = runlog.ParseRun(f.runArg); !ok {
+			return 0, 0, usageError("--run %q: a run is FENCE or FENCE-ITEM (the FENCE and ITEM columns of shardd history %s)", f.runArg, job)
+		}
+		if item >= 0 && f.item.set && f.item.n != item {
+			return 0, 0, usageError("--run %s is a run of item %d, not of --item %d", f.runArg, item, f.item.n)
+		}
+	}
+	if f.item.set {
+		item = f.item.n
+	}
+	return fence, item, nil
+}
+
+// findRun returns the record of the run of job's item (-1: not named)
+// with fence (0: the latest run), or says why there is not one run.
+func (f *logsFlags) findRun(ctx context.Context, adm *admin.Client, job string, runItem int, fence int64) (keyspace.ItemRecord, error) {
+	recs, err := adm.FindRuns(ctx, job, runItem, fence)
+	if err != nil {
+		return keyspace.ItemRecord{}, f.ops.opError(err)
 	}
 	if fence == 0 && runItem < 0 { // the latest run: of which item?
-		n, ok, err := admin.New(cli, keys).ItemCount(ctx, job)
+		n, ok, err := adm.ItemCount(ctx, job)
 		if err != nil {
-			return o.opError(err)
+			return keyspace.ItemRecord{}, f.ops.opError(err)
 		}
 		if !ok || n != 1 {
 			what := "several items"
 			if ok {
 				what = fmt.Sprintf("items 0-%d", n-1)
 			}
-			return &exitError{exitFailure, fmt.Errorf("job %s has %s: give --item N (the latest run of item N), or --run FENCE from `shardd history %s`", job, what, job)}
+			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has %s: give --item N (the latest run of item N), or --run FENCE from `shardd history %s`", job, what, job)}
 		}
 		runItem, recs = 0, keepItem(recs, 0)
 	}
 	if len(recs) == 0 {
 		switch {
 		case fence > 0:
-			return &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item; an older run's log stays on the instance that ran it): `shardd history %s` lists its runs", job, runName(fence, runItem), keyspace.HistoryPerItem, job)}
+			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item; an older run's log stays on the instance that ran it): `shardd history %s` lists its runs", job, runName(fence, runItem), keyspace.HistoryPerItem, job)}
 		default:
-			return &exitError{exitFailure, fmt.Errorf("item %d of job %s has no recorded run yet: `shardd history %s` lists the job's runs", runItem, job, job)}
+			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("item %d of job %s has no recorded run yet: `shardd history %s` lists the job's runs", runItem, job, job)}
 		}
 	}
 	if runItem < 0 { // --run FENCE: one run, or which?
@@ -105,65 +148,81 @@ func cmdLogs(e *env, args []string) error {
 			names = append(names, runName(r.Fence, r.Item))
 		}
 		if len(recs) > 1 {
-			return &exitError{exitFailure, fmt.Errorf("fence %d of job %s is the claim of several items, runs %s: give --item N, or --run FENCE-ITEM", fence, job, strings.Join(names, ", "))}
+			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("fence %d of job %s is the claim of several items, runs %s: give --item N, or --run FENCE-ITEM", fence, job, strings.Join(names, ", "))}
 		}
 	}
-	rec := recs[0]
-	id := runlog.RunID{Fence: rec.Fence, Item: int32(rec.Item)}
-	what := fmt.Sprintf("run %s of job %s (item %d, fire %s, attempt %d, %s) on instance %s", id, job, rec.Item, rec.Fire.Format(time.RFC3339), rec.Attempt, rec.Source, rec.Instance)
+	return recs[0], nil
+}
 
-	info, live, err := admin.New(cli, keys).Instance(ctx, rec.Instance)
-	if err != nil {
-		return o.opError(err)
-	}
-	dataDir, implicit := o.ef.dataDirOrDefault()
-	localDir := filepath.Join(dataDir, "runs", rec.Instance)
-	local := filepath.Join(localDir, job, id.String()+".log")
-	var why string // why the API cannot be asked
+// loggedRun is the run whose log shardd logs prints, and the instance
+// that ran it.
+type loggedRun struct {
+	job  string
+	rec  keyspace.ItemRecord
+	id   runlog.RunID
+	what string // the run, as the messages name it
+	info keyspace.InstanceInfo
+	live bool // the instance is registered in etcd
+}
+
+// noAPI says why the API of the run's instance cannot be asked; "" when
+// it can.
+func (r loggedRun) noAPI() string {
 	switch {
-	case !live:
-		why = fmt.Sprintf("instance %s is not live (not registered in etcd), so no API serves its logs", rec.Instance)
-	case info.API == "":
-		why = fmt.Sprintf("instance %s (host %s) serves no API (--listen \"\")", info.ID, info.Host)
-	case api.LoopbackOfAnotherHost(info, hostname()):
-		why = fmt.Sprintf("instance %s's API listens on %s, a loopback address of host %s, which only that host reaches", info.ID, info.API, info.Host)
+	case !r.live:
+		return fmt.Sprintf("instance %s is not live (not registered in etcd), so no API serves its logs", r.rec.Instance)
+	case r.info.API == "":
+		return fmt.Sprintf("instance %s (host %s) serves no API (--listen \"\")", r.info.ID, r.info.Host)
+	case api.LoopbackOfAnotherHost(r.info, hostname()):
+		return fmt.Sprintf("instance %s's API listens on %s, a loopback address of host %s, which only that host reaches", r.info.ID, r.info.API, r.info.Host)
 	}
-	if why != "" {
-		if _, err := os.Lstat(local); err == nil && (!live || info.Host == hostname()) {
-			if implicit { // found in the working directory, which another user may have prepared
-				if err := trust.Owned(dataDir); err != nil {
-					return fmt.Errorf("%s: %s; its log would be in %s, but: %w", what, why, local, err)
-				}
+	return ""
+}
+
+// printFile prints the run's log from this host's file, when it is
+// there and the run's instance is not live elsewhere; otherwise it says
+// where the log is. why is why the API cannot be asked.
+func (f *logsFlags) printFile(e *env, r loggedRun, why string) error {
+	dataDir, implicit := f.ops.ef.dataDirOrDefault()
+	localDir := filepath.Join(dataDir, "runs", r.rec.Instance)
+	local := filepath.Join(localDir, r.job, r.id.String()+".log")
+	if _, err := os.Lstat(local); err == nil && (!r.live || r.info.Host == hostname()) {
+		if implicit { // found in the working directory, which another user may have prepared
+			if err := trust.Owned(dataDir); err != nil {
+				return fmt.Errorf("%s: %s; its log would be in %s, but: %w", r.what, why, local, err)
 			}
-			fmt.Fprintf(e.stderr, "shardd logs: %s; reading its log from this host's file %s\n", why, local)
-			r, err := runlog.OpenFile(localDir, job, id, 0)
-			if err != nil {
-				return err
-			}
-			defer r.Close()
-			p := &logPrinter{e: e, raw: *raw}
-			next := r.Next
-			if *followFlag {
-				next = func() ([]byte, error) { return r.Follow(context.Background()) }
-			}
-			err = p.copyLines(next)
-			p.summary(what, "the file "+local, *followFlag, false)
+		}
+		fmt.Fprintf(e.stderr, "shardd logs: %s; reading its log from this host's file %s\n", why, local)
+		lr, err := runlog.OpenFile(localDir, r.job, r.id, 0)
+		if err != nil {
 			return err
 		}
-		host := info.Host
-		if host == "" {
-			host = "its host (an instance's id is its host name unless --name chose another)"
+		defer lr.Close()
+		p := &logPrinter{e: e, raw: f.raw}
+		next := lr.Next
+		if f.follow {
+			next = func() ([]byte, error) { return lr.Follow(context.Background()) }
 		}
-		return &exitError{exitFailure, fmt.Errorf("%s: %s; its log is on %s, in %s's run log directory (by default <data-dir>/runs/%s/%s/%s.log)",
-			what, why, host, rec.Instance, rec.Instance, job, id)}
+		err = p.copyLines(next)
+		p.summary(r.what, "the file "+local, f.follow, false)
+		return err
 	}
+	host := r.info.Host
+	if host == "" {
+		host = "its host (an instance's id is its host name unless --name chose another)"
+	}
+	return &exitError{exitFailure, fmt.Errorf("%s: %s; its log is on %s, in %s's run log directory (by default <data-dir>/runs/%s/%s/%s.log)",
+		r.what, why, host, r.rec.Instance, r.rec.Instance, r.job, r.id)}
+}
 
+// printFromAPI prints the run's log as the API of its instance serves it.
+func (f *logsFlags) printFromAPI(e *env, r loggedRun, token string, tlsCfg *tls.Config) error {
 	scheme := "http"
-	if info.APITLS {
+	if r.info.APITLS {
 		scheme = "https"
 	}
-	u := url.URL{Scheme: scheme, Host: api.APIHost(info), Path: "/api/v1/jobs/" + job + "/runs/" + id.String() + "/log"}
-	if *followFlag {
+	u := url.URL{Scheme: scheme, Host: api.APIHost(r.info), Path: "/api/v1/jobs/" + r.job + "/runs/" + r.id.String() + "/log"}
+	if f.follow {
 		u.RawQuery = "follow=1"
 	}
 	req, err := http.NewRequest("GET", u.String(), nil)
@@ -173,7 +232,7 @@ func cmdLogs(e *env, args []string) error {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	client := &http.Client{Transport: apiTransport(tlsCfg, o.timeout)}
+	client := &http.Client{Transport: apiTransport(tlsCfg, f.ops.timeout)}
 	resp, err := client.Do(req)
 	if err != nil {
 		hint := ""
@@ -182,26 +241,14 @@ func cmdLogs(e *env, args []string) error {
 			hint = " (--api-ca names the CA of the instances' API certificates)"
 		}
 		return &exitError{exitFailure, fmt.Errorf("%s: its API at %s did not answer: %v%s; its log is on host %s, in %s's run log directory (by default <data-dir>/runs/%s/%s/%s.log)",
-			what, u.Scheme+"://"+u.Host, err, hint, info.Host, rec.Instance, rec.Instance, job, id)}
+			r.what, u.Scheme+"://"+u.Host, err, hint, r.info.Host, r.rec.Instance, r.rec.Instance, r.job, r.id)}
 	}
 	defer resp.Body.Close()
 	served := resp.Header.Get(api.ServedByHeader)
 	if resp.StatusCode != http.StatusOK {
-		var ae struct {
-			Error string `json:"error"`
-		}
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		msg := strings.TrimSpace(string(b))
-		if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
-			msg = ae.Error
-		}
-		hint := ""
-		if resp.StatusCode == http.StatusUnauthorized {
-			hint = " (--api-token-file or SHARDD_API_TOKEN_FILE names a file with the API's read token)"
-		}
-		return &exitError{exitFailure, fmt.Errorf("%s: its API at %s answered %s: %s%s", what, u.Scheme+"://"+u.Host, resp.Status, msg, hint)}
+		return &exitError{exitFailure, fmt.Errorf("%s: its API at %s answered %s", r.what, u.Scheme+"://"+u.Host, apiRefusal(resp))}
 	}
-	p := &logPrinter{e: e, raw: *raw}
+	p := &logPrinter{e: e, raw: f.raw}
 	br := bufio.NewReaderSize(resp.Body, 64<<10)
 	err = p.copyLines(func() ([]byte, error) {
 		line, err := br.ReadBytes('\n')
@@ -211,18 +258,36 @@ func cmdLogs(e *env, args []string) error {
 		return bytes.TrimSuffix(line, []byte("\n")), err
 	})
 	if served == "" {
-		served = info.ID
+		served = r.info.ID
 	}
 	if stopped := resp.Header.Get(api.StoppedHeader); stopped != "" {
 		p.stopped = stopped // the record saying so is not in the file yet
 	} else if stopped := resp.Trailer.Get(api.StoppedHeader); stopped != "" {
 		p.stopped = stopped // known when the followed log closed
 	}
-	p.summary(what, "instance "+served+"'s API", *followFlag, resp.Header.Get(api.WritingHeader) == "true")
+	p.summary(r.what, "instance "+served+"'s API", f.follow, resp.Header.Get(api.WritingHeader) == "true")
 	if err != nil {
-		return &exitError{exitFailure, fmt.Errorf("%s: the answer broke off: %v", what, err)}
+		return &exitError{exitFailure, fmt.Errorf("%s: the answer broke off: %v", r.what, err)}
 	}
 	return nil
+}
+
+// apiRefusal says what an answer other than 200 OK says: its status, its
+// error, and a hint for 401.
+func apiRefusal(resp *http.Response) string {
+	var ae struct {
+		Error string `json:"error"`
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	msg := strings.TrimSpace(string(b))
+	if json.Unmarshal(b, &ae) == nil && ae.Error != "" {
+		msg = ae.Error
+	}
+	hint := ""
+	if resp.StatusCode == http.StatusUnauthorized {
+		hint = " (--api-token-file or SHARDD_API_TOKEN_FILE names a file with the API's read token)"
+	}
+	return fmt.Sprintf("%s: %s%s", resp.Status, msg, hint)
 }
 
 // keepItem keeps the records of item.

@@ -37,7 +37,33 @@ func validate(s scope, j *Job, f *fields) bool {
 	if err := CheckName(j.Name); err != nil {
 		bad("name", "name %s", err)
 	}
+	validateSchedule(j, bad)
+	validateSharding(j, bad)
+	validateParameters(j, bad)
+	validateLimits(j, bad)
+	validateLogRetention(&j.LogRetention, bad)
+	validateDependsOn(j, bad)
+	j.dependsOnLine = f.line["dependsOn"]
+	if j.Dataflow != nil {
+		validateDataflow(j, f, bad)
+	}
+	validateWork(j, bad)
+	if j.OnFailure != nil {
+		validateOnFailure(j.OnFailure, bad)
+	}
+	if j.Listeners != nil {
+		validateListeners(j.Listeners, bad)
+	}
+	return len(s.l.errs) == before
+}
 
+// badFunc reports a problem of field (a YAML path such as
+// "logRetention.maxAge"; "" for the job itself) at its line.
+type badFunc func(field, format string, args ...any)
+
+// validateSchedule checks timeZone and cron, and sets j.Location and
+// j.Schedule.
+func validateSchedule(j *Job, bad badFunc) {
 	loc, err := time.LoadLocation(j.TimeZone)
 	if err != nil || j.TimeZone == "" || j.TimeZone == "Local" {
 		bad("timeZone", "timeZone %q is not an IANA time zone name like UTC or Asia/Shanghai", j.TimeZone)
@@ -51,7 +77,11 @@ func validate(s scope, j *Job, f *fields) bool {
 		}
 		j.Schedule = sched
 	}
+}
 
+// validateSharding checks strategy, shardingTotalCount and the items of
+// shardingItemParameters, and sets j.Shard.
+func validateSharding(j *Job, bad badFunc) {
 	strategy, err := shard.Lookup(j.Strategy)
 	if err != nil {
 		bad("strategy", "unknown strategy %s", strings.TrimPrefix(err.Error(), shard.ErrUnknown.Error()+": "))
@@ -74,7 +104,11 @@ func validate(s scope, j *Job, f *fields) bool {
 			}
 		}
 	}
+}
 
+// validateParameters checks jobParameter and shardingItemParameters
+// against what an environment variable can carry.
+func validateParameters(j *Job, bad badFunc) {
 	// Parameters reach scripts in environment variables, twice (their own
 	// and in SHARDD_CONTEXT): one variable may not exceed 128 KiB on Linux,
 	// and none may hold a NUL byte.
@@ -95,7 +129,10 @@ func validate(s scope, j *Job, f *fields) bool {
 			break
 		}
 	}
+}
 
+// validateLimits checks the numbers and durations that bound a job's runs.
+func validateLimits(j *Job, bad badFunc) {
 	if j.MaxTimeDiffSeconds < -1 {
 		bad("maxTimeDiffSeconds", "maxTimeDiffSeconds must be -1 (off) or >= 0, got %d", j.MaxTimeDiffSeconds)
 	}
@@ -114,7 +151,10 @@ func validate(s scope, j *Job, f *fields) bool {
 	if j.MaxConcurrency < 0 {
 		bad("maxConcurrency", "maxConcurrency must be >= 0 (0 = no limit), got %d", j.MaxConcurrency)
 	}
-	r := &j.LogRetention
+}
+
+// validateLogRetention checks r, and sets its default maxBytesPerRun.
+func validateLogRetention(r *LogRetention, bad badFunc) {
 	if r.MaxBytesPerRun == 0 {
 		r.MaxBytesPerRun = min(DefaultLogMaxBytesPerRun, r.MaxTotalBytes)
 	}
@@ -128,7 +168,10 @@ func validate(s scope, j *Job, f *fields) bool {
 	case r.MaxBytesPerRun > r.MaxTotalBytes:
 		bad("logRetention.maxBytesPerRun", "logRetention.maxBytesPerRun (%s) must be at most logRetention.maxTotalBytes (%s)", r.MaxBytesPerRun, r.MaxTotalBytes)
 	}
+}
 
+// validateDependsOn checks the names of dependsOn.
+func validateDependsOn(j *Job, bad badFunc) {
 	if len(j.DependsOn) > MaxDependsOn {
 		bad("dependsOn", "dependsOn names %d jobs; at most %d are allowed (a child waits for a fresh fire of each)", len(j.DependsOn), MaxDependsOn)
 	}
@@ -144,41 +187,48 @@ func validate(s scope, j *Job, f *fields) bool {
 		}
 		seen[parent] = true
 	}
-	j.dependsOnLine = f.line["dependsOn"]
-	if d := j.Dataflow; d != nil {
-		_, moreSet := f.line["dataflow.moreExitCode"]
-		for _, field := range []string{"maxIterations", "maxDuration", "moreExitCode"} {
-			if _, set := f.line["dataflow."+field]; set && !d.Streaming {
-				bad("dataflow."+field, "dataflow.%s has no effect without dataflow.streaming: true (each run does its work once)", field)
-			}
-		}
-		switch {
-		case moreSet && d.MoreExitCode == 0:
-			bad("dataflow.moreExitCode", "dataflow.moreExitCode 0 is the status that means done; the one that means more must differ: 1 to 255 (default %d)", DefaultDataflowMoreExitCode)
-		case moreSet && j.HTTP != nil:
-			bad("dataflow.moreExitCode", "dataflow.moreExitCode is for scripts; a hook says \"more\" by answering 2xx with {\"more\": true}")
-		}
-		if d.MaxIterations == 0 {
-			d.MaxIterations = DefaultDataflowMaxIterations
-		}
-		if d.MaxDuration == 0 {
-			d.MaxDuration = DefaultDataflowMaxDuration
-		}
-		if d.MoreExitCode == 0 {
-			d.MoreExitCode = DefaultDataflowMoreExitCode
-		}
-		switch {
-		case d.MaxIterations < 0:
-			bad("dataflow.maxIterations", "dataflow.maxIterations must be >= 1 (0 = the default, %d), got %d", DefaultDataflowMaxIterations, d.MaxIterations)
-		case d.MaxDuration < 0:
-			bad("dataflow.maxDuration", "dataflow.maxDuration must be > 0 (0 = the default, %s), got %s", DefaultDataflowMaxDuration, d.MaxDuration)
-		case d.MoreExitCode < 1 || d.MoreExitCode > 255:
-			bad("dataflow.moreExitCode", "dataflow.moreExitCode must be an exit status from 1 to 255 (0 means done), got %d", d.MoreExitCode)
-		case j.Retries > 0 && d.Streaming && d.MoreExitCode == 1:
-			bad("dataflow.moreExitCode", "dataflow.moreExitCode 1 is the usual failure status: with retries it would be taken for more data; choose another (the default is %d)", DefaultDataflowMoreExitCode)
+}
+
+// validateDataflow checks j.Dataflow against j (its fields set, f), and
+// sets its defaults.
+func validateDataflow(j *Job, f *fields, bad badFunc) {
+	d := j.Dataflow
+	_, moreSet := f.line["dataflow.moreExitCode"]
+	for _, field := range []string{"maxIterations", "maxDuration", "moreExitCode"} {
+		if _, set := f.line["dataflow."+field]; set && !d.Streaming {
+			bad("dataflow."+field, "dataflow.%s has no effect without dataflow.streaming: true (each run does its work once)", field)
 		}
 	}
+	switch {
+	case moreSet && d.MoreExitCode == 0:
+		bad("dataflow.moreExitCode", "dataflow.moreExitCode 0 is the status that means done; the one that means more must differ: 1 to 255 (default %d)", DefaultDataflowMoreExitCode)
+	case moreSet && j.HTTP != nil:
+		bad("dataflow.moreExitCode", "dataflow.moreExitCode is for scripts; a hook says \"more\" by answering 2xx with {\"more\": true}")
+	}
+	if d.MaxIterations == 0 {
+		d.MaxIterations = DefaultDataflowMaxIterations
+	}
+	if d.MaxDuration == 0 {
+		d.MaxDuration = DefaultDataflowMaxDuration
+	}
+	if d.MoreExitCode == 0 {
+		d.MoreExitCode = DefaultDataflowMoreExitCode
+	}
+	switch {
+	case d.MaxIterations < 0:
+		bad("dataflow.maxIterations", "dataflow.maxIterations must be >= 1 (0 = the default, %d), got %d", DefaultDataflowMaxIterations, d.MaxIterations)
+	case d.MaxDuration < 0:
+		bad("dataflow.maxDuration", "dataflow.maxDuration must be > 0 (0 = the default, %s), got %s", DefaultDataflowMaxDuration, d.MaxDuration)
+	case d.MoreExitCode < 1 || d.MoreExitCode > 255:
+		bad("dataflow.moreExitCode", "dataflow.moreExitCode must be an exit status from 1 to 255 (0 means done), got %d", d.MoreExitCode)
+	case j.Retries > 0 && d.Streaming && d.MoreExitCode == 1:
+		bad("dataflow.moreExitCode", "dataflow.moreExitCode 1 is the usual failure status: with retries it would be taken for more data; choose another (the default is %d)", DefaultDataflowMoreExitCode)
+	}
+}
 
+// validateWork checks that j does one kind of work, script or http, and
+// that one.
+func validateWork(j *Job, bad badFunc) {
 	switch {
 	case j.Script == nil && j.HTTP == nil:
 		bad("", "no work: set script or http")
@@ -189,33 +239,36 @@ func validate(s scope, j *Job, f *fields) bool {
 	default:
 		validateHTTP(j.HTTP, bad)
 	}
-	if of := j.OnFailure; of != nil {
-		if of.Webhook == "" && of.Command == nil {
-			bad("onFailure", "onFailure needs a webhook or a command")
-		}
-		if of.Webhook != "" {
-			if u, err := url.Parse(of.Webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				bad("onFailure.webhook", "onFailure.webhook %q is not an http:// or https:// URL", of.Webhook)
-			}
-		}
-		if !slices.Contains([]string{"", "json", "slack", "dingtalk", "wechat"}, of.Format) {
-			bad("onFailure.format", "onFailure.format %q is not one of json, slack, dingtalk, wechat", of.Format)
-		}
-		if of.Command != nil && of.Command.Shell == "" && len(of.Command.Argv) == 0 {
-			bad("onFailure.command", "onFailure.command is empty")
-		}
-	}
-	if ls := j.Listeners; ls != nil {
-		for name, c := range map[string]*Command{"before": ls.Before, "after": ls.After} {
-			if c != nil && c.Shell == "" && (len(c.Argv) == 0 || c.Argv[0] == "") {
-				bad("listeners."+name, "listeners.%s is empty", name)
-			}
-		}
-	}
-	return len(s.l.errs) == before
 }
 
-func validateScript(sc *Script, bad func(field, format string, args ...any)) {
+// validateOnFailure checks onFailure.
+func validateOnFailure(of *OnFailure, bad badFunc) {
+	if of.Webhook == "" && of.Command == nil {
+		bad("onFailure", "onFailure needs a webhook or a command")
+	}
+	if of.Webhook != "" {
+		if u, err := url.Parse(of.Webhook); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("onFailure.webhook", "onFailure.webhook %q is not an http:// or https:// URL", of.Webhook)
+		}
+	}
+	if !slices.Contains([]string{"", "json", "slack", "dingtalk", "wechat"}, of.Format) {
+		bad("onFailure.format", "onFailure.format %q is not one of json, slack, dingtalk, wechat", of.Format)
+	}
+	if of.Command != nil && of.Command.Shell == "" && len(of.Command.Argv) == 0 {
+		bad("onFailure.command", "onFailure.command is empty")
+	}
+}
+
+// validateListeners checks listeners.
+func validateListeners(ls *Listeners, bad badFunc) {
+	for name, c := range map[string]*Command{"before": ls.Before, "after": ls.After} {
+		if c != nil && c.Shell == "" && (len(c.Argv) == 0 || c.Argv[0] == "") {
+			bad("listeners."+name, "listeners.%s is empty", name)
+		}
+	}
+}
+
+func validateScript(sc *Script, bad badFunc) {
 	switch {
 	case sc.Command.Shell == "" && len(sc.Command.Argv) == 0:
 		bad("script.command", "script.command is empty")
@@ -236,7 +289,7 @@ func validateScript(sc *Script, bad func(field, format string, args ...any)) {
 
 var httpMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
 
-func validateHTTP(h *HTTP, bad func(field, format string, args ...any)) {
+func validateHTTP(h *HTTP, bad badFunc) {
 	if h.Method == "" {
 		h.Method = DefaultHTTPMethod
 	}

@@ -74,31 +74,10 @@ type Options struct {
 // Start starts an embedded etcd and returns once it serves clients,
 // or with an error when it fails or ctx ends first.
 func Start(ctx context.Context, o Options) (*Server, error) {
-	if o.Name == "" {
-		o.Name = "shardd"
-	}
-	if o.LogLevel == "" {
-		o.LogLevel = "warn"
-	}
-	cu, err := url.Parse(o.ClientURL)
+	o.setDefaults()
+	cu, pu, err := o.urls()
 	if err != nil {
-		return nil, fmt.Errorf("embedded etcd client URL %q: %w", o.ClientURL, err)
-	}
-	pu, err := url.Parse(o.PeerURL)
-	if err != nil {
-		return nil, fmt.Errorf("embedded etcd peer URL %q: %w", o.PeerURL, err)
-	}
-	want := "http"
-	if o.TLS {
-		want = "https"
-	}
-	for _, u := range []*url.URL{cu, pu} {
-		if u.Scheme != want {
-			if o.TLS {
-				return nil, fmt.Errorf("embedded etcd URL %s must be https: the embedded etcd accepts only clients with its certificate", u)
-			}
-			return nil, fmt.Errorf("embedded etcd URL %s must be http without TLS", u)
-		}
+		return nil, err
 	}
 	// URLs name where the member is reached; it listens there, or, for a
 	// host name (h1:2380, a container's name), on every address at that
@@ -106,14 +85,8 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	// are (Debian maps a host's own name to 127.0.1.1), and etcd binds
 	// IPs only. TLS with client certificates guards every address.
 	lcu, lpu := listenURL(cu, o.TLS), listenURL(pu, o.TLS)
-	// Fail before creating anything when a port is taken, most likely by
-	// another shardd's embedded etcd: its data directory is the one to join.
-	for _, u := range []*url.URL{lcu, lpu} {
-		ln, err := net.Listen("tcp", u.Host)
-		if err != nil {
-			return nil, fmt.Errorf("embedded etcd: cannot listen on %s: %w", u, err)
-		}
-		ln.Close()
+	if err := portsFree(lcu, lpu); err != nil {
+		return nil, err
 	}
 	unlock, err := prepareDir(o.Dir)
 	if err != nil {
@@ -125,6 +98,105 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 			unlock()
 		}
 	}()
+	cfg, err := o.config(cu, pu, lcu, lpu)
+	if err != nil {
+		return nil, err
+	}
+	alone := !strings.Contains(cfg.InitialCluster, ",")
+	// A logger of this server's own (logfile.go), not etcd's log rotation.
+	lf, err := openLogFile(o.LogFile, logMaxSize, logMaxBackups)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if !started {
+			lf.Close()
+		}
+	}()
+	cfg.LogOutputs = []string{o.LogFile}
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newLogger(lf, o.LogLevel))
+
+	inCluster := o.InitialCluster != ""
+	if err := o.checkMember(cfg.Dir, pu); err != nil {
+		return nil, err
+	}
+	hint := ""
+	if inCluster {
+		hint = " (a member removed from its cluster stops so: to bring this host back, delete " + cfg.Dir +
+			", etcdctl member add it, and start it with --embed-join; docs/deployment.md)"
+	}
+
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd: %w%s", err, hint)
+	}
+	if err := o.waitReady(ctx, e, alone, hint); err != nil {
+		return nil, err
+	}
+	started = true
+	srv := &Server{e: e, errc: make(chan error, 1), clientURL: reachable(cu), unlock: unlock, log: lf}
+	go srv.watch(hint)
+	return srv, nil
+}
+
+// setDefaults fills in the options left empty.
+func (o *Options) setDefaults() {
+	if o.Name == "" {
+		o.Name = "shardd"
+	}
+	if o.LogLevel == "" {
+		o.LogLevel = "warn"
+	}
+	if o.LogFile == "" {
+		o.LogFile = filepath.Join(o.Dir, "etcd.log")
+	}
+}
+
+// urls parses the client and peer URLs, which must be https with TLS,
+// http without.
+func (o *Options) urls() (client, peer *url.URL, err error) {
+	cu, err := url.Parse(o.ClientURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("embedded etcd client URL %q: %w", o.ClientURL, err)
+	}
+	pu, err := url.Parse(o.PeerURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("embedded etcd peer URL %q: %w", o.PeerURL, err)
+	}
+	want := "http"
+	if o.TLS {
+		want = "https"
+	}
+	for _, u := range []*url.URL{cu, pu} {
+		if u.Scheme != want {
+			if o.TLS {
+				return nil, nil, fmt.Errorf("embedded etcd URL %s must be https: the embedded etcd accepts only clients with its certificate", u)
+			}
+			return nil, nil, fmt.Errorf("embedded etcd URL %s must be http without TLS", u)
+		}
+	}
+	return cu, pu, nil
+}
+
+// portsFree fails before anything is created when a port to listen on is
+// taken, most likely by another shardd's embedded etcd: its data
+// directory is the one to join.
+func portsFree(urls ...*url.URL) error {
+	for _, u := range urls {
+		ln, err := net.Listen("tcp", u.Host)
+		if err != nil {
+			return fmt.Errorf("embedded etcd: cannot listen on %s: %w", u, err)
+		}
+		ln.Close()
+	}
+	return nil
+}
+
+// config returns the etcd configuration of the member advertised at cu
+// and pu and listening at lcu and lpu, its log aside; with TLS, it first
+// generates the certificates it needs (EnsureTLS) and records the client
+// URL for the other commands.
+func (o *Options) config(cu, pu, lcu, lpu *url.URL) (*embed.Config, error) {
 	cfg := embed.NewConfig()
 	if o.TLS {
 		f, err := EnsureTLS(o.Dir, certHosts(cu, pu), time.Now())
@@ -151,35 +223,26 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if o.Existing {
 		cfg.ClusterState = embed.ClusterStateFlagExisting
 	}
-	alone := !strings.Contains(cfg.InitialCluster, ",")
 	cfg.LogLevel = o.LogLevel
-	if o.LogFile == "" {
-		o.LogFile = filepath.Join(o.Dir, "etcd.log")
-	}
-	// A logger of this server's own (logfile.go), not etcd's log rotation.
-	lf, err := openLogFile(o.LogFile, logMaxSize, logMaxBackups)
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if !started {
-			lf.Close()
-		}
-	}()
-	cfg.LogOutputs = []string{o.LogFile}
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newLogger(lf, o.LogLevel))
 	// Keep revisions for an hour, so watches rarely see compaction.
 	cfg.AutoCompactionMode = "periodic"
 	cfg.AutoCompactionRetention = "1h"
+	return cfg, nil
+}
 
+// checkMember refuses to start a member of a cluster without data
+// (etcdDir is empty) when that could lose the cluster's writes: one whose
+// data dir was a member's, or one joining under the peer URL pu of a
+// member that has served.
+func (o *Options) checkMember(etcdDir string, pu *url.URL) error {
 	inCluster := o.InitialCluster != ""
 	if inCluster && !o.Existing && !HasMember(o.Dir) {
 		if was, err := os.ReadFile(markerFile(o.Dir)); err == nil {
-			return nil, fmt.Errorf("this data dir's member (%s, says %s) was part of a cluster, and its data (%s) is gone: "+
+			return fmt.Errorf("this data dir's member (%s, says %s) was part of a cluster, and its data (%s) is gone: "+
 				"started as a new member it could outvote the members that kept the cluster's writes. "+
 				"Bring it back as a new member: etcdctl member remove <its id>, etcdctl member add, "+
 				"then start it with --embed-join (docs/deployment.md). Only if every member lost its data "+
-				"and a new cluster is meant, delete %s", strings.TrimSpace(string(was)), markerFile(o.Dir), cfg.Dir, markerFile(o.Dir))
+				"and a new cluster is meant, delete %s", strings.TrimSpace(string(was)), markerFile(o.Dir), etcdDir, markerFile(o.Dir))
 		}
 	}
 	if inCluster && o.Existing && !HasMember(o.Dir) && o.TLS {
@@ -188,19 +251,17 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		// this host's old member, whose data is gone: joining under its ID
 		// with an empty log could lose the cluster's writes.
 		if err := checkJoin(o.Dir, pu.String(), o.InitialCluster); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	hint := ""
-	if inCluster {
-		hint = " (a member removed from its cluster stops so: to bring this host back, delete " + cfg.Dir +
-			", etcdctl member add it, and start it with --embed-join; docs/deployment.md)"
-	}
+	return nil
+}
 
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("start embedded etcd: %w%s", err, hint)
-	}
+// waitReady waits until e serves, and then, for a member of a cluster,
+// marks the data dir as a member's. On failure, or when ctx ends first,
+// it closes e. hint ends the errors of a member of a cluster.
+func (o *Options) waitReady(ctx context.Context, e *embed.Etcd, alone bool, hint string) error {
+	inCluster := o.InitialCluster != ""
 	// A lone member is ready at once; a member of a cluster when a quorum
 	// of members is up, which may take as long as the operator takes to
 	// start them.
@@ -215,29 +276,26 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		select {
 		case <-e.Server.ReadyNotify():
 			if inCluster {
-				// Marks the data dir as a member's: see the check above.
+				// Marks the data dir as a member's: see checkMember.
 				id := fmt.Sprintf("%s %x of cluster %x\n", o.Name, uint64(e.Server.MemberID()), uint64(e.Server.Cluster().ID()))
 				if err := writeFile(markerFile(o.Dir), []byte(id), 0o600); err != nil {
 					e.Close()
-					return nil, fmt.Errorf("embedded etcd: %w", err)
+					return fmt.Errorf("embedded etcd: %w", err)
 				}
 			}
-			started = true
-			srv := &Server{e: e, errc: make(chan error, 1), clientURL: reachable(cu), unlock: unlock, log: lf}
-			go srv.watch(hint)
-			return srv, nil
+			return nil
 		case err := <-e.Err():
 			e.Close()
-			return nil, fmt.Errorf("embedded etcd: %w%s", err, hint)
+			return fmt.Errorf("embedded etcd: %w%s", err, hint)
 		case <-e.Server.StopNotify():
 			e.Close()
-			return nil, fmt.Errorf("embedded etcd stopped before it served%s", hint)
+			return fmt.Errorf("embedded etcd stopped before it served%s", hint)
 		case <-ctx.Done():
 			e.Close()
-			return nil, ctx.Err()
+			return ctx.Err()
 		case <-timeout:
 			e.Close()
-			return nil, fmt.Errorf("embedded etcd not ready after a minute")
+			return fmt.Errorf("embedded etcd not ready after a minute")
 		case <-waiting.C:
 			if o.Waiting != nil && !alone {
 				o.Waiting(time.Since(begun), lastPeerProblem(o.LogFile))
