@@ -113,6 +113,13 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 const ledgerLine = `echo "$1 $SHARDD_JOB $SHARDD_ITEM $SHARDD_FIRE_TIME $SHARDD_ATTEMPT $SHARDD_FENCE $SHARDD_INSTANCE $SHARDD_SOURCE $(date +%s%N) $SHARDD_SKIPPED" >> "$LEDGER"`
 
+// ledgerTo is ledgerLine appending to the ledger at path (no single quote
+// in it: the line goes inside sh -c '...'), so that tests running in
+// parallel each keep their own.
+func ledgerTo(path string) string {
+	return strings.ReplaceAll(ledgerLine, `"$LEDGER"`, `"`+path+`"`)
+}
+
 func events(t *testing.T, path string) []ledger.Event {
 	f, err := os.Open(path)
 	if err != nil {
@@ -130,10 +137,10 @@ func events(t *testing.T, path string) []ledger.Event {
 // coalesced run follows when it finishes, and the coalesced fires are
 // counted in the history.
 func TestMisfireCoalesces(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 2.5; ` + strings.ReplaceAll(ledgerLine, "$1", "end") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 2.5; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end") + `'`
 	instance(t, srv, "a", "jobs:\n  - name: slow\n    cron: \"@every 1s\"\n    script: "+yamlQuote(script)+"\n")
 	waitFor(t, 20*time.Second, "three runs", func() bool {
 		n := 0
@@ -234,10 +241,10 @@ func TestOnFailureAndListeners(t *testing.T) {
 
 // maxConcurrency 1: the job's items run one at a time on the instance.
 func TestMaxConcurrency(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 0.2; ` + strings.ReplaceAll(ledgerLine, "$1", "end") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 0.2; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end") + `'`
 	instance(t, srv, "a", "jobs:\n  - name: one-at-a-time\n    cron: \"@every 2s\"\n    shardingTotalCount: 3\n    maxConcurrency: 1\n    script: "+yamlQuote(script)+"\n")
 	waitFor(t, 15*time.Second, "six runs", func() bool {
 		n := 0
@@ -284,6 +291,7 @@ func TestClockSkewRefusesToFire(t *testing.T) {
 // Runtime routes: FAILOVER runs every fire on the first instance; LFU
 // spreads the fires; neither runs a fire twice.
 func TestRuntimeRoutes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		route  string
 		spread bool
@@ -291,8 +299,7 @@ func TestRuntimeRoutes(t *testing.T) {
 		t.Run(tc.route, func(t *testing.T) {
 			srv := etcdtest.Shared(t)
 			path := filepath.Join(t.TempDir(), "ledger")
-			t.Setenv("LEDGER", path)
-			script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+			script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
 			yaml := "jobs:\n  - name: routed\n    cron: \"@every 1s\"\n    strategy: " + tc.route + "\n    script: " + yamlQuote(script) + "\n"
 			for _, id := range []string{"a", "b", "c"} {
 				instance(t, srv, id, yaml)

@@ -61,11 +61,11 @@ const everySecondJob = "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    script:
 // live session: the item never ran again. Complete now retries until the
 // write lands.
 func TestFailedCompletionIsRetried(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
 	cli := srv.ClientWith([]grpc.DialOption{failCompletions(3)})
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
 	node := instanceWith(t, cli, "a", everySecondJob+yamlQuote(script)+"\n")
 	waitFor(t, 15*time.Second, "first run", func() bool { return starts(path) >= 1 })
 	time.Sleep(6 * time.Second)
@@ -87,9 +87,9 @@ func TestFailedCompletionIsRetried(t *testing.T) {
 // said it had not: the marker appears under the live session with no run
 // here. The next reconcile adopts the claim and runs it.
 func TestLateAppliedClaimIsAdopted(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
 	var once atomic.Bool
 	icpt := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		if txnTouches(req, true, false) && once.CompareAndSwap(false, true) {
@@ -102,7 +102,7 @@ func TestLateAppliedClaimIsAdopted(t *testing.T) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	})
 	cli := srv.ClientWith([]grpc.DialOption{icpt})
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
 	node := instanceWith(t, cli, "a", everySecondJob+yamlQuote(script)+"\n")
 	waitFor(t, 15*time.Second, "the delayed claim", func() bool { return once.Load() })
 	time.Sleep(7 * time.Second)

@@ -17,6 +17,7 @@ import (
 // no session. When it is back with the same items the map does not change,
 // but the new session wakes the reconcile, which catches the fire up.
 func TestFireDuringFenceIsCaughtUp(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Start(t)
 	p, err := faultproxy.Start(srv.Addr())
 	if err != nil {
@@ -24,8 +25,7 @@ func TestFireDuringFenceIsCaughtUp(t *testing.T) {
 	}
 	defer p.Close()
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 5s\"\n    script: " + yamlQuote(script) + "\n"
 	node := instanceWith(t, srv.Client("http://"+p.Addr()), "a", yaml)
 	waitFor(t, 30*time.Second, "a first run", func() bool { return len(events(t, path)) >= 1 })

@@ -29,10 +29,10 @@ import (
 // job.ShardingTotalCount (forced to 1 for BROADCAST) instead of the map's
 // Total, so the instance holding item 1 never runs anything.
 func TestRegressionBroadcastRunsEveryItem(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: BROADCAST\n    script: " + yamlQuote(script) + "\n"
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
@@ -83,11 +83,11 @@ func (s *slowReads) Adopt(ctx context.Context, job string, item int, st keyspace
 // j.local: decide says adopt, Adopt trusts the stale snapshot, and the
 // completed fire runs again under the same fence.
 func TestRegressionStaleReadAdoptsCompletedRun(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
 	// item 1 ends at once (its end wakes the loop); item 0 runs 0.4s.
-	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.4; fi; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.4; fi; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 3s\"\n    shardingTotalCount: 2\n    script: " + yamlQuote(script) + "\n"
 	h := &slowReads{delay: 700 * time.Millisecond}
@@ -117,10 +117,10 @@ func TestRegressionStaleReadAdoptsCompletedRun(t *testing.T) {
 // sees the item RUNNING under this session and adopts it: a second,
 // concurrent execution of the same (job, item) with the same fence.
 func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 4; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 4; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 1h\"\n    script: " + yamlQuote(script) + "\n"
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
@@ -178,10 +178,10 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 // The same race without any injected delay: 32 items ending a few ms apart,
 // every end waking the loop while the others are still RUNNING.
 func TestRegressionStaleReadAdoptsNaturally(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; sleep 0.$(( SHARDD_ITEM * 3 % 10 ))$(( SHARDD_ITEM % 10 )); ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 0.$(( SHARDD_ITEM * 3 % 10 ))$(( SHARDD_ITEM % 10 )); ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 2s\"\n    shardingTotalCount: 32\n    script: " + yamlQuote(script) + "\n"
 	h := &slowReads{}
@@ -200,10 +200,10 @@ func TestRegressionStaleReadAdoptsNaturally(t *testing.T) {
 // Complete deleted it), so the other instance claims fire F+1 of the same
 // item while the replay runs: two concurrent executions of (j, 0).
 func TestRegressionStaleAdoptOverlapsOtherInstance(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	body := strings.ReplaceAll(ledgerLine, "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.6; fi; ` + strings.ReplaceAll(ledgerLine, "$1", "end")
+	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.6; fi; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: ROUND\n    shardingTotalCount: 2\n    script: " + yamlQuote(script) + "\n"
 	for _, id := range []string{"a", "b"} {

@@ -40,10 +40,10 @@ func (h *claimHook) Claim(ctx context.Context, c coord.Claim) (*coord.Grant, err
 // a fire's read and its claim, makes the claim fail on the map revision.
 // The fire is decided again and runs (it was once dropped).
 func TestClaimLostToUnchangedReshardIsRetried(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 4s\"\n    script: " + yamlQuote(script) + "\n"
 	direct := srv.Client()
 	var lost time.Time

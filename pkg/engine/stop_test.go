@@ -64,10 +64,10 @@ func stoppable(t *testing.T, cli *clientv3.Client, id, yaml string) (*coord.Node
 // its instance: the completion must have landed, so the new owner never
 // fails over a run that completed.
 func TestCompletedRunDoesNotFailOver(t *testing.T) {
+	t.Parallel()
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
-	t.Setenv("LEDGER", path)
-	script := `sh -c '` + strings.ReplaceAll(ledgerLine, "$1", "start") + `'`
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
 	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    failover: true\n    script: " + yamlQuote(script) + "\n"
 	_, stopA := stoppable(t, srv.ClientWith([]grpc.DialOption{failCompletions(3)}), "a", yaml)
 	waitFor(t, 15*time.Second, "a's first run", func() bool { return starts(path) >= 1 })
