@@ -52,7 +52,8 @@ func benchGoal(figure, name string, bounds ...float64) goal {
 		}}
 }
 
-// goals are the figures of [3/8]'s table, in its order.
+// goals are the figures the performance work set out to reach, in the
+// order of docs/performance.md's table.
 var goals = []goal{
 	{figure: "1 job, fire -> script's first instruction (outside view, embedded etcd)", command: "go run ./internal/benchreport -delay 60",
 		goal: "p50 <= 2 ms, p99 <= 5 ms", bounds: []float64{2, 5},

@@ -13,8 +13,8 @@ import (
 
 // The item cache keeps each job's item keys (records, running markers,
 // disable marks) as the hub's watch delivers them, so that a job's reconcile
-// need not read them from etcd before every decision ([3/8]: one read per
-// fire per instance was most of etcd's load).
+// need not read them from etcd before every decision (one read per fire per
+// instance was most of etcd's load).
 //
 // What it may serve. Decisions made on the cache are as safe as decisions
 // made on a read: every write they lead to is guarded in etcd (a claim by

@@ -2,6 +2,8 @@ package coord
 
 import (
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -104,5 +106,41 @@ func TestPacerLine(t *testing.T) {
 	defer p.mu.Unlock()
 	if p.inFlight != startPace-2 || len(p.line) != 0 {
 		t.Errorf("%d in flight, %d in line; want %d and 0", p.inFlight, len(p.line), startPace-2)
+	}
+}
+
+// The pacer cuts on latency alone: when etcd's base latency for one
+// registration (a read, the publish Txn, the member Txn: 2-3 round trips
+// with fsync) is above TTL/10 (200 ms at --ttl 2s, 1 s at the default),
+// every answer was "slow", the bound fell to 1 and never grew again:
+// registrations were serialized however idle etcd was. Steady answers must
+// let it grow.
+func TestPacerNotPinnedBySteadyLatency(t *testing.T) {
+	t.Parallel()
+	p := newPacer(20 * time.Millisecond) // TTL/10 of a 200 ms TTL, to keep the test short
+	var wg sync.WaitGroup
+	var peak, inFlight atomic.Int64
+	for range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			granted := make(chan struct{}, 1)
+			tk := &ticket{wake: func() { granted <- struct{}{} }}
+			if !p.take(tk) {
+				<-granted
+			}
+			if v := inFlight.Add(1); v > peak.Load() {
+				peak.Store(v)
+			}
+			begun := time.Now()
+			time.Sleep(25 * time.Millisecond) // an idle etcd with a 25 ms answer
+			inFlight.Add(-1)
+			p.release(tk, begun, nil)
+		}()
+	}
+	wg.Wait()
+	t.Logf("bound after 64 registrations answered in 25 ms each: %.2f", p.limit())
+	if p.limit() <= startPace {
+		t.Errorf("bound %.2f: steady answers slower than the threshold did not let it grow past %d", p.limit(), startPace)
 	}
 }

@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
@@ -242,5 +245,559 @@ func TestOutcomeOfARunEndedAcrossARestoreIsWritten(t *testing.T) {
 	rec, _ := readRecord(t, cli, n.keys.Item("orders", 0))
 	if rec.State != keyspace.StateDone || rec.Fence != g.Fence || rec.Seq != claimed.Seq {
 		t.Errorf("item 0's record after the restore: %s fence %d seq %d; want the run's outcome, DONE fence %d seq %d", rec.State, rec.Fence, rec.Seq, g.Fence, claimed.Seq)
+	}
+}
+
+// Tests of the recovery from an etcd that went back in time (rewind.go,
+// history.go) under interleavings of several instances: what an instance
+// saw through its watch but not in an answer, reports that cannot reach an
+// instance, and a second rewind report of the same restore.
+
+// rewindNode is one instance running the jobs of yaml with session TTL ttl,
+// on a client whose History the node is given (as shardd run wires them).
+// stop ends it (leaving the cluster as at a shutdown) and is idempotent.
+type rewindNode struct {
+	*Node
+	log   *logBuffer
+	cli   *clientv3.Client
+	proxy *faultproxy.Proxy // between the node and etcd
+	stop  func()
+}
+
+func startRewindNode(t *testing.T, srv *etcdtest.Server, id string, ttl time.Duration, yaml string) *rewindNode {
+	t.Helper()
+	p, err := faultproxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hist := NewHistory()
+	cli, err := NewClient(ClientOptions{Endpoints: []string{"http://" + p.Addr()}, History: hist, DialTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb := &logBuffer{}
+	n, err := New(Options{Client: cli, ID: id, TTL: ttl, History: hist,
+		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))}, jobs(t, yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	stopped := false
+	rn := &rewindNode{Node: n, log: lb, cli: cli, proxy: p}
+	rn.stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		<-done
+	}
+	t.Cleanup(func() {
+		p.Restore()
+		rn.stop()
+		cli.Close()
+		p.Close()
+		if t.Failed() {
+			t.Logf("log of %s:\n%s", id, lb.String())
+		}
+	})
+	waitFor(t, 20*time.Second, id+"'s membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	return rn
+}
+
+// claimItem claims fire of item on n (on the item as etcd has it, and n's
+// view of the map), retrying until the claim is won.
+func claimItem(t *testing.T, n *Node, item int, fire time.Time, source string, attempt int) *Grant {
+	t.Helper()
+	ctx := context.Background()
+	var g *Grant
+	var last error
+	waitFor(t, 20*time.Second, fmt.Sprintf("%s's claim of item %d at %s", n.ID(), item, fire.Format(time.TimeOnly)), func() bool {
+		v, ok := n.View("orders")
+		if !ok || v.Map == nil {
+			return false
+		}
+		prev, err := n.ReadItem(ctx, "orders", item)
+		if err != nil {
+			last = err
+			return false
+		}
+		g, last = n.Claim(ctx, Claim{Job: "orders", Item: item, Fire: fire, Attempt: attempt, Source: source, Prev: prev, Sched: fire, MapRev: v.MapRev})
+		return last == nil
+	})
+	_ = last
+	return g
+}
+
+// fillRevisions raises etcd's revision by count with writes no shardd
+// instance makes: another application's keys when key is outside the
+// prefix, other jobs' keys when it is under jobs/.
+func fillRevisions(t *testing.T, cli *clientv3.Client, key string, count int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range count {
+		if _, err := cli.Put(ctx, key, fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// knownModRevision is the ModRevision of the record of item n knows.
+func knownModRevision(n *Node, item int) int64 {
+	kv := n.knownRecords("orders")[item]
+	if kv == nil {
+		return 0
+	}
+	return kv.ModRevision
+}
+
+// waitRewindSeen pokes n with linearizable reads until it has seen the rewind.
+func waitRewindSeen(t *testing.T, n *rewindNode) {
+	t.Helper()
+	waitFor(t, 20*time.Second, n.ID()+" to see the rewind", func() bool {
+		n.ReadItem(context.Background(), "orders", 0)
+		return n.Rewound() != nil || strings.Contains(n.log.String(), "etcd went back in time")
+	})
+}
+
+func countRecoveries(lb *logBuffer) int {
+	return strings.Count(lb.String(), "recovered from etcd going back")
+}
+
+// G4 after a recovery: a fence an instance saw only through its watch.
+//
+// Scenario: instances a and b run orders. After a backup of etcd, a claims
+// and completes item 0 (the highest revision a saw in an answer is then h).
+// etcd's revision then grows by 1,500 through writes a does not make
+// itself (another application sharing the cluster, or jobs a does not run),
+// and b claims and completes item 1 at fence F > h+1000, which downstream
+// systems see; a's watch delivers b's record. b's host goes down (cut off
+// here; its lease outlives the restore, so a writes nothing before it). etcd is restored from the backup; a sees it
+// and recovers, raising etcd's revision past h+1000 only, and writes b's
+// record of item 1 back (fence F). a's next claim of item 1 then gets a
+// fence below F: the fence of item 1 falls, though a knew F
+// (docs/operations.md: "every fence it hands out from now on is above every
+// fence anyone saw before").
+func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	// Sessions that outlive the restarts of etcd: a writes nothing of its own.
+	a := startRewindNode(t, srv, "a", 30*time.Second, yaml)
+	b := startRewindNode(t, srv, "b", 30*time.Second, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	backup := srv.Backup()
+	g = claimItem(t, a.Node, 0, base.Add(time.Minute), keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	h := a.hist.Highest()
+
+	fillRevisions(t, cli, "/another-app/key", 1500)
+	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), keyspace.SourceNormal, 1)
+	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to know b's record of item 1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
+	t.Logf("a's highest revision seen %d; b's fence of item 1 %d", h, gb.Fence)
+	b.proxy.Blackhole()
+	// a's highest revision counts what its watch delivered (b's record):
+	// the recovery raises etcd past b's fence.
+	h = a.hist.Highest()
+
+	srv.Restore(backup)
+	waitRewindSeen(t, a)
+	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+
+	rec, _ := readRecord(t, cli, a.keys.Item("orders", 1))
+	if rec.Fence != gb.Fence {
+		t.Logf("item 1's record after recovery has fence %d (b's was %d)", rec.Fence, gb.Fence)
+	}
+	ga := claimItem(t, a.Node, 1, base.Add(2*time.Minute), keyspace.SourceNormal, 1)
+	t.Logf("a's claim of item 1 after the recovery: fence %d", ga.Fence)
+	if ga.Fence <= gb.Fence {
+		t.Errorf("fence of item 1 fell: a's claim after the recovery has fence %d, b's before the restore had %d (a saw it; a raised etcd only past %d+%d)",
+			ga.Fence, gb.Fence, h, rewindMargin)
+	}
+}
+
+// After a rewind: an instance whose watch waits at a future revision never
+// learns of it.
+//
+// Scenario: instances a and b run orders; their sessions began before the
+// backup, so their leases come back with the restore and they keep them. After a
+// backup of etcd, b claims item 1 and runs it (a long run: b sends etcd
+// nothing meanwhile); a claims and completes item 0 (the highest revision a
+// saw in an answer is h). 1,500 writes to other jobs' keys follow (jobs a
+// and b do not run; or, on an etcd shared with other applications, a
+// progress notification): b's watch delivers them, and is at h+1500. etcd
+// is restored from the backup. a sees it, reports it (rewinds/a, at about
+// the backup's revision and again past h+1000) and recovers, writing b's
+// record of item 1 back (RUNNING by b, with no running marker: the backup
+// had none). b's watch resumes after h+1500, and etcd delivers it nothing
+// below that: neither of a's reports. b's next answers are above the
+// highest b saw, and its read of item 1 shows a later revision than b knew
+// (a's write-back). So b never learns that etcd went back (docs/
+// operations.md: another instance's report makes it fence itself): its run
+// goes on unfenced, and when it ends its outcome is refused (the record's
+// revision is a's write-back, not b's claim), leaving item 1 RUNNING with
+// no marker: a run cut by a failure, which failover runs again though it
+// completed (G2). Had the restored map given item 1 to a, a's failover
+// would overlap b's run (G1).
+func TestInstanceWithWatchAheadLearnsOfAnotherInstancesRewind(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	// Sessions that outlive the restarts of etcd: no membership changes.
+	a := startRewindNode(t, srv, "a", 30*time.Second, yaml)
+	b := startRewindNode(t, srv, "b", 30*time.Second, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	backup := srv.Backup()
+	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), keyspace.SourceNormal, 1) // b's run: not completed
+	g = claimItem(t, a.Node, 0, base.Add(time.Minute), keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to know b's claim of item 1", func() bool { return knownModRevision(a.Node, 1) >= gb.Fence })
+	end := a.hist.Highest() + 1500
+	fillRevisions(t, cli, keyspace.NewKeys("").Jobs()+"reports/k", 1500)
+	waitFor(t, 10*time.Second, "b's watch to deliver the other jobs' writes", func() bool { return b.hub.deliveredRev() >= end })
+	t.Logf("a's highest revision seen %d, b's %d; b's watch at %d", a.hist.Highest(), b.hist.Highest(), b.hub.deliveredRev())
+
+	srv.Restore(backup)
+	waitRewindSeen(t, a)
+	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	b.ReadItem(ctx, "orders", 1) // b reads etcd: not even that shows it
+	select {
+	case <-gb.Ctx.Done():
+		return // b fenced itself: it learned of the rewind
+	case <-time.After(15 * time.Second):
+	}
+	t.Errorf("b's run of item 1 (fence %d) is still unfenced 15 s after a recovered from the restore; b rewound: %v, b's watch at %d",
+		gb.Fence, b.Rewound(), b.hub.deliveredRev())
+	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		rec, _ := readRecord(t, cli, b.keys.Item("orders", 1))
+		t.Errorf("b's run ended DONE, and its outcome was refused (%v): item 1's record is %s by %s (attempt %d), which failover runs again", err, rec.State, rec.Instance, rec.Attempt)
+	}
+}
+
+// G2 across a rewind: the outcome of a run that ended after the restore.
+//
+// Scenario: one instance, a. After a backup of etcd, a claims item 0's
+// fire t1 (a knows the claim's record through its watch) and runs it.
+// etcd is restored from the backup, which has the record of t0. The run
+// ends DONE; its outcome's write is the first answer a gets after the
+// restore: refused (etcd went back), and retried by Complete. a recovers:
+// it writes back the claim's record it knew (t1 RUNNING by a), at a new
+// revision. Complete's retry is guarded by the claim's revision (its
+// fence), which that record no longer has: refused for good (claim lost).
+// Item 0's record stays RUNNING with no running marker: a run cut by a
+// failure, which failover runs again, though it ran to the end and its
+// outcome was in hand (G2 allows a re-run only of an attempt whose instance
+// died mid-run).
+func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	backup := srv.Backup()
+	t1 := base.Add(time.Minute)
+	g = claimItem(t, a.Node, 0, t1, keyspace.SourceNormal, 1)
+	waitFor(t, 10*time.Second, "a to know its claim's record", func() bool { return knownModRevision(a.Node, 0) >= g.Fence })
+
+	srv.Restore(backup)
+	cctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	err := a.Complete(cctx, g, Outcome{State: keyspace.StateDone, Start: t1, End: t1.Add(time.Second)})
+	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	rec, _ := readRecord(t, cli, a.keys.Item("orders", 0))
+	if err != nil || rec.State != keyspace.StateDone || !rec.Fire.Equal(t1) {
+		t.Errorf("the run of t1 ended DONE after the restore; Complete: %v; item 0's record after the recovery: %s fire %s attempt %d (want DONE, fire %s): failover runs it again",
+			err, rec.State, rec.Fire.Format(time.TimeOnly), rec.Attempt, t1.Format(time.TimeOnly))
+	}
+}
+
+// NOSPACE: what the instance says follows etcd's alarm.
+//
+// Scenario: one instance, a. An operator disabled item 1. etcd raises its
+// NOSPACE alarm; a's claim is refused for it, and a says so (Impaired,
+// /readyz 503, shardd_etcd_nospace). (1) The operator enables item 1 (the
+// API on a's client): a delete, which etcd's quota lets through under the
+// alarm (it costs no space), and a takes it for "writes go through again":
+// a says it is no longer impaired while every claim is still refused. (2)
+// The operator disarms the alarm; a writes nothing (its jobs are not due):
+// it keeps saying NOSPACE, /readyz 503, until its next write, which for an
+// hourly or daily job is an hour or a day away.
+func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminOf(a).SetDisabled(ctx, admin.Target{Job: "orders", Item: 1}, true, false); err != nil {
+		t.Fatal(err)
+	}
+	members, err := cli.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := members.Members[0].ID
+	if _, err := etcdserverpb.NewMaintenanceClient(cli.ActiveConnection()).Alarm(ctx, &etcdserverpb.AlarmRequest{
+		Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	claim := func() error {
+		prev, err := a.ReadItem(ctx, "orders", 0)
+		if err != nil {
+			return err
+		}
+		v, _ := a.View("orders")
+		_, err = a.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Minute), Attempt: 1, Source: keyspace.SourceNormal, Prev: prev, MapRev: v.MapRev})
+		return err
+	}
+	if err := claim(); err == nil {
+		t.Fatal("a claim went through under the NOSPACE alarm")
+	}
+	if a.NoSpace() == nil {
+		t.Fatal("not impaired after a claim refused for NOSPACE")
+	}
+
+	if _, err := adminOf(a).SetDisabled(ctx, admin.Target{Job: "orders", Item: 1}, false, false); err != nil {
+		t.Logf("enable under the alarm: %v", err)
+	}
+	if a.NoSpace() == nil {
+		err := claim() // refused again, and impaired again for the part below
+		t.Errorf("a says it is not impaired after an enable (a delete) went through under the NOSPACE alarm; yet its next claim is refused (%v; impaired again: %v)", err, a.NoSpace() != nil)
+	}
+
+	if _, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for a.NoSpace() != nil && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ns := a.NoSpace(); ns != nil {
+		t.Errorf("15 s after the NOSPACE alarm was disarmed a still says %q (it wrote nothing since)", ns)
+	}
+}
+
+// The write-back after a rewind never puts back an older fire.
+//
+// Scenario: instance a runs orders; after a backup of etcd it runs item
+// 0's fires t1 and t2 (a knows the record of t2, Seq 2). a is cut off from
+// etcd (a partition), and etcd is restored from the backup (item 0's record
+// is t0's, Seq 0). Meanwhile instance c starts (a new or restarted host; it
+// knows nothing of the history that went) and runs item 0's latest due
+// fire, t5: its record is Seq 1, the record after the restored one. a's
+// partition heals; a sees the rewind and writes back what it knew ahead of
+// etcd's, comparing Seq first: its t2 (Seq 2) is "ahead" of c's t5 (Seq
+// 1), and goes back over it. Item 0's watermark goes back from t5 to t2:
+// t5, which ran after the restore, is due again and runs a second time
+// (G2), and so does every fire between.
+func TestRewindWriteBackNeverPutsBackAnOlderFire(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	run := func(n *Node, fire time.Time) {
+		g := claimItem(t, n, 0, fire, keyspace.SourceNormal, 1)
+		if err := n.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: fire, End: fire}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(a.Node, base)
+	backup := srv.Backup()
+	run(a.Node, base.Add(time.Minute))
+	run(a.Node, base.Add(2*time.Minute))
+	waitFor(t, 10*time.Second, "a to know its record of t2", func() bool {
+		kv := a.knownRecords("orders")[0]
+		return kv != nil && strings.Contains(string(kv.Value), `"seq":2`)
+	})
+	// Other applications' writes, and a read of a's: a saw etcd 200 past
+	// the backup, more than c writes below.
+	fillRevisions(t, cli, "/another-app/key", 200)
+	if _, err := a.ReadItem(ctx, "orders", 0); err != nil {
+		t.Fatal(err)
+	}
+
+	a.proxy.Blackhole()
+	srv.Restore(backup)
+	c := startRewindNode(t, srv, "c", testTTL, yaml)
+	t5 := base.Add(5 * time.Minute)
+	run(c.Node, t5)
+	before, rev := readRecord(t, cli, a.keys.Item("orders", 0))
+	t.Logf("item 0's record after c's run: seq %d fire %s; etcd at %d, a saw %d", before.Seq, before.Fire.Format(time.TimeOnly), rev, a.hist.Highest())
+
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	rec, _ := readRecord(t, cli, a.keys.Item("orders", 0))
+	if rec.Watermark().Before(t5) {
+		t.Errorf("item 0's record after a's recovery is seq %d fire %s %s by %s: its watermark went back from %s (c's run after the restore), which runs again",
+			rec.Seq, rec.Fire.Format(time.TimeOnly), rec.State, rec.Instance, t5.Format(time.TimeOnly))
+	}
+}
+
+// A restore with --bump-revision --mark-compacted, the procedure
+// docs/operations.md recommends, after the shard map changed.
+//
+// Scenario: instance a runs orders (an hourly or daily job: no fire between
+// the snapshot and the restore). A snapshot of etcd is saved; then b joins
+// and leaves (a deploy: the map's epoch rises by two; no item record
+// changes). etcd is restored from the snapshot with etcdutl --bump-revision
+// --mark-compacted: its map is the snapshot's, at a lower epoch. No answer
+// is below what a saw, no key a knows went back: a sees no rewind. Its
+// watch is told its revision was compacted and reads the map again, but a
+// view takes only a map of a higher epoch, so a keeps the map that went,
+// and its ModRevision, which every claim is guarded by: each is refused.
+// The leader (a) finds the stored map right for the instances there are,
+// and writes none. No fire of the job runs again (G3).
+func TestClaimsGoOnAfterRestoreWithBumpedRevision(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	snap := srv.Snapshot()
+	before := storedMap(t, cli, "orders")
+
+	b := startRewindNode(t, srv, "b", testTTL, yaml)
+	waitFor(t, 10*time.Second, "b to own an item", func() bool { v, _ := b.View("orders"); return len(v.Map.ItemsOf("b")) > 0 })
+	b.stop()
+	waitFor(t, 10*time.Second, "a to own both items again", func() bool {
+		v, _ := a.View("orders")
+		return v.Map != nil && len(v.Map.ItemsOf("a")) == 2 && v.Map.Epoch > before.Epoch
+	})
+	v, _ := a.View("orders")
+	t.Logf("map epoch %d at the snapshot, %d before the restore", before.Epoch, v.Map.Epoch)
+
+	srv.RestoreSnapshot(snap, 1_000_000_000, true)
+	var last error
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		v, ok := a.View("orders")
+		prev, err := a.ReadItem(ctx, "orders", 0)
+		if err == nil && ok && v.Map != nil {
+			if _, last = a.Claim(ctx, Claim{Job: "orders", Item: 0, Fire: base.Add(time.Hour), Attempt: 1, Source: keyspace.SourceNormal,
+				Prev: prev, Sched: base.Add(time.Hour), MapRev: v.MapRev}); last == nil {
+				return
+			}
+		} else {
+			last = err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	v, _ = a.View("orders")
+	now := storedMap(t, cli, "orders")
+	t.Errorf("no claim of item 0 won in 30 s after the restore (last: %v); a's view: map epoch %d; etcd's map: epoch %d; a rewound: %v",
+		last, v.Map.Epoch, now.Epoch, a.Rewound())
+}
+
+// A rewind seen by an instance that sent etcd nothing since the backup.
+//
+// Scenario: instances a and b run orders, with sessions that outlive the
+// restarts of etcd; b leads the job and runs item 1, a owns no item that
+// is due (it sends etcd nothing but keepalives). A backup of etcd is taken
+// (at the highest revision a saw in an answer). b runs item 1's fire t1;
+// a's watch delivers the record. b's host dies, and etcd is restored from
+// the backup (item 1's record is t0's again). a's answers are all at or
+// above the highest it saw, and no read of a's shows a key below a
+// revision it knew at a read revision above it: a sees no rewind. Its
+// watch resumes after the revision it had reached, in the history that
+// went: etcd delivers it nothing below that, so the deletions of b's
+// member and election keys when b's lease expires, at lower revisions,
+// never reach it. a never leads (its campaign waits for a deletion it is
+// never told of), no map is written, and item 1, still b's, never runs
+// again (G3). Had a taken item 1 over, etcd's record says t1 is due: a
+// would run it a second time (G2), with a fence below b's (G4); nobody
+// wrote back b's record.
+func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", 30*time.Second, yaml)
+	b := startRewindNode(t, srv, "b", 15*time.Second, yaml)
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	t1 := base.Add(time.Minute)
+	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
+	if err := b.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ReadItems(ctx, "orders"); err != nil { // as a's engine does at each sweep
+		t.Fatal(err)
+	}
+	backup := srv.Backup()
+	gb := claimItem(t, b.Node, 1, t1, keyspace.SourceNormal, 1)
+	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: t1, End: t1}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "a to know b's record of t1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
+	t.Logf("a's highest revision seen %d; b's fence of t1 %d; a's watch at %d", a.hist.Highest(), gb.Fence, a.hub.deliveredRev())
+	b.proxy.Blackhole()
+
+	srv.Restore(backup)
+	owns := func() bool { v, _ := a.View("orders"); return v.Map != nil && len(v.Map.ItemsOf("a")) == 2 }
+	seen := func() bool { return a.Rewound() != nil || countRecoveries(a.log) > 0 }
+	deadline := time.Now().Add(60 * time.Second)
+	for !owns() && !seen() && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	switch {
+	case seen():
+		return
+	case !owns():
+		v, _ := a.View("orders")
+		t.Errorf("60 s after the restore (and b's lease of 15 s) a neither saw the rewind nor took item 1 over: a's map epoch %d gives a %v; a leads: %v; a's watch at %d",
+			v.Map.Epoch, v.Map.ItemsOf("a"), v.Leading, a.hub.deliveredRev())
+		return
+	}
+	t.Errorf("a saw no rewind: etcd is below b's record of item 1 that a knew (revision %d)", knownModRevision(a.Node, 1))
+	st, err := a.ReadItem(ctx, "orders", 1)
+	if err != nil || st.Record == nil {
+		t.Fatalf("read item 1: %v", err)
+	}
+	v, _ := a.View("orders")
+	if ga, err := a.Claim(ctx, Claim{Job: "orders", Item: 1, Fire: t1, Attempt: 1, Source: keyspace.SourceNormal, Prev: st, Sched: t1, MapRev: v.MapRev}); err == nil {
+		t.Errorf("etcd's record of item 1 is fire %s, so t1 is due: a, its owner now, claimed t1 again (fence %d, b's was %d)",
+			st.Record.Fire.Format(time.TimeOnly), ga.Fence, gb.Fence)
 	}
 }
