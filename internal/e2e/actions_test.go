@@ -96,10 +96,10 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	apiA, apiB := etcdtest.FreeAddr(t), etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", cfg, "--listen", apiA, "--api-token-file", tokens)
 	b := startShardd(t, e, "b", cfg, "--listen", apiB, "--api-token-file", tokens)
-	waitFor(t, 20*time.Second, "sleepy spread over a and b", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "sleepy spread over a and b", func() bool {
 		return agreed(t, etcd, "sleepy", map[string][]int{"a": {0}, "b": {1}}, a, b) || agreed(t, etcd, "sleepy", map[string][]int{"a": {1}, "b": {0}}, a, b)
 	})
-	itemOfB := storedMap(t, etcd, "sleepy").ItemsOf("b")[0]
+	itemOfB := etcdtest.StoredMap(etcd, "sleepy").ItemsOf("b")[0]
 	itemOfA := 1 - itemOfB
 
 	// The read token cannot act; the write token can, with a parameter.
@@ -109,7 +109,7 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	if code, body := call(t, "POST", "http://"+apiA+"/api/v1/jobs/sleepy/trigger", aliceSecret, map[string]any{"param": "batch 7"}); code != http.StatusAccepted {
 		t.Fatalf("trigger: %d %s", code, body)
 	}
-	waitFor(t, 15*time.Second, "both items to start", func() bool { return countLines(ledgerPath, "start ") == 2 })
+	etcdtest.Eventually(t, 15*time.Second, "both items to start", func() bool { return countLines(ledgerPath, "start ") == 2 })
 	if n := countLines(ledgerPath, "start "); n != 2 || !strings.Contains(mustRead(t, ledgerPath), "MANUAL [batch 7]") {
 		t.Fatalf("ledger after the trigger:\n%s", mustRead(t, ledgerPath))
 	}
@@ -181,7 +181,7 @@ func TestOperatorActionsOnACluster(t *testing.T) {
 	if codeCLI != 0 || !strings.Contains(out, "for its fire "+fire.Format(time.RFC3339)) {
 		t.Fatalf("trigger --fire: exit %d\n%s", codeCLI, out)
 	}
-	waitFor(t, 15*time.Second, "the re-run", func() bool { return countLines(ledgerPath, "daily ") == 1 })
+	etcdtest.Eventually(t, 15*time.Second, "the re-run", func() bool { return countLines(ledgerPath, "daily ") == 1 })
 	if want := "daily MANUAL " + fire.Format(time.RFC3339) + " [catch-up]"; !strings.Contains(mustRead(t, ledgerPath), want) {
 		t.Errorf("ledger has no %q:\n%s", want, mustRead(t, ledgerPath))
 	}

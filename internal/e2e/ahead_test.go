@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 )
 
@@ -26,13 +27,13 @@ func TestClaimAheadNotUsedAfterItsFenceIsGone(t *testing.T) {
     shardingTotalCount: 1
     failover: true
     script:
-      command: `+yamlQuote(ledgerScript)+`
-      env: {LEDGER_DIR: `+yamlQuote(dir)+`, LEDGER_SLEEP: "0.1"}
+      command: `+etcdtest.YAMLQuote(ledgerScript)+`
+      env: {LEDGER_DIR: `+etcdtest.YAMLQuote(dir)+`, LEDGER_SLEEP: "0.1"}
 `)
 	procs := map[string]*proc{"a": startShardd(t, e, "a", cfg), "b": startShardd(t, e, "b", cfg)}
 	var owner string
-	waitFor(t, 30*time.Second, "a map of both instances", func() bool {
-		m := storedMap(t, cli, "ahead")
+	etcdtest.Eventually(t, 30*time.Second, "a map of both instances", func() bool {
+		m := etcdtest.StoredMap(cli, "ahead")
 		if m == nil || len(m.Items) != 2 {
 			return false
 		}
@@ -79,13 +80,13 @@ func TestClaimAheadNotUsedAfterItsFenceIsGone(t *testing.T) {
 	}
 	time.Sleep(time.Until(fire.Add(ttl + 2*time.Second))) // its lease expires; the other takes over
 	victim.signal(syscall.SIGCONT)
-	waitFor(t, 15*time.Second, "the continued owner to give up its claim ahead", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the continued owner to give up its claim ahead", func() bool {
 		return len(victim.find(func(r map[string]any) bool {
 			return r["msg"] == "killed" && r["reason"] == "not-started" && r["fire"] == fire.UTC().Format(time.RFC3339)
 		})) > 0
 	})
 	var taken *ledger.Event
-	waitFor(t, 15*time.Second, "the other instance to run the fire", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the other instance to run the fire", func() bool {
 		for _, ev := range readLedger(t, dir) {
 			if ev.Job == "ahead" && ev.Fire.Equal(fire) && ev.Instance == other.name {
 				taken = &ev

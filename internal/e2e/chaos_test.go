@@ -17,6 +17,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
@@ -77,8 +78,8 @@ func TestChaos(t *testing.T) {
 		start(n)
 	}
 	cli := members[0].client()
-	waitFor(t, 30*time.Second, "the cluster to agree", func() bool {
-		m := storedMap(t, cli, "tick")
+	etcdtest.Eventually(t, 30*time.Second, "the cluster to agree", func() bool {
+		m := etcdtest.StoredMap(cli, "tick")
 		return m != nil && len(m.Instances) == 3
 	})
 	time.Sleep(3 * time.Second)
@@ -107,7 +108,7 @@ func TestChaos(t *testing.T) {
 			// The owner of a calendar item dies 1s before its fire.
 			due := nextCalendarFire(time.Now().Add(2 * time.Second))
 			time.Sleep(time.Until(due.Add(-time.Second)))
-			if m := storedMap(t, cli, "calendar"); m != nil && procs[m.Owner(rng.IntN(2))] != nil {
+			if m := etcdtest.StoredMap(cli, "calendar"); m != nil && procs[m.Owner(rng.IntN(2))] != nil {
 				victim = m.Owner(rng.IntN(2))
 				p = procs[victim]
 			}
@@ -148,7 +149,7 @@ func TestChaos(t *testing.T) {
 				failures = append(failures, ledger.Failure{At: time.Now().Add(shutdownGrace), Instance: n, StartedBefore: time.Now()})
 				procs[n].stop(syscall.SIGTERM)
 				start(n)
-				waitFor(t, 30*time.Second, n+" to rejoin", func() bool { return len(procs[n].find(msg("session up"))) > 0 })
+				etcdtest.Eventually(t, 30*time.Second, n+" to rejoin", func() bool { return len(procs[n].find(msg("session up"))) > 0 })
 			}
 		case "reload":
 			extraJob = !extraJob
@@ -333,7 +334,7 @@ func cronLedgerJob(dir, name, cron string, items int, sleep string) string {
     script:
       command: %s
       env: {LEDGER_DIR: %s, LEDGER_SLEEP: "%s"}
-`, name, cron, items, yamlQuote(ledgerScript), yamlQuote(dir), sleep)
+`, name, cron, items, etcdtest.YAMLQuote(ledgerScript), etcdtest.YAMLQuote(dir), sleep)
 }
 
 // ledgerHook is an HTTP hook that writes the ledger as the scripts do, and

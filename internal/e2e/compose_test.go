@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"gopkg.in/yaml.v3"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/schedule"
 )
@@ -40,7 +41,7 @@ cron: "0/15 * * * * ?"
 shardingTotalCount: 3
 failover: true
 script:
-  command: ` + yamlQuote(ledgerScript) + `
+  command: ` + etcdtest.YAMLQuote(ledgerScript) + `
   env: {LEDGER_DIR: /ledger, LEDGER_SLEEP: "3"}
 `
 
@@ -102,7 +103,7 @@ func startCompose(t *testing.T, project, file string) *composeCluster {
 	start := time.Now()
 	c.compose(15*time.Minute, "up", "--build", "-d")
 	t.Logf("%s: up --build in %s", file, time.Since(start).Round(time.Second))
-	waitFor(t, 3*time.Minute, "the 3 shardd ready", func() bool {
+	etcdtest.Eventually(t, 3*time.Minute, "the 3 shardd ready", func() bool {
 		for _, p := range c.ports {
 			if !httpOK("http://127.0.0.1:" + p + "/readyz") {
 				return false
@@ -267,11 +268,11 @@ var exampleJobs = []string{"sync-orders", "drain-spool", "nightly-report", "ledg
 func (c *composeCluster) spread() {
 	t := c.t
 	t.Helper()
-	waitFor(t, 60*time.Second, "the example jobs' items spread over the 3 instances", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "the example jobs' items spread over the 3 instances", func() bool {
 		all, ok := c.ownersOf("9741", exampleJobs...)
 		return ok && slices.Contains(all, "shardd1") && slices.Contains(all, "shardd2") && slices.Contains(all, "shardd3")
 	})
-	waitFor(t, 60*time.Second, "a run of every item of sync-orders", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "a run of every item of sync-orders", func() bool {
 		var h []struct {
 			Item  int    `json:"item"`
 			State string `json:"state"`
@@ -294,7 +295,7 @@ func (c *composeCluster) spread() {
 // since at.
 func (c *composeCluster) moved(port, gone string, at time.Time, limit time.Duration) time.Duration {
 	c.t.Helper()
-	waitFor(c.t, limit, "the items of "+gone+" to move", func() bool {
+	etcdtest.Eventually(c.t, limit, "the items of "+gone+" to move", func() bool {
 		all, ok := c.ownersOf(port, exampleJobs...)
 		return ok && !slices.Contains(all, gone) && !slices.Contains(all, "")
 	})
@@ -304,7 +305,7 @@ func (c *composeCluster) moved(port, gone string, at time.Time, limit time.Durat
 // back waits until name owns items again, seen from port.
 func (c *composeCluster) back(port, name string) {
 	c.t.Helper()
-	waitFor(c.t, 90*time.Second, name+" to own items again", func() bool {
+	etcdtest.Eventually(c.t, 90*time.Second, name+" to own items again", func() bool {
 		all, ok := c.ownersOf(port, exampleJobs...)
 		return ok && slices.Contains(all, name)
 	})
@@ -351,7 +352,7 @@ func TestComposeCluster(t *testing.T) {
 	if took > composeTTL+time.Second {
 		t.Errorf("shardd3's items moved %s after it was cut off, over TTL + 1 s", took.Round(time.Millisecond))
 	}
-	waitFor(t, composeTTL, "shardd3 to fence itself", func() bool {
+	etcdtest.Eventually(t, composeTTL, "shardd3 to fence itself", func() bool {
 		for _, r := range c.logs("shardd3") {
 			if r["msg"] == "session lost: stopping leaderships and work" {
 				return true
@@ -374,7 +375,7 @@ func TestComposeCluster(t *testing.T) {
 		}
 	}
 	var newLeader string
-	waitFor(t, 30*time.Second, "a new etcd leader", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "a new etcd leader", func() bool {
 		newLeader, _ = c.etcdLeader(leader, others...)
 		return newLeader != ""
 	})
@@ -385,7 +386,7 @@ func TestComposeCluster(t *testing.T) {
 	c.docker("network", "connect", "--alias", leader, c.network(), c.id(leader))
 
 	// 4. Prometheus scrapes the 3 shardd.
-	waitFor(t, 90*time.Second, "Prometheus to report the 3 shardd targets up", func() bool {
+	etcdtest.Eventually(t, 90*time.Second, "Prometheus to report the 3 shardd targets up", func() bool {
 		var r struct {
 			Data struct {
 				ActiveTargets []struct {
@@ -416,7 +417,7 @@ func TestComposeCluster(t *testing.T) {
 // start in the ledger without its end).
 func (c *composeCluster) waitRunOn(name string) {
 	c.t.Helper()
-	waitFor(c.t, 45*time.Second, "a run of the ledger job on "+name, func() bool {
+	etcdtest.Eventually(c.t, 45*time.Second, "a run of the ledger job on "+name, func() bool {
 		events := append(readEvents(c.t, c.dir, "start"), readEvents(c.t, c.dir, "end")...)
 		type run struct {
 			item    int
@@ -501,7 +502,7 @@ func TestComposeEmbeddedCluster(t *testing.T) {
 	}
 	c.compose(5*time.Minute, "down")
 	c.compose(5*time.Minute, "up", "-d")
-	waitFor(t, 3*time.Minute, "the 3 shardd ready after down and up", func() bool {
+	etcdtest.Eventually(t, 3*time.Minute, "the 3 shardd ready after down and up", func() bool {
 		for _, p := range c.ports {
 			if !httpOK("http://127.0.0.1:" + p + "/readyz") {
 				return false

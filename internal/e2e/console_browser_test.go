@@ -122,7 +122,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	tokens := tokenFile(t)
 	api := etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", cfg, "--listen", api, "--api-token-file", tokens)
-	waitFor(t, 20*time.Second, "the maps", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the maps", func() bool {
 		return agreed(t, etcd, "regions", map[string][]int{"a": {0, 1, 2}}, a) && agreed(t, etcd, "nightly-report", map[string][]int{"a": {0}}, a)
 	})
 	base := "http://" + api
@@ -239,7 +239,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("shardd trigger long-import: exit %d\n%s", code, out)
 	}
 	var next int64
-	waitFor(t, 20*time.Second, "long-import's next run", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "long-import's next run", func() bool {
 		runs, err := admin.New(etcd, keyspace.NewKeys("")).JobRuns(ctx, []string{"long-import"})
 		rec := runs["long-import"].Records[0]
 		next = rec.Fence
@@ -295,7 +295,7 @@ func TestConsoleCookieOnAnotherPortIsWorthNothingInABrowser(t *testing.T) {
 `), 0o644)
 	api := etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", cfg, "--listen", api, "--api-token-file", tokenFile(t))
-	waitFor(t, 20*time.Second, "the map", func() bool { return agreed(t, etcd, "regions", map[string][]int{"a": {0, 1, 2}}, a) })
+	etcdtest.Eventually(t, 20*time.Second, "the map", func() bool { return agreed(t, etcd, "regions", map[string][]int{"a": {0, 1, 2}}, a) })
 	base := "http://" + api
 
 	// The other user's server: it keeps the Cookie headers it receives.

@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
@@ -26,12 +27,12 @@ func TestMembershipThroughProcessFaults(t *testing.T) {
 	a := startShardd(t, e, "a", cfg)
 	b := startShardd(t, e, "b", cfg)
 	c := startShardd(t, e, "c", cfg)
-	waitFor(t, 15*time.Second, "three instances to agree", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "three instances to agree", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 9}, "b": {3, 4, 5}, "c": {6, 7, 8}}, a, b, c)
 	})
 
 	c.stop(syscall.SIGKILL)
-	d := waitFor(t, ttl+5*time.Second, "the survivors to take c's items", func() bool {
+	d := etcdtest.Eventually(t, ttl+5*time.Second, "the survivors to take c's items", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3, 4}, "b": {5, 6, 7, 8, 9}}, a, b)
 	})
 	t.Logf("kill -9: converged in %s (TTL %s)", d.Round(time.Millisecond), ttl)
@@ -40,7 +41,7 @@ func TestMembershipThroughProcessFaults(t *testing.T) {
 	}
 
 	b.signal(syscall.SIGTERM)
-	d = waitFor(t, 5*time.Second, "a to take b's items", func() bool {
+	d = etcdtest.Eventually(t, 5*time.Second, "a to take b's items", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}}, a)
 	})
 	t.Logf("SIGTERM: converged in %s", d.Round(time.Millisecond))
@@ -55,7 +56,7 @@ func TestMembershipThroughProcessFaults(t *testing.T) {
 	}
 
 	f := startShardd(t, e, "f", cfg)
-	d = waitFor(t, 5*time.Second, "the newcomer to own items", func() bool {
+	d = etcdtest.Eventually(t, 5*time.Second, "the newcomer to own items", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3, 4}, "f": {5, 6, 7, 8, 9}}, a, f)
 	})
 	ownedAt := time.Now()
@@ -87,15 +88,15 @@ func TestLeaderKillAndPause(t *testing.T) {
 		}
 		return out
 	}
-	waitFor(t, 15*time.Second, "agreement", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}, all("a", "b", "c")...)
 	})
 
 	// kill -9 of the leader.
-	first := leaderOf(cli, "orders")
+	first := etcdtest.LeaderOf(cli, "orders")
 	procs[first].stop(syscall.SIGKILL)
-	d := waitFor(t, ttl+5*time.Second, "a new leader", func() bool {
-		l := leaderOf(cli, "orders")
+	d := etcdtest.Eventually(t, ttl+5*time.Second, "a new leader", func() bool {
+		l := etcdtest.LeaderOf(cli, "orders")
 		return l != "" && l != first
 	})
 	t.Logf("leader kill -9: new leader in %s", d.Round(time.Millisecond))
@@ -112,7 +113,7 @@ func TestLeaderKillAndPause(t *testing.T) {
 	for i, n := range sortedNames(alive) {
 		want[n] = []int{i * 3, i*3 + 1, i*3 + 2}
 	}
-	waitFor(t, 5*time.Second, "the survivors' map", func() bool { return agreed(t, cli, "orders", want, all(alive...)...) })
+	etcdtest.Eventually(t, 5*time.Second, "the survivors' map", func() bool { return agreed(t, cli, "orders", want, all(alive...)...) })
 
 	// Record every map written from now on.
 	type write struct {
@@ -137,7 +138,7 @@ func TestLeaderKillAndPause(t *testing.T) {
 
 	// SIGSTOP the leader for 2 x TTL; meanwhile a newcomer joins, so the
 	// paused leader wakes up to events it would act on.
-	paused := leaderOf(cli, "orders")
+	paused := etcdtest.LeaderOf(cli, "orders")
 	procs[paused].signal(syscall.SIGSTOP)
 	pausedAt := time.Now()
 	procs["d"] = startShardd(t, e, "d", cfg)
@@ -148,7 +149,7 @@ func TestLeaderKillAndPause(t *testing.T) {
 	for i, n := range sortedNames(names) {
 		want[n] = []int{i * 2, i*2 + 1}
 	}
-	waitFor(t, 20*time.Second, "all three to agree after the pause", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "all three to agree after the pause", func() bool {
 		return agreed(t, cli, "orders", want, all(names...)...)
 	})
 	stopWatch()
@@ -202,12 +203,12 @@ func TestEtcdRestartAndPartition(t *testing.T) {
 	converged := func() bool {
 		return agreed(t, cli, "orders", orders, a, b) && agreed(t, cli, "billing", billing, a, b)
 	}
-	waitFor(t, 15*time.Second, "agreement", converged)
+	etcdtest.Eventually(t, 15*time.Second, "agreement", converged)
 
 	e.signal(syscall.SIGKILL)
 	time.Sleep(ttl + time.Second) // etcd stays down longer than the TTL
 	e.start()
-	d := waitFor(t, 30*time.Second, "recovery after the etcd restart", converged)
+	d := etcdtest.Eventually(t, 30*time.Second, "recovery after the etcd restart", converged)
 	t.Logf("etcd restart: recovered %s after etcd came back", d.Round(time.Millisecond))
 	for _, p := range []*proc{a, b} {
 		if len(p.find(msg("session lost: stopping leaderships and work"))) == 0 {
@@ -216,11 +217,11 @@ func TestEtcdRestartAndPartition(t *testing.T) {
 	}
 
 	b.proxy.Blackhole()
-	waitFor(t, ttl+5*time.Second, "a alone", func() bool {
+	etcdtest.Eventually(t, ttl+5*time.Second, "a alone", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3}}, a)
 	})
 	b.proxy.Restore()
-	d = waitFor(t, 30*time.Second, "recovery after the partition", converged)
+	d = etcdtest.Eventually(t, 30*time.Second, "recovery after the partition", converged)
 	t.Logf("partition: recovered %s after the connection came back", d.Round(time.Millisecond))
 	// Only the two current sessions hold leases.
 	resp, err := cli.Leases(context.Background())
@@ -245,7 +246,7 @@ func TestFiftyJobs(t *testing.T) {
 	b := startShardd(t, e, "b", cfg)
 	c := startShardd(t, e, "c", cfg)
 	want := map[string][]int{"a": {0}, "b": {1}, "c": {2}}
-	d := waitFor(t, 60*time.Second, "50 maps to converge", func() bool {
+	d := etcdtest.Eventually(t, 60*time.Second, "50 maps to converge", func() bool {
 		for i := 0; i < 50; i++ {
 			if !agreed(t, cli, fmt.Sprintf("job-%02d", i), want, a, b, c) {
 				return false
@@ -256,10 +257,10 @@ func TestFiftyJobs(t *testing.T) {
 	// Leaderships move to their preferred instances once the maps are
 	// current: wait for the spread.
 	leaders := map[string]int{}
-	spread := waitFor(t, 20*time.Second, "leaderships to spread", func() bool {
+	spread := etcdtest.Eventually(t, 20*time.Second, "leaderships to spread", func() bool {
 		leaders = map[string]int{}
 		for i := 0; i < 50; i++ {
-			leaders[leaderOf(cli, fmt.Sprintf("job-%02d", i))]++
+			leaders[etcdtest.LeaderOf(cli, fmt.Sprintf("job-%02d", i))]++
 		}
 		return leaders["a"] >= 5 && leaders["b"] >= 5 && leaders["c"] >= 5
 	})
@@ -275,19 +276,19 @@ func TestMalformedKeys(t *testing.T) {
 	a := startShardd(t, e, "a", cfg)
 	b := startShardd(t, e, "b", cfg)
 	want := map[string][]int{"a": {0, 1}, "b": {2, 3}}
-	waitFor(t, 15*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
 	keys := keyspace.NewKeys("")
-	before := storedMap(t, cli, "orders").Epoch
+	before := etcdtest.StoredMap(cli, "orders").Epoch
 	ctx := context.Background()
 	mustPut(t, cli, keys.Shards("orders"), "{not json")
 	mustPut(t, cli, keys.Config("orders"), `{"job": 42}`)
-	waitFor(t, 10*time.Second, "the map's repair", func() bool {
-		m := storedMap(t, cli, "orders")
+	etcdtest.Eventually(t, 10*time.Second, "the map's repair", func() bool {
+		m := etcdtest.StoredMap(cli, "orders")
 		return m != nil && m.Epoch > before && agreed(t, cli, "orders", want, a, b)
 	})
 	// The config is repaired by its own write, which may come a little
 	// after the map's.
-	waitFor(t, 10*time.Second, "the config's repair", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the config's repair", func() bool {
 		resp, err := cli.Get(ctx, keys.Config("orders"))
 		return err == nil && len(resp.Kvs) == 1 && strings.Contains(string(resp.Kvs[0].Value), `"shardingTotalCount":4`)
 	})
@@ -320,7 +321,7 @@ func TestStatusCommand(t *testing.T) {
 	cfg := writeConfig(t, "orders:4")
 	a := startShardd(t, e, "a", cfg)
 	b := startShardd(t, e, "b", cfg)
-	waitFor(t, 15*time.Second, "agreement", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b)
 	})
 	status := func() admin.ClusterStatus {
@@ -350,7 +351,7 @@ func TestStatusCommand(t *testing.T) {
 	if st := status(); st.Jobs[0].Status != admin.StatusCrashed {
 		t.Errorf("status after b died = %s, want CRASHED", st.Jobs[0].Status)
 	}
-	waitFor(t, ttl+5*time.Second, "a alone", func() bool {
+	etcdtest.Eventually(t, ttl+5*time.Second, "a alone", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3}}, a)
 	})
 	if st := status(); st.Jobs[0].Status != admin.StatusOK {
@@ -371,7 +372,7 @@ func TestEtcdUnreachableAtStart(t *testing.T) {
 	e := newEtcd(t)
 	cfg := writeConfig(t, "orders:2")
 	a := startShardd(t, e, "a", cfg)
-	waitFor(t, 20*time.Second, "two failed attempts logged", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "two failed attempts logged", func() bool {
 		return len(a.find(msg("cannot reach etcd; retrying")))+len(a.find(msg("session ended; reconnecting"))) >= 2
 	})
 	select {
@@ -381,7 +382,7 @@ func TestEtcdUnreachableAtStart(t *testing.T) {
 	}
 	e.start()
 	cli := e.client()
-	waitFor(t, 15*time.Second, "a to join once etcd is up", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "a to join once etcd is up", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}}, a)
 	})
 	a.stop(syscall.SIGTERM)

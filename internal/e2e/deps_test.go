@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
@@ -86,15 +87,15 @@ func TestDependenciesUnderFaults(t *testing.T) {
     shardingTotalCount: 4
     failover: true
     script:
-      command: ` + yamlQuote(ledgerScript+fail) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "3"}
+      command: ` + etcdtest.YAMLQuote(ledgerScript+fail) + `
+      env: {LEDGER_DIR: ` + etcdtest.YAMLQuote(dir) + `, LEDGER_SLEEP: "3"}
   - name: child
     dependsOn: [parent]
     shardingTotalCount: 2
     failover: true
     script:
-      command: ` + yamlQuote(childLine+ledgerScript) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "0.2"}
+      command: ` + etcdtest.YAMLQuote(childLine+ledgerScript) + `
+      env: {LEDGER_DIR: ` + etcdtest.YAMLQuote(dir) + `, LEDGER_SLEEP: "0.2"}
 `
 	path := filepath.Join(dir, "jobs.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
@@ -104,8 +105,8 @@ func TestDependenciesUnderFaults(t *testing.T) {
 	for _, n := range []string{"a", "b", "c"} {
 		procs[n] = startShardd(t, e, n, path)
 	}
-	waitFor(t, 15*time.Second, "agreement", func() bool {
-		cm := storedMap(t, cli, "child")
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool {
+		cm := etcdtest.StoredMap(cli, "child")
 		return agreed(t, cli, "parent", map[string][]int{"a": {0, 3}, "b": {1}, "c": {2}}, procs["a"], procs["b"], procs["c"]) &&
 			cm != nil && len(cm.Instances) == 3
 	})
@@ -126,7 +127,7 @@ func TestDependenciesUnderFaults(t *testing.T) {
 		next = next.Add(10 * time.Second)
 	}
 	time.Sleep(time.Until(next.Add(time.Second)))
-	m := storedMap(t, cli, "parent")
+	m := etcdtest.StoredMap(cli, "parent")
 	victim := procs[m.Owner(0)]
 	victim.stop(syscall.SIGKILL)
 	failures := []ledger.Failure{{At: time.Now(), Instance: victim.name}}
@@ -298,22 +299,22 @@ func TestStreamingJoin(t *testing.T) {
     shardingTotalCount: 2
     dataflow: {streaming: true}
     script:
-      command: ` + yamlQuote(drainQueueScript) + `
-      env: {QDIR: ` + yamlQuote(dir) + `}
+      command: ` + etcdtest.YAMLQuote(drainQueueScript) + `
+      env: {QDIR: ` + etcdtest.YAMLQuote(dir) + `}
 `
 	path := filepath.Join(dir, "jobs.yaml")
 	os.WriteFile(path, []byte(cfg), 0o644)
 	e := startEtcd(t)
 	cli := e.client()
 	a := startShardd(t, e, "a", path)
-	waitFor(t, 15*time.Second, "a to stream both items", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "a to stream both items", func() bool {
 		return len(lines(filepath.Join(dir, "done"))) >= 6
 	})
 	b := startShardd(t, e, "b", path)
-	waitFor(t, 20*time.Second, "the map to give b item 1", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the map to give b item 1", func() bool {
 		return agreed(t, cli, "drain", map[string][]int{"a": {0}, "b": {1}}, a, b)
 	})
-	waitFor(t, 40*time.Second, "both queues drained", func() bool {
+	etcdtest.Eventually(t, 40*time.Second, "both queues drained", func() bool {
 		return len(lines(filepath.Join(dir, "done"))) == 60
 	})
 	time.Sleep(4 * time.Second) // a fire more: nothing left to process

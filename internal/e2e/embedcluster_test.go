@@ -116,8 +116,8 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
     shardingTotalCount: 3
     failover: true
     script:
-      command: ` + yamlQuote(ledgerScript) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "1"}
+      command: ` + etcdtest.YAMLQuote(ledgerScript) + `
+      env: {LEDGER_DIR: ` + etcdtest.YAMLQuote(dir) + `, LEDGER_SLEEP: "1"}
 `
 	if err := os.WriteFile(cfg, []byte(job), 0o644); err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 		procs[i] = startMember(t, m, spec, cfg)
 	}
 	up := func(p *proc) bool { return len(p.find(msg("session up"))) > 0 }
-	waitFor(t, 60*time.Second, "the 3 members to form the cluster and their shardd sessions up", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "the 3 members to form the cluster and their shardd sessions up", func() bool {
 		return up(procs[0]) && up(procs[1]) && up(procs[2])
 	})
 	threeInMap := func() bool {
@@ -143,7 +143,7 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 		}
 		return true
 	}
-	waitFor(t, 30*time.Second, "every instance in the map", threeInMap)
+	etcdtest.Eventually(t, 30*time.Second, "every instance in the map", threeInMap)
 	from := time.Now()
 	bound := ttl + 2*time.Second
 	var failures []ledger.Failure
@@ -167,8 +167,8 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 
 	// 2. it restarts on its data dir and rejoins.
 	procs[v] = startMember(t, ms[v], spec, cfg)
-	waitFor(t, 60*time.Second, ms[v].name+" to rejoin", func() bool { return up(procs[v]) })
-	waitFor(t, 30*time.Second, "every instance in the map again", threeInMap)
+	etcdtest.Eventually(t, 60*time.Second, ms[v].name+" to rejoin", func() bool { return up(procs[v]) })
+	etcdtest.Eventually(t, 30*time.Second, "every instance in the map again", threeInMap)
 	time.Sleep(7 * time.Second)
 
 	// 3. kill -9 two hosts: the quorum is lost.
@@ -181,7 +181,7 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 	back := time.Now()
 	procs[1] = startMember(t, ms[1], spec, cfg)
 	procs[2] = startMember(t, ms[2], spec, cfg)
-	waitFor(t, 60*time.Second, "the quorum back and the sessions up", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "the quorum back and the sessions up", func() bool {
 		return len(procs[1].find(msg("session up"))) > 0 && len(procs[2].find(msg("session up"))) > 0
 	})
 	healed := time.Now()
@@ -197,7 +197,7 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 	ran := func(p *proc, m string) int {
 		return len(p.find(func(r map[string]any) bool { return r["msg"] == m && r["job"] == "five" }))
 	}
-	waitFor(t, 30*time.Second, "a run in flight on n1", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "a run in flight on n1", func() bool {
 		return ran(procs[0], "run") > ran(procs[0], "done")+ran(procs[0], "failed")+ran(procs[0], "killed")
 	})
 	procs[1].stop(syscall.SIGKILL)

@@ -4,11 +4,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 )
 
@@ -29,8 +29,8 @@ func writeLedgerConfig(t *testing.T, dir string) string {
     shardingTotalCount: ` + strconv.Itoa(items) + `
     failover: true
     script:
-      command: ` + yamlQuote(ledgerScript) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "` + sleep + `"}
+      command: ` + etcdtest.YAMLQuote(ledgerScript) + `
+      env: {LEDGER_DIR: ` + etcdtest.YAMLQuote(dir) + `, LEDGER_SLEEP: "` + sleep + `"}
 `
 	}
 	cfg := "jobs:\n" +
@@ -44,10 +44,6 @@ func writeLedgerConfig(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-func yamlQuote(s string) string {
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(s) + `"`
 }
 
 // The guarantees under faults, per due fire: 3 instances run a 6-item job
@@ -68,14 +64,14 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	for _, n := range []string{"a", "b", "c"} {
 		procs[n] = startShardd(t, e, n, cfg)
 	}
-	waitFor(t, 15*time.Second, "agreement", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool {
 		return agreed(t, cli, "tick", map[string][]int{"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}, procs["a"], procs["b"], procs["c"]) &&
 			agreed(t, cli, "ten", map[string][]int{"a": {0}, "b": {1}, "c": {2}}, procs["a"], procs["b"], procs["c"])
 	})
 	from := time.Now()
 	var failures []ledger.Failure
 	owner := func(job string, item int) *proc {
-		m := storedMap(t, cli, job)
+		m := etcdtest.StoredMap(cli, job)
 		if m == nil {
 			t.Fatalf("no map of %s", job)
 		}

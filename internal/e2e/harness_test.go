@@ -5,7 +5,6 @@ package e2e
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -29,7 +28,6 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
-	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -390,25 +388,10 @@ func (p *proc) view(job string) (int64, []int) {
 	return int64(r["epoch"].(float64)), items
 }
 
-// storedMap reads a job's map from etcd.
-func storedMap(t *testing.T, cli *clientv3.Client, job string) *keyspace.ShardMap {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	resp, err := cli.Get(ctx, keyspace.NewKeys("").Shards(job))
-	if err != nil || len(resp.Kvs) == 0 {
-		return nil
-	}
-	var m keyspace.ShardMap
-	if json.Unmarshal(resp.Kvs[0].Value, &m) != nil {
-		return nil
-	}
-	return &m
-}
-
 // agreed reports whether the stored map of job assigns want and every
 // process in procs has logged that map as its view.
 func agreed(t *testing.T, cli *clientv3.Client, job string, want map[string][]int, procs ...*proc) bool {
-	m := storedMap(t, cli, job)
+	m := etcdtest.StoredMap(cli, job)
 	if m == nil || !reflect.DeepEqual(m.Items, want) {
 		return false
 	}
@@ -419,19 +402,6 @@ func agreed(t *testing.T, cli *clientv3.Client, job string, want map[string][]in
 		}
 	}
 	return true
-}
-
-// waitFor polls cond until it holds, and returns how long that took.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 // writeConfig writes a job file with the given jobs ("name:total" each).
@@ -447,17 +417,6 @@ func writeConfig(t *testing.T, jobs ...string) string {
 		t.Fatal(err)
 	}
 	return path
-}
-
-// leaderOf returns the id leading job, from its election keys.
-func leaderOf(cli *clientv3.Client, job string) string {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	resp, err := cli.Get(ctx, keyspace.NewKeys("").Leader(job), clientv3.WithFirstCreate()...)
-	if err != nil || len(resp.Kvs) == 0 {
-		return ""
-	}
-	return string(resp.Kvs[0].Value)
 }
 
 func clientv3WithPrefix() []clientv3.OpOption { return []clientv3.OpOption{clientv3.WithPrefix()} }

@@ -57,7 +57,7 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
       command: '`+bin.shardd+` disable "$SHARDD_JOB" --etcd `+e.clientURL+` >> `+filepath.Join(dir, "onfailure.out")+` 2>&1'
 `), 0o644)
 	a := startShardd(t, e, "a", cfg)
-	waitFor(t, 15*time.Second, "j's map", func() bool { return agreed(t, etcd, "j", map[string][]int{"a": {0, 1, 2}}, a) })
+	etcdtest.Eventually(t, 15*time.Second, "j's map", func() bool { return agreed(t, etcd, "j", map[string][]int{"a": {0, 1, 2}}, a) })
 
 	for _, tc := range []struct {
 		env  []string
@@ -109,12 +109,12 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 
 	// The failing job's onFailure disables the whole job, not one item.
 	cli(t, e, nil, "trigger", "failing")
-	waitFor(t, 15*time.Second, "onFailure to disable the job", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "onFailure to disable the job", func() bool {
 		resp, err := etcd.Get(context.Background(), keyspace.NewKeys("").DisabledJob("failing"))
 		return err == nil && len(resp.Kvs) == 1
 	})
 	// The command prints after its write: wait for it to have said so.
-	waitFor(t, 10*time.Second, "onFailure's shardd disable to say what it did", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "onFailure's shardd disable to say what it did", func() bool {
 		out, _ := os.ReadFile(filepath.Join(dir, "onfailure.out"))
 		return strings.Contains(string(out), "disabled job failing")
 	})
@@ -129,7 +129,7 @@ func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
 		t.Errorf("status: %d\n%s", code, out)
 	}
 	a.stop(syscall.SIGTERM)
-	waitFor(t, 10*time.Second, "NO INSTANCES", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "NO INSTANCES", func() bool {
 		_, out := cli(t, e, nil, "status", "-o", "json")
 		var st admin.ClusterStatus
 		if json.Unmarshal([]byte(out), &st) != nil {
@@ -196,9 +196,9 @@ func TestOneDefinitionAcrossHosts(t *testing.T) {
 	os.WriteFile(cfgB, []byte(versionJob(dir, "B", "    overwrite: true\n")), 0o644)
 	addrA := etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", cfgA, "--listen", addrA, "--reload-interval", "500ms")
-	waitFor(t, 15*time.Second, "a's map", func() bool { return agreed(t, etcd, "v", map[string][]int{"a": {0, 1}}, a) })
+	etcdtest.Eventually(t, 15*time.Second, "a's map", func() bool { return agreed(t, etcd, "v", map[string][]int{"a": {0, 1}}, a) })
 	b := startShardd(t, e, "b", cfgB, "--reload-interval", "500ms")
-	waitFor(t, 15*time.Second, "the map over a and b", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the map over a and b", func() bool {
 		return agreed(t, etcd, "v", map[string][]int{"a": {0}, "b": {1}}, a, b)
 	})
 
@@ -229,9 +229,9 @@ func TestOneDefinitionAcrossHosts(t *testing.T) {
 	}
 	// A reconnect of a does not put its definition back.
 	a.cut()
-	waitFor(t, 10*time.Second, "a to fence", func() bool { return len(a.find(msg("session lost: stopping leaderships and work"))) > 0 })
+	etcdtest.Eventually(t, 10*time.Second, "a to fence", func() bool { return len(a.find(msg("session lost: stopping leaderships and work"))) > 0 })
 	a.heal()
-	waitFor(t, 15*time.Second, "a back", func() bool { return len(a.find(msg("session up"))) >= 2 })
+	etcdtest.Eventually(t, 15*time.Second, "a back", func() bool { return len(a.find(msg("session up"))) >= 2 })
 	oneVersion("B")
 
 	// A plain edit on a, without overwrite, reloaded: C runs on both.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
@@ -82,20 +83,20 @@ func TestOperations(t *testing.T) {
   - name: manual
     shardingTotalCount: 2
     script:
-      command: ` + yamlQuote(ledgerScript) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "0.1"}
+      command: ` + etcdtest.YAMLQuote(ledgerScript) + `
+      env: {LEDGER_DIR: ` + etcdtest.YAMLQuote(dir) + `, LEDGER_SLEEP: "0.1"}
   - name: tick
     cron: "@every 1s"
     shardingTotalCount: 2
     script:
-      command: ` + yamlQuote(ledgerScript) + `
-      env: {LEDGER_DIR: ` + yamlQuote(dir) + `, LEDGER_SLEEP: "0.1"}
+      command: ` + etcdtest.YAMLQuote(ledgerScript) + `
+      env: {LEDGER_DIR: ` + etcdtest.YAMLQuote(dir) + `, LEDGER_SLEEP: "0.1"}
 `
 	path := filepath.Join(dir, "jobs.yaml")
 	os.WriteFile(path, []byte(cfg), 0o644)
 	a := startShardd(t, e, "a", path)
 	b := startShardd(t, e, "b", path)
-	waitFor(t, 15*time.Second, "agreement", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool {
 		return agreed(t, cli, "manual", map[string][]int{"a": {0}, "b": {1}}, a, b)
 	})
 
@@ -105,19 +106,19 @@ func TestOperations(t *testing.T) {
 	if out := shardd(t, e, "trigger", "manual"); !strings.Contains(out, "triggered every item (0,1) of job manual") {
 		t.Errorf("trigger said %q", out)
 	}
-	waitFor(t, 10*time.Second, "both items to run once", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "both items to run once", func() bool {
 		evs := readEvents(t, dir, "end")
 		return count(evs, manual(0)) == 1 && count(evs, manual(1)) == 1
 	})
 	shardd(t, e, "trigger", "manual", "--item", "1")
-	waitFor(t, 10*time.Second, "item 1 to run again", func() bool { return count(readLedger(t, dir), manual(1)) == 2 })
+	etcdtest.Eventually(t, 10*time.Second, "item 1 to run again", func() bool { return count(readLedger(t, dir), manual(1)) == 2 })
 	if n := count(readLedger(t, dir), manual(0)); n != 1 {
 		t.Errorf("item 0 ran %d times, want 1", n)
 	}
 
 	// Disable item 0 of tick: it stops running; enable: it runs again.
 	tick0 := func(ev ledger.Event) bool { return ev.Job == "tick" && ev.Item == 0 }
-	waitFor(t, 10*time.Second, "tick item 0 to run", func() bool { return count(readLedger(t, dir), tick0) > 0 })
+	etcdtest.Eventually(t, 10*time.Second, "tick item 0 to run", func() bool { return count(readLedger(t, dir), tick0) > 0 })
 	shardd(t, e, "disable", "tick", "--item", "0")
 	time.Sleep(1500 * time.Millisecond) // a run may have been claimed just before
 	before := count(readLedger(t, dir), tick0)
@@ -131,7 +132,7 @@ func TestOperations(t *testing.T) {
 		t.Error("item 1 stopped running too")
 	}
 	shardd(t, e, "enable", "tick", "--item", "0")
-	waitFor(t, 5*time.Second, "item 0 to run again", func() bool { return count(readLedger(t, dir), tick0) > before })
+	etcdtest.Eventually(t, 5*time.Second, "item 0 to run again", func() bool { return count(readLedger(t, dir), tick0) > before })
 
 	var recs []keyspace.ItemRecord
 	if err := json.Unmarshal([]byte(shardd(t, e, "history", "tick", "-o", "json")), &recs); err != nil {

@@ -79,13 +79,13 @@ scrape_configs:
 		return v, err == nil
 	}
 	var first float64
-	waitFor(t, 60*time.Second, "Prometheus to scrape runs from both instances", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "Prometheus to scrape runs from both instances", func() bool {
 		n, ok := query(`count(shardd_items_owned{shardd_job="ticks"} == 1)`)
 		v, ok2 := query(`sum(shardd_runs_total{shardd_job="ticks",result="success"})`)
 		first = v
 		return ok && ok2 && n == 2 && v > 0
 	})
-	waitFor(t, 30*time.Second, "the run counter to rise", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "the run counter to rise", func() bool {
 		v, ok := query(`sum(shardd_runs_total{shardd_job="ticks",result="success"})`)
 		return ok && v >= first+4
 	})

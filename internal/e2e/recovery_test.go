@@ -50,22 +50,22 @@ func etcdGoesBack(t *testing.T, outage time.Duration, restore []string) {
 	e := startEtcd(t)
 	procs := []*proc{startShardd(t, e, "n1", cfg), startShardd(t, e, "n2", cfg)}
 	cli := e.client()
-	waitFor(t, 30*time.Second, "both instances in ten's map", func() bool {
-		m := storedMap(t, cli, "ten")
+	etcdtest.Eventually(t, 30*time.Second, "both instances in ten's map", func() bool {
+		m := etcdtest.StoredMap(cli, "ten")
 		return m != nil && len(m.Instances) == 2
 	})
 	from := time.Now()
 	bound := ttl + 2*time.Second
 
 	// The snapshot, 1 s into a fire of ten: its items run.
-	waitFor(t, 15*time.Second, "1 s into a fire of ten", func() bool { return time.Now().Unix()%10 == 1 })
+	etcdtest.Eventually(t, 15*time.Second, "1 s into a fire of ten", func() bool { return time.Now().Unix()%10 == 1 })
 	snap := filepath.Join(t.TempDir(), "snap.db")
 	saveSnapshot(t, e, snap)
 	t.Logf("snapshot at %s", time.Now().Format(time.RFC3339Nano))
 	time.Sleep(20 * time.Second) // fires run after the snapshot; ten's runs at it end
 	// etcd stops 1 s into a fire of ten, whose runs (3 s) end while it is
 	// away: their outcomes wait for a recovery that writes them.
-	waitFor(t, 15*time.Second, "1 s into a fire of ten", func() bool { return time.Now().Unix()%10 == 1 })
+	etcdtest.Eventually(t, 15*time.Second, "1 s into a fire of ten", func() bool { return time.Now().Unix()%10 == 1 })
 	stop := time.Now()
 	e.signal(syscall.SIGTERM)
 	e.dir = t.TempDir()
@@ -87,7 +87,7 @@ func etcdGoesBack(t *testing.T, outage time.Duration, restore []string) {
 	// it read was already the write-back. Otherwise each sees the rewind
 	// (or hears of it) and recovers.
 	bumped := len(restore) > 0
-	waitFor(t, 60*time.Second, "the instances to recover", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "the instances to recover", func() bool {
 		n := recoveries(procs[0]) + recoveries(procs[1])
 		return n == 2 || (bumped && n == 1)
 	})
@@ -192,13 +192,13 @@ func TestEtcdNoSpaceAlarm(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	waitFor(t, 30*time.Second, "n1 ready", func() bool { code, _ := ready(); return code == 200 })
-	waitFor(t, 30*time.Second, "a run", func() bool { return len(readLedger(t, dir)) > 0 })
+	etcdtest.Eventually(t, 30*time.Second, "n1 ready", func() bool { code, _ := ready(); return code == 200 })
+	etcdtest.Eventually(t, 30*time.Second, "a run", func() bool { return len(readLedger(t, dir)) > 0 })
 
 	disarm := etcdtest.RaiseNoSpace(t, cli)
 	raised := time.Now()
 	var body string
-	waitFor(t, 15*time.Second, "/readyz to say NOSPACE", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "/readyz to say NOSPACE", func() bool {
 		var code int
 		code, body = ready()
 		return code == 503 && strings.Contains(body, "NOSPACE")
@@ -216,7 +216,7 @@ func TestEtcdNoSpaceAlarm(t *testing.T) {
 	}
 	disarm()
 	disarmed := time.Now()
-	waitFor(t, 20*time.Second, "a run after the disarm, and /readyz 200", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "a run after the disarm, and /readyz 200", func() bool {
 		code, _ := ready()
 		for _, ev := range readLedger(t, dir) {
 			if ev.At.After(disarmed) && code == 200 {

@@ -27,7 +27,7 @@ func ledgerJob(dir, name, extra string, items int, sleep string) string {
 %s    script:
       command: %s
       env: {LEDGER_DIR: %s, LEDGER_SLEEP: "%s"}
-`, name, items, extra, yamlQuote(ledgerScript), yamlQuote(dir), sleep)
+`, name, items, extra, etcdtest.YAMLQuote(ledgerScript), etcdtest.YAMLQuote(dir), sleep)
 }
 
 func httpGet(t *testing.T, url string) (int, string) {
@@ -60,7 +60,7 @@ func TestHotReload(t *testing.T) {
 	addr := etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", cfg, "--reload-interval", "300ms", "--listen", addr)
 	b := startShardd(t, e, "b", cfg, "--reload-interval", "300ms")
-	waitFor(t, 15*time.Second, "agreement", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool {
 		return agreed(t, cli, "one", map[string][]int{"a": {0}, "b": {1}}, a, b)
 	})
 	runsOf := func(job string) int {
@@ -69,26 +69,26 @@ func TestHotReload(t *testing.T) {
 	longEnded := func() int {
 		return count(readEvents(t, dir, "end"), func(ev ledger.Event) bool { return ev.Job == "long" })
 	}
-	waitFor(t, 10*time.Second, "long to start", func() bool { return runsOf("long") > 0 })
+	etcdtest.Eventually(t, 10*time.Second, "long to start", func() bool { return runsOf("long") > 0 })
 
 	// Add: a new job runs on both instances, while long's run goes on.
 	endedLong := longEnded()
 	write(one, long, ledgerJob(dir, "two", "", 2, "0.1"))
-	waitFor(t, 10*time.Second, "the added job to run", func() bool { return runsOf("two") >= 2 })
-	waitFor(t, 10*time.Second, "long's run to end normally", func() bool { return longEnded() > endedLong })
+	etcdtest.Eventually(t, 10*time.Second, "the added job to run", func() bool { return runsOf("two") >= 2 })
+	etcdtest.Eventually(t, 10*time.Second, "long's run to end normally", func() bool { return longEnded() > endedLong })
 	if killed := count(readEvents(t, dir, "start"), func(ev ledger.Event) bool { return ev.Job == "long" && ev.Source == "FAILOVER" }); killed > 0 {
 		t.Errorf("a reload disturbed a running item: %d failovers of long", killed)
 	}
 
 	// Change: one goes to 4 items; the edit is published (no overwrite needed).
 	write(ledgerJob(dir, "one", "", 4, "0.1"), long, ledgerJob(dir, "two", "", 2, "0.1"))
-	waitFor(t, 10*time.Second, "the changed job's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the changed job's map", func() bool {
 		return agreed(t, cli, "one", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b)
 	})
 
 	// Remove: two stops running and loses its members.
 	write(ledgerJob(dir, "one", "", 4, "0.1"), long)
-	waitFor(t, 10*time.Second, "two to lose its members", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "two to lose its members", func() bool {
 		resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Members("two"), clientv3WithPrefix()...)
 		return err == nil && len(resp.Kvs) == 0
 	})
@@ -102,12 +102,12 @@ func TestHotReload(t *testing.T) {
 	// Broken: rejected, the previous config keeps running, and says so.
 	os.WriteFile(cfg, []byte("jobs:\n  - name: one\n    shardingTotalCount: 0\n"), 0o644)
 	b.signal(syscall.SIGHUP)
-	waitFor(t, 10*time.Second, "the rejection", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the rejection", func() bool {
 		return len(a.find(msg("configuration reload rejected; the previous configuration keeps running"))) > 0 &&
 			len(b.find(msg("configuration reload rejected; the previous configuration keeps running"))) > 0
 	})
 	before := runsOf("one")
-	waitFor(t, 10*time.Second, "one to keep running", func() bool { return runsOf("one") >= before+4 })
+	etcdtest.Eventually(t, 10*time.Second, "one to keep running", func() bool { return runsOf("one") >= before+4 })
 	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != 200 || !strings.Contains(body, "2 problems (job one: 2)") || strings.Contains(body, "shardingTotalCount") {
 		t.Errorf("readyz after a rejected reload: %d %q, want the problem counted, not quoted", code, body)
 	}
@@ -133,12 +133,12 @@ func TestSIGHUPAtStartAndStop(t *testing.T) {
 	// As soon as the process says anything (before its session, before
 	// the reloader runs), a SIGHUP. Before its first instruction no Go
 	// program can catch a signal.
-	waitFor(t, 10*time.Second, "the process to start", func() bool { return len(p.find(msg("starting shardd"))) > 0 })
+	etcdtest.Eventually(t, 10*time.Second, "the process to start", func() bool { return len(p.find(msg("starting shardd"))) > 0 })
 	p.signal(syscall.SIGHUP)
 	// The edit, made while it starts, adds a job.
 	os.WriteFile(cfg, []byte(slow+"  - name: added\n    shardingTotalCount: 1\n    script: [/bin/true]\n"), 0o644)
-	waitFor(t, 20*time.Second, "the session", func() bool { return len(p.find(msg("session up"))) > 0 })
-	waitFor(t, 20*time.Second, "the edit made during start-up to be loaded", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the session", func() bool { return len(p.find(msg("session up"))) > 0 })
+	etcdtest.Eventually(t, 20*time.Second, "the edit made during start-up to be loaded", func() bool {
 		for _, rec := range p.find(msg("configuration reloaded")) {
 			if rec["jobs"] == float64(2) {
 				return true
@@ -154,13 +154,13 @@ func TestSIGHUPAtStartAndStop(t *testing.T) {
 
 	// A run in progress, SIGTERM, then SIGHUP during the graceful stop.
 	cli := e.client()
-	waitFor(t, 10*time.Second, "a trigger of slow to be accepted", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "a trigger of slow to be accepted", func() bool {
 		_, err := admin.New(cli, keyspace.NewKeys("")).Trigger(context.Background(), admin.TriggerRequest{Job: "slow", By: "test"})
 		return err == nil // refused until slow is registered and has its map
 	})
-	waitFor(t, 10*time.Second, "the run", func() bool { return len(p.find(msg("run"))) > 0 })
+	etcdtest.Eventually(t, 10*time.Second, "the run", func() bool { return len(p.find(msg("run"))) > 0 })
 	p.signal(syscall.SIGTERM)
-	waitFor(t, 5*time.Second, "the stop to begin", func() bool { return len(p.find(msg("shutting down; send the signal again to force"))) > 0 })
+	etcdtest.Eventually(t, 5*time.Second, "the stop to begin", func() bool { return len(p.find(msg("shutting down; send the signal again to force"))) > 0 })
 	p.signal(syscall.SIGHUP)
 	select {
 	case <-p.exited:
@@ -241,7 +241,7 @@ func TestSIGHUPRightAfterExec(t *testing.T) {
 			time.Sleep(100 * time.Microsecond)
 		}
 		p.signal(syscall.SIGHUP) // its handler is installed before it says it starts: this one reloads
-		waitFor(t, 20*time.Second, fmt.Sprintf("round %d: a reload on SIGHUP once up", round), func() bool {
+		etcdtest.Eventually(t, 20*time.Second, fmt.Sprintf("round %d: a reload on SIGHUP once up", round), func() bool {
 			select {
 			case <-p.exited:
 				t.Fatalf("round %d: shardd run exited after %d SIGHUPs during its start (%v):\n%s", round, sent, p.err, p.rawLog())
@@ -265,7 +265,7 @@ func diagnoseEarlySIGHUP(t *testing.T, e *etcdProc, cfg string) {
 		p := startShardd(t, e, "early", cfg)
 		time.Sleep(delay)
 		p.signal(syscall.SIGHUP)
-		waitFor(t, 20*time.Second, "the process to start or die", func() bool {
+		etcdtest.Eventually(t, 20*time.Second, "the process to start or die", func() bool {
 			select {
 			case <-p.exited:
 				return true

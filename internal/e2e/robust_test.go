@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
 )
 
 // As PID 1 (a container without an init), shardd reaps what its runs
@@ -40,7 +42,7 @@ func TestAsPID1NothingLingers(t *testing.T) {
 		cmd.Wait()
 	}()
 	var pid1 int // shardd, PID 1 of the namespace, as seen from here
-	waitFor(t, 10*time.Second, "shardd as PID 1", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "shardd as PID 1", func() bool {
 		kids := childrenOf(cmd.Process.Pid)
 		if len(kids) == 1 {
 			pid1 = kids[0]

@@ -47,7 +47,7 @@ func runOf(t *testing.T, e *etcdProc, job string, item int, state string) keyspa
 	t.Helper()
 	etcd := e.client()
 	var rec keyspace.ItemRecord
-	waitFor(t, 10*time.Second, job+" item "+strconv.Itoa(item)+" "+state, func() bool {
+	etcdtest.Eventually(t, 10*time.Second, job+" item "+strconv.Itoa(item)+" "+state, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		recs, err := admin.New(etcd, keyspace.NewKeys("")).FindRuns(ctx, job, item, 0)
@@ -110,7 +110,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 	a := startShardd(t, e, "a", cfg, "--listen", apiA, "--api-read-token-file", tokenFile)
 	b := startShardd(t, e, "b", cfg, "--listen", apiB, "--api-read-token-file", tokenFile)
 	for _, job := range []string{"quick", "slow"} {
-		waitFor(t, 15*time.Second, job+"'s map", func() bool {
+		etcdtest.Eventually(t, 15*time.Second, job+"'s map", func() bool {
 			return agreed(t, etcd, job, map[string][]int{"a": {0}, "b": {1}}, a, b)
 		})
 	}
@@ -276,7 +276,7 @@ func TestRunLogsOverTLS(t *testing.T) {
 	apiA, apiB := etcdtest.FreeAddr(t), etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", cfg, append([]string{"--listen", apiA}, tlsFlags...)...)
 	b := startShardd(t, e, "b", cfg, append([]string{"--listen", apiB}, tlsFlags...)...)
-	waitFor(t, 15*time.Second, "j's map", func() bool { return agreed(t, etcd, "j", map[string][]int{"a": {0}, "b": {1}}, a, b) })
+	etcdtest.Eventually(t, 15*time.Second, "j's map", func() bool { return agreed(t, etcd, "j", map[string][]int{"a": {0}, "b": {1}}, a, b) })
 	shardd(t, e, "trigger", "j")
 	run := runOf(t, e, "j", 1, keyspace.StateDone)
 

@@ -246,7 +246,7 @@ func TestEmbeddedEtcdAcceptsOnlyItsOwner(t *testing.T) {
 		out, err := exec.Command(shardd, append(args, "--etcd", client, "--data-dir", dataDir)...).CombinedOutput()
 		return string(out), err
 	}
-	waitFor(t, 30*time.Second, "the owner's shardd status to show the job", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "the owner's shardd status to show the job", func() bool {
 		out, err := owner("status")
 		return err == nil && strings.Contains(out, "report")
 	})
@@ -344,7 +344,7 @@ func TestEmbeddedEtcdAcceptsOnlyItsOwner(t *testing.T) {
 	if out, err := owner("trigger", "report"); err != nil {
 		t.Errorf("owner's trigger: %v %s", err, out)
 	}
-	waitFor(t, 20*time.Second, "the owner's trigger to run both items", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the owner's trigger to run both items", func() bool {
 		b, _ := os.ReadFile(marker)
 		return strings.Count(string(b), "\n") >= 2
 	})
@@ -501,14 +501,14 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 		out, err := exec.Command(bin.shardd, append(args, conn...)...).CombinedOutput()
 		return string(out), err
 	}
-	waitFor(t, 30*time.Second, "an item on each instance", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "an item on each instance", func() bool {
 		out, err := ops("status", "-o", "json")
 		return err == nil && owners(out, "nightly") == 3
 	})
 	if out, err := ops("trigger", "nightly"); err != nil {
 		t.Fatalf("trigger: %v %s", err, out)
 	}
-	waitFor(t, 30*time.Second, "every item to run, one on each instance", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "every item to run, one on each instance", func() bool {
 		b, _ := os.ReadFile(filepath.Join(work, "ran"))
 		for _, n := range []string{"a", "b", "c"} {
 			if _, err := os.Stat(filepath.Join(work, "env-"+n)); err != nil {
@@ -531,7 +531,7 @@ func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
 			t.Errorf("instance %d logged an error or an exposure:\n%s", i, d.log())
 		}
 	}
-	waitFor(t, 20*time.Second, "every instance to find etcd closed to anonymous clients", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "every instance to find etcd closed to anonymous clients", func() bool {
 		for _, d := range ds {
 			if !strings.Contains(d.log(), "etcd refuses anonymous clients") {
 				return false
@@ -585,7 +585,7 @@ func TestEtcdOpenToAnonymousIsReported(t *testing.T) {
 	e := startEtcd(t)
 	api := etcdtest.FreeAddr(t)
 	p := startShardd(t, e, "a", writeConfig(t, "j:1"), "--listen", api)
-	waitFor(t, 20*time.Second, "the exposure metric", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the exposure metric", func() bool {
 		b, err := httpGetQuiet("http://" + api + "/metrics")
 		return err == nil && strings.Contains(string(b), `shardd_etcd_exposed{exposure="anonymous"} 1`)
 	})
@@ -600,12 +600,12 @@ func TestEtcdOpenToAnonymousIsReported(t *testing.T) {
 	late := newEtcd(t)
 	api2 := etcdtest.FreeAddr(t)
 	p2 := startShardd(t, late, "b", writeConfig(t, "j:1"), "--listen", api2)
-	waitFor(t, 20*time.Second, "shardd to find no etcd", func() bool { return len(p2.find(msg("cannot reach etcd; retrying"))) > 0 })
+	etcdtest.Eventually(t, 20*time.Second, "shardd to find no etcd", func() bool { return len(p2.find(msg("cannot reach etcd; retrying"))) > 0 })
 	if b, err := httpGetQuiet("http://" + api2 + "/metrics"); err == nil && strings.Contains(string(b), `exposure="anonymous"`) {
 		t.Errorf("exposure reported before etcd was reachable:\n%s", b)
 	}
 	late.start()
-	waitFor(t, 90*time.Second, "the exposure metric of a late etcd", func() bool {
+	etcdtest.Eventually(t, 90*time.Second, "the exposure metric of a late etcd", func() bool {
 		b, err := httpGetQuiet("http://" + api2 + "/metrics")
 		return err == nil && strings.Contains(string(b), `shardd_etcd_exposed{exposure="anonymous"} 1`)
 	})
@@ -646,7 +646,7 @@ func TestAPIOverTLS(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b), nil
 	}
-	waitFor(t, 20*time.Second, "the TLS API", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the TLS API", func() bool {
 		code, _, err := call(withoutCert, "https://"+api+"/api/v1/jobs/j/trigger", "api-token-over-tls-0123")
 		return err == nil && code == http.StatusAccepted
 	})
@@ -658,7 +658,7 @@ func TestAPIOverTLS(t *testing.T) {
 	} else {
 		t.Logf("plain HTTP on the TLS port: %d %q %v", code, strings.TrimSpace(body), err)
 	}
-	waitFor(t, 20*time.Second, "the client-certificate API", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the client-certificate API", func() bool {
 		code, _, err := call(withCert, "https://"+mtlsAPI+"/api/v1/jobs/j/trigger", "api-token-over-tls-0123")
 		return err == nil && code == http.StatusAccepted
 	})

@@ -101,8 +101,8 @@ func TestSoak(t *testing.T) {
 		start(n)
 	}
 	cli := e.client()
-	waitFor(t, 30*time.Second, "the cluster to agree", func() bool {
-		m := storedMap(t, cli, "tick")
+	etcdtest.Eventually(t, 30*time.Second, "the cluster to agree", func() bool {
+		m := etcdtest.StoredMap(cli, "tick")
 		return m != nil && len(m.Instances) == 3
 	})
 	from := time.Now()
@@ -164,7 +164,7 @@ func TestSoak(t *testing.T) {
 			failures = append(failures, ledger.Failure{At: time.Now().Add(shutdownGrace), Instance: "c", StartedBefore: time.Now()})
 			procs["c"].stop(syscall.SIGTERM)
 			start("c")
-			waitFor(t, 30*time.Second, "c to rejoin", func() bool { return len(procs["c"].find(msg("session up"))) > 0 })
+			etcdtest.Eventually(t, 30*time.Second, "c to rejoin", func() bool { return len(procs["c"].find(msg("session up"))) > 0 })
 			restarts++
 		}
 		time.Sleep(500 * time.Millisecond)

@@ -24,8 +24,8 @@ func TestOperatorCommandsCheckTheirTarget(t *testing.T) {
 	keys := keyspace.NewKeys("")
 	ctx := context.Background()
 	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)+job("off", 1, "    disabled: true\n")))
-	waitFor(t, 10*time.Second, "orders' map", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })
-	waitFor(t, 10*time.Second, "off's map", func() bool { m := storedMap(t, cli, "off"); return m != nil && m.Disabled })
+	etcdtest.Eventually(t, 10*time.Second, "orders' map", func() bool { m := etcdtest.StoredMap(cli, "orders"); return m != nil && m.Total == 3 })
+	etcdtest.Eventually(t, 10*time.Second, "off's map", func() bool { m := etcdtest.StoredMap(cli, "off"); return m != nil && m.Disabled })
 	revBefore := func() int64 {
 		resp, err := cli.Get(ctx, "/")
 		if err != nil {
@@ -159,9 +159,9 @@ func TestStatusOfManyJobs(t *testing.T) {
 		b.WriteString(job(fmt.Sprintf("job-%03d", i), i%5+1))
 	}
 	startNode(t, srv, "a", jobs(t, b.String()))
-	waitFor(t, 30*time.Second, "every map", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "every map", func() bool {
 		for i := range n {
-			if m := storedMap(t, cli, fmt.Sprintf("job-%03d", i)); m == nil || m.Total != i%5+1 {
+			if m := etcdtest.StoredMap(cli, fmt.Sprintf("job-%03d", i)); m == nil || m.Total != i%5+1 {
 				return false
 			}
 		}
@@ -198,7 +198,7 @@ func TestRemoveWaitsForALeavingLeader(t *testing.T) {
 	cli := srv.Client()
 	a := startNode(t, srv, "a", reviewV(t, 3))
 	runsTotal(t, cli, 3, a)
-	waitFor(t, 5*time.Second, "a leads", func() bool { v, _ := a.View("orders"); return v.Leading })
+	etcdtest.Eventually(t, 5*time.Second, "a leads", func() bool { v, _ := a.View("orders"); return v.Leading })
 	if err := a.Leave(context.Background()); err != nil {
 		t.Fatal(err)
 	}

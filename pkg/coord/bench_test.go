@@ -40,7 +40,7 @@ func BenchmarkConvergence(b *testing.B) {
 			y := startNode(b, srv, "y", js)
 			two := map[string][]int{"x": {0, 1, 2, 3, 4, 5}, "y": {6, 7, 8, 9, 10, 11}}
 			three := map[string][]int{"x": {0, 1, 2, 3}, "y": {4, 5, 6, 7}, "z": {8, 9, 10, 11}}
-			waitFor(b, 10*time.Second, "x and y", func() bool { return agreed(b, cli, "orders", two, x, y) })
+			etcdtest.Eventually(b, 10*time.Second, "x and y", func() bool { return agreed(b, cli, "orders", two, x, y) })
 			var trials []time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -49,27 +49,27 @@ func BenchmarkConvergence(b *testing.B) {
 				case "join":
 					start := time.Now()
 					z := startNode(b, srv, "z", js)
-					waitFor(b, 10*time.Second, "join", func() bool { return agreed(b, cli, "orders", three, x, y, z) })
+					etcdtest.Eventually(b, 10*time.Second, "join", func() bool { return agreed(b, cli, "orders", three, x, y, z) })
 					trials = append(trials, time.Since(start))
 					z.stop(b)
-					waitFor(b, 10*time.Second, "reset", func() bool { return agreed(b, cli, "orders", two, x, y) })
+					etcdtest.Eventually(b, 10*time.Second, "reset", func() bool { return agreed(b, cli, "orders", two, x, y) })
 				case "leave":
 					z := startNode(b, srv, "z", js)
-					waitFor(b, 10*time.Second, "setup", func() bool { return agreed(b, cli, "orders", three, x, y, z) })
+					etcdtest.Eventually(b, 10*time.Second, "setup", func() bool { return agreed(b, cli, "orders", three, x, y, z) })
 					start := time.Now()
 					z.stop(b)
-					waitFor(b, 10*time.Second, "leave", func() bool { return agreed(b, cli, "orders", two, x, y) })
+					etcdtest.Eventually(b, 10*time.Second, "leave", func() bool { return agreed(b, cli, "orders", two, x, y) })
 					trials = append(trials, time.Since(start))
 				case "crash":
 					z := startNode(b, srv, "z", js)
-					waitFor(b, 10*time.Second, "setup", func() bool { return agreed(b, cli, "orders", three, x, y, z) })
+					etcdtest.Eventually(b, 10*time.Second, "setup", func() bool { return agreed(b, cli, "orders", three, x, y, z) })
 					start := time.Now()
 					z.proxy.Blackhole()
-					waitFor(b, 3*testTTL, "crash", func() bool { return agreed(b, cli, "orders", two, x, y) })
+					etcdtest.Eventually(b, 3*testTTL, "crash", func() bool { return agreed(b, cli, "orders", two, x, y) })
 					trials = append(trials, time.Since(start))
 					z.proxy.Restore()
 					z.stop(b)
-					waitFor(b, 10*time.Second, "reset", func() bool { return agreed(b, cli, "orders", two, x, y) })
+					etcdtest.Eventually(b, 10*time.Second, "reset", func() bool { return agreed(b, cli, "orders", two, x, y) })
 				}
 			}
 			percentiles(b, trials)
@@ -87,7 +87,7 @@ func BenchmarkLargeMap(b *testing.B) {
 	x := startNode(b, srv, "x", js)
 	y := startNode(b, srv, "y", js)
 	hasInstances := func(n int, nodes ...*testNode) bool {
-		m := storedMap(b, cli, "big")
+		m := etcdtest.StoredMap(cli, "big")
 		if m == nil || len(m.Instances) != n {
 			return false
 		}
@@ -98,17 +98,17 @@ func BenchmarkLargeMap(b *testing.B) {
 		}
 		return true
 	}
-	waitFor(b, 20*time.Second, "setup", func() bool { return hasInstances(2, x, y) })
+	etcdtest.Eventually(b, 20*time.Second, "setup", func() bool { return hasInstances(2, x, y) })
 	var trials []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		start := time.Now()
 		z := startNode(b, srv, fmt.Sprintf("z%d", i), js)
-		waitFor(b, 20*time.Second, "propagation", func() bool { return hasInstances(3, x, y, z) })
+		etcdtest.Eventually(b, 20*time.Second, "propagation", func() bool { return hasInstances(3, x, y, z) })
 		trials = append(trials, time.Since(start))
 		z.stop(b)
-		waitFor(b, 20*time.Second, "reset", func() bool { return hasInstances(2, x, y) })
+		etcdtest.Eventually(b, 20*time.Second, "reset", func() bool { return hasInstances(2, x, y) })
 	}
 	percentiles(b, trials)
 	resp, err := cli.Get(b.Context(), keyspace.NewKeys("").Shards("big"))

@@ -18,7 +18,7 @@ import (
 func ordersNode(t *testing.T, items int) *testNode {
 	t.Helper()
 	n := startNode(t, etcdtest.Shared(t), "a", jobs(t, "jobs:\n"+job("orders", items)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	etcdtest.Eventually(t, 10*time.Second, "a's membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
 	return n
 }
 
@@ -270,7 +270,7 @@ func TestItemCache(t *testing.T) {
 	if _, err := n.cli.Put(ctx, n.keys.DisabledItem("orders", 0), ""); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "others' changes in the cache", func() bool {
+	etcdtest.Eventually(t, 5*time.Second, "others' changes in the cache", func() bool {
 		items := read()
 		return items.Items[1].RunningBy == "b" && items.Items[0].Disabled
 	})
@@ -326,7 +326,7 @@ func TestItemCacheSeesTheEventThatWokeTheReader(t *testing.T) {
 		if _, err := n.cli.Put(ctx, n.keys.RunningItem("orders", 1), "b"); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, "b's marker in the cache", func() bool {
+		etcdtest.Eventually(t, 5*time.Second, "b's marker in the cache", func() bool {
 			items, err := n.ReadItems(ctx, "orders")
 			return err == nil && items.Items[1].RunningBy == "b"
 		})

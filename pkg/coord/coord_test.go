@@ -110,37 +110,10 @@ func (tn *testNode) stop(t testing.TB) {
 	})
 }
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
-// storedMap reads a job's shard map from etcd.
-func storedMap(t testing.TB, cli *clientv3.Client, job string) *keyspace.ShardMap {
-	t.Helper()
-	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Shards(job))
-	if err != nil || len(resp.Kvs) == 0 {
-		return nil
-	}
-	m, err := keyspace.DecodeShardMap(resp.Kvs[0].Value)
-	if err != nil {
-		return nil
-	}
-	return m
-}
-
 // agreed reports whether every node's view of job is the stored map and
 // covers exactly want, with items as given.
 func agreed(t testing.TB, cli *clientv3.Client, job string, want map[string][]int, nodes ...*testNode) bool {
-	m := storedMap(t, cli, job)
+	m := etcdtest.StoredMap(cli, job)
 	if m == nil || !reflect.DeepEqual(m.Items, want) {
 		return false
 	}
@@ -163,12 +136,12 @@ func TestMembershipChangesReshard(t *testing.T) {
 	c := startNode(t, srv, "c", js)
 
 	three := map[string][]int{"a": {0, 1, 2, 9}, "b": {3, 4, 5}, "c": {6, 7, 8}}
-	waitFor(t, 10*time.Second, "3 instances to agree", func() bool { return agreed(t, cli, "orders", three, a, b, c) })
+	etcdtest.Eventually(t, 10*time.Second, "3 instances to agree", func() bool { return agreed(t, cli, "orders", three, a, b, c) })
 
 	// Graceful leave: the lease is revoked, the others reshard at once.
 	c.stop(t)
 	two := map[string][]int{"a": {0, 1, 2, 3, 4}, "b": {5, 6, 7, 8, 9}}
-	d := waitFor(t, 5*time.Second, "2 instances after graceful leave", func() bool { return agreed(t, cli, "orders", two, a, b) })
+	d := etcdtest.Eventually(t, 5*time.Second, "2 instances after graceful leave", func() bool { return agreed(t, cli, "orders", two, a, b) })
 	t.Logf("graceful leave converged in %s", d)
 	if d > time.Second {
 		t.Errorf("graceful leave took %s, want < 1s", d)
@@ -177,10 +150,10 @@ func TestMembershipChangesReshard(t *testing.T) {
 	// Join: the newcomer owns items.
 	e := startNode(t, srv, "e", js)
 	twoPlusE := map[string][]int{"a": {0, 1, 2, 9}, "b": {3, 4, 5}, "e": {6, 7, 8}}
-	waitFor(t, 5*time.Second, "join", func() bool { return agreed(t, cli, "orders", twoPlusE, a, b, e) })
+	etcdtest.Eventually(t, 5*time.Second, "join", func() bool { return agreed(t, cli, "orders", twoPlusE, a, b, e) })
 
 	// Epochs only grow.
-	if m := storedMap(t, cli, "orders"); m.Epoch < 3 {
+	if m := etcdtest.StoredMap(cli, "orders"); m.Epoch < 3 {
 		t.Errorf("epoch %d after 3 changes", m.Epoch)
 	}
 }
@@ -193,26 +166,26 @@ func TestCrashedInstanceIsResharded(t *testing.T) {
 	a := startNode(t, srv, "a", js)
 	b := startNode(t, srv, "b", js)
 	c := startNode(t, srv, "c", js)
-	waitFor(t, 10*time.Second, "agreement", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "agreement", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}, a, b, c)
 	})
 
 	// Cut c off from etcd: like a crash for the cluster, and c must notice.
 	c.proxy.Blackhole()
-	d := waitFor(t, testTTL+3*time.Second, "reshard after c is cut off", func() bool {
+	d := etcdtest.Eventually(t, testTTL+3*time.Second, "reshard after c is cut off", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2}, "b": {3, 4, 5}}, a, b)
 	})
 	t.Logf("crash converged in %s (TTL %s)", d, testTTL)
 	if d > testTTL+time.Second {
 		t.Errorf("reshard took %s, want <= TTL + 1s", d)
 	}
-	waitFor(t, time.Second, "c to notice its session loss", func() bool {
+	etcdtest.Eventually(t, time.Second, "c to notice its session loss", func() bool {
 		return !c.Up() && strings.Contains(c.log.String(), "session lost")
 	})
 
 	// c comes back by itself with a new session.
 	c.proxy.Restore()
-	waitFor(t, 15*time.Second, "c to rejoin", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "c to rejoin", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}, "c": {4, 5}}, a, b, c)
 	})
 }
@@ -239,7 +212,7 @@ func TestSessionFencesBeforeServerExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Let a few keepalives succeed, then cut the connection.
-	waitFor(t, 5*time.Second, "a keepalive", func() bool { return s.Deadline().Sub(time.Now()) > testTTL-fenceMargin(testTTL)-testTTL/3 })
+	etcdtest.Eventually(t, 5*time.Second, "a keepalive", func() bool { return s.Deadline().Sub(time.Now()) > testTTL-fenceMargin(testTTL)-testTTL/3 })
 	p.Blackhole()
 	defer p.Restore()
 
@@ -253,7 +226,7 @@ func TestSessionFencesBeforeServerExpiry(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("lease already expired on the server when the session fenced (%v)", err)
 	}
-	waitFor(t, 2*testTTL, "the server to expire the lease", func() bool {
+	etcdtest.Eventually(t, 2*testTTL, "the server to expire the lease", func() bool {
 		resp, err := direct.Get(context.Background(), key)
 		return err == nil && len(resp.Kvs) == 0
 	})
@@ -268,7 +241,7 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 4))
 	a := startNode(t, srv, "a", js)
-	waitFor(t, 10*time.Second, "a to lead", func() bool { v, _ := a.View("orders"); return v.Leading && v.Map != nil })
+	etcdtest.Eventually(t, 10*time.Second, "a to lead", func() bool { v, _ := a.View("orders"); return v.Leading && v.Map != nil })
 
 	// Remember a's election key and revision, the fence of its writes.
 	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Leader("orders"), clientv3.WithPrefix())
@@ -280,10 +253,10 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	// a is cut off (as if paused) until its lease expires; b takes over.
 	b := startNode(t, srv, "b", js)
 	a.proxy.Blackhole()
-	waitFor(t, testTTL+3*time.Second, "b to lead and reshard", func() bool {
+	etcdtest.Eventually(t, testTTL+3*time.Second, "b to lead and reshard", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"b": {0, 1, 2, 3}}, b)
 	})
-	before := storedMap(t, cli, "orders")
+	before := etcdtest.StoredMap(cli, "orders")
 	if before.Leader != "b" {
 		t.Fatalf("map written by %q, want b", before.Leader)
 	}
@@ -300,7 +273,7 @@ func TestDeposedLeaderCannotWrite(t *testing.T) {
 	if !errors.Is(err, errNotLeader) {
 		t.Fatalf("stale leader's write: %v, want errNotLeader", err)
 	}
-	if after := storedMap(t, cli, "orders"); after.Epoch != before.Epoch || after.Leader != "b" {
+	if after := etcdtest.StoredMap(cli, "orders"); after.Epoch != before.Epoch || after.Leader != "b" {
 		t.Errorf("map changed by the stale leader: %+v", after)
 	}
 }
@@ -313,33 +286,33 @@ func TestMalformedValuesAreRepaired(t *testing.T) {
 	a := startNode(t, srv, "a", js)
 	b := startNode(t, srv, "b", js)
 	want := map[string][]int{"a": {0, 1}, "b": {2, 3}}
-	waitFor(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
-	good := storedMap(t, cli, "orders")
+	etcdtest.Eventually(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
+	good := etcdtest.StoredMap(cli, "orders")
 	keys := keyspace.NewKeys("")
 
 	for _, garbage := range []string{"not json", `{"epoch":0}`, `{"epoch":99,"total":4,"instances":["a"],"items":{"zz":[1]}}`, `{"epoch":99,"total":2,"instances":["a"],"items":{"a":[0,5]}}`} {
 		if _, err := cli.Put(context.Background(), keys.Shards("orders"), garbage); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 5*time.Second, "the leader to repair "+garbage, func() bool {
-			m := storedMap(t, cli, "orders")
+		etcdtest.Eventually(t, 5*time.Second, "the leader to repair "+garbage, func() bool {
+			m := etcdtest.StoredMap(cli, "orders")
 			return m != nil && reflect.DeepEqual(m.Items, want) && m.Epoch > good.Epoch
 		})
 		// Views kept the last good map meanwhile and then took the repair.
-		waitFor(t, 5*time.Second, "views to follow", func() bool { return agreed(t, cli, "orders", want, a, b) })
-		good = storedMap(t, cli, "orders")
+		etcdtest.Eventually(t, 5*time.Second, "views to follow", func() bool { return agreed(t, cli, "orders", want, a, b) })
+		good = etcdtest.StoredMap(cli, "orders")
 	}
 
 	// A deleted map comes back with a higher epoch.
 	cli.Delete(context.Background(), keys.Shards("orders"))
-	waitFor(t, 5*time.Second, "the map to be rewritten", func() bool {
-		m := storedMap(t, cli, "orders")
+	etcdtest.Eventually(t, 5*time.Second, "the map to be rewritten", func() bool {
+		m := etcdtest.StoredMap(cli, "orders")
 		return m != nil && m.Epoch > good.Epoch
 	})
 
 	// A malformed config is replaced by the local definition.
 	cli.Put(context.Background(), keys.Config("orders"), `{"job": {"name": "orders", "shardingTotalCount": -1}}`)
-	waitFor(t, 5*time.Second, "the config to be repaired", func() bool {
+	etcdtest.Eventually(t, 5*time.Second, "the config to be repaired", func() bool {
 		resp, err := cli.Get(context.Background(), keys.Config("orders"))
 		if err != nil || len(resp.Kvs) == 0 {
 			return false
@@ -348,18 +321,10 @@ func TestMalformedValuesAreRepaired(t *testing.T) {
 		return err == nil && j.ShardingTotalCount == 4
 	})
 	for _, n := range []*testNode{a, b} {
-		if !strings.Contains(n.log.String(), "malformed") && n.ID() == leaderOf(t, cli, "orders") {
+		if !strings.Contains(n.log.String(), "malformed") && n.ID() == etcdtest.LeaderOf(cli, "orders") {
 			t.Errorf("leader %s did not log the malformed values", n.ID())
 		}
 	}
-}
-
-func leaderOf(t *testing.T, cli *clientv3.Client, job string) string {
-	resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Leader(job), clientv3.WithFirstCreate()...)
-	if err != nil || len(resp.Kvs) == 0 {
-		return ""
-	}
-	return string(resp.Kvs[0].Value)
 }
 
 // startAgreedPair starts instances a and b of a 4-item job "orders" and
@@ -371,7 +336,7 @@ func startAgreedPair(t *testing.T) (*clientv3.Client, *testNode, *testNode) {
 	js := jobs(t, "jobs:\n"+job("orders", 4))
 	a := startNode(t, srv, "a", js)
 	b := startNode(t, srv, "b", js)
-	waitFor(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
+	etcdtest.Eventually(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
 	return cli, a, b
 }
 
@@ -382,14 +347,17 @@ func TestDisabledInstanceAndJob(t *testing.T) {
 	ctx := context.Background()
 
 	cli.Put(ctx, keys.DisabledInstance("orders", "b"), "")
-	waitFor(t, 5*time.Second, "b disabled", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3}}, a, b) })
+	etcdtest.Eventually(t, 5*time.Second, "b disabled", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1, 2, 3}}, a, b) })
 	cli.Delete(ctx, keys.DisabledInstance("orders", "b"))
-	waitFor(t, 5*time.Second, "b enabled", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
+	etcdtest.Eventually(t, 5*time.Second, "b enabled", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
 
 	cli.Put(ctx, keys.DisabledJob("orders"), "")
-	waitFor(t, 5*time.Second, "job disabled", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Disabled && len(m.Items) == 0 })
+	etcdtest.Eventually(t, 5*time.Second, "job disabled", func() bool {
+		m := etcdtest.StoredMap(cli, "orders")
+		return m != nil && m.Disabled && len(m.Items) == 0
+	})
 	cli.Delete(ctx, keys.DisabledJob("orders"))
-	waitFor(t, 5*time.Second, "job enabled", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
+	etcdtest.Eventually(t, 5*time.Second, "job enabled", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}, "b": {2, 3}}, a, b) })
 }
 
 func TestWatchesSurviveCompaction(t *testing.T) {
@@ -398,7 +366,7 @@ func TestWatchesSurviveCompaction(t *testing.T) {
 	cli := srv.Client()
 	js := jobs(t, "jobs:\n"+job("orders", 2))
 	a := startNode(t, srv, "a", js)
-	waitFor(t, 10*time.Second, "a alone", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}}, a) })
+	etcdtest.Eventually(t, 10*time.Second, "a alone", func() bool { return agreed(t, cli, "orders", map[string][]int{"a": {0, 1}}, a) })
 	// Churn and compact everything up to now.
 	var rev int64
 	for i := 0; i < 20; i++ {
@@ -412,7 +380,7 @@ func TestWatchesSurviveCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := startNode(t, srv, "b", js)
-	waitFor(t, 10*time.Second, "b to join after compaction", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "b to join after compaction", func() bool {
 		return agreed(t, cli, "orders", map[string][]int{"a": {0}, "b": {1}}, a, b)
 	})
 }
@@ -425,12 +393,12 @@ func TestEtcdRestart(t *testing.T) {
 	b := startNode(t, srv, "b", js)
 	cli := srv.Client()
 	want := map[string][]int{"a": {0, 1}, "b": {2, 3}}
-	waitFor(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
+	etcdtest.Eventually(t, 10*time.Second, "agreement", func() bool { return agreed(t, cli, "orders", want, a, b) })
 
 	srv.Stop()
 	time.Sleep(testTTL + time.Second) // etcd is down for longer than the TTL: the sessions must fence
 	srv.Restart()
-	waitFor(t, 20*time.Second, "recovery after etcd restart", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "recovery after etcd restart", func() bool {
 		return a.Up() && b.Up() && agreed(t, cli, "orders", want, a, b) &&
 			agreed(t, cli, "billing", map[string][]int{"a": {0}, "b": {1}}, a, b)
 	})
@@ -449,7 +417,7 @@ func TestDuplicateIDIsRejected(t *testing.T) {
 	srv := etcdtest.Shared(t)
 	js := jobs(t, "jobs:\n"+job("orders", 2))
 	a := startNode(t, srv, "a", js)
-	waitFor(t, 10*time.Second, "a up", a.Up)
+	etcdtest.Eventually(t, 10*time.Second, "a up", a.Up)
 
 	cli := srv.Client()
 	n, err := New(Options{Client: cli, ID: "a", TTL: testTTL, Info: keyspace.InstanceInfo{Host: "other", PID: 2}, Logger: slog.New(slog.DiscardHandler)}, js)
@@ -481,7 +449,7 @@ func TestManyJobsSpreadLeadership(t *testing.T) {
 	b := startNode(t, srv, "b", js)
 	c := startNode(t, srv, "c", js)
 	want := map[string][]int{"a": {0}, "b": {1}, "c": {2}}
-	waitFor(t, 60*time.Second, "50 maps to converge", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "50 maps to converge", func() bool {
 		for _, j := range js {
 			if !agreed(t, cli, j.Name, want, a, b, c) {
 				return false
@@ -490,10 +458,10 @@ func TestManyJobsSpreadLeadership(t *testing.T) {
 		return true
 	})
 	leaders := map[string]int{}
-	waitFor(t, 20*time.Second, "leaderships to spread", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "leaderships to spread", func() bool {
 		leaders = map[string]int{}
 		for _, j := range js {
-			leaders[leaderOf(t, cli, j.Name)]++
+			leaders[etcdtest.LeaderOf(cli, j.Name)]++
 		}
 		return leaders["a"] >= 5 && leaders["b"] >= 5 && leaders["c"] >= 5
 	})
@@ -518,7 +486,7 @@ func TestLeaveWithdrawsMembership(t *testing.T) {
 	if err := a.Leave(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	d := waitFor(t, 5*time.Second, "b alone", func() bool { return agreed(t, cli, "orders", map[string][]int{"b": {0, 1, 2, 3}}, a, b) })
+	d := etcdtest.Eventually(t, 5*time.Second, "b alone", func() bool { return agreed(t, cli, "orders", map[string][]int{"b": {0, 1, 2, 3}}, a, b) })
 	t.Logf("items moved %s after Leave", d)
 	if !a.Up() {
 		t.Error("Leave ended the session")

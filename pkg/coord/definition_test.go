@@ -86,13 +86,13 @@ func registered(t *testing.T, cli *clientv3.Client, job string) (keyspace.Regist
 // want items and the stored map has want items.
 func runsTotal(t *testing.T, cli *clientv3.Client, want int, nodes ...*testNode) {
 	t.Helper()
-	waitFor(t, 10*time.Second, "every instance on the registered definition", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "every instance on the registered definition", func() bool {
 		for _, n := range nodes {
 			if v, ok := n.View("orders"); !ok || v.Job.ShardingTotalCount != want {
 				return false
 			}
 		}
-		m := storedMap(t, cli, "orders")
+		m := etcdtest.StoredMap(cli, "orders")
 		return m != nil && m.Total == want
 	})
 }
@@ -108,7 +108,7 @@ func conflicts(nodes ...*testNode) map[string]bool {
 
 func wantConflicts(t *testing.T, want map[string]bool, nodes ...*testNode) {
 	t.Helper()
-	waitFor(t, 5*time.Second, "conflicts", func() bool {
+	etcdtest.Eventually(t, 5*time.Second, "conflicts", func() bool {
 		got := conflicts(nodes...)
 		for id, w := range want {
 			if got[id] != w {
@@ -143,7 +143,7 @@ func TestOneDefinitionRunsEverywhere(t *testing.T) {
 	if !strings.Contains(b.log.String(), "job definition changed") {
 		t.Error("b did not log the definition change")
 	}
-	waitFor(t, 5*time.Second, "status to report b's conflict", func() bool {
+	etcdtest.Eventually(t, 5*time.Second, "status to report b's conflict", func() bool {
 		st, err := admin.New(cli, keyspace.NewKeys("")).Status(context.Background())
 		return err == nil && len(st.Jobs) == 1 && len(st.Jobs[0].Problems) == 1 &&
 			strings.Contains(st.Jobs[0].Problems[0], "instance b has a different local definition")
@@ -172,9 +172,9 @@ func TestOneDefinitionRunsEverywhere(t *testing.T) {
 
 	// a's file is behind now: its reconnect (a new session) changes nothing.
 	a.proxy.Blackhole()
-	waitFor(t, 3*testTTL, "a to fence", func() bool { return !a.Up() })
+	etcdtest.Eventually(t, 3*testTTL, "a to fence", func() bool { return !a.Up() })
 	a.proxy.Restore()
-	waitFor(t, 10*time.Second, "a back", a.Up)
+	etcdtest.Eventually(t, 10*time.Second, "a back", a.Up)
 	runsTotal(t, cli, 3, a, b, c)
 	if _, g2 := registered(t, cli, "orders"); g2 != g1 {
 		t.Errorf("generation %d -> %d after a's reconnect", g1, g2)
@@ -199,9 +199,9 @@ func TestOverwriteSplitBrain(t *testing.T) {
 
 	for _, n := range []*testNode{a, b} {
 		n.proxy.Blackhole()
-		waitFor(t, 3*testTTL, n.ID()+" to fence", func() bool { return !n.Up() })
+		etcdtest.Eventually(t, 3*testTTL, n.ID()+" to fence", func() bool { return !n.Up() })
 		n.proxy.Restore()
-		waitFor(t, 10*time.Second, n.ID()+" back", n.Up)
+		etcdtest.Eventually(t, 10*time.Second, n.ID()+" back", n.Up)
 	}
 	time.Sleep(500 * time.Millisecond) // the re-registrations are done once Up; let any stray write land
 	runsTotal(t, cli, 4, a, b)
@@ -258,11 +258,11 @@ func TestDefinitionOfANewerVersionIsKept(t *testing.T) {
 	if _, err := cli.Put(context.Background(), keyspace.NewKeys("").Config("orders"), string(val)); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "a's conflict", func() bool { v, _ := a.View("orders"); return v.Conflict })
+	etcdtest.Eventually(t, 5*time.Second, "a's conflict", func() bool { v, _ := a.View("orders"); return v.Conflict })
 	a.proxy.Blackhole() // and a reconnect, which registers again, changes nothing
-	waitFor(t, 3*testTTL, "a to fence", func() bool { return !a.Up() })
+	etcdtest.Eventually(t, 3*testTTL, "a to fence", func() bool { return !a.Up() })
 	a.proxy.Restore()
-	waitFor(t, 10*time.Second, "a back", a.Up)
+	etcdtest.Eventually(t, 10*time.Second, "a back", a.Up)
 	time.Sleep(time.Second)
 	if rc, _ := registered(t, cli, "orders"); rc.Writer != "newer" {
 		t.Errorf("a newer version's definition was overwritten by %s as malformed", rc.Writer)
@@ -297,9 +297,9 @@ func TestDefinitionChangeIsAudited(t *testing.T) {
 	srv := etcdtest.Shared(t)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 3)))
-	waitFor(t, 10*time.Second, "orders' map", func() bool { m := storedMap(t, cli, "orders"); return m != nil && m.Total == 3 })
+	etcdtest.Eventually(t, 10*time.Second, "orders' map", func() bool { m := etcdtest.StoredMap(cli, "orders"); return m != nil && m.Total == 3 })
 	a.SetJobs(jobs(t, "jobs:\n"+job("orders", 4)))
-	waitFor(t, 10*time.Second, "the edit's audit entry", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the edit's audit entry", func() bool {
 		es, _ := admin.New(cli, keys).Audit(ctx, admin.AuditFilter{Job: "orders"})
 		return len(es) == 1 && es[0].Action == "definition" && es[0].Actor == "instance:a" && strings.Contains(es[0].Message, "edited on this host")
 	})
@@ -311,7 +311,7 @@ func reviewV(t *testing.T, n int, extra ...string) []*config.Job {
 
 func waitRegistered(t *testing.T, n *testNode) {
 	t.Helper()
-	waitFor(t, 10*time.Second, n.ID()+" registered", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, n.ID()+" registered", func() bool {
 		v, ok := n.View("orders")
 		return ok && v.Generation > 0 && n.Up()
 	})

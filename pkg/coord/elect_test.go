@@ -38,9 +38,9 @@ func TestLeavingCandidateDoesNotBlockTheElection(t *testing.T) {
 			return err == nil && r.Count == int64(n)
 		}
 	}
-	waitFor(t, 5*time.Second, "a's candidate key", candidates(2))
+	etcdtest.Eventually(t, 5*time.Second, "a's candidate key", candidates(2))
 	c := startNode(t, srv, "c", js)
-	waitFor(t, 5*time.Second, "c's candidate key", candidates(3))
+	etcdtest.Eventually(t, 5*time.Second, "c's candidate key", candidates(3))
 	if err := a.Leave(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -50,12 +50,12 @@ func TestLeavingCandidateDoesNotBlockTheElection(t *testing.T) {
 	start := time.Now()
 	for time.Since(start) < d {
 		if agreed(t, cli, "orders", map[string][]int{"c": {0, 1, 2, 3}}, c) {
-			t.Logf("c owns every item %s after the old leader resigned; leader %s", time.Since(start), leaderOf(t, cli, "orders"))
+			t.Logf("c owns every item %s after the old leader resigned; leader %s", time.Since(start), etcdtest.LeaderOf(cli, "orders"))
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Errorf("no map for c %s after the old leader resigned; oldest candidate %q, a leading=%v", d, leaderOf(t, cli, "orders"), func() bool { v, _ := a.View("orders"); return v.Leading }())
+	t.Errorf("no map for c %s after the old leader resigned; oldest candidate %q, a leading=%v", d, etcdtest.LeaderOf(cli, "orders"), func() bool { v, _ := a.View("orders"); return v.Leading }())
 }
 
 // A session lost while etcd stays unreachable: the instance goes on
@@ -74,8 +74,8 @@ func TestReconnectDoesNotWaitForAStuckCampaign(t *testing.T) {
 	}
 	waiting.proxy.Blackhole()
 	defer waiting.proxy.Restore()
-	waitFor(t, 3*testTTL, "the fence", func() bool { return !waiting.Up() })
-	waitFor(t, 3*testTTL, "a reconnect attempt while etcd is still unreachable", func() bool {
+	etcdtest.Eventually(t, 3*testTTL, "the fence", func() bool { return !waiting.Up() })
+	etcdtest.Eventually(t, 3*testTTL, "a reconnect attempt while etcd is still unreachable", func() bool {
 		return strings.Contains(waiting.log.String(), "session ended; reconnecting")
 	})
 }

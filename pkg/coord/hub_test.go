@@ -94,7 +94,7 @@ func TestHubRoutesByJobAndPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	put("/hubtest/instances/i1") // outside the jobs keyspace
-	waitFor(t, 5*time.Second, "a's events", func() bool { k, _, _ := membersA.snapshot(); return len(k) == 2 })
+	etcdtest.Eventually(t, 5*time.Second, "a's events", func() bool { k, _, _ := membersA.snapshot(); return len(k) == 2 })
 
 	keysA, revsA, _ := shardsA.snapshot()
 	if want := []string{keys.Shards("a"), keys.Shards("a")}; fmt.Sprint(keysA) != fmt.Sprint(want) {
@@ -110,7 +110,7 @@ func TestHubRoutesByJobAndPrefix(t *testing.T) {
 	cancelA()
 	put(keys.Shards("a"))
 	put(keys.Shards("b"))
-	waitFor(t, 5*time.Second, "b's second event", func() bool { k, _, _ := shardsB.snapshot(); return len(k) == 2 })
+	etcdtest.Eventually(t, 5*time.Second, "b's second event", func() bool { k, _, _ := shardsB.snapshot(); return len(k) == 2 })
 	if k, _, _ := shardsA.snapshot(); len(k) != 2 {
 		t.Errorf("a cancelled subscription still got events: %v", k)
 	}
@@ -145,12 +145,12 @@ func TestHubResyncsAfterCompaction(t *testing.T) {
 	go func() { defer close(done); h.runFrom(hctx, first.Header.Revision-1) }()
 	defer func() { cancel(); <-done }()
 
-	waitFor(t, 10*time.Second, "a resync", func() bool { _, _, n := r.snapshot(); return n == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "a resync", func() bool { _, _, n := r.snapshot(); return n == 1 })
 	resp, err := cli.Put(ctx, keys.Shards("a"), "3")
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "the event after the resync", func() bool { k, _, _ := r.snapshot(); return len(k) == 1 })
+	etcdtest.Eventually(t, 5*time.Second, "the event after the resync", func() bool { k, _, _ := r.snapshot(); return len(k) == 1 })
 	if _, revs, _ := r.snapshot(); revs[0] != resp.Header.Revision {
 		t.Errorf("delivered revision %d, want %d (the put after the resync)", revs[0], resp.Header.Revision)
 	}
@@ -210,13 +210,13 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 			return true
 		}
 	}
-	waitFor(t, 30*time.Second, "every job's map", mapsOf("first"))
+	etcdtest.Eventually(t, 30*time.Second, "every job's map", mapsOf("first"))
 	// Leader of every job, map watcher of every job: still one watcher.
 	if got := watchers(t, srv) - before; got > 2 {
 		t.Errorf("etcd has %d watchers for one instance with %d jobs; want at most 2 (the jobs watch, the instances watch)", got, count)
 	}
 	startNode(t, srv, "second", jobs(t, yaml.String()))
-	waitFor(t, 30*time.Second, "every job's map of both", mapsOf("first", "second"))
+	etcdtest.Eventually(t, 30*time.Second, "every job's map of both", mapsOf("first", "second"))
 	if got := watchers(t, srv) - before; got > 4 {
 		t.Errorf("etcd has %d watchers for two instances with %d jobs, one waiting to lead each; want at most 4", got, count)
 	}
@@ -226,19 +226,19 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	// scheduler's loop, the membership log, the etcd checks (rewind.go) and
 	// the session's keepalive; and this test's own two.
 	var inCoord int
-	waitFor(t, 10*time.Second, "the nodes' goroutines to settle", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the nodes' goroutines to settle", func() bool {
 		inCoord = stacks.Count("shardd/pkg/coord.")
 		return inCoord <= 2*6+2
 	})
 	t.Logf("goroutines in coord for 2 nodes with %d jobs each: %d", count, inCoord)
 	led := map[string]int{}
 	for i := range count {
-		led[leaderOf(t, cli, fmt.Sprintf("j%02d", i))]++
+		led[etcdtest.LeaderOf(cli, fmt.Sprintf("j%02d", i))]++
 	}
 	if led["first"] == 0 || led["first"]+led["second"] != count {
 		t.Fatalf("leaders of the %d jobs: %v; want first to lead some, and every job led", count, led)
 	}
 	first.stop(t)
-	waitFor(t, 30*time.Second, "the waiting candidate to lead every job and drop the first", mapsOf("second"))
+	etcdtest.Eventually(t, 30*time.Second, "the waiting candidate to lead every job and drop the first", mapsOf("second"))
 
 }

@@ -19,7 +19,7 @@ func TestRefusedClaimDoesNotStallCachedReads(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Shared(t)
 	n := startNode(t, srv, "a", jobs(t, "jobs:\n"+job("orders", 2)+job("other", 2)))
-	waitFor(t, 10*time.Second, "a's membership", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "a's membership", func() bool {
 		s, m := n.sessionFor("orders")
 		_, m2 := n.sessionFor("other")
 		return s != nil && m != 0 && m2 != 0

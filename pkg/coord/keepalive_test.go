@@ -30,7 +30,7 @@ func TestOneSlowKeepaliveDoesNotFence(t *testing.T) {
 	}
 	defer s.close(false)
 	d0 := s.Deadline()
-	waitFor(t, 5*time.Second, "a keepalive", func() bool { return s.Deadline().After(d0) })
+	etcdtest.Eventually(t, 5*time.Second, "a keepalive", func() bool { return s.Deadline().After(d0) })
 	acked := s.Deadline() // = sent + 2.4s
 	sent := acked.Add(-(ttl - fenceMargin(ttl)))
 	time.Sleep(time.Until(sent.Add(900 * time.Millisecond)))

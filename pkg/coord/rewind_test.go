@@ -45,7 +45,7 @@ func historyNode(t *testing.T, srv *etcdtest.Server, id string) (*Node, *logBuff
 			t.Logf("log of %s:\n%s", id, lb.String())
 		}
 	})
-	waitFor(t, 10*time.Second, id+"'s membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	etcdtest.Eventually(t, 10*time.Second, id+"'s membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
 	return n, lb
 }
 
@@ -99,8 +99,8 @@ func TestEtcdGoneBackIsRecoveredFrom(t *testing.T) {
 			before, _ := readRecord(t, cli, n.keys.Item("orders", 0))
 
 			tc.back(srv, backup)
-			waitFor(t, 20*time.Second, "the rewind to be seen", func() bool { return n.Rewound() != nil || strings.Contains(lb.String(), "etcd went back in time") })
-			waitFor(t, 30*time.Second, "recovery", func() bool { return n.Rewound() == nil && n.Up() })
+			etcdtest.Eventually(t, 20*time.Second, "the rewind to be seen", func() bool { return n.Rewound() != nil || strings.Contains(lb.String(), "etcd went back in time") })
+			etcdtest.Eventually(t, 30*time.Second, "recovery", func() bool { return n.Rewound() == nil && n.Up() })
 
 			rec, rev := readRecord(t, cli, n.keys.Item("orders", 0))
 			if rec.Seq != before.Seq || rec.Fence != last || rec.State != keyspace.StateDone || !rec.Fire.Equal(before.Fire) {
@@ -150,7 +150,7 @@ func TestRewoundHistoryRefusesAnswers(t *testing.T) {
 	}
 	srv.Restore(backup)
 	var first error
-	waitFor(t, 10*time.Second, "an answer", func() bool { _, first = cli.Get(ctx, "k"); return !isUnavailable(first) })
+	etcdtest.Eventually(t, 10*time.Second, "an answer", func() bool { _, first = cli.Get(ctx, "k"); return !isUnavailable(first) })
 	var rw *RewindError
 	if !errors.As(first, &rw) || rw.Got >= rw.Seen {
 		t.Fatalf("first answer after the restore: %v; want a RewindError with a lower revision", first)
@@ -303,7 +303,7 @@ func startRewindNode(t *testing.T, srv *etcdtest.Server, id string, ttl time.Dur
 			t.Logf("log of %s:\n%s", id, lb.String())
 		}
 	})
-	waitFor(t, 20*time.Second, id+"'s membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
+	etcdtest.Eventually(t, 20*time.Second, id+"'s membership", func() bool { s, m := n.sessionFor("orders"); return s != nil && m != 0 })
 	return rn
 }
 
@@ -314,7 +314,7 @@ func claimItem(t *testing.T, n *Node, item int, fire time.Time, source string, a
 	ctx := context.Background()
 	var g *Grant
 	var last error
-	waitFor(t, 20*time.Second, fmt.Sprintf("%s's claim of item %d at %s", n.ID(), item, fire.Format(time.TimeOnly)), func() bool {
+	etcdtest.Eventually(t, 20*time.Second, fmt.Sprintf("%s's claim of item %d at %s", n.ID(), item, fire.Format(time.TimeOnly)), func() bool {
 		v, ok := n.View("orders")
 		if !ok || v.Map == nil {
 			return false
@@ -356,7 +356,7 @@ func knownModRevision(n *Node, item int) int64 {
 // waitRewindSeen pokes n with linearizable reads until it has seen the rewind.
 func waitRewindSeen(t *testing.T, n *rewindNode) {
 	t.Helper()
-	waitFor(t, 20*time.Second, n.ID()+" to see the rewind", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, n.ID()+" to see the rewind", func() bool {
 		n.ReadItem(context.Background(), "orders", 0)
 		return n.Rewound() != nil || strings.Contains(n.log.String(), "etcd went back in time")
 	})
@@ -407,7 +407,7 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a to know b's record of item 1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
+	etcdtest.Eventually(t, 10*time.Second, "a to know b's record of item 1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
 	t.Logf("a's highest revision seen %d; b's fence of item 1 %d", h, gb.Fence)
 	b.proxy.Blackhole()
 	// a's highest revision counts what its watch delivered (b's record):
@@ -416,7 +416,7 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 
 	srv.Restore(backup)
 	waitRewindSeen(t, a)
-	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	etcdtest.Eventually(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
 
 	rec, _ := readRecord(t, cli, a.keys.Item("orders", 1))
 	if rec.Fence != gb.Fence {
@@ -474,15 +474,15 @@ func TestInstanceWithWatchAheadLearnsOfAnotherInstancesRewind(t *testing.T) {
 	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a to know b's claim of item 1", func() bool { return knownModRevision(a.Node, 1) >= gb.Fence })
+	etcdtest.Eventually(t, 10*time.Second, "a to know b's claim of item 1", func() bool { return knownModRevision(a.Node, 1) >= gb.Fence })
 	end := a.hist.Highest() + 1500
 	fillRevisions(t, cli, keyspace.NewKeys("").Jobs()+"reports/k", 1500)
-	waitFor(t, 10*time.Second, "b's watch to deliver the other jobs' writes", func() bool { return b.hub.deliveredRev() >= end })
+	etcdtest.Eventually(t, 10*time.Second, "b's watch to deliver the other jobs' writes", func() bool { return b.hub.deliveredRev() >= end })
 	t.Logf("a's highest revision seen %d, b's %d; b's watch at %d", a.hist.Highest(), b.hist.Highest(), b.hub.deliveredRev())
 
 	srv.Restore(backup)
 	waitRewindSeen(t, a)
-	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	etcdtest.Eventually(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
 	b.ReadItem(ctx, "orders", 1) // b reads etcd: not even that shows it
 	select {
 	case <-gb.Ctx.Done():
@@ -526,13 +526,13 @@ func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
 	backup := srv.Backup()
 	t1 := base.Add(time.Minute)
 	g = claimItem(t, a.Node, 0, t1, keyspace.SourceNormal, 1)
-	waitFor(t, 10*time.Second, "a to know its claim's record", func() bool { return knownModRevision(a.Node, 0) >= g.Fence })
+	etcdtest.Eventually(t, 10*time.Second, "a to know its claim's record", func() bool { return knownModRevision(a.Node, 0) >= g.Fence })
 
 	srv.Restore(backup)
 	cctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	err := a.Complete(cctx, g, Outcome{State: keyspace.StateDone, Start: t1, End: t1.Add(time.Second)})
-	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	etcdtest.Eventually(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
 	rec, _ := readRecord(t, cli, a.keys.Item("orders", 0))
 	if err != nil || rec.State != keyspace.StateDone || !rec.Fire.Equal(t1) {
 		t.Errorf("the run of t1 ended DONE after the restore; Complete: %v; item 0's record after the recovery: %s fire %s attempt %d (want DONE, fire %s): failover runs it again",
@@ -641,7 +641,7 @@ func TestRewindWriteBackNeverPutsBackAnOlderFire(t *testing.T) {
 	backup := srv.Backup()
 	run(a.Node, base.Add(time.Minute))
 	run(a.Node, base.Add(2*time.Minute))
-	waitFor(t, 10*time.Second, "a to know its record of t2", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "a to know its record of t2", func() bool {
 		kv := a.knownRecords("orders")[0]
 		return kv != nil && strings.Contains(string(kv.Value), `"seq":2`)
 	})
@@ -662,7 +662,7 @@ func TestRewindWriteBackNeverPutsBackAnOlderFire(t *testing.T) {
 
 	a.proxy.Restore()
 	waitRewindSeen(t, a)
-	waitFor(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	etcdtest.Eventually(t, 60*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
 	rec, _ := readRecord(t, cli, a.keys.Item("orders", 0))
 	if rec.Watermark().Before(t5) {
 		t.Errorf("item 0's record after a's recovery is seq %d fire %s %s by %s: its watermark went back from %s (c's run after the restore), which runs again",
@@ -697,12 +697,12 @@ func TestClaimsGoOnAfterRestoreWithBumpedRevision(t *testing.T) {
 		t.Fatal(err)
 	}
 	snap := srv.Snapshot()
-	before := storedMap(t, cli, "orders")
+	before := etcdtest.StoredMap(cli, "orders")
 
 	b := startRewindNode(t, srv, "b", testTTL, yaml)
-	waitFor(t, 10*time.Second, "b to own an item", func() bool { v, _ := b.View("orders"); return len(v.Map.ItemsOf("b")) > 0 })
+	etcdtest.Eventually(t, 10*time.Second, "b to own an item", func() bool { v, _ := b.View("orders"); return len(v.Map.ItemsOf("b")) > 0 })
 	b.stop()
-	waitFor(t, 10*time.Second, "a to own both items again", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "a to own both items again", func() bool {
 		v, _ := a.View("orders")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 2 && v.Map.Epoch > before.Epoch
 	})
@@ -726,7 +726,7 @@ func TestClaimsGoOnAfterRestoreWithBumpedRevision(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	v, _ = a.View("orders")
-	now := storedMap(t, cli, "orders")
+	now := etcdtest.StoredMap(cli, "orders")
 	t.Errorf("no claim of item 0 won in 30 s after the restore (last: %v); a's view: map epoch %d; etcd's map: epoch %d; a rewound: %v",
 		last, v.Map.Epoch, now.Epoch, a.Rewound())
 }
@@ -770,7 +770,7 @@ func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
 	if err := b.Complete(ctx, gb, Outcome{State: keyspace.StateDone, Start: t1, End: t1}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a to know b's record of t1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
+	etcdtest.Eventually(t, 10*time.Second, "a to know b's record of t1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
 	t.Logf("a's highest revision seen %d; b's fence of t1 %d; a's watch at %d", a.hist.Highest(), gb.Fence, a.hub.deliveredRev())
 	b.proxy.Blackhole()
 

@@ -74,7 +74,7 @@ func TestDeleteTriggerComparesWhatEtcdSaysNow(t *testing.T) {
 	}
 
 	t3 := put("t3")
-	waitFor(t, 10*time.Second, "the job's registered definition", func() bool { v, _ := n.View("j"); return v.Generation != 0 })
+	etcdtest.Eventually(t, 10*time.Second, "the job's registered definition", func() bool { v, _ := n.View("j"); return v.Generation != 0 })
 	v, _ := n.View("j")
 	if del(t3, TriggerGuard{Definition: v.Generation + 1}) {
 		t.Fatal("deleted under a definition generation etcd does not have")
@@ -115,7 +115,7 @@ func TestOnTriggerDeliversPutsAndDeletions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "both events", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	etcdtest.Eventually(t, 10*time.Second, "both events", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
 	put, gone := got[0], got[1]
 	if put.ID != "u1" || put.Trigger == nil || put.Trigger.ID != "u1" || put.Trigger.By != "me" || put.Trigger.Rev != p.Header.Revision || put.Rev != p.Header.Revision {
 		t.Errorf("put event %+v (trigger %+v), want u1 at %d", put, put.Trigger, p.Header.Revision)

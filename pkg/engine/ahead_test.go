@@ -57,7 +57,7 @@ func TestClaimsAheadOfTheFire(t *testing.T) {
     script: 'echo "$(date +%s%N) $SHARDD_FIRE_TIME" >> ` + dir + `/began-$SHARDD_ITEM'
 `
 	instance(t, srv, "a", yaml, func(o *Options) { o.Logger = slog.New(logs) })
-	waitFor(t, 30*time.Second, "8 runs, one claimed ahead", func() bool {
+	etcdtest.Eventually(t, 30*time.Second, "8 runs, one claimed ahead", func() bool {
 		logs.mu.Lock()
 		defer logs.mu.Unlock()
 		return logs.ahead > 0 && logs.ahead+logs.onTime >= 8

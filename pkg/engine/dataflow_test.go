@@ -44,9 +44,9 @@ func TestStreamingRunDrainsAQueue(t *testing.T) {
 		queue.WriteString("record-" + strconv.Itoa(i) + "\n")
 	}
 	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
-	node := instance(t, srv, "a", "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: "+yamlQuote(drainScript(dir, "0"))+"\n")
+	node := instance(t, srv, "a", "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: "+etcdtest.YAMLQuote(drainScript(dir, "0"))+"\n")
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
@@ -54,7 +54,7 @@ func TestStreamingRunDrainsAQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rec *keyspace.ItemRecord
-	waitFor(t, 20*time.Second, "the streaming run to end", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the streaming run to end", func() bool {
 		st, err := node.ReadItem(ctx, "drain", 0)
 		rec = st.Record
 		return err == nil && rec != nil && rec.State == keyspace.StateDone
@@ -94,20 +94,20 @@ func TestStreamingStopsWhenTheMapChanges(t *testing.T) {
 		queue.WriteString("record-" + strconv.Itoa(i) + "\n")
 	}
 	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
-	yaml := "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: " + yamlQuote(drainScript(dir, "0.4")) + "\n"
+	yaml := "jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: " + etcdtest.YAMLQuote(drainScript(dir, "0.4")) + "\n"
 	node := instance(t, srv, "b", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 10*time.Second, "b's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "b's map", func() bool {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("b")) == 1
 	})
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "two iterations", func() bool { return len(lines(filepath.Join(dir, "done"))) >= 6 })
+	etcdtest.Eventually(t, 10*time.Second, "two iterations", func() bool { return len(lines(filepath.Join(dir, "done"))) >= 6 })
 	instance(t, srv, "a", yaml) // joins: the new map gives it item 0
 	var first *keyspace.ItemRecord
-	waitFor(t, 20*time.Second, "the streaming run to stop", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the streaming run to stop", func() bool {
 		st, err := node.ReadItem(ctx, "drain", 0)
 		first = st.Record
 		return err == nil && first != nil && first.State == keyspace.StateDone
@@ -151,7 +151,7 @@ func TestStreamingStopsAtShutdown(t *testing.T) {
 		queue.WriteString("record-" + strconv.Itoa(i) + "\n")
 	}
 	os.WriteFile(filepath.Join(dir, "queue"), []byte(queue.String()), 0o644)
-	c, err := config.Parse("jobs.yaml", []byte("jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: "+yamlQuote(drainScript(dir, "0.5"))+"\n"))
+	c, err := config.Parse("jobs.yaml", []byte("jobs:\n  - name: drain\n    dataflow: {streaming: true}\n    script: "+etcdtest.YAMLQuote(drainScript(dir, "0.5"))+"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,14 +169,14 @@ func TestStreamingStopsAtShutdown(t *testing.T) {
 	defer func() { ecancel(); <-engDone; ncancel(); <-nodeDone }()
 
 	ctx := context.Background()
-	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("drain")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
 	if _, err := admin.New(srv.Client(), keyspace.NewKeys("")).Trigger(ctx, admin.TriggerRequest{Job: "drain"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the second iteration", func() bool { return len(lines(filepath.Join(dir, "done"))) > 3 })
+	etcdtest.Eventually(t, 20*time.Second, "the second iteration", func() bool { return len(lines(filepath.Join(dir, "done"))) > 3 })
 	stopped := time.Now()
 	ecancel()
 	select {

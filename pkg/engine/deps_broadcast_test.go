@@ -34,12 +34,12 @@ func TestDepsBroadcastRejoin(t *testing.T) {
 	instance(t, srv, "b", yaml)
 	_, stopC := startInstance(t, srv.Client(), "c", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 20*time.Second, "3 members and the children index", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "3 members and the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 3
 	})
 	// c runs at least one fire (item 2 gets a record), then leaves.
-	waitFor(t, 20*time.Second, "c to run a parent item", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "c to run a parent item", func() bool {
 		for _, l := range lines(filepath.Join(dir, "parent")) {
 			if strings.Contains(l, "_c_") {
 				return true
@@ -49,7 +49,7 @@ func TestDepsBroadcastRejoin(t *testing.T) {
 	})
 	time.Sleep(500 * time.Millisecond)
 	stopC()
-	waitFor(t, 20*time.Second, "the map to shrink to 2", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "the map to shrink to 2", func() bool {
 		v, _ := a.View("parent")
 		return v.Map != nil && v.Map.Total == 2
 	})

@@ -82,7 +82,7 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 			var stopX func()
 			x, sx := startInstance(t, srv.Client(), "x", yaml, wrapDying("parent", &stopX))
 			stopX = sx
-			waitFor(t, 15*time.Second, "x's view of parent's children and maps", func() bool {
+			etcdtest.Eventually(t, 15*time.Second, "x's view of parent's children and maps", func() bool {
 				v, _ := x.View("parent")
 				cv, _ := x.View("child")
 				return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.Instances) == 1 && cv.Map != nil
@@ -91,11 +91,11 @@ func TestDepsPerFireUnnotedOutcome(t *testing.T) {
 			if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 15*time.Second, "x to run the parent's item", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 1 })
+			etcdtest.Eventually(t, 15*time.Second, "x to run the parent's item", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 1 })
 			end := time.Now()
 			// x is gone; b takes its place.
 			b := instance(t, srv, "b", yaml)
-			waitFor(t, 15*time.Second, "b alone in the parent's map", func() bool {
+			etcdtest.Eventually(t, 15*time.Second, "b alone in the parent's map", func() bool {
 				v, _ := b.View("parent")
 				cv, _ := b.View("child")
 				return v.Map != nil && len(v.Map.Instances) == 1 && v.Map.Instances[0] == "b" && len(v.Children["child"].Parents) == 1 && cv.Map != nil && len(cv.Map.Instances) == 1
@@ -145,7 +145,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 	p := instance(t, srv, "p", yaml)
 	c, stopC := startInstance(t, srv.Client("http://"+proxy.Addr()), "z", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "views", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "views", func() bool {
 		v, _ := p.View("parent")
 		cv, _ := c.View("child")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("p")) == 1 && cv.Map != nil && len(cv.Map.ItemsOf("z")) == 1
@@ -158,7 +158,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the upstream trigger in etcd", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the upstream trigger in etcd", func() bool {
 		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 1
 	})
@@ -188,7 +188,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the child to run for parent fire 2", func() bool { return childRuns() >= 1 })
+	etcdtest.Eventually(t, 15*time.Second, "the child to run for parent fire 2", func() bool { return childRuns() >= 1 })
 	// Restart the child's instance: it reads the waiting triggers.
 	stopC()
 	instance(t, srv, "z", yaml)
@@ -220,7 +220,7 @@ func TestDepsTotalShrinkMidFire(t *testing.T) {
 	}
 	a := instance(t, srv, "a", def(4))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "the children index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 4
 	})
@@ -230,7 +230,7 @@ func TestDepsTotalShrinkMidFire(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	// An operator deploys the job with 2 items on a new host.
 	instance(t, srv, "e", def(2))
-	waitFor(t, 15*time.Second, "all 4 parent items to end", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 4 })
+	etcdtest.Eventually(t, 15*time.Second, "all 4 parent items to end", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 4 })
 	time.Sleep(3 * time.Second)
 	parent := lines(filepath.Join(dir, "parent"))
 	child := lines(filepath.Join(dir, "child"))
@@ -271,14 +271,14 @@ func TestDepsBroadcastMemberDies(t *testing.T) {
 	instance(t, srv, "b", yaml)
 	_, stopX := startInstance(t, srv.Client(), "x", yaml, func(o *Options) { o.ShutdownGrace = 100 * time.Millisecond })
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "3 members and the children index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "3 members and the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 3
 	})
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the 3 parent items to start", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
+	etcdtest.Eventually(t, 10*time.Second, "the 3 parent items to start", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
 	stopX() // x goes down mid-fire: its item is killed (failover: false)
 	time.Sleep(8 * time.Second)
 	recs := childRecords(t, a, "parent")
@@ -316,7 +316,7 @@ func TestDepsTwoParentsAtOnce(t *testing.T) {
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "maps", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "maps", func() bool {
 		va, _ := a.View("pa")
 		vb, _ := a.View("pb")
 		return len(va.Children["both"].Parents) == 2 && len(vb.Children["both"].Parents) == 2 && va.Map != nil && len(va.Map.ItemsOf("a")) == 1 && vb.Map != nil && len(vb.Map.ItemsOf("b")) == 1

@@ -46,7 +46,7 @@ func TestDepsLostCompletingReply(t *testing.T) {
 	cli := srv.ClientWith([]grpc.DialOption{grpc.WithUnaryInterceptor(icpt)})
 	a, _ := startInstance(t, cli, "a", depsJobs(dir))
 	keys, ctx := keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "index", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && c.Map != nil

@@ -38,7 +38,7 @@ func TestDepsManyChildren(t *testing.T) {
 	}
 	a := instance(t, srv, "a", b.String())
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 60*time.Second, "the children index", func() bool {
+	etcdtest.Eventually(t, 60*time.Second, "the children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children) == kids && v.Map != nil
 	})
@@ -80,7 +80,7 @@ func TestDepsDependsOnEditWithAStaleIndex(t *testing.T) {
 	}
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a, stopA := startInstance(t, srv.Client(), "a", def("p1"))
-	waitFor(t, 15*time.Second, "p1's children index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "p1's children index", func() bool {
 		v, _ := a.View("p1")
 		return len(v.Children["child"].Parents) == 1
 	})
@@ -93,7 +93,7 @@ func TestDepsDependsOnEditWithAStaleIndex(t *testing.T) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	b, _ := startInstance(t, srv.ClientWith([]grpc.DialOption{grpc.WithUnaryInterceptor(icpt)}), "b", def("p2"))
-	waitFor(t, 15*time.Second, "b's view: child depends on p2, p2's index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "b's view: child depends on p2, p2's index", func() bool {
 		v, _ := b.View("child")
 		p2, _ := b.View("p2")
 		c, _ := b.View("child")

@@ -31,11 +31,11 @@ func TestDepsNewChildSkipsOlderParentFires(t *testing.T) {
 `
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	a, stopA := startInstance(t, srv.Client(), "a", parentOnly)
-	waitFor(t, 15*time.Second, "parent map", func() bool { v, _ := a.View("parent"); return v.Map != nil })
+	etcdtest.Eventually(t, 15*time.Second, "parent map", func() bool { v, _ := a.View("parent"); return v.Map != nil })
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the parent's fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 2 })
+	etcdtest.Eventually(t, 15*time.Second, "the parent's fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 2 })
 	time.Sleep(3 * time.Second)
 	stopA()
 	deployed := time.Now()

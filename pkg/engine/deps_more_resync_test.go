@@ -54,7 +54,7 @@ func TestDepsResyncDuringLoadTriggers(t *testing.T) {
 		return err
 	}
 	p := instance(t, srv, "p", yaml)
-	waitFor(t, 15*time.Second, "p's views", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "p's views", func() bool {
 		v, _ := p.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("p")) == 1
 	})
@@ -71,7 +71,7 @@ func TestDepsResyncDuringLoadTriggers(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "upstream trigger 1", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "upstream trigger 1", func() bool {
 		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 1
 	})

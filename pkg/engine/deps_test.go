@@ -54,7 +54,7 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "the parent's children index and both maps", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the parent's children index and both maps", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.Instances) == 2 && c.Map != nil && len(c.Map.Instances) == 2
@@ -80,7 +80,7 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 	childLines := func() []string { return lines(filepath.Join(dir, "child")) }
 
 	trigger(admin.TriggerRequest{})
-	waitFor(t, 15*time.Second, "the child's 2 items to run", func() bool { return len(childLines()) == 2 })
+	etcdtest.Eventually(t, 15*time.Second, "the child's 2 items to run", func() bool { return len(childLines()) == 2 })
 	for _, l := range childLines() {
 		if f := strings.Split(l, "_"); len(f) != 4 || f[1] != keyspace.SourceUpstream || f[2] != "parent" || f[3] == "" {
 			t.Errorf("child run %q: want item UPSTREAM parent <fire>", l)
@@ -92,11 +92,11 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 
 	// Not propagated: the parent runs, the child does not.
 	trigger(admin.TriggerRequest{NoPropagate: true})
-	waitFor(t, 15*time.Second, "the parent's second fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 6 })
+	etcdtest.Eventually(t, 15*time.Second, "the parent's second fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 6 })
 
 	// A failing item blocks the child for that fire, and the child says so.
 	trigger(admin.TriggerRequest{Param: "fail"})
-	waitFor(t, 15*time.Second, "the child's items to record the failed parent fire", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the child's items to record the failed parent fire", func() bool {
 		n := 0
 		for _, r := range childRecords(t, a, "child") {
 			if r.State == keyspace.StateSkipped && r.Reason == keyspace.SkipUpstreamFailed {
@@ -113,13 +113,13 @@ func TestChildRunsOncePerParentFire(t *testing.T) {
 
 	// One more good fire: one more child run per item, and no other.
 	trigger(admin.TriggerRequest{})
-	waitFor(t, 15*time.Second, "the child's items to run again", func() bool { return len(childLines()) == 4 })
+	etcdtest.Eventually(t, 15*time.Second, "the child's items to run again", func() bool { return len(childLines()) == 4 })
 	time.Sleep(2 * time.Second) // a second run of the child would show by now
 	if got := childLines(); len(got) != 4 {
 		t.Errorf("child ran %d times, want 4 (2 items x 2 successful propagated parent fires): %v", len(got), got)
 	}
 	// Served upstream triggers are deleted.
-	waitFor(t, 10*time.Second, "the child's served triggers to be deleted", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the child's served triggers to be deleted", func() bool {
 		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 0
 	})
@@ -135,20 +135,20 @@ func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
 	parentOnly := yaml[:strings.Index(yaml, "  - name: child")]
 	a := instance(t, srv, "a", parentOnly)
 	_, stopB := startInstance(t, srv.Client(), "b", yaml)
-	waitFor(t, 15*time.Second, "the parent's children index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the parent's children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1
 	})
 	stopB()
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "b to leave the parent", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "b to leave the parent", func() bool {
 		v, _ := a.View("parent")
 		return v.Map != nil && slices.Equal(v.Map.Instances, []string{"a"})
 	})
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the upstream trigger in etcd", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the upstream trigger in etcd", func() bool {
 		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 1
 	})
@@ -157,7 +157,7 @@ func TestUpstreamTriggerWaitsForTheChild(t *testing.T) {
 		t.Fatalf("the child ran %d times with no instance of it up", n)
 	}
 	instance(t, srv, "c", yaml)
-	waitFor(t, 20*time.Second, "the child's items to run on c", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
+	etcdtest.Eventually(t, 20*time.Second, "the child's items to run on c", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
 }
 
 // A child of two parents fires when each has a successful fire it has not
@@ -179,7 +179,7 @@ func TestChildOfTwoParents(t *testing.T) {
 `
 	a := instance(t, srv, "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "both parents' children index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "both parents' children index", func() bool {
 		va, _ := a.View("pa")
 		vb, _ := a.View("pb")
 		return len(va.Children["both"].Parents) == 2 && len(vb.Children["both"].Parents) == 2
@@ -191,7 +191,7 @@ func TestChildOfTwoParents(t *testing.T) {
 		if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: job}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, 15*time.Second, job+"'s fire to end", func() bool {
+		etcdtest.Eventually(t, 15*time.Second, job+"'s fire to end", func() bool {
 			n := 0
 			for _, r := range childRecords(t, a, job) {
 				if r.State == keyspace.StateDone {
@@ -232,20 +232,20 @@ func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
 	_, stopA := startInstance(t, srv.Client(), "a", yaml, func(o *Options) { o.forgetNotes = true })
 	b := instance(t, srv, "b", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "the parent's items on both instances", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the parent's items on both instances", func() bool {
 		v, _ := b.View("parent")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("a")) > 0 && len(v.Map.ItemsOf("b")) > 0
 	})
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the parent's 3 items to run", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
+	etcdtest.Eventually(t, 15*time.Second, "the parent's 3 items to run", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 3 })
 	time.Sleep(2 * time.Second)
 	if n := len(lines(filepath.Join(dir, "child"))); n != 0 {
 		t.Fatalf("the child ran %d times though a's outcomes were never noted", n)
 	}
 	stopA() // its items move to b, whose reconcile notes their records
-	waitFor(t, 20*time.Second, "the child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
+	etcdtest.Eventually(t, 20*time.Second, "the child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
 	time.Sleep(time.Second)
 	if n := len(lines(filepath.Join(dir, "child"))); n != 2 {
 		t.Errorf("the child ran %d times, want 2 (once per item)", n)
@@ -261,25 +261,25 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 	dir := t.TempDir()
 	a := instance(t, srv, "a", depsJobs(dir))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "the parent's children index", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the parent's children index", func() bool {
 		v, _ := a.View("parent")
 		return len(v.Children["child"].Parents) == 1
 	})
 	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "child", Item: -1}, true, false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the child disabled in a's view", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the child disabled in a's view", func() bool {
 		v, _ := a.View("child")
 		return v.Map != nil && v.Map.Disabled
 	})
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the parent's fire to complete (its lastsuccess is put with the child's trigger)", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the parent's fire to complete (its lastsuccess is put with the child's trigger)", func() bool {
 		resp, err := cli.Get(ctx, keys.LastSuccess("parent"))
 		return err == nil && len(resp.Kvs) == 1
 	})
-	waitFor(t, 10*time.Second, "the child's trigger to be dropped", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the child's trigger to be dropped", func() bool {
 		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 0
 	})
@@ -294,7 +294,7 @@ func TestDisabledChildDropsUpstreamTriggers(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "the enabled child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
+	etcdtest.Eventually(t, 15*time.Second, "the enabled child's 2 items to run", func() bool { return len(lines(filepath.Join(dir, "child"))) == 2 })
 }
 
 // `shardd trigger parent --fire <past fire>` says the children run after
@@ -316,7 +316,7 @@ func TestRerunOfAPastFireTriggersTheChildren(t *testing.T) {
 `
 	a := instance(t, srv, "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "the parent's children index and both maps", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the parent's children index and both maps", func() bool {
 		v, _ := a.View("parent")
 		c, _ := a.View("child")
 		return len(v.Children["child"].Parents) == 1 && v.Map != nil && c.Map != nil
@@ -329,8 +329,8 @@ func TestRerunOfAPastFireTriggersTheChildren(t *testing.T) {
 	if res.NoPropagate || !slices.Equal(res.Children, []string{"child"}) {
 		t.Fatalf("the trigger does not say the child runs after it: %+v", res)
 	}
-	waitFor(t, 15*time.Second, "the parent's 2 items to re-run the past fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 2 })
-	waitFor(t, 15*time.Second, "the child after the re-run", func() bool { return len(lines(filepath.Join(dir, "child"))) >= 1 })
+	etcdtest.Eventually(t, 15*time.Second, "the parent's 2 items to re-run the past fire", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 2 })
+	etcdtest.Eventually(t, 15*time.Second, "the child after the re-run", func() bool { return len(lines(filepath.Join(dir, "child"))) >= 1 })
 	if got := lines(filepath.Join(dir, "child")); !slices.Equal(got, []string{past.Format(time.RFC3339)}) {
 		t.Errorf("the child's runs got SHARDD_PARENT_FIRE %q, want once the re-run fire %s", got, past.Format(time.RFC3339))
 	}

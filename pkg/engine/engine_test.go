@@ -102,15 +102,6 @@ func startEngine(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...fu
 	return node, eng, stop
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for start := time.Now(); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Since(start) > timeout {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-	}
-}
-
 const ledgerLine = `echo "$1 $SHARDD_JOB $SHARDD_ITEM $SHARDD_FIRE_TIME $SHARDD_ATTEMPT $SHARDD_FENCE $SHARDD_INSTANCE $SHARDD_SOURCE $(date +%s%N) $SHARDD_SKIPPED" >> "$LEDGER"`
 
 // ledgerTo is ledgerLine appending to the ledger at path (no single quote
@@ -141,8 +132,8 @@ func TestMisfireCoalesces(t *testing.T) {
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 2.5; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end") + `'`
-	instance(t, srv, "a", "jobs:\n  - name: slow\n    cron: \"@every 1s\"\n    script: "+yamlQuote(script)+"\n")
-	waitFor(t, 20*time.Second, "three runs", func() bool {
+	instance(t, srv, "a", "jobs:\n  - name: slow\n    cron: \"@every 1s\"\n    script: "+etcdtest.YAMLQuote(script)+"\n")
+	etcdtest.Eventually(t, 20*time.Second, "three runs", func() bool {
 		n := 0
 		for _, ev := range events(t, path) {
 			if ev.Kind == "end" {
@@ -183,11 +174,6 @@ func TestMisfireCoalesces(t *testing.T) {
 	}
 }
 
-func yamlQuote(s string) string {
-	b, _ := json.Marshal(s)
-	return string(b)
-}
-
 func TestOnFailureAndListeners(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Shared(t)
@@ -210,13 +196,13 @@ func TestOnFailureAndListeners(t *testing.T) {
     onFailure:
       webhook: ` + hook.URL + `
       format: slack
-      command: ` + yamlQuote(`echo "$SHARDD_ITEM $SHARDD_EXIT_CODE" >> `+filepath.Join(dir, "failures")) + `
+      command: ` + etcdtest.YAMLQuote(`echo "$SHARDD_ITEM $SHARDD_EXIT_CODE" >> `+filepath.Join(dir, "failures")) + `
     listeners:
-      before: ` + yamlQuote(`echo "before $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
-      after: ` + yamlQuote(`echo "after $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
+      before: ` + etcdtest.YAMLQuote(`echo "before $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
+      after: ` + etcdtest.YAMLQuote(`echo "after $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
 `
 	instance(t, srv, "a", yaml)
-	waitFor(t, 15*time.Second, "a failure to be reported", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "a failure to be reported", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		b, _ := os.ReadFile(filepath.Join(dir, "failures"))
@@ -228,7 +214,7 @@ func TestOnFailureAndListeners(t *testing.T) {
 	if !strings.Contains(text, "job flaky item") || !strings.Contains(text, "failed on a") {
 		t.Errorf("slack text = %q", text)
 	}
-	waitFor(t, 5*time.Second, "listeners", func() bool {
+	etcdtest.Eventually(t, 5*time.Second, "listeners", func() bool {
 		b, _ := os.ReadFile(filepath.Join(dir, "listeners"))
 		return strings.Contains(string(b), "before 0,1\n") && strings.Contains(string(b), "after 0,1\n")
 	})
@@ -245,8 +231,8 @@ func TestMaxConcurrency(t *testing.T) {
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 0.2; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end") + `'`
-	instance(t, srv, "a", "jobs:\n  - name: one-at-a-time\n    cron: \"@every 2s\"\n    shardingTotalCount: 3\n    maxConcurrency: 1\n    script: "+yamlQuote(script)+"\n")
-	waitFor(t, 15*time.Second, "six runs", func() bool {
+	instance(t, srv, "a", "jobs:\n  - name: one-at-a-time\n    cron: \"@every 2s\"\n    shardingTotalCount: 3\n    maxConcurrency: 1\n    script: "+etcdtest.YAMLQuote(script)+"\n")
+	etcdtest.Eventually(t, 15*time.Second, "six runs", func() bool {
 		n := 0
 		for _, ev := range events(t, path) {
 			if ev.Kind == "end" {
@@ -300,7 +286,7 @@ func TestRuntimeRoutes(t *testing.T) {
 			srv := etcdtest.Shared(t)
 			path := filepath.Join(t.TempDir(), "ledger")
 			script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-			yaml := "jobs:\n  - name: routed\n    cron: \"@every 1s\"\n    strategy: " + tc.route + "\n    script: " + yamlQuote(script) + "\n"
+			yaml := "jobs:\n  - name: routed\n    cron: \"@every 1s\"\n    strategy: " + tc.route + "\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 			for _, id := range []string{"a", "b", "c"} {
 				instance(t, srv, id, yaml)
 			}
@@ -308,7 +294,7 @@ func TestRuntimeRoutes(t *testing.T) {
 				// "0" sorts first but never claims (as if stuck): its turn passes.
 				memberOnly(t, srv, "0", yaml)
 			}
-			waitFor(t, 20*time.Second, "eight fires", func() bool { return len(events(t, path)) >= 8 })
+			etcdtest.Eventually(t, 20*time.Second, "eight fires", func() bool { return len(events(t, path)) >= 8 })
 			evs := events(t, path)
 			fires := map[time.Time]int{}
 			on := map[string]int{}
@@ -353,7 +339,7 @@ func TestHTTPRetries(t *testing.T) {
 	defer hook.Close()
 	node := instance(t, srv, "a", "jobs:\n  - name: hooked\n    retries: 2\n    retryBackoff: 100ms\n    http: {url: '"+hook.URL+"'}\n")
 	cli := srv.Client()
-	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("hooked")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
@@ -361,7 +347,7 @@ func TestHTTPRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	var recs []keyspace.ItemRecord
-	waitFor(t, 10*time.Second, "the run to be recorded", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the run to be recorded", func() bool {
 		recs, _ = admin.New(cli, keyspace.NewKeys("")).Records(context.Background(), "hooked")
 		return len(recs) == 1
 	})

@@ -66,8 +66,8 @@ func TestFailedCompletionIsRetried(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger")
 	cli := srv.ClientWith([]grpc.DialOption{failCompletions(3)})
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-	node := instanceWith(t, cli, "a", everySecondJob+yamlQuote(script)+"\n")
-	waitFor(t, 15*time.Second, "first run", func() bool { return starts(path) >= 1 })
+	node := instanceWith(t, cli, "a", everySecondJob+etcdtest.YAMLQuote(script)+"\n")
+	etcdtest.Eventually(t, 15*time.Second, "first run", func() bool { return starts(path) >= 1 })
 	time.Sleep(6 * time.Second)
 	st, err := node.ReadItem(context.Background(), "j", 0)
 	if err != nil {
@@ -103,8 +103,8 @@ func TestLateAppliedClaimIsAdopted(t *testing.T) {
 	})
 	cli := srv.ClientWith([]grpc.DialOption{icpt})
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-	node := instanceWith(t, cli, "a", everySecondJob+yamlQuote(script)+"\n")
-	waitFor(t, 15*time.Second, "the delayed claim", func() bool { return once.Load() })
+	node := instanceWith(t, cli, "a", everySecondJob+etcdtest.YAMLQuote(script)+"\n")
+	etcdtest.Eventually(t, 15*time.Second, "the delayed claim", func() bool { return once.Load() })
 	time.Sleep(7 * time.Second)
 	st, err := node.ReadItem(context.Background(), "j", 0)
 	if err != nil {

@@ -26,19 +26,19 @@ func TestFireDuringFenceIsCaughtUp(t *testing.T) {
 	defer p.Close()
 	path := filepath.Join(t.TempDir(), "ledger")
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 5s\"\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 5s\"\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	node := instanceWith(t, srv.Client("http://"+p.Addr()), "a", yaml)
-	waitFor(t, 30*time.Second, "a first run", func() bool { return len(events(t, path)) >= 1 })
+	etcdtest.Eventually(t, 30*time.Second, "a first run", func() bool { return len(events(t, path)) >= 1 })
 	first := events(t, path)[0].Fire
 	// Wait until 0.5s after that fire, then cut a off for 4.5s: the next fire lands in the gap.
 	time.Sleep(time.Until(first.Add(500 * time.Millisecond)))
 	p.Blackhole()
-	waitFor(t, 5*time.Second, "a to fence", func() bool { return !node.Up() })
+	etcdtest.Eventually(t, 5*time.Second, "a to fence", func() bool { return !node.Up() })
 	time.Sleep(time.Until(first.Add(5 * time.Second)))
 	time.Sleep(time.Until(first.Add(5500 * time.Millisecond)))
 	p.Restore()
-	waitFor(t, 10*time.Second, "a up again", func() bool { return node.Up() })
-	waitFor(t, 30*time.Second, "a later run", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "a up again", func() bool { return node.Up() })
+	etcdtest.Eventually(t, 30*time.Second, "a later run", func() bool {
 		for _, ev := range events(t, path) {
 			if ev.Fire.After(first.Add(6 * time.Second)) {
 				return true

@@ -48,11 +48,11 @@ func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
 	dir := t.TempDir()
 	before := filepath.Join(dir, "before")
 	script := `echo "$SHARDD_ITEM $SHARDD_FENCE" >> ` + filepath.Join(dir, "starts") + `; sleep 3`
-	yaml := "jobs:\n  - name: grp\n    cron: '0/6 * * * * ?'\n    shardingTotalCount: 2\n    failover: true\n    script: " + yamlQuote(script) +
-		"\n    listeners:\n      before: " + yamlQuote("date +%s%N >> "+before+"; sleep 2") + "\n"
+	yaml := "jobs:\n  - name: grp\n    cron: '0/6 * * * * ?'\n    shardingTotalCount: 2\n    failover: true\n    script: " + etcdtest.YAMLQuote(script) +
+		"\n    listeners:\n      before: " + etcdtest.YAMLQuote("date +%s%N >> "+before+"; sleep 2") + "\n"
 	instance(t, srv, "a", yaml, func(o *Options) { o.Sweep = 200 * time.Millisecond })
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "the BEFORE listener of a fire", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the BEFORE listener of a fire", func() bool {
 		b, _ := os.ReadFile(before)
 		return len(b) > 0
 	})
@@ -99,7 +99,7 @@ func TestWaitKillFindsAKilledRunInTheHistory(t *testing.T) {
 			}
 			instance(t, srv, "a", "jobs:\n  - name: sec\n    cron: '* * * * * ?'\n    misfire: "+m+"\n    script: 'sleep 30'\n")
 			cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-			waitFor(t, 15*time.Second, "a run", func() bool {
+			etcdtest.Eventually(t, 15*time.Second, "a run", func() bool {
 				items, err := cli.Get(ctx, keys.RunningItem("sec", 0))
 				return err == nil && len(items.Kvs) == 1
 			})
@@ -140,22 +140,22 @@ func TestKillOfACutOffOwnerIsNotFailedOver(t *testing.T) {
 	defer p.Close()
 	starts := filepath.Join(t.TempDir(), "starts")
 	script := `echo "$SHARDD_SOURCE $SHARDD_FENCE" >> ` + starts + `; sleep 30`
-	node := instanceWith(t, srv.Client("http://"+p.Addr()), "a", "jobs:\n  - name: long\n    failover: true\n    script: "+yamlQuote(script)+"\n")
+	node := instanceWith(t, srv.Client("http://"+p.Addr()), "a", "jobs:\n  - name: long\n    failover: true\n    script: "+etcdtest.YAMLQuote(script)+"\n")
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 10*time.Second, "a's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "a's map", func() bool {
 		v, _ := node.View("long")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the run", func() bool { return len(lines(starts)) == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "the run", func() bool { return len(lines(starts)) == 1 })
 	p.Blackhole()
 	k, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "long", By: "token:alice"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a to fence", func() bool { return !node.Up() })
+	etcdtest.Eventually(t, 10*time.Second, "a to fence", func() bool { return !node.Up() })
 	time.Sleep(3 * time.Second) // the lease (TTL 2s) expires
 	p.Restore()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -186,12 +186,12 @@ func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
 		o.Sweep = 100 * time.Millisecond
 		o.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	}
-	yaml := "jobs:\n  - name: long\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: long\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	a := instance(t, srv, "a", yaml, clock)
 	b := instance(t, srv, "b", yaml, clock)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	var owner string
-	waitFor(t, 10*time.Second, "the map over a and b", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the map over a and b", func() bool {
 		v, _ := a.View("long")
 		if v.Map == nil || len(v.Map.Instances) != 2 {
 			return false
@@ -207,7 +207,7 @@ func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", Param: "T1", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "T1 to run", func() bool { return len(lines(starts)) == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "T1 to run", func() bool { return len(lines(starts)) == 1 })
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", Param: "T2", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
@@ -218,5 +218,5 @@ func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
 		t.Fatal(err)
 	}
 	// T1 ends (6 s); the other instance owns the item now and runs T2.
-	waitFor(t, 20*time.Second, "T2 to run on the item's new owner", func() bool { return len(lines(starts)) == 2 })
+	etcdtest.Eventually(t, 20*time.Second, "T2 to run on the item's new owner", func() bool { return len(lines(starts)) == 2 })
 }

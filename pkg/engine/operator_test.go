@@ -32,10 +32,10 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 	dir := t.TempDir()
 	starts, pidFile := filepath.Join(dir, "starts"), filepath.Join(dir, "pid")
 	script := `echo $SHARDD_FENCE >> ` + starts + `; echo $$ > ` + pidFile + `; sleep 30; echo done >> ` + starts
-	node := instance(t, srv, "a", "jobs:\n  - name: long\n    failover: true\n    script: "+yamlQuote(script)+"\n",
+	node := instance(t, srv, "a", "jobs:\n  - name: long\n    failover: true\n    script: "+etcdtest.YAMLQuote(script)+"\n",
 		func(o *Options) { o.Sweep = 100 * time.Millisecond })
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("long")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
@@ -45,7 +45,7 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "long", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the run to start", func() bool { return len(lines(pidFile)) == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "the run to start", func() bool { return len(lines(pidFile)) == 1 })
 	pid, _ := strconv.Atoi(lines(pidFile)[0])
 	if _, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: "long", Items: []int{3}, By: "token:alice"}); !errors.Is(err, admin.ErrBadTarget) {
 		t.Fatalf("kill of item 3 of a 1-item job: %v, want a bad target", err)
@@ -93,9 +93,9 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	t.Setenv("OUT", out)
 	// Daily at 03:00 UTC: no scheduled fire comes during the test.
 	script := `printf '%s|%s|%s|%s|%s\n' "$SHARDD_SOURCE" "$SHARDD_FIRE_TIME" "$SHARDD_FENCE" "$SHARDD_TRIGGER_PARAMETER" "$SHARDD_CONTEXT" >> "$OUT"`
-	node := instance(t, srv, "a", "jobs:\n  - name: daily\n    cron: '0 0 3 * * ?'\n    script: "+yamlQuote(script)+"\n")
+	node := instance(t, srv, "a", "jobs:\n  - name: daily\n    cron: '0 0 3 * * ?'\n    script: "+etcdtest.YAMLQuote(script)+"\n")
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 10*time.Second, "the item's record to begin", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the item's record to begin", func() bool {
 		st, err := node.ReadItem(ctx, "daily", 0)
 		return err == nil && st.Record != nil
 	})
@@ -140,7 +140,7 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "daily", Param: "second"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "both triggers to run", func() bool { return len(lines(out)) == 2 })
+	etcdtest.Eventually(t, 10*time.Second, "both triggers to run", func() bool { return len(lines(out)) == 2 })
 	b, _ := os.ReadFile(out)
 	runs := strings.Split(strings.TrimSpace(string(b)), "\n")
 	f0 := strings.SplitN(runs[0], "|", 5)
@@ -188,9 +188,9 @@ func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
 	flag := filepath.Join(t.TempDir(), "fail")
 	os.WriteFile(flag, nil, 0o644)
 	script := `if [ -e ` + flag + ` ]; then echo "upstream timeout: bank API 504" >&2; exit 3; fi; echo fine`
-	node := instance(t, srv, "a", "jobs:\n  - name: flaky\n    script: "+yamlQuote(script)+"\n")
+	node := instance(t, srv, "a", "jobs:\n  - name: flaky\n    script: "+etcdtest.YAMLQuote(script)+"\n")
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 10*time.Second, "the instance's map", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("flaky")
 		return v.Map != nil && len(v.Map.ItemsOf("a")) == 1
 	})
@@ -204,7 +204,7 @@ func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "flaky"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the failure", func() bool { r := runs(); return r.LastFailure != nil })
+	etcdtest.Eventually(t, 10*time.Second, "the failure", func() bool { r := runs(); return r.LastFailure != nil })
 	failure := *runs().LastFailure
 	if failure.State != keyspace.StateFailed || failure.ExitCode != 3 || !strings.Contains(failure.Output, "bank API 504") {
 		t.Errorf("last failure %+v", failure)
@@ -213,7 +213,7 @@ func TestLastFailureOutlivesALaterSuccess(t *testing.T) {
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "flaky"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the success", func() bool { return runs().Records[0].State == keyspace.StateDone })
+	etcdtest.Eventually(t, 10*time.Second, "the success", func() bool { return runs().Records[0].State == keyspace.StateDone })
 	if r := runs(); r.LastFailure == nil || r.LastFailure.Fence != failure.Fence {
 		t.Errorf("after a success, the last failure is %+v, want the failed run (fence %d)", r.LastFailure, failure.Fence)
 	}

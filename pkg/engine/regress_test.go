@@ -33,10 +33,10 @@ func TestRegressionBroadcastRunsEveryItem(t *testing.T) {
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: BROADCAST\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: BROADCAST\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	a := instance(t, srv, "a", yaml)
 	instance(t, srv, "b", yaml)
-	waitFor(t, 20*time.Second, "a map with two instances", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "a map with two instances", func() bool {
 		v, ok := a.View("j")
 		return ok && v.Map != nil && len(v.Map.Instances) == 2
 	})
@@ -89,7 +89,7 @@ func TestRegressionStaleReadAdoptsCompletedRun(t *testing.T) {
 	// item 1 ends at once (its end wakes the loop); item 0 runs 0.4s.
 	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.4; fi; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 3s\"\n    shardingTotalCount: 2\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 3s\"\n    shardingTotalCount: 2\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	h := &slowReads{delay: 700 * time.Millisecond}
 	instanceWith(t, srv.Client(), "a", yaml, func(o *Options) { h.Node = o.Node.(*coord.Node); o.Node = h })
 	time.Sleep(10 * time.Second)
@@ -122,7 +122,7 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger")
 	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 4; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 1h\"\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 1h\"\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -145,11 +145,11 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 	t.Cleanup(func() { cancel(); wg.Wait(); wd.Close() })
 
 	// Trigger a run now rather than waiting for the cron.
-	waitFor(t, 20*time.Second, "a map", func() bool { v, ok := node.View("j"); return ok && v.Map != nil && len(v.Map.Instances) == 1 })
+	etcdtest.Eventually(t, 20*time.Second, "a map", func() bool { v, ok := node.View("j"); return ok && v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := admin.New(srv.Client(), node.Keys()).Trigger(context.Background(), admin.TriggerRequest{Job: "j", By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "a first start", func() bool { return starts(path) >= 1 })
+	etcdtest.Eventually(t, 10*time.Second, "a first start", func() bool { return starts(path) >= 1 })
 	node.SetJobs(nil)
 	eng.Resync()
 	time.Sleep(300 * time.Millisecond)
@@ -183,7 +183,7 @@ func TestRegressionStaleReadAdoptsNaturally(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger")
 	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; sleep 0.$(( SHARDD_ITEM * 3 % 10 ))$(( SHARDD_ITEM % 10 )); ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 2s\"\n    shardingTotalCount: 32\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 2s\"\n    shardingTotalCount: 32\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	h := &slowReads{}
 	instanceWith(t, srv.Client(), "a", yaml, func(o *Options) { h.Node = o.Node.(*coord.Node); o.Node = h })
 	time.Sleep(12 * time.Second)
@@ -205,7 +205,7 @@ func TestRegressionStaleAdoptOverlapsOtherInstance(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger")
 	body := strings.ReplaceAll(ledgerTo(path), "$1", "start") + `; if [ "$SHARDD_ITEM" = 0 ]; then sleep 0.6; fi; ` + strings.ReplaceAll(ledgerTo(path), "$1", "end")
 	script := `sh -c '` + body + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: ROUND\n    shardingTotalCount: 2\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: ROUND\n    shardingTotalCount: 2\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	for _, id := range []string{"a", "b"} {
 		h := &slowReads{delay: 700 * time.Millisecond}
 		instanceWith(t, srv.Client(), id, yaml, func(o *Options) { h.Node = o.Node.(*coord.Node); o.Node = h })

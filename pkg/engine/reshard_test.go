@@ -44,7 +44,7 @@ func TestClaimLostToUnchangedReshardIsRetried(t *testing.T) {
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 4s\"\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 4s\"\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	direct := srv.Client()
 	var lost time.Time
 	var lostMu sync.Mutex
@@ -71,7 +71,7 @@ func TestClaimLostToUnchangedReshardIsRetried(t *testing.T) {
 		}
 	}
 	instanceWith(t, srv.Client(), "a", yaml, func(o *Options) { h.Node = o.Node.(*coord.Node); o.Node = h })
-	waitFor(t, 40*time.Second, "two fires after the reshard", func() bool {
+	etcdtest.Eventually(t, 40*time.Second, "two fires after the reshard", func() bool {
 		lostMu.Lock()
 		defer lostMu.Unlock()
 		if lost.IsZero() {

@@ -28,7 +28,7 @@ func TestTriggerDelayWithRetries(t *testing.T) {
 	instance(t, srv, "a", yaml, func(o *Options) {
 		o.Observe = func(r Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() }
 	})
-	waitFor(t, 30*time.Second, "a run", func() bool { mu.Lock(); defer mu.Unlock(); return len(runs) > 0 })
+	etcdtest.Eventually(t, 30*time.Second, "a run", func() bool { mu.Lock(); defer mu.Unlock(); return len(runs) > 0 })
 	mu.Lock()
 	r := runs[0]
 	mu.Unlock()
@@ -47,10 +47,10 @@ func TestNulOutputOnFailure(t *testing.T) {
     cron: "@every 1s"
     script: "printf 'x\\000y\\n'; exit 3"
     onFailure:
-      command: ` + yamlQuote(`echo "notified $SHARDD_EXIT_CODE" >> `+filepath.Join(dir, "failures")) + `
+      command: ` + etcdtest.YAMLQuote(`echo "notified $SHARDD_EXIT_CODE" >> `+filepath.Join(dir, "failures")) + `
 `
 	instance(t, srv, "a", yaml)
-	waitFor(t, 20*time.Second, "onFailure to run", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "onFailure to run", func() bool {
 		b, _ := os.ReadFile(filepath.Join(dir, "failures"))
 		return strings.Contains(string(b), "notified 3")
 	})
@@ -69,7 +69,7 @@ func TestUnrunnableIsCounted(t *testing.T) {
       url: https://127.0.0.1:1/
       tls: {ca: /nonexistent/ca.pem}
     onFailure:
-      command: ` + yamlQuote(`echo "notified" >> `+filepath.Join(dir, "failures")) + `
+      command: ` + etcdtest.YAMLQuote(`echo "notified" >> `+filepath.Join(dir, "failures")) + `
 `
 	var mu sync.Mutex
 	var failed int
@@ -82,7 +82,7 @@ func TestUnrunnableIsCounted(t *testing.T) {
 			mu.Unlock()
 		}
 	})
-	waitFor(t, 20*time.Second, "a counted, notified failure", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "a counted, notified failure", func() bool {
 		mu.Lock()
 		n := failed
 		mu.Unlock()

@@ -36,7 +36,7 @@ func TestRunLogHasTheWholeRun(t *testing.T) {
 		o.RunLogs = store
 		o.Observe = func(r Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() }
 	})
-	waitFor(t, 30*time.Second, "a run", func() bool { mu.Lock(); defer mu.Unlock(); return len(runs) > 0 })
+	etcdtest.Eventually(t, 30*time.Second, "a run", func() bool { mu.Lock(); defer mu.Unlock(); return len(runs) > 0 })
 	entries, err := os.ReadDir(filepath.Join(store.Dir(), "noisy"))
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("run logs of noisy: %v (%v), want one", entries, err)

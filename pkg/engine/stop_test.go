@@ -68,9 +68,9 @@ func TestCompletedRunDoesNotFailOver(t *testing.T) {
 	srv := etcdtest.Shared(t)
 	path := filepath.Join(t.TempDir(), "ledger")
 	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    failover: true\n    script: " + yamlQuote(script) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    failover: true\n    script: " + etcdtest.YAMLQuote(script) + "\n"
 	_, stopA := stoppable(t, srv.ClientWith([]grpc.DialOption{failCompletions(3)}), "a", yaml)
-	waitFor(t, 15*time.Second, "a's first run", func() bool { return starts(path) >= 1 })
+	etcdtest.Eventually(t, 15*time.Second, "a's first run", func() bool { return starts(path) >= 1 })
 	instance(t, srv, "b", yaml)
 	time.Sleep(3 * time.Second)
 	stopA()

@@ -155,7 +155,7 @@ func servedBy(dir, param string) map[string]int {
 // every item).
 func waitTriggerGone(t *testing.T, cli *clientv3.Client, tr admin.Triggered) {
 	t.Helper()
-	waitFor(t, 20*time.Second, "trigger "+tr.ID+" deleted once served", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "trigger "+tr.ID+" deleted once served", func() bool {
 		resp, err := cli.Get(context.Background(), keyspace.NewKeys("").Trigger("j", tr.ID))
 		return err == nil && len(resp.Kvs) == 0
 	})
@@ -171,21 +171,21 @@ func TestTriggerQueuedBehindARunIsServedByTheItemsNewOwner(t *testing.T) {
 	yaml := slowJob(dir, 2)
 	a := instance(t, srv, "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
+	etcdtest.Eventually(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "both items running the first trigger", func() bool { return len(servedBy(dir, "slow5")) == 2 })
+	etcdtest.Eventually(t, 10*time.Second, "both items running the first trigger", func() bool { return len(servedBy(dir, "slow5")) == 2 })
 	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	b := instance(t, srv, "b", yaml)
-	waitFor(t, 10*time.Second, "item 1 moved to b", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "item 1 moved to b", func() bool {
 		v, _ := b.View("j")
 		return v.Map != nil && slices.Equal(v.Map.ItemsOf("b"), []int{1})
 	})
-	waitFor(t, 25*time.Second, "T2 on both items", func() bool { return len(servedBy(dir, "T2")) == 2 })
+	etcdtest.Eventually(t, 25*time.Second, "T2 on both items", func() bool { return len(servedBy(dir, "T2")) == 2 })
 	waitTriggerGone(t, cli, tr2)
 	if s := servedBy(dir, "T2"); s["0"] != 1 || s["1"] != 1 {
 		t.Errorf("trigger T2 (every item) was served %v times per item, want once each; runs %q", s, lines(filepath.Join(dir, "runs")))
@@ -205,11 +205,11 @@ func TestTriggerQueuedBehindARunSurvivesARestart(t *testing.T) {
 	short := func(o *Options) { o.ShutdownGrace = 200 * time.Millisecond }
 	a, stopA := startInstance(t, srv.Client(), "a", yaml, short)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
+	etcdtest.Eventually(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow3")) == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow3")) == 1 })
 	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"})
 	if err != nil {
 		t.Fatal(err)
@@ -219,7 +219,7 @@ func TestTriggerQueuedBehindARunSurvivesARestart(t *testing.T) {
 		t.Fatalf("T2 ran before the restart (%d)", n)
 	}
 	startInstance(t, srv.Client(), "a", yaml, short)
-	waitFor(t, 25*time.Second, "T2 after the restart", func() bool { return servedBy(dir, "T2")["0"] >= 1 })
+	etcdtest.Eventually(t, 25*time.Second, "T2 after the restart", func() bool { return servedBy(dir, "T2")["0"] >= 1 })
 	waitTriggerGone(t, cli, tr2)
 	runs := lines(filepath.Join(dir, "runs"))
 	if servedBy(dir, "T2")["0"] != 1 || !slices.Contains(runs, "0_a_FAILOVER_slow3") {
@@ -240,11 +240,11 @@ func TestTriggerQueuedBehindARunSurvivesAReload(t *testing.T) {
 	}
 	a, eng, _ := startEngine(t, srv.Client(), "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
+	etcdtest.Eventually(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow3"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow3")) == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow3")) == 1 })
 	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"})
 	if err != nil {
 		t.Fatal(err)
@@ -257,11 +257,11 @@ func TestTriggerQueuedBehindARunSurvivesAReload(t *testing.T) {
 	}
 	a.SetJobs(nil)
 	eng.Resync()
-	waitFor(t, 5*time.Second, "the job's loop removed", func() bool { return !hasLoop() })
+	etcdtest.Eventually(t, 5*time.Second, "the job's loop removed", func() bool { return !hasLoop() })
 	a.SetJobs(c.Jobs)
 	eng.Resync()
-	waitFor(t, 5*time.Second, "the job's loop back", hasLoop)
-	waitFor(t, 25*time.Second, "T2 after the reload", func() bool { return servedBy(dir, "T2")["0"] >= 1 })
+	etcdtest.Eventually(t, 5*time.Second, "the job's loop back", hasLoop)
+	etcdtest.Eventually(t, 25*time.Second, "T2 after the reload", func() bool { return servedBy(dir, "T2")["0"] >= 1 })
 	waitTriggerGone(t, cli, tr2)
 	if s1, s2 := servedBy(dir, "slow3")["0"], servedBy(dir, "T2")["0"]; s1 != 1 || s2 != 1 {
 		t.Errorf("runs %q: want the first run once (it went on through the reload), then T2 once", lines(filepath.Join(dir, "runs")))
@@ -310,7 +310,7 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 	t.Cleanup(func() { lcancel(); <-ldone })
 	r := instance(t, srv, "r", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 20*time.Second, "both instances in both maps", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "both instances in both maps", func() bool {
 		pv, _ := r.View("parent")
 		cv, _ := r.View("child")
 		return pv.Map != nil && len(pv.Map.Instances) == 2 && cv.Map != nil && len(cv.Map.Instances) == 2
@@ -320,7 +320,7 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 20*time.Second, "r alone runs both jobs, l leads the child", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "r alone runs both jobs, l leads the child", func() bool {
 		pv, _ := r.View("parent")
 		cv, _ := r.View("child")
 		return pv.Map != nil && slices.Equal(pv.Map.Instances, []string{"r"}) && len(pv.Children["child"].Parents) == 1 &&
@@ -329,7 +329,7 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 	if _, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "child", Item: -1}, true, false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "r sees the child disabled", func() bool { cv, _ := r.View("child"); return cv.Map != nil && cv.Map.Disabled })
+	etcdtest.Eventually(t, 10*time.Second, "r sees the child disabled", func() bool { cv, _ := r.View("child"); return cv.Map != nil && cv.Map.Disabled })
 
 	// The child's leader is cut off; the operator enables the child, then
 	// the parent fires (a manual trigger) and succeeds.
@@ -341,20 +341,20 @@ func TestUpstreamTriggerKeptWhenTheChildIsEnabledBeforeItsMapSaysSo(t *testing.T
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the parent's run", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 1 })
-	waitFor(t, 10*time.Second, "the parent's fire complete", func() bool {
+	etcdtest.Eventually(t, 10*time.Second, "the parent's run", func() bool { return len(lines(filepath.Join(dir, "parent"))) == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "the parent's fire complete", func() bool {
 		resp, err := cli.Get(ctx, keys.LastSuccess("parent"))
 		return err == nil && len(resp.Kvs) == 1
 	})
 	if cv, _ := r.View("child"); cv.Map == nil || !cv.Map.Disabled {
 		t.Log("the child's map was rewritten before the parent fire completed: the race was not reached this time")
 	}
-	waitFor(t, 20*time.Second, "r to lead the child and enable its map", func() bool {
+	etcdtest.Eventually(t, 20*time.Second, "r to lead the child and enable its map", func() bool {
 		cv, _ := r.View("child")
 		return cv.Map != nil && !cv.Map.Disabled
 	})
-	waitFor(t, 15*time.Second, "the child's run", func() bool { return len(lines(filepath.Join(dir, "child"))) >= 1 })
-	waitFor(t, 10*time.Second, "the child's trigger deleted once served", func() bool {
+	etcdtest.Eventually(t, 15*time.Second, "the child's run", func() bool { return len(lines(filepath.Join(dir, "child"))) >= 1 })
+	etcdtest.Eventually(t, 10*time.Second, "the child's trigger deleted once served", func() bool {
 		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
 		return err == nil && len(resp.Kvs) == 0
 	})
@@ -373,11 +373,11 @@ func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
 	dir := t.TempDir()
 	a, eng, _ := startEngine(t, srv.Client(), "a", slowJob(dir, 1))
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
-	waitFor(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
+	etcdtest.Eventually(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
 	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow5")) == 1 })
+	etcdtest.Eventually(t, 10*time.Second, "the first trigger's run", func() bool { return len(servedBy(dir, "slow5")) == 1 })
 	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"}) // waits behind it
 	if err != nil {
 		t.Fatal(err)
@@ -385,7 +385,7 @@ func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
 	eng.mu.Lock()
 	j := eng.jobs["j"]
 	eng.mu.Unlock()
-	waitFor(t, 5*time.Second, "the loop to know T2", func() bool {
+	etcdtest.Eventually(t, 5*time.Second, "the loop to know T2", func() bool {
 		return j.loadTriggers(ctx) && slices.ContainsFunc(j.pendingTriggers(), func(tr keyspace.Trigger) bool { return tr.Rev == tr2.Rev })
 	})
 	stale, _ := a.View("j")
