@@ -679,30 +679,38 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 		e.runs.Add(1)
 		go func() {
 			defer e.runs.Done()
-			items := make([]int, len(group))
-			for i, s := range group {
-				items[i] = s.item
-			}
-			e.listener(v.Job, "BEFORE", ls.Before, fire, items)
-			var wg sync.WaitGroup
-			var mu sync.Mutex
-			var ran []int
-			for _, s := range group {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if one(s) {
-						mu.Lock()
-						ran = append(ran, s.item)
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			if len(ran) > 0 {
-				slices.Sort(ran)
-				e.listener(v.Job, "AFTER", ls.After, fire, ran)
+			j.runGroup(v.Job, fire, group, one)
+		}()
+	}
+}
+
+// runGroup runs the items of one scheduled fire of a job with listeners,
+// each with one: BEFORE runs before the first starts, AFTER when the last
+// has ended, with the items that ran.
+func (j *jobLoop) runGroup(job *config.Job, fire time.Time, group []start, one func(start) bool) {
+	e, ls := j.e, job.Listeners
+	items := make([]int, len(group))
+	for i, s := range group {
+		items[i] = s.item
+	}
+	e.listener(job, "BEFORE", ls.Before, fire, items)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ran []int
+	for _, s := range group {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if one(s) {
+				mu.Lock()
+				ran = append(ran, s.item)
+				mu.Unlock()
 			}
 		}()
+	}
+	wg.Wait()
+	if len(ran) > 0 {
+		slices.Sort(ran)
+		e.listener(job, "AFTER", ls.After, fire, ran)
 	}
 }
