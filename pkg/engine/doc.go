@@ -9,6 +9,13 @@
 // per reconcile in progress and none per idle job, and a job's reconciles
 // never overlap.
 //
+// The engine sees coord's runtime through small interfaces (iface.go), each
+// what one part of it needs: Instance (its id, its jobs' views, its
+// session), ItemReader, Claims (a run's claim and outcome), Records (the
+// records of fires that do not run), KillRequests, Triggers, Barriers and
+// Events (what wakes a job's loop); Node is all of them. *coord.Node
+// implements Node, and so does the in-memory fake of the engine's tests.
+//
 // # The reconcile
 //
 // A job's reconcile runs on: its schedule's next fire, a newer shard map, a

@@ -38,6 +38,8 @@ type fakeNode struct {
 	triggers []keyspace.Trigger
 }
 
+var _ Node = (*fakeNode)(nil)
+
 func newFakeNode(t *testing.T, yaml string, owned map[string][]int) *fakeNode {
 	t.Helper()
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
