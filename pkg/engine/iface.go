@@ -50,7 +50,7 @@ type Claims interface {
 // that is not run again.
 type Records interface {
 	Begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) error
-	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error
+	Skip(ctx context.Context, s coord.Skip) error
 	Settle(ctx context.Context, job string, item int, st keyspace.ItemState) error
 }
 

@@ -532,7 +532,7 @@ func manual(triggers []keyspace.Trigger, item int, st keyspace.ItemState, now, b
 // skip records fires as skipped by the misfire policy.
 func (j *jobLoop) skip(ctx context.Context, item int, st keyspace.ItemState, a action) {
 	e := j.e
-	if err := e.opts.Node.Skip(ctx, j.name, item, a.fire, a.skipped, a.why, st); err != nil {
+	if err := e.opts.Node.Skip(ctx, coord.Skip{Job: j.name, Item: item, Fire: a.fire, Skipped: a.skipped, Reason: a.why, Prev: st}); err != nil {
 		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
 		return
