@@ -5,7 +5,7 @@
 // level-triggered: each job's reconcile (job.go) makes what should be true
 // of every item match what etcd says, whenever something may have changed,
 // and never relies on having seen every event. The engine's scheduler
-// (internal/sched) runs the reconciles: one timer heap for all jobs, a worker
+// (pkg/steps) runs the reconciles: one timer heap for all jobs, a worker
 // per reconcile in progress and none per idle job, and a job's reconciles
 // never overlap.
 //

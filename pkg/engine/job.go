@@ -7,12 +7,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 	"github.com/shardd/shardd/pkg/shard"
+	"github.com/shardd/shardd/pkg/steps"
 )
 
 // jobLoop is one job's reconcile, run by the engine's scheduler, and the
@@ -23,7 +23,7 @@ type jobLoop struct {
 	e    *Engine
 	name string
 	log  *slog.Logger
-	slot *sched.Slot // its place in the scheduler (the scheduler's to change)
+	slot *steps.Slot // its place in the scheduler (the scheduler's to change)
 	// baseline is when this loop started: the watermark of items never
 	// claimed (see policy.baseline); seen when each item was first in a
 	// map this loop read, for items added later (a larger

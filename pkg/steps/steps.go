@@ -1,6 +1,6 @@
-// Package sched runs many slots' steps from one timer heap and a few
+// Package steps runs many slots' steps from one timer heap and a few
 // reused goroutines.
-package sched
+package steps
 
 import (
 	"container/heap"
