@@ -1,7 +1,7 @@
 package engine
 
-// Regression tests from the adversarial review of the performance work
-// ([3/8]): each failed before its fix.
+// Regression tests from the adversarial review of the performance work:
+// each failed before its fix.
 
 import (
 	"context"

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Review (issue 24, deliverable 3): a watchdog stopped with SIGSTOP (kill
+// From a review: a watchdog stopped with SIGSTOP (kill
 // -STOP, a freezer, a debugger) reads nothing, and every line shardd sends
 // it is written under the Watchdog's one mutex into a pipe that no longer
 // drains. Once its 64 KiB buffer is full (about 700 runs' add and del
