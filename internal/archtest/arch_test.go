@@ -30,6 +30,9 @@ func TestDependencyDirection(t *testing.T) {
 		// Strategies are pure: standard library only.
 		{"pkg/shard", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in"}, nil},
 		{"pkg/schedule", []string{module + "/", "go.etcd.io", "gopkg.in"}, nil},
+		// The step scheduler under the engine and the runtime: standard
+		// library only.
+		{"pkg/steps", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in", "golang.org"}, nil},
 		// Run logs are files: standard library and golang.org/x/sys only,
 		// with the checks of who may have written a file (pkg/trust,
 		// standard library only).

@@ -390,7 +390,7 @@ func TestFinishWithUnknownOutcomeIsReadBack(t *testing.T) {
 	n := ordersNode(t, 2)
 	ctx := context.Background()
 	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	if err := n.Skip(ctx, "orders", 0, fire, 1, keyspace.SkipTooOld, keyspace.ItemState{}); err != nil {
+	if err := n.Skip(ctx, Skip{Job: "orders", Item: 0, Fire: fire, Skipped: 1, Reason: keyspace.SkipTooOld}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := n.ReadItem(ctx, "orders", 0)

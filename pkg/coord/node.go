@@ -16,9 +16,9 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/steps"
 )
 
 // ErrDuplicateID is returned by Run when another live instance holds this
@@ -66,7 +66,7 @@ type Node struct {
 	hub  *hub // the one watch of the jobs keyspace
 	// steps runs the jobs' tasks (task.go): registration, campaign,
 	// leadership.
-	steps *sched.Scheduler
+	steps *steps.Scheduler
 
 	mu      sync.Mutex
 	jobs    map[string]*config.Job // local definitions
@@ -171,7 +171,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		changed:     make(chan struct{}, 1),
 		registering: newPacer(opts.TTL / 10),
 		probes:      make(chan struct{}, 1),
-		steps:       sched.New(time.Now),
+		steps:       steps.New(time.Now),
 		started:     opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })

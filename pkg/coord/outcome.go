@@ -74,17 +74,30 @@ func (g *Grant) Final(o Outcome) keyspace.ItemRecord {
 	return rec
 }
 
-// Skip records that skipped fires up to fire were not run for item, and
-// why (Skip* reasons), visible in history.
-func (n *Node) Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error {
+// Skip is the record of fires of an item skipped by a policy.
+type Skip struct {
+	Job  string
+	Item int
+	// Fire is the latest fire skipped; Skipped counts the fires up to it
+	// not run, and Reason says why (keyspace.Skip* reasons).
+	Fire    time.Time
+	Skipped int
+	Reason  string
+	// Prev is the item's state as read: the write is guarded by it.
+	Prev keyspace.ItemState
+}
+
+// Skip records that skipped fires up to s.Fire were not run for s.Item,
+// and why, visible in history.
+func (n *Node) Skip(ctx context.Context, s Skip) error {
 	now := n.opts.Now().UTC()
-	rec := keyspace.ItemRecord{Job: job, Item: item, Fire: fire.UTC(), Sched: fire.UTC(), State: keyspace.StateSkipped, Instance: n.opts.ID, ExitCode: -1,
-		Skipped: skipped, Reason: reason, Start: now, End: now}
-	if prev.Record != nil {
-		rec.Seq = prev.Record.Seq + 1
-		rec.Trigger = prev.Record.Trigger
+	rec := keyspace.ItemRecord{Job: s.Job, Item: s.Item, Fire: s.Fire.UTC(), Sched: s.Fire.UTC(), State: keyspace.StateSkipped, Instance: n.opts.ID, ExitCode: -1,
+		Skipped: s.Skipped, Reason: s.Reason, Start: now, End: now}
+	if s.Prev.Record != nil {
+		rec.Seq = s.Prev.Record.Seq + 1
+		rec.Trigger = s.Prev.Record.Trigger
 	}
-	return n.finish(ctx, rec, prev.Rev, false)
+	return n.finish(ctx, rec, s.Prev.Rev, false)
 }
 
 // Settle records a run cut by a failure that will not be re-run (the job

@@ -10,12 +10,12 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
-	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/steps"
 )
 
 // jobTask is one job's coordination under one session, as plain data: its
-// steps are run by the node's scheduler (internal/sched), so that a job
+// steps are run by the node's scheduler (pkg/steps), so that a job
 // that waits (for a registration slot, for an older candidate to go, for
 // its next reconcile as leader) holds no goroutine; with 10,000 jobs a
 // goroutine per job was most of an idle instance's memory. Events of the
@@ -38,7 +38,7 @@ type jobTask struct {
 	n       *Node
 	s       *session
 	local   *config.Job
-	slot    *sched.Slot
+	slot    *steps.Slot
 	removed atomic.Bool   // set before stop when the job left the config
 	done    chan struct{} // closed when stop has finished
 
@@ -75,10 +75,10 @@ func (n *Node) newJobTask(s *session, local *config.Job) *jobTask {
 func (t *jobTask) wake() { t.n.steps.WakeAt(t.slot, time.Time{}) }
 
 // step does the task's next piece of work and says when to do the one
-// after (sched.Never: when woken).
+// after (steps.Never: when woken).
 func (t *jobTask) step(ctx context.Context) time.Time {
 	if ctx.Err() != nil {
-		return sched.Never
+		return steps.Never
 	}
 	if t.stopConfig == nil {
 		// Follow the registered definition first, then register: every
@@ -94,7 +94,7 @@ func (t *jobTask) step(ctx context.Context) time.Time {
 	case leading:
 		return t.lead(ctx)
 	}
-	return sched.Never
+	return steps.Never
 }
 
 // register registers the job's definition and membership, in a slot of the
@@ -102,12 +102,12 @@ func (t *jobTask) step(ctx context.Context) time.Time {
 func (t *jobTask) register(ctx context.Context) time.Time {
 	n := t.n
 	if !n.registering.take(&t.ticket) {
-		return sched.Never // the pacer wakes the task with a slot
+		return steps.Never // the pacer wakes the task with a slot
 	}
 	begun := time.Now()
 	err := n.registerJob(ctx, t.s, t.local)
 	if ctx.Err() != nil {
-		return sched.Never // stopped, not slowed: stop gives the slot back
+		return steps.Never // stopped, not slowed: stop gives the slot back
 	}
 	n.registering.release(&t.ticket, begun, err)
 	if err != nil {
@@ -132,7 +132,7 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 		n.withdraw(t.s, job)
 		t.key, t.rev = "", 0
 		t.phase = idle
-		return sched.Never
+		return steps.Never
 	}
 	prefix, member := n.keys.Leader(job), n.keys.Member(job, n.opts.ID)
 	if t.key == "" {
@@ -161,19 +161,19 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	older, err := n.olderCandidates(ctx, prefix, t.rev)
 	switch {
 	case ctx.Err() != nil:
-		return sched.Never
+		return steps.Never
 	case err != nil:
 		n.log.Debug("election: look for older candidates; retrying", "job", job, "err", err)
 		return time.Now().Add(200 * time.Millisecond)
 	case older:
-		return sched.Never // woken by a deletion under the prefix, or a resync
+		return steps.Never // woken by a deletion under the prefix, or a resync
 	}
 	e := concurrency.ResumeElection(t.s.conc, n.keys.Election(job), t.key, t.rev)
 	// Campaign can succeed after the lease expired (etcd #11051): check
 	// the session and that the election key is still ours.
 	if err := n.checkElected(ctx, t.s, e); err != nil {
 		if ctx.Err() != nil {
-			return sched.Never
+			return steps.Never
 		}
 		n.log.Warn("campaign won on a stale session; campaigning again", "job", job, "err", err)
 		t.key = "" // put (or find) it again
@@ -203,7 +203,7 @@ func (t *jobTask) lead(ctx context.Context) time.Time {
 	}
 	switch {
 	case ctx.Err() != nil:
-		return sched.Never
+		return steps.Never
 	case errors.Is(err, errNotLeader), errors.Is(err, errYield):
 		t.endLeadership(err)
 		return time.Now()

@@ -5,9 +5,16 @@
 // level-triggered: each job's reconcile (job.go) makes what should be true
 // of every item match what etcd says, whenever something may have changed,
 // and never relies on having seen every event. The engine's scheduler
-// (internal/sched) runs the reconciles: one timer heap for all jobs, a worker
+// (pkg/steps) runs the reconciles: one timer heap for all jobs, a worker
 // per reconcile in progress and none per idle job, and a job's reconciles
 // never overlap.
+//
+// The engine sees coord's runtime through small interfaces (iface.go), each
+// what one part of it needs: Instance (its id, its jobs' views, its
+// session), ItemReader, Claims (a run's claim and outcome), Records (the
+// records of fires that do not run), KillRequests, Triggers, Barriers and
+// Events (what wakes a job's loop); Node is all of them. *coord.Node
+// implements Node, and so does the in-memory fake of the engine's tests.
 //
 // # The reconcile
 //

@@ -8,10 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/shardd/shardd/internal/sched"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/runner"
+	"github.com/shardd/shardd/pkg/steps"
 )
 
 // Options configure an Engine.
@@ -103,8 +103,8 @@ type Engine struct {
 	// ready measures how long runs take to be ready, for the lead of
 	// claims ahead of the fire.
 	ready readyLatency
-	// sched runs the jobs' reconciles (internal/sched).
-	sched *sched.Scheduler
+	// sched runs the jobs' reconciles (pkg/steps).
+	sched *steps.Scheduler
 }
 
 // lead is how long before a fire its items are claimed and prepared.
@@ -158,7 +158,7 @@ func New(opts Options) *Engine {
 	}
 	e := &Engine{opts: opts, log: opts.Logger, global: newSemaphore(opts.MaxConcurrency),
 		resync: make(chan struct{}, 1), jobs: map[string]*jobLoop{}, local: map[string]*localRuns{}, waiting: map[*jobLoop]struct{}{}}
-	e.sched = sched.New(opts.Now)
+	e.sched = steps.New(opts.Now)
 	e.killCtx, e.kill = context.WithCancelCause(context.Background())
 	e.recordCtx, e.stopRecording = context.WithCancel(context.Background())
 	e.stopping, e.stopShutdown = context.WithCancel(context.Background())

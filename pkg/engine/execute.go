@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"time"
@@ -27,70 +28,15 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	if ctx.Err() != nil && s.claimed == nil { // a claim won already is run (and recorded)
 		return false
 	}
-
-	var g *coord.Grant
-	var err error
-	switch {
-	case s.claimed != nil:
-		g, err = s.claimed.Grant, s.claimed.Err
-	case a.kind == adopt:
-		g, err = e.opts.Node.Adopt(ctx, j.name, s.item, s.st)
-		if err == nil {
-			log.Warn("a claim of this session applied after its reply was lost; running it", "fence", g.Fence)
-		}
-	default:
-		g, err = e.opts.Node.Claim(ctx, j.claimOf(v, s))
-	}
-	switch {
-	case err == nil:
-	case errors.Is(err, coord.ErrClaimLost):
-		// The job's item cache was emptied: the next decision reads etcd.
-		log.Debug("claim not won; deciding again", "err", err)
-		j.pokeAfter(100 * time.Millisecond)
-		return false
-	case errors.Is(err, coord.ErrNotUp):
-		// No session, or the job not registered under it yet: a new
-		// session and the job's map wake the job; this is a backstop.
-		log.Debug("claim not made: not up for this job; deciding again", "err", err)
-		j.pokeAfter(time.Second)
-		return false
-	default:
-		log.Warn("claim; deciding again", "err", err)
-		j.pokeAfter(500 * time.Millisecond)
+	g, won := j.claim(ctx, v, s, log)
+	if !won {
 		return false
 	}
-
-	rc := runner.Context{
-		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
-		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: e.opts.Node.ID(), Source: a.source,
-		Skipped: a.skipped, StartAt: a.startAt, TriggerParameter: a.param,
-		Release: func() error {
-			if j.pastFenceDeadline(g) {
-				return errFenced
-			}
-			return nil
-		},
+	if up := a.upstream; up != nil && up.Failed != "" {
+		j.skipFailedUpstream(s.item, g, up, log)
+		return true
 	}
-	if v.Map != nil {
-		rc.Total = v.Map.Total
-	}
-	if up := a.upstream; up != nil {
-		rc.ParentJob, rc.ParentFire = up.Job, up.FireTime.UTC().Format(time.RFC3339)
-		if up.Failed != "" {
-			// The parent fire failed: the item's record says so, nothing runs.
-			now := time.Now()
-			out := coord.Outcome{State: keyspace.StateSkipped, Reason: keyspace.SkipUpstreamFailed, ExitCode: -1, Err: up.Failed, Start: now, End: now}
-			rctx, done := e.outcomeCtx()
-			defer done()
-			if err := e.opts.Node.Complete(rctx, g, out); err != nil {
-				log.Warn("record of a failed upstream fire not written", "fence", g.Fence, "err", err)
-			} else {
-				j.noteFinal(s.item, g.Final(out))
-			}
-			log.Info("not run: its parent's fire did not succeed", "fence", g.Fence, "why", up.Failed)
-			return true
-		}
-	}
+	rc := j.runContext(v, s, g)
 	if a.startAt.IsZero() {
 		log.Info("run", "fence", g.Fence, "skipped", a.skipped)
 	} else {
@@ -108,29 +54,12 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	if !res.Prepared.IsZero() && !s.read.IsZero() && !keyspace.OffSchedule(a.source) {
 		e.ready.observe(res.Prepared.Sub(s.read))
 	}
-	rctx, done := e.outcomeCtx()
-	defer done()
-	if err := e.opts.Node.Complete(rctx, g, out); err != nil {
-		if errors.Is(err, coord.ErrClaimLost) {
-			log.Warn("outcome not recorded: another instance took the item over", "state", out.State, "fence", g.Fence)
-		} else {
-			log.Error("outcome not recorded", "state", out.State, "fence", g.Fence, "err", err)
-		}
-	} else {
-		j.noteFinal(s.item, g.Final(out))
-	}
+	j.complete(s.item, g, out, log)
 	if e.opts.Observe != nil {
 		e.opts.Observe(Run{Job: job.Name, Item: s.item, Fire: a.fire, Source: a.source, Started: res.Started, Result: res,
 			Killed: out.State == keyspace.StateKilled && out.Reason != keyspace.ReasonTimeout, Duration: runDuration(start, res)})
 	}
-	switch out.State {
-	case keyspace.StateDone:
-		log.Info("done", "fence", g.Fence, "duration", res.Duration().Round(time.Millisecond))
-	case keyspace.StateKilled:
-		log.Warn("killed", "fence", g.Fence, "reason", out.Reason, "skipped", a.skipped, "err", res.Err)
-	default:
-		log.Warn("failed", "fence", g.Fence, "exit_code", res.ExitCode, "http_status", res.HTTPStatus, "err", res.Err)
-	}
+	logEnd(log, g.Fence, a, res, out)
 	if out.State == keyspace.StateFailed || out.Reason == keyspace.ReasonTimeout {
 		// Told after the item and its slots are given back: a slow
 		// notification target must not hold the item's next fire.
@@ -141,6 +70,110 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		}()
 	}
 	return true
+}
+
+// claim makes the claim of s, adopts the claim this session holds, or
+// takes the result of the claim launch made with others'. When the claim
+// is not won it returns false, and the loop decides again after a backoff
+// that fits why.
+func (j *jobLoop) claim(ctx context.Context, v coord.JobView, s start, log *slog.Logger) (*coord.Grant, bool) {
+	e := j.e
+	var g *coord.Grant
+	var err error
+	switch {
+	case s.claimed != nil:
+		g, err = s.claimed.Grant, s.claimed.Err
+	case s.a.kind == adopt:
+		g, err = e.opts.Node.Adopt(ctx, j.name, s.item, s.st)
+		if err == nil {
+			log.Warn("a claim of this session applied after its reply was lost; running it", "fence", g.Fence)
+		}
+	default:
+		g, err = e.opts.Node.Claim(ctx, j.claimOf(v, s))
+	}
+	switch {
+	case err == nil:
+		return g, true
+	case errors.Is(err, coord.ErrClaimLost):
+		// The job's item cache was emptied: the next decision reads etcd.
+		log.Debug("claim not won; deciding again", "err", err)
+		j.pokeAfter(100 * time.Millisecond)
+	case errors.Is(err, coord.ErrNotUp):
+		// No session, or the job not registered under it yet: a new
+		// session and the job's map wake the job; this is a backstop.
+		log.Debug("claim not made: not up for this job; deciding again", "err", err)
+		j.pokeAfter(time.Second)
+	default:
+		log.Warn("claim; deciding again", "err", err)
+		j.pokeAfter(500 * time.Millisecond)
+	}
+	return nil, false
+}
+
+// runContext is what the work of the run s, granted g, is told.
+func (j *jobLoop) runContext(v coord.JobView, s start, g *coord.Grant) runner.Context {
+	job, a := v.Job, s.a
+	rc := runner.Context{
+		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
+		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: j.e.opts.Node.ID(), Source: a.source,
+		Skipped: a.skipped, StartAt: a.startAt, TriggerParameter: a.param,
+		Release: func() error {
+			if j.pastFenceDeadline(g) {
+				return errFenced
+			}
+			return nil
+		},
+	}
+	if v.Map != nil {
+		rc.Total = v.Map.Total
+	}
+	if up := a.upstream; up != nil {
+		rc.ParentJob, rc.ParentFire = up.Job, up.FireTime.UTC().Format(time.RFC3339)
+	}
+	return rc
+}
+
+// skipFailedUpstream records the run granted g of a parent fire that
+// failed as SKIPPED: the item's record says so, nothing runs.
+func (j *jobLoop) skipFailedUpstream(item int, g *coord.Grant, up *keyspace.Upstream, log *slog.Logger) {
+	now := time.Now()
+	out := coord.Outcome{State: keyspace.StateSkipped, Reason: keyspace.SkipUpstreamFailed, ExitCode: -1, Err: up.Failed, Start: now, End: now}
+	rctx, done := j.e.outcomeCtx()
+	defer done()
+	if err := j.e.opts.Node.Complete(rctx, g, out); err != nil {
+		log.Warn("record of a failed upstream fire not written", "fence", g.Fence, "err", err)
+	} else {
+		j.noteFinal(item, g.Final(out))
+	}
+	log.Info("not run: its parent's fire did not succeed", "fence", g.Fence, "why", up.Failed)
+}
+
+// complete records the outcome of the run granted g, and notes it in its
+// fire's barrier; an outcome not recorded is logged.
+func (j *jobLoop) complete(item int, g *coord.Grant, out coord.Outcome, log *slog.Logger) {
+	rctx, done := j.e.outcomeCtx()
+	defer done()
+	if err := j.e.opts.Node.Complete(rctx, g, out); err != nil {
+		if errors.Is(err, coord.ErrClaimLost) {
+			log.Warn("outcome not recorded: another instance took the item over", "state", out.State, "fence", g.Fence)
+		} else {
+			log.Error("outcome not recorded", "state", out.State, "fence", g.Fence, "err", err)
+		}
+	} else {
+		j.noteFinal(item, g.Final(out))
+	}
+}
+
+// logEnd logs how the run of a, under fence, ended.
+func logEnd(log *slog.Logger, fence int64, a action, res runner.Result, out coord.Outcome) {
+	switch out.State {
+	case keyspace.StateDone:
+		log.Info("done", "fence", fence, "duration", res.Duration().Round(time.Millisecond))
+	case keyspace.StateKilled:
+		log.Warn("killed", "fence", fence, "reason", out.Reason, "skipped", a.skipped, "err", res.Err)
+	default:
+		log.Warn("failed", "fence", fence, "exit_code", res.ExitCode, "http_status", res.HTTPStatus, "err", res.Err)
+	}
 }
 
 // runDuration is how long a run took from its start (for a run prepared
@@ -208,73 +241,106 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	defer j.runs.register(rc.Item, g.Fence, cancel, e.opts.Now())()
 	stop := context.AfterFunc(e.killCtx, func() { cancel(context.Cause(e.killCtx)) })
 	defer stop()
-	lg := j.openRunLog(job, rc)
-	if lg != nil {
-		rc.Output = lg
-	}
-	// try runs the work with the job's retries; started is the first try
-	// that started (zero: none did).
-	var started time.Time
-	try := func(rc runner.Context) runner.Result {
-		res := run(runCtx, rc)
-		if started.IsZero() {
-			started = res.Started
-		}
-		for retry := 0; !res.OK && res.Retryable && retry < job.Retries && runCtx.Err() == nil; retry++ {
-			wait := min(time.Duration(job.RetryBackoff)<<retry, time.Duration(config.MaxRetryBackoff))
-			j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
-			rc.Retry = retry + 1
-			if lg != nil {
-				lg.Note(fmt.Sprintf("retry %d in %s, after: %v", rc.Retry, wait, res.Err))
-			}
-			select {
-			case <-time.After(wait):
-			case <-runCtx.Done():
-			}
-			if runCtx.Err() != nil {
-				break
-			}
-			res = run(runCtx, rc)
-			if started.IsZero() {
-				started = res.Started
-			}
-		}
-		return res
+	t := &tries{j: j, run: run, job: job, lg: j.openRunLog(job, rc)}
+	if t.lg != nil {
+		rc.Output = t.lg
 	}
 	stream := job.Dataflow != nil && job.Dataflow.Streaming
 	if stream {
 		rc.Iteration = 1
 	}
 	first := time.Now()
-	res := try(rc)
-	for stream && res.OK && res.More {
-		// Between iterations: stop when the run may no longer own the
-		// item, a new map gave it to another instance, or a limit is reached
-		// (docs/dependencies.md, Dataflow); the work resumes from its own
-		// cursor next time.
-		why := j.streamStop(runCtx, job, mapRev, rc.Item, rc.Iteration, first)
+	res := t.try(runCtx, rc)
+	if stream {
+		res, rc.Iteration = t.streamOn(runCtx, rc, res, mapRev, first)
+	}
+	if !t.started.IsZero() {
+		res.Started = t.started // the first try's start: the trigger delay ends there
+	}
+	out := j.outcome(runCtx, g, res, t.started)
+	out.Iterations = rc.Iteration
+	if stream {
+		out.Start = first
+	}
+	if t.lg != nil {
+		j.closeRunLog(t.lg, rc.Item, out)
+	}
+	return res, out
+}
+
+// tries runs one item's work with the job's retries, writing what it does
+// to the run log lg (nil: none); started is when the first try that
+// started did (zero: none did).
+type tries struct {
+	j       *jobLoop
+	run     runFunc
+	job     *config.Job
+	lg      *runlog.Log
+	started time.Time
+}
+
+// try runs the work for rc, again while it fails in a way worth retrying,
+// up to the job's retries, each after its backoff.
+func (t *tries) try(ctx context.Context, rc runner.Context) runner.Result {
+	res := t.once(ctx, rc)
+	for retry := 0; !res.OK && res.Retryable && retry < t.job.Retries && ctx.Err() == nil; retry++ {
+		wait := min(time.Duration(t.job.RetryBackoff)<<retry, time.Duration(config.MaxRetryBackoff))
+		t.j.log.Warn("run failed; retrying", "item", rc.Item, "err", res.Err, "retry", retry+1, "in", wait)
+		rc.Retry = retry + 1
+		if t.lg != nil {
+			t.lg.Note(fmt.Sprintf("retry %d in %s, after: %v", rc.Retry, wait, res.Err))
+		}
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		res = t.once(ctx, rc)
+	}
+	return res
+}
+
+func (t *tries) once(ctx context.Context, rc runner.Context) runner.Result {
+	res := t.run(ctx, rc)
+	if t.started.IsZero() {
+		t.started = res.Started
+	}
+	return res
+}
+
+// streamOn runs a streaming run's next iterations while the work says more
+// may remain, res being the first's, and returns the last one's result and
+// number. Between iterations it stops when the run may no longer own the
+// item, a new map gave it to another instance, or a limit is reached
+// (docs/dependencies.md, Dataflow); the work resumes from its own cursor
+// next time.
+func (t *tries) streamOn(ctx context.Context, rc runner.Context, res runner.Result, mapRev int64, first time.Time) (runner.Result, int) {
+	for res.OK && res.More {
+		why := t.j.streamStop(ctx, t.job, mapRev, rc.Item, rc.Iteration, first)
 		if why != "" {
-			if lg != nil {
-				lg.Note(fmt.Sprintf("streaming stopped after %d iterations: %s", rc.Iteration, why))
+			if t.lg != nil {
+				t.lg.Note(fmt.Sprintf("streaming stopped after %d iterations: %s", rc.Iteration, why))
 			}
-			j.log.Info("streaming run stopped", "item", rc.Item, "iterations", rc.Iteration, "why", why)
+			t.j.log.Info("streaming run stopped", "item", rc.Item, "iterations", rc.Iteration, "why", why)
 			break
 		}
 		rc.Iteration++
 		rc.Retry = 0
-		if lg != nil {
-			lg.Note(fmt.Sprintf("iteration %d", rc.Iteration))
+		if t.lg != nil {
+			t.lg.Note(fmt.Sprintf("iteration %d", rc.Iteration))
 		}
-		res = try(rc)
+		res = t.try(ctx, rc)
 	}
-	if !started.IsZero() {
-		res.Started = started // the first try's start: the trigger delay ends there
-	}
-	out := coord.Outcome{State: keyspace.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End,
-		Iterations: rc.Iteration}
-	if stream {
-		out.Start = first
-	}
+	return res, rc.Iteration
+}
+
+// outcome is how the run granted g ended, from the work's result res and
+// why runCtx, the run's context, ended if it did; started is when its
+// first try started (zero: none did).
+func (j *jobLoop) outcome(runCtx context.Context, g *coord.Grant, res runner.Result, started time.Time) coord.Outcome {
+	out := coord.Outcome{State: keyspace.StateDone, ExitCode: res.ExitCode, HTTPStatus: res.HTTPStatus, Output: res.Output, Start: res.Start, End: res.End}
 	if res.End.IsZero() {
 		out.End = time.Now()
 	}
@@ -311,10 +377,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	case !res.OK:
 		out.State, out.Err = keyspace.StateFailed, fmt.Sprint(res.Err)
 	}
-	if lg != nil {
-		j.closeRunLog(lg, rc.Item, out)
-	}
-	return res, out
+	return out
 }
 
 // openRunLog opens the run log of rc; nil when there is none (no store, or

@@ -38,6 +38,8 @@ type fakeNode struct {
 	triggers []keyspace.Trigger
 }
 
+var _ Node = (*fakeNode)(nil)
+
 func newFakeNode(t *testing.T, yaml string, owned map[string][]int) *fakeNode {
 	t.Helper()
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
@@ -142,14 +144,14 @@ func (f *fakeNode) Complete(_ context.Context, g *coord.Grant, o coord.Outcome) 
 	return nil
 }
 
-func (f *fakeNode) Skip(_ context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error {
+func (f *fakeNode) Skip(_ context.Context, s coord.Skip) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.items[item].Rev != prev.Rev {
+	if f.items[s.Item].Rev != s.Prev.Rev {
 		return coord.ErrClaimLost
 	}
 	f.rev++
-	f.items[item] = keyspace.ItemState{Record: &keyspace.ItemRecord{Job: job, Item: item, Fire: fire, Sched: fire, State: keyspace.StateSkipped, Skipped: skipped, Reason: reason}, Rev: f.rev}
+	f.items[s.Item] = keyspace.ItemState{Record: &keyspace.ItemRecord{Job: s.Job, Item: s.Item, Fire: s.Fire, Sched: s.Fire, State: keyspace.StateSkipped, Skipped: s.Skipped, Reason: s.Reason}, Rev: f.rev}
 	return nil
 }
 

@@ -8,12 +8,15 @@ import (
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
-// The engine's view of coord.Node, in three small interfaces: what it reads
-// of the instance, what it reads and writes of items, and what wakes it.
-// coord.Node implements all three; tests use an in-memory fake.
+// The engine's view of coord.Node, in small interfaces, each what one part
+// of the engine needs: the instance (every part), reading items (the
+// reconcile), claims and outcomes (a run), the records of fires that do
+// not run (the reconcile), kill requests (kill.go), triggers
+// (triggers.go), barriers (deps.go), and what wakes a job's loop.
+// coord.Node implements them all; tests use an in-memory fake.
 
-// Cluster is this instance in the cluster.
-type Cluster interface {
+// Instance is this instance in the cluster.
+type Instance interface {
 	ID() string
 	// Jobs are the local jobs; View what the instance knows of one.
 	Jobs() []string
@@ -25,29 +28,50 @@ type Cluster interface {
 	FenceDeadline() (time.Time, bool)
 }
 
-// Items reads and writes the state of a job's items in etcd.
-type Items interface {
+// ItemReader reads the state of a job's items in etcd, and their history
+// (a runtime route's order).
+type ItemReader interface {
 	ReadItems(ctx context.Context, job string) (keyspace.JobItems, error)
+	History(ctx context.Context, job string) ([]keyspace.ItemRecord, error)
+}
+
+// Claims claims items for their runs (or adopts a claim of this session
+// that applied late) and records the runs' outcomes.
+type Claims interface {
 	Claim(ctx context.Context, c coord.Claim) (*coord.Grant, error)
 	// ClaimAll makes claims of one job together (coord.Node.ClaimAll).
 	ClaimAll(ctx context.Context, claims []coord.Claim) []coord.ClaimResult
 	Adopt(ctx context.Context, job string, item int, st keyspace.ItemState) (*coord.Grant, error)
 	Complete(ctx context.Context, g *coord.Grant, o coord.Outcome) error
-	Skip(ctx context.Context, job string, item int, fire time.Time, skipped int, reason string, prev keyspace.ItemState) error
+}
+
+// Records writes the item records a reconcile decides on without a run:
+// their beginning, fires skipped by a policy, and a run cut by a failure
+// that is not run again.
+type Records interface {
 	Begin(ctx context.Context, job string, items []int, sched time.Time, mapRev int64) error
+	Skip(ctx context.Context, s coord.Skip) error
 	Settle(ctx context.Context, job string, item int, st keyspace.ItemState) error
-	// Kills are the operators' kill requests of the job still in etcd;
-	// SettleKilled records a cut run one of them named as killed.
+}
+
+// KillRequests are the operators' kill requests of a job still in etcd;
+// SettleKilled records a cut run one of them named as killed.
+type KillRequests interface {
 	Kills(ctx context.Context, job string) (map[keyspace.KillKey]string, error)
 	SettleKilled(ctx context.Context, job string, item int, st keyspace.ItemState, by string) error
-	History(ctx context.Context, job string) ([]keyspace.ItemRecord, error)
-	// NoteOutcome notes an item's final record in its fire's barrier;
-	// the completing note triggers the job's children (coord/deps.go).
-	NoteOutcome(ctx context.Context, job string, total int, rec keyspace.ItemRecord, children keyspace.ParentsOf) (keyspace.Barrier, bool, error)
-	// ReadTriggers reads the job's waiting triggers; DeleteTrigger deletes
-	// one no item is left to serve, if etcd says so still (its guard).
+}
+
+// Triggers reads a job's waiting triggers; DeleteTrigger deletes one no
+// item is left to serve, if etcd says so still (its guard).
+type Triggers interface {
 	ReadTriggers(ctx context.Context, job string) ([]keyspace.Trigger, error)
 	DeleteTrigger(ctx context.Context, job string, tr keyspace.Trigger, g coord.TriggerGuard) (bool, error)
+}
+
+// Barriers notes an item's final record in its fire's barrier; the
+// completing note triggers the job's children (coord/deps.go).
+type Barriers interface {
+	NoteOutcome(ctx context.Context, job string, total int, rec keyspace.ItemRecord, children keyspace.ParentsOf) (keyspace.Barrier, bool, error)
 }
 
 // Events delivers what wakes a job's loop. Callbacks must not block.
@@ -63,8 +87,13 @@ type Events interface {
 
 // Node is everything the engine needs of coord.Node.
 type Node interface {
-	Cluster
-	Items
+	Instance
+	ItemReader
+	Claims
+	Records
+	KillRequests
+	Triggers
+	Barriers
 	Events
 }
 

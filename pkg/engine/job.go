@@ -7,11 +7,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/shardd/shardd/internal/sched"
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 	"github.com/shardd/shardd/pkg/shard"
+	"github.com/shardd/shardd/pkg/steps"
 )
 
 // jobLoop is one job's reconcile, run by the engine's scheduler, and the
@@ -22,7 +23,7 @@ type jobLoop struct {
 	e    *Engine
 	name string
 	log  *slog.Logger
-	slot *sched.Slot // its place in the scheduler (the scheduler's to change)
+	slot *steps.Slot // its place in the scheduler (the scheduler's to change)
 	// baseline is when this loop started: the watermark of items never
 	// claimed (see policy.baseline); seen when each item was first in a
 	// map this loop read, for items added later (a larger
@@ -122,6 +123,84 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	if _, up := e.opts.Node.Session(); !up {
 		return next // a new session wakes every job
 	}
+	if !j.runnable(ctx, v) || !j.clockAllows(v.Job) {
+		return next
+	}
+	r := &pass{v: v, now: now}
+	r.ahead, r.next = j.claimAhead(v.Job, now, next)
+	r.total = v.Job.ShardingTotalCount
+	if v.Map.Total > 0 {
+		r.total = v.Map.Total // BROADCAST: one item per instance
+	}
+	// A run that ends while the items are read leaves a stale RUNNING
+	// record and marker of this session in the read: such a state must not
+	// be adopted (coord.Adopt checks again; this saves it the read).
+	r.before = make([]runSnapshot, r.total)
+	for item := range r.total {
+		r.before[item].running, r.before[item].ended = j.runs.snapshot(item)
+	}
+	if sweep, idle := j.idleUntil(v, now); idle {
+		return earliest(r.next, sweep)
+	}
+	if !j.read(ctx, r) {
+		return now.Add(500 * time.Millisecond)
+	}
+	r.policy = policy{schedule: v.Job.Schedule, failover: v.Job.Failover, misfire: v.Job.Misfire, window: e.window(), baseline: j.baseline}
+	r.notes = j.notesOutcomes(v)
+	r.own = j.ownership(ctx, v)
+	for item := range r.total {
+		j.decideItem(ctx, r, item)
+	}
+	j.takeSlots(r)
+	j.launch(ctx, v, r.starts)                        // runs first: the records below may take a while
+	j.deleteServed(ctx, r.triggers, r.total, r.items) // as read: the claims just made count at the next look
+	j.record(ctx, r)
+	return r.next
+}
+
+// pass is one reconcile: the view it acts on, the job's items and triggers
+// as it read them, what it decided, and when the loop looks again.
+type pass struct {
+	v     coord.JobView
+	total int       // the job's items
+	now   time.Time // when the items were read (the start, until then)
+	// readAt is the real time of the read: the lead of claims ahead is
+	// measured against the runner's.
+	readAt time.Time
+	ahead  time.Time     // the next fire, when it is claimed ahead
+	next   time.Time     // when the loop looks again
+	before []runSnapshot // per item, its runs here before the read
+
+	items    keyspace.JobItems
+	triggers []keyspace.Trigger
+	loaded   bool // the triggers are complete as of a revision: they are served
+
+	policy policy
+	notes  func(item int, rec *keyspace.ItemRecord) bool // see notesOutcomes
+	own    func(item int, fire time.Time, source string) (bool, time.Time)
+	kills  map[keyspace.KillKey]string // read when a cut run is to run again
+
+	starts []start // the runs decided on
+	skips  []start // the records of skips, settles and kills decided on
+	fresh  []int   // the items whose records begin
+}
+
+// runSnapshot is what this process knew of an item's runs at a moment.
+type runSnapshot struct {
+	running bool
+	ended   uint64
+}
+
+// retrySoon makes the loop look again shortly: something failed, or must
+// happen first.
+func (r *pass) retrySoon() { r.next = earliest(r.next, r.now.Add(500*time.Millisecond)) }
+
+// runnable reports whether the job's fires run in view v: it has a map and
+// is not disabled. It logs when the job is disabled or enabled; a disabled
+// job's fires do not run, its parents' and operators' included: its leader
+// drops its triggers (one instance: no other needs to read them while the
+// job is disabled).
+func (j *jobLoop) runnable(ctx context.Context, v coord.JobView) bool {
 	job, m := v.Job, v.Map
 	disabled := m != nil && m.Disabled || job.Disabled
 	if disabled != j.disabled {
@@ -136,181 +215,228 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 	}
 	if m == nil || disabled {
-		// A disabled job's fires do not run, its parents' and operators'
-		// included: its leader drops its triggers (one instance: no other
-		// needs to read them while the job is disabled).
 		if m != nil && v.Leading && j.loadTriggers(ctx) {
 			j.dropDisabled(ctx, v)
 		}
-		return next
+		return false
 	}
-	if err := e.checkClock(job); err != nil {
+	return true
+}
+
+// clockAllows reports whether this host's clock lets job fire; a refusal
+// is logged once, until the next other one.
+func (j *jobLoop) clockAllows(job *config.Job) bool {
+	if err := j.e.checkClock(job); err != nil {
 		if msg := err.Error(); msg != j.clockErr {
 			j.clockErr = msg
 			j.log.Error("refusing to fire", "err", err)
 		}
-		return next
+		return false
 	}
 	j.clockErr = ""
-	// The next fire is claimed a lead time ahead, and its work prepared, so
-	// that it starts on time (docs/performance.md): the loop wakes at fire
-	// - lead, and at the fire for what it could not claim ahead.
-	var ahead time.Time
+	return true
+}
+
+// claimAhead returns the job's next fire if it is claimed ahead, and next
+// moved to when the loop must wake for it. The next fire is claimed a lead
+// time ahead, and its work prepared, so that it starts on time
+// (docs/performance.md): the loop wakes at fire - lead, and at the fire for
+// what it could not claim ahead.
+func (j *jobLoop) claimAhead(job *config.Job, now, next time.Time) (ahead, wake time.Time) {
+	wake = next
 	if job.Schedule != nil {
 		if f := job.Schedule.Next(now); !f.IsZero() {
-			if lead := e.lead(); f.Sub(now) <= lead {
-				ahead, next = f, earliest(next, f)
+			if lead := j.e.lead(); f.Sub(now) <= lead {
+				ahead, wake = f, earliest(wake, f)
 			} else {
-				next = earliest(next, f.Add(-lead))
+				wake = earliest(wake, f.Add(-lead))
 			}
 		}
 	}
-	// A run that ends while the items are read leaves a stale RUNNING
-	// record and marker of this session in the read: such a state must not
-	// be adopted (coord.Adopt checks again; this saves it the read).
-	total := job.ShardingTotalCount
-	if m.Total > 0 {
-		total = m.Total // BROADCAST: one item per instance
-	}
-	type before struct {
-		running bool
-		ended   uint64
-	}
-	snap := make([]before, total)
-	for item := range total {
-		snap[item].running, snap[item].ended = j.runs.snapshot(item)
-	}
-	// An instance that owns none of the job's items and runs none has
-	// nothing to decide at a fire, nor a trigger to serve (the items'
-	// owners serve them, from etcd): it reads only at the sweep (a claim of
-	// its own that applied late, after the item moved away, is adopted
-	// then). With thousands of jobs on every instance, reading every job at
-	// every fire on every instance is most of etcd's load.
-	if !m.PerFire && !job.Shard.Runtime() && len(m.ItemsOf(e.opts.Node.ID())) == 0 && !j.runs.busy() {
+	return ahead, wake
+}
+
+// idleUntil returns when an instance that owns none of the job's items and
+// runs none reads them next, if not now: it has nothing to decide at a
+// fire, nor a trigger to serve (the items' owners serve them, from etcd),
+// so it reads only at the sweep (a claim of its own that applied late,
+// after the item moved away, is adopted then). With thousands of jobs on
+// every instance, reading every job at every fire on every instance is
+// most of etcd's load.
+func (j *jobLoop) idleUntil(v coord.JobView, now time.Time) (time.Time, bool) {
+	e := j.e
+	if !v.Map.PerFire && !v.Job.Shard.Runtime() && len(v.Map.ItemsOf(e.opts.Node.ID())) == 0 && !j.runs.busy() {
 		if sweep := j.lastRead.Add(e.opts.Sweep); now.Before(sweep) {
-			return earliest(next, sweep)
+			return sweep, true
 		}
 	}
-	j.lastRead = now
-	readAt := time.Now() // real time: the lead is measured against the runner's
-	items, err := e.opts.Node.ReadItems(ctx, j.name)
+	return time.Time{}, false
+}
+
+// read reads the job's items into r, and its triggers. Triggers are served
+// from a set complete as of a revision: the record of an item keeps only
+// the newest it served, so serving one while an older one is unknown here
+// would skip that one.
+func (j *jobLoop) read(ctx context.Context, r *pass) bool {
+	j.lastRead = r.now
+	r.readAt = time.Now() // real time: the lead is measured against the runner's
+	items, err := j.e.opts.Node.ReadItems(ctx, j.name)
 	if err != nil {
 		if ctx.Err() == nil {
 			j.log.Warn("read item states; trying again", "err", err)
 		}
-		return now.Add(500 * time.Millisecond)
+		return false
 	}
-	now = e.opts.Now()
-	// Triggers are served from a set complete as of a revision: the
-	// record of an item keeps only the newest it served, so serving one
-	// while an older one is unknown here would skip that one.
-	var triggers []keyspace.Trigger
-	loaded := j.loadTriggers(ctx)
-	if loaded {
-		triggers = j.pendingTriggers()
+	r.items, r.now = items, j.e.opts.Now()
+	if r.loaded = j.loadTriggers(ctx); r.loaded {
+		r.triggers = j.pendingTriggers()
 	} else {
-		next = earliest(next, now.Add(500*time.Millisecond))
+		r.retrySoon()
 	}
-	me := e.opts.Node.ID()
-	// A parent job's outcomes are noted (deps.go) by the instance that
-	// wrote them, else by the item's owner: the map's, or for per-fire
-	// strategies and runtime routes, any member (each may own the next).
-	parent := len(v.Children) > 0
-	anyOwner := m.PerFire || job.Shard.Runtime()
-	var mine []int
-	if parent {
-		mine = m.ItemsOf(me)
+	return true
+}
+
+// notesOutcomes returns whether this instance notes an item's record rec
+// in its fire's barrier (deps.go) before deciding on the item: a parent
+// job's outcomes are noted by the instance that wrote them, else by the
+// item's owner: the map's, or for per-fire strategies and runtime routes,
+// any member (each may own the next).
+func (j *jobLoop) notesOutcomes(v coord.JobView) func(item int, rec *keyspace.ItemRecord) bool {
+	if len(v.Children) == 0 {
+		return func(int, *keyspace.ItemRecord) bool { return false }
 	}
-	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, window: e.window(), baseline: j.baseline}
-	own := j.ownership(ctx, v)
-	var kills map[keyspace.KillKey]string // read when a cut run is to run again
-	var starts, skips []start
-	var fresh []int
-	for item := range total {
-		st := items.Items[item]
-		if _, ok := j.seen[item]; !ok {
-			j.seen[item] = now
-		}
-		p.baseline = j.baseline
-		if s := j.seen[item]; s.After(p.baseline) {
-			p.baseline = s
-		}
-		local, ended := j.runs.snapshot(item)
-		stale := snap[item].running || ended != snap[item].ended
-		if parent && !stale && st.Record != nil && (st.Record.Instance == me || anyOwner || slices.Contains(mine, item)) && !j.noteOutcome(ctx, v, item, st) {
-			next = earliest(next, now.Add(500*time.Millisecond))
-			continue // the record is not replaced before it is noted
-		}
-		a := decide(st, local, p, now)
-		if a.kind == adopt && stale {
-			j.pokeAfter(100 * time.Millisecond) // read again first
-			continue
-		}
-		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && loaded {
-			a = manual(triggers, item, st, now, j.baseline)
-		}
-		if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && !ahead.IsZero() {
-			// Nothing due now: claim the next fire ahead if, as of that
-			// fire, it would simply run (on time, nothing coalesced).
-			if b := decide(st, local, p, ahead); b.kind == run && b.fire.Equal(ahead) && b.source == keyspace.SourceNormal && b.skipped == 0 && b.attempt == 1 {
-				a, a.startAt = b, ahead
-			}
-		}
-		if a.kind == none {
-			continue
-		}
-		if a.rerun(st.Record) {
-			// A run cut by a failure is not run again when an operator
-			// killed it: its kill may not have reached its instance.
-			if kills == nil {
-				if kills, err = e.opts.Node.Kills(ctx, j.name); err != nil {
-					j.log.Warn("read kill requests; deciding again", "err", err)
-					next = earliest(next, now.Add(500*time.Millisecond))
-					kills = nil
-					continue
-				}
-			}
-			if by, ok := kills[keyspace.KillKey{Item: item, Fence: keyspace.RunFence(st.Record, st.Rev)}]; ok {
-				a = action{kind: killed, fire: st.Record.Fire, why: by}
-			}
-		}
-		if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && !keyspace.OffSchedule(a.source) && a.fire.After(now) {
-			// A fire claimed ahead before (a claim whose reply was lost, or
-			// one that never started) runs again or is adopted: not before
-			// its time either.
-			a.startAt = a.fire
-		}
-		if a.kind != adopt { // a claim already held is run whoever owns the item now
-			mine, at := own(item, a.fire, a.source)
-			if !mine {
-				continue
-			}
-			// A runtime route's turn applies to runs; records are written
-			// by whoever comes first.
-			if at.After(now) && a.kind == run && (a.startAt.IsZero() || at.After(a.fire)) {
-				next = earliest(next, at)
-				continue
-			}
-		}
-		if a.kind != begin && !j.noteOutcome(ctx, v, item, st) {
-			next = earliest(next, now.Add(500*time.Millisecond))
-			continue // the record is not replaced before it is noted
-		}
-		switch a.kind {
-		case skip, settle, killed:
-			skips = append(skips, start{item: item, st: st, a: a})
-			continue
-		case begin:
-			fresh = append(fresh, item)
-			continue
-		}
-		starts = append(starts, start{item: item, st: st, a: a, read: readAt})
+	me := j.e.opts.Node.ID()
+	anyOwner := v.Map.PerFire || v.Job.Shard.Runtime()
+	mine := v.Map.ItemsOf(me)
+	return func(item int, rec *keyspace.ItemRecord) bool {
+		return rec != nil && (rec.Instance == me || anyOwner || slices.Contains(mine, item))
 	}
-	// Concurrency slots go to the oldest fires first, so that no item
-	// starves behind lower-numbered ones.
+}
+
+// baselineOf is the watermark of item if it was never claimed: this loop's
+// start, or when the item was first in a map this loop read.
+func (j *jobLoop) baselineOf(item int, now time.Time) time.Time {
+	if _, ok := j.seen[item]; !ok {
+		j.seen[item] = now
+	}
+	if s := j.seen[item]; s.After(j.baseline) {
+		return s
+	}
+	return j.baseline
+}
+
+// decideItem decides what to do of item as r read it, and files the
+// decision among r's starts, skips or fresh records.
+func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
+	st := r.items.Items[item]
+	p := r.policy
+	p.baseline = j.baselineOf(item, r.now)
+	local, ended := j.runs.snapshot(item)
+	stale := r.before[item].running || ended != r.before[item].ended
+	if !stale && r.notes(item, st.Record) && !j.noteOutcome(ctx, r.v, item, st) {
+		r.retrySoon()
+		return // the record is not replaced before it is noted
+	}
+	a := decide(st, local, p, r.now)
+	if a.kind == adopt && stale {
+		j.pokeAfter(100 * time.Millisecond) // read again first
+		return
+	}
+	if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && r.loaded {
+		a = manual(r.triggers, item, st, r.now, j.baseline)
+	}
+	if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && !r.ahead.IsZero() {
+		// Nothing due now: claim the next fire ahead if, as of that
+		// fire, it would simply run (on time, nothing coalesced).
+		if b := decide(st, local, p, r.ahead); b.kind == run && b.fire.Equal(r.ahead) && b.source == keyspace.SourceNormal && b.skipped == 0 && b.attempt == 1 {
+			a, a.startAt = b, r.ahead
+		}
+	}
+	if a.kind == none {
+		return
+	}
+	if a.rerun(st.Record) {
+		// A run cut by a failure is not run again when an operator
+		// killed it: its kill may not have reached its instance.
+		by, found, ok := j.killRequest(ctx, r, item, st)
+		if !ok {
+			return
+		}
+		if found {
+			a = action{kind: killed, fire: st.Record.Fire, why: by}
+		}
+	}
+	if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && !keyspace.OffSchedule(a.source) && a.fire.After(r.now) {
+		// A fire claimed ahead before (a claim whose reply was lost, or
+		// one that never started) runs again or is adopted: not before
+		// its time either.
+		a.startAt = a.fire
+	}
+	if !j.mayAct(r, item, a) {
+		return
+	}
+	if a.kind != begin && !j.noteOutcome(ctx, r.v, item, st) {
+		r.retrySoon()
+		return // the record is not replaced before it is noted
+	}
+	switch a.kind {
+	case skip, settle, killed:
+		r.skips = append(r.skips, start{item: item, st: st, a: a})
+	case begin:
+		r.fresh = append(r.fresh, item)
+	default:
+		r.starts = append(r.starts, start{item: item, st: st, a: a, read: r.readAt})
+	}
+}
+
+// killRequest returns who killed the run that st records, when an
+// operator's kill request of it is still in etcd. ok is false when the
+// requests could not be read: the loop decides again soon. They are read
+// once per pass, when the first cut run is to run again.
+func (j *jobLoop) killRequest(ctx context.Context, r *pass, item int, st keyspace.ItemState) (by string, found, ok bool) {
+	if r.kills == nil {
+		kills, err := j.e.opts.Node.Kills(ctx, j.name)
+		if err != nil {
+			j.log.Warn("read kill requests; deciding again", "err", err)
+			r.retrySoon()
+			return "", false, false
+		}
+		r.kills = kills
+	}
+	by, found = r.kills[keyspace.KillKey{Item: item, Fence: keyspace.RunFence(st.Record, st.Rev)}]
+	return by, found, true
+}
+
+// mayAct reports whether this instance acts on a for item now. A claim
+// already held (adopt) is run whoever owns the item now; anything else
+// needs the item's owner for a's fire. A runtime route's turn applies to
+// runs (records are written by whoever comes first): the loop looks again
+// at a turn to come.
+func (j *jobLoop) mayAct(r *pass, item int, a action) bool {
+	if a.kind == adopt {
+		return true
+	}
+	mine, at := r.own(item, a.fire, a.source)
+	if !mine {
+		return false
+	}
+	if at.After(r.now) && a.kind == run && (a.startAt.IsZero() || at.After(a.fire)) {
+		r.next = earliest(r.next, at)
+		return false
+	}
+	return true
+}
+
+// takeSlots gives the runs r decided on their concurrency slots, the
+// oldest fires first, so that no item starves behind lower-numbered ones;
+// the runs left without one are dropped from r, and decided again when a
+// slot is free.
+func (j *jobLoop) takeSlots(r *pass) {
+	e := j.e
+	starts := r.starts
 	slices.SortStableFunc(starts, func(x, y start) int { return x.a.waitingSince().Compare(y.a.waitingSince()) })
 	for i := range starts {
-		slots := []semaphore{j.semaphore(job.MaxConcurrency), e.global}
+		slots := []semaphore{j.semaphore(r.v.Job.MaxConcurrency), e.global}
 		if !tryAcquire(slots...) {
 			// Ask to be woken by the next slot given back, then look once
 			// more: one may have been given back in between.
@@ -322,9 +448,13 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		starts[i].slots = slots
 	}
-	j.launch(ctx, v, starts)                    // runs first: the records below may take a while
-	j.deleteServed(ctx, triggers, total, items) // as read: the claims just made count at the next look
-	for _, s := range skips {
+	r.starts = starts
+}
+
+// record writes the records r decided on: skips, settles and kills, and
+// the records that begin.
+func (j *jobLoop) record(ctx context.Context, r *pass) {
+	for _, s := range r.skips {
 		switch s.a.kind {
 		case settle:
 			j.settle(ctx, s.item, s.st)
@@ -334,13 +464,12 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 			j.skip(ctx, s.item, s.st, s.a)
 		}
 	}
-	if len(fresh) > 0 {
-		if err := e.opts.Node.Begin(ctx, j.name, fresh, now, v.MapRev); err != nil {
-			j.log.Warn("begin item records; trying again", "items", len(fresh), "err", err)
-			next = earliest(next, now.Add(500*time.Millisecond))
+	if len(r.fresh) > 0 {
+		if err := j.e.opts.Node.Begin(ctx, j.name, r.fresh, r.now, r.v.MapRev); err != nil {
+			j.log.Warn("begin item records; trying again", "items", len(r.fresh), "err", err)
+			r.retrySoon()
 		}
 	}
-	return next
 }
 
 // settle records a run cut by a failure that failover: false leaves alone.
@@ -403,7 +532,7 @@ func manual(triggers []keyspace.Trigger, item int, st keyspace.ItemState, now, b
 // skip records fires as skipped by the misfire policy.
 func (j *jobLoop) skip(ctx context.Context, item int, st keyspace.ItemState, a action) {
 	e := j.e
-	if err := e.opts.Node.Skip(ctx, j.name, item, a.fire, a.skipped, a.why, st); err != nil {
+	if err := e.opts.Node.Skip(ctx, coord.Skip{Job: j.name, Item: item, Fire: a.fire, Skipped: a.skipped, Reason: a.why, Prev: st}); err != nil {
 		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
 		return
@@ -550,30 +679,38 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 		e.runs.Add(1)
 		go func() {
 			defer e.runs.Done()
-			items := make([]int, len(group))
-			for i, s := range group {
-				items[i] = s.item
-			}
-			e.listener(v.Job, "BEFORE", ls.Before, fire, items)
-			var wg sync.WaitGroup
-			var mu sync.Mutex
-			var ran []int
-			for _, s := range group {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if one(s) {
-						mu.Lock()
-						ran = append(ran, s.item)
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			if len(ran) > 0 {
-				slices.Sort(ran)
-				e.listener(v.Job, "AFTER", ls.After, fire, ran)
+			j.runGroup(v.Job, fire, group, one)
+		}()
+	}
+}
+
+// runGroup runs the items of one scheduled fire of a job with listeners,
+// each with one: BEFORE runs before the first starts, AFTER when the last
+// has ended, with the items that ran.
+func (j *jobLoop) runGroup(job *config.Job, fire time.Time, group []start, one func(start) bool) {
+	e, ls := j.e, job.Listeners
+	items := make([]int, len(group))
+	for i, s := range group {
+		items[i] = s.item
+	}
+	e.listener(job, "BEFORE", ls.Before, fire, items)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ran []int
+	for _, s := range group {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if one(s) {
+				mu.Lock()
+				ran = append(ran, s.item)
+				mu.Unlock()
 			}
 		}()
+	}
+	wg.Wait()
+	if len(ran) > 0 {
+		slices.Sort(ran)
+		e.listener(job, "AFTER", ls.After, fire, ran)
 	}
 }

@@ -194,34 +194,11 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, context.Cause(ctx))
 		return res
 	}
-	body := []byte(h.Body)
-	if h.Body == "" {
-		body = c.JSON()
-	}
-	req, err := http.NewRequestWithContext(ctx, h.Method, h.URL, bytes.NewReader(body))
+	req, secret, err := h.request(ctx, c)
 	if err != nil {
-		res.Err = fmt.Errorf("request: %w", err)
+		res.Err = err
 		return res
 	}
-	if h.Body == "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	req.Header.Set("User-Agent", "shardd")
-	req.Header.Set("shardingContext", c.elasticJobContext()) // for hooks migrated from ElasticJob
-	var secrets []string                                     // the values of the ${VAR}s: never recorded
-	for k, v := range h.Headers {
-		val, missing := ExpandEnv(v)
-		if len(missing) > 0 {
-			res.Err = fmt.Errorf("header %s: ${%s} is not set in shardd's environment on this host; not sending an empty value", k, missing[0])
-			return res
-		}
-		os.Expand(v, func(name string) string {
-			secrets = append(secrets, os.Getenv(name))
-			return ""
-		})
-		req.Header.Set(k, val)
-	}
-	secret := newRedactor(secrets)
 	defer func() { res = boundErr(redact(res, secret)) }()
 	client, err := h.clientNow()
 	if err != nil {
@@ -248,17 +225,44 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		return res
 	}
 	defer resp.Body.Close()
-	// The answer's first MiB is read; its tail is kept, after the
-	// secrets are taken out of the whole (a secret cut in two by the
-	// tail's start would escape redaction).
-	var answer bytes.Buffer
-	n, rerr := io.Copy(&answer, io.LimitReader(resp.Body, maxAnswer))
-	text := answer.String()
-	if n == maxAnswer || rerr != nil { // cut: a secret may start in the last bytes read
-		text = secret.Cut(text)
-	} else {
-		text = secret.String(text)
+	return h.answer(ctx, c, resp, secret, res)
+}
+
+// request is the hook's request for c, and the redactor of the values of
+// its headers' ${VAR}s: they are never recorded.
+func (h *HTTP) request(ctx context.Context, c Context) (*http.Request, *redactor, error) {
+	body := []byte(h.Body)
+	if h.Body == "" {
+		body = c.JSON()
 	}
+	req, err := http.NewRequestWithContext(ctx, h.Method, h.URL, bytes.NewReader(body))
+	if err != nil {
+		return nil, nil, fmt.Errorf("request: %w", err)
+	}
+	if h.Body == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("User-Agent", "shardd")
+	req.Header.Set("shardingContext", c.elasticJobContext()) // for hooks migrated from ElasticJob
+	var secrets []string                                     // the values of the ${VAR}s: never recorded
+	for k, v := range h.Headers {
+		val, missing := ExpandEnv(v)
+		if len(missing) > 0 {
+			return nil, nil, fmt.Errorf("header %s: ${%s} is not set in shardd's environment on this host; not sending an empty value", k, missing[0])
+		}
+		os.Expand(v, func(name string) string {
+			secrets = append(secrets, os.Getenv(name))
+			return ""
+		})
+		req.Header.Set(k, val)
+	}
+	return req, newRedactor(secrets), nil
+}
+
+// answer completes res from the hook's answer resp: its status, and the
+// tail of its body with the secrets taken out.
+func (h *HTTP) answer(ctx context.Context, c Context, resp *http.Response, secret *redactor, res Result) Result {
+	text, rerr := readAnswer(resp.Body, secret)
 	if c.Output != nil {
 		c.Output.Stdout().Write([]byte(text))
 	}
@@ -296,6 +300,19 @@ func (h *HTTP) Run(ctx context.Context, c Context) (res Result) {
 		}
 	}
 	return res
+}
+
+// readAnswer reads the answer's first MiB, with the secrets taken out of
+// the whole before its tail is kept (a secret cut in two by the tail's
+// start would escape redaction).
+func readAnswer(body io.Reader, secret *redactor) (string, error) {
+	var answer bytes.Buffer
+	n, err := io.Copy(&answer, io.LimitReader(body, maxAnswer))
+	text := answer.String()
+	if n == maxAnswer || err != nil { // cut: a secret may start in the last bytes read
+		return secret.Cut(text), err
+	}
+	return secret.String(text), err
 }
 
 // ExpandEnv expands ${VAR} and $VAR in s from the environment, as

@@ -160,6 +160,86 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, context.Cause(ctx))
 		return res
 	}
+	r := &scriptRun{s: s}
+	defer r.close()
+	if err := r.prepare(c, tailBytes); err != nil {
+		res.Err = err
+		return res
+	}
+
+	res.Prepared = time.Now()
+	if r.gate == nil { // no gate to hold it: start it at its time, if still wanted
+		if err := release(ctx, c); err != nil {
+			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
+			r.out.closeWriters()
+			r.out.wait(time.Second)
+			return res
+		}
+	}
+	runID, endRun := newRun()
+	defer endRun()
+	r.cmd.Env = append(r.cmd.Env, RunEnv+"="+runID)
+	cg, cgErr := s.Cgroups.prepare(r.cmd, runID)
+	defer cg.kill()
+	r.cg = cg
+	if err := r.start(c, cgErr); err != nil {
+		res.Err = err
+		return res
+	}
+	defer r.finish()
+	if r.gate != nil {
+		var why error
+		if res.Prepared, why = r.openGate(ctx, c, runID); why != nil {
+			r.kill()
+			cg.kill()
+			r.out.wait(time.Second)
+			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, why)
+			return res
+		}
+	}
+	res.Started = time.Now()
+	if !c.StartAt.IsZero() {
+		res.Start = res.Started // prepared ahead: the run starts when it is let go, not before its fire
+	}
+
+	res.Err = r.wait(ctx, grace)
+	// Nothing of the item may outlive it: kill what the script left in its
+	// group, and what left the group (see reap.go).
+	syscall.Kill(-r.pgid, syscall.SIGKILL)
+	cg.kill()
+	sweep(runID)
+	r.out.wait(time.Second)
+	r.finish()
+	return r.result(res)
+}
+
+// scriptRun is one run of a Script: its command, the gate that holds it
+// until its process group is registered with the watchdog, its output,
+// and its process group once started.
+type scriptRun struct {
+	s     Script
+	cmd   *exec.Cmd
+	gate  *os.File   // the write end of the gate; nil: no gate
+	files []*os.File // the gate's ends, closed when the run ends
+	out   *output
+	cg    *runCgroup
+
+	// The leader is reaped last (finish), after the watchdog was told the
+	// run ended and after every kill of its group: until then its pid,
+	// the group's id, is given to no other process (see watchdog.go).
+	pgid    int
+	exited  chan struct{} // closed when the leader has exited
+	reg     *Registration // registered with the watchdog
+	reaped  bool
+	waitErr error
+	started func() // ends start's record of the leader
+}
+
+// prepare builds the command for c: its argv (with ElasticJob's context
+// argument), behind a gate when a watchdog guards it, its environment,
+// and the pipes of its output.
+func (r *scriptRun) prepare(c Context, tailBytes int) error {
+	s := r.s
 	var argv []string
 	switch {
 	case len(s.Argv) > 0:
@@ -171,60 +251,207 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		argv = append(argv, c.elasticJobContext())
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	var gate *os.File // the write end of the gate; nil: no gate
 	if s.Watchdog != nil {
 		// Hold the script in a gate until its group is registered.
 		gr, gw, err := os.Pipe()
 		if err != nil {
-			res.Err = fmt.Errorf("gate pipe: %w", err)
-			return res
+			return fmt.Errorf("gate pipe: %w", err)
 		}
-		defer gr.Close()
-		defer gw.Close()
+		r.files = append(r.files, gr, gw)
 		cmd = exec.Command("/bin/sh", append([]string{"-c", gateScript, "shardd-gate"}, argv...)...)
 		cmd.ExtraFiles = []*os.File{gr}
-		gate = gw
+		r.gate = gw
 	}
+	r.cmd = cmd
 	cmd.Dir = s.Workdir
-	cmd.Env = os.Environ()
+	env, err := s.environ(c)
+	if err != nil {
+		return err
+	}
+	cmd.Env = env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	r.out = &output{tail: &syncTail{tail: tail{max: tailBytes}}, lines: &lineLog{log: s.Log, job: c.Job, item: c.Item}, copied: make(chan struct{}, 2)}
+	return r.out.pipe(cmd, c.Output)
+}
+
+// environ is the script's environment for c: shardd's, then Env, then the
+// context's SHARDD_* variables.
+func (s Script) environ(c Context) ([]string, error) {
+	env := os.Environ()
 	for k, v := range s.Env {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		env = append(env, k+"="+v)
 	}
-	cmd.Env = append(cmd.Env, c.Env()...)
-	for i, kv := range cmd.Env { // exec refuses a NUL; onFailure passes output on
-		cmd.Env[i] = strings.ReplaceAll(kv, "\x00", "\uFFFD")
+	env = append(env, c.Env()...)
+	for i, kv := range env { // exec refuses a NUL; onFailure passes output on
+		env[i] = strings.ReplaceAll(kv, "\x00", "\uFFFD")
 	}
-	for _, kv := range cmd.Env {
+	for _, kv := range env {
 		if len(kv) >= maxEnvString {
-			res.Err = fmt.Errorf("environment variable %s is %d bytes; Linux allows under %d", kv[:strings.IndexByte(kv, '=')], len(kv), maxEnvString)
-			return res
+			return nil, fmt.Errorf("environment variable %s is %d bytes; Linux allows under %d", kv[:strings.IndexByte(kv, '=')], len(kv), maxEnvString)
 		}
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return env, nil
+}
 
-	// The output's tail (both streams), the log's lines and the run's
-	// whole output (c.Output) are fed from two OS pipes, so that Wait does
-	// not wait for output from processes the script left behind; each
-	// reader ends when the stream's last writer is gone. Memory per run is
-	// bounded whatever the output: 32 KiB reads, a capped tail and line.
-	out := &syncTail{tail: tail{max: tailBytes}}
-	lines := &lineLog{log: s.Log, job: c.Job, item: c.Item}
-	var readers [2]*os.File
-	copied := make(chan struct{}, 2)
-	for stream := range readers {
+// start starts the command (cgErr: why it is not confined to a cgroup)
+// and closes the output's write ends, which the child has copies of.
+func (r *scriptRun) start(c Context, cgErr error) error {
+	started, err := start(r.cmd)
+	if cgErr != nil && r.s.Log != nil {
+		r.s.Log.Warn("run not confined to a cgroup", "job", c.Job, "item", c.Item, "err", cgErr)
+	}
+	r.out.closeWriters() // the child has its copies
+	if err != nil {
+		r.out.wait(time.Second)
+		return fmt.Errorf("start %s: %w", r.cmd.Path, err)
+	}
+	r.started = started
+	pgid := r.cmd.Process.Pid
+	r.pgid, r.exited = pgid, make(chan struct{})
+	go func() { waitExit(pgid); close(r.exited) }()
+	return nil
+}
+
+// openGate registers the run's group with the watchdog (unguarded work
+// must not run), then lets the script through its gate at its time
+// (prepared ahead, with a StartAt), if still wanted then. It returns when
+// the run was ready, and why the script was not let through, if it was not.
+func (r *scriptRun) openGate(ctx context.Context, c Context, runID string) (prepared time.Time, why error) {
+	wd := r.s.Watchdog
+	st, err := procStart(r.pgid)
+	if err == nil {
+		r.reg = &Registration{Token: runID, PGID: r.pgid, Start: st, Cgroup: r.cg.path()}
+		err = wd.Add(*r.reg)
+	}
+	switch {
+	case err != nil:
+		why = fmt.Errorf("watchdog: %w", err) // unguarded work must not run
+	case ctx.Err() != nil:
+		why = context.Cause(ctx)
+	case wd.Expired():
+		why = errors.New("the session's fence deadline passed")
+	}
+	prepared = time.Now()
+	if why == nil {
+		// Prepared (ahead, with a StartAt): released at its time, if
+		// still wanted then.
+		if why = release(ctx, c); why == nil && wd.Expired() {
+			why = errors.New("the session's fence deadline passed")
+		}
+	}
+	if why == nil {
+		_, why = r.gate.Write([]byte("go\n"))
+	}
+	r.gate.Close()
+	return prepared, why
+}
+
+// wait waits until the script exits. When ctx ends it kills the group at
+// once (SIGKILL); at the timeout it sends SIGTERM, and SIGKILL Grace later.
+// The error says why the script was stopped, if it was.
+func (r *scriptRun) wait(ctx context.Context, grace time.Duration) error {
+	var timeout <-chan time.Time
+	if r.s.Timeout > 0 {
+		t := time.NewTimer(r.s.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-r.exited:
+		return nil
+	case <-ctx.Done():
+		r.kill()
+		return fmt.Errorf("%w: %v", ErrKilled, context.Cause(ctx))
+	case <-timeout:
+		syscall.Kill(-r.pgid, syscall.SIGTERM)
+		select {
+		case <-r.exited:
+		case <-time.After(grace):
+			r.kill()
+		case <-ctx.Done():
+			r.kill()
+		}
+		return fmt.Errorf("%w after %s", ErrTimeout, r.s.Timeout)
+	}
+}
+
+// result completes res, of the run that ended, with its output's tail
+// and how the script exited.
+func (r *scriptRun) result(res Result) Result {
+	res.Output = r.out.tail.String()
+	if r.cmd.ProcessState != nil {
+		res.ExitCode = r.cmd.ProcessState.ExitCode()
+	}
+	switch {
+	case res.Err != nil:
+	case r.waitErr != nil && r.s.MoreExitCode > 0 && res.ExitCode == r.s.MoreExitCode:
+		res.OK, res.More = true, true // processed data; more may remain
+	case r.waitErr != nil:
+		res.Err = r.waitErr // "exit status 3", "signal: killed"
+	default:
+		res.OK = true
+	}
+	res.Retryable = !res.OK && !errors.Is(res.Err, ErrKilled)
+	return res
+}
+
+// kill kills the run's process group and waits for its leader to exit.
+func (r *scriptRun) kill() {
+	syscall.Kill(-r.pgid, syscall.SIGKILL)
+	<-r.exited
+}
+
+// finish reaps the leader once it has exited, after unregistering the run
+// from the watchdog; it does so once.
+func (r *scriptRun) finish() {
+	if r.reaped {
+		return
+	}
+	r.reaped = true
+	if r.reg != nil {
+		r.s.Watchdog.Del(r.reg.Token)
+	}
+	r.waitErr = r.cmd.Wait()
+	r.started()
+}
+
+// close closes the ends of the run's pipes left open.
+func (r *scriptRun) close() {
+	if r.out != nil {
+		r.out.close()
+	}
+	for _, f := range r.files {
+		f.Close()
+	}
+}
+
+// output feeds a script's output, the tail (both streams), the log's lines
+// and the run's whole output (c.Output), from two OS pipes, so that Wait
+// does not wait for output from processes the script left behind; each
+// reader ends when the stream's last writer is gone. Memory per run is
+// bounded whatever the output: 32 KiB reads, a capped tail and line.
+type output struct {
+	tail    *syncTail
+	lines   *lineLog
+	readers [2]*os.File
+	writers [2]*os.File
+	copied  chan struct{} // buffered(2): a reader ended
+}
+
+// pipe gives cmd the pipes' write ends and copies from their read ends to
+// the tail, the lines and sink (nil: none).
+func (o *output) pipe(cmd *exec.Cmd, sink Sink) error {
+	for stream := range o.readers {
 		pr, pw, err := os.Pipe()
 		if err != nil {
-			res.Err = fmt.Errorf("output pipe: %w", err)
-			return res
+			return fmt.Errorf("output pipe: %w", err)
 		}
-		defer pr.Close()
-		defer pw.Close() // when start fails; closed below otherwise
-		readers[stream] = pr
-		var sink io.Writer
-		if c.Output != nil {
-			sink = c.Output.Stdout()
+		o.readers[stream], o.writers[stream] = pr, pw
+		var w io.Writer
+		if sink != nil {
+			w = sink.Stdout()
 			if stream == stderr {
-				sink = c.Output.Stderr()
+				w = sink.Stderr()
 			}
 		}
 		if stream == stdout {
@@ -233,14 +460,14 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			cmd.Stderr = pw
 		}
 		go func() {
-			defer func() { copied <- struct{}{} }()
+			defer func() { o.copied <- struct{}{} }()
 			buf := make([]byte, 32<<10)
 			for {
 				n, err := pr.Read(buf)
-				out.Write(buf[:n])
-				lines.Write(stream, buf[:n])
-				if sink != nil && n > 0 {
-					sink.Write(buf[:n])
+				o.tail.Write(buf[:n])
+				o.lines.Write(stream, buf[:n])
+				if w != nil && n > 0 {
+					w.Write(buf[:n])
 				}
 				if err != nil {
 					return
@@ -248,154 +475,36 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			}
 		}()
 	}
-	closeWriters := func() { cmd.Stdout.(*os.File).Close(); cmd.Stderr.(*os.File).Close() }
-	waitCopied := func(limit time.Duration) {
-		timer := time.NewTimer(limit)
-		defer timer.Stop()
-		for n := 0; n < 2; {
-			select {
-			case <-copied:
-				n++
-			case <-timer.C: // a process that left the group holds a pipe
-				readers[0].Close()
-				readers[1].Close()
-			}
-		}
-		lines.Close()
-	}
+	return nil
+}
 
-	res.Prepared = time.Now()
-	if gate == nil { // no gate to hold it: start it at its time, if still wanted
-		if err := release(ctx, c); err != nil {
-			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
-			closeWriters()
-			waitCopied(time.Second)
-			return res
-		}
-	}
-	runID, endRun := newRun()
-	defer endRun()
-	cmd.Env = append(cmd.Env, RunEnv+"="+runID)
-	cg, cgErr := s.Cgroups.prepare(cmd, runID)
-	defer cg.kill()
-	started, err := start(cmd)
-	if cgErr != nil && s.Log != nil {
-		s.Log.Warn("run not confined to a cgroup", "job", c.Job, "item", c.Item, "err", cgErr)
-	}
-	closeWriters() // the child has its copies
-	if err != nil {
-		waitCopied(time.Second)
-		res.Err = fmt.Errorf("start %s: %w", cmd.Path, err)
-		return res
-	}
-	// The leader is reaped last (finish), after the watchdog was told the
-	// run ended and after every kill of its group: until then its pid,
-	// the group's id, is given to no other process (see watchdog.go).
-	pgid := cmd.Process.Pid
-	exited := make(chan struct{})
-	go func() { waitExit(pgid); close(exited) }()
-	var waitErr error
-	var reg *Registration // registered with the watchdog
-	reaped := false
-	finish := func() { // once the leader has exited
-		if reaped {
-			return
-		}
-		reaped = true
-		if reg != nil {
-			s.Watchdog.Del(reg.Token)
-		}
-		waitErr = cmd.Wait()
-		started()
-	}
-	defer finish()
-	if gate != nil {
-		var why error
-		st, err := procStart(pgid)
-		if err == nil {
-			reg = &Registration{Token: runID, PGID: pgid, Start: st, Cgroup: cg.path()}
-			err = s.Watchdog.Add(*reg)
-		}
-		switch {
-		case err != nil:
-			why = fmt.Errorf("watchdog: %w", err) // unguarded work must not run
-		case ctx.Err() != nil:
-			why = context.Cause(ctx)
-		case s.Watchdog.Expired():
-			why = errors.New("the session's fence deadline passed")
-		}
-		res.Prepared = time.Now()
-		if why == nil {
-			// Prepared (ahead, with a StartAt): released at its time, if
-			// still wanted then.
-			if why = release(ctx, c); why == nil && s.Watchdog.Expired() {
-				why = errors.New("the session's fence deadline passed")
-			}
-		}
-		if why == nil {
-			_, why = gate.Write([]byte("go\n"))
-		}
-		gate.Close()
-		if why != nil {
-			syscall.Kill(-pgid, syscall.SIGKILL)
-			<-exited
-			cg.kill()
-			waitCopied(time.Second)
-			res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, why)
-			return res
-		}
-	}
-	res.Started = time.Now()
-	if !c.StartAt.IsZero() {
-		res.Start = res.Started // prepared ahead: the run starts when it is let go, not before its fire
-	}
+// closeWriters closes the write ends: once the command has started, or
+// will not.
+func (o *output) closeWriters() { o.writers[stdout].Close(); o.writers[stderr].Close() }
 
-	var timeout <-chan time.Time
-	if s.Timeout > 0 {
-		t := time.NewTimer(s.Timeout)
-		defer t.Stop()
-		timeout = t.C
-	}
-	select {
-	case <-exited:
-	case <-ctx.Done():
-		syscall.Kill(-pgid, syscall.SIGKILL)
-		<-exited
-		res.Err = fmt.Errorf("%w: %v", ErrKilled, context.Cause(ctx))
-	case <-timeout:
-		syscall.Kill(-pgid, syscall.SIGTERM)
+// wait waits for both readers to end, at most limit before it closes
+// their pipes (a process that left the group holds one), and logs the
+// last lines.
+func (o *output) wait(limit time.Duration) {
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for n := 0; n < 2; {
 		select {
-		case <-exited:
-		case <-time.After(grace):
-			syscall.Kill(-pgid, syscall.SIGKILL)
-			<-exited
-		case <-ctx.Done():
-			syscall.Kill(-pgid, syscall.SIGKILL)
-			<-exited
+		case <-o.copied:
+			n++
+		case <-timer.C: // a process that left the group holds a pipe
+			o.readers[0].Close()
+			o.readers[1].Close()
 		}
-		res.Err = fmt.Errorf("%w after %s", ErrTimeout, s.Timeout)
 	}
-	// Nothing of the item may outlive it: kill what the script left in its
-	// group, and what left the group (see reap.go).
-	syscall.Kill(-pgid, syscall.SIGKILL)
-	cg.kill()
-	sweep(runID)
-	waitCopied(time.Second)
-	finish()
+	o.lines.Close()
+}
 
-	res.Output = out.String()
-	if cmd.ProcessState != nil {
-		res.ExitCode = cmd.ProcessState.ExitCode()
+// close closes the pipes' ends left open.
+func (o *output) close() {
+	for _, f := range append(o.readers[:], o.writers[:]...) {
+		if f != nil {
+			f.Close()
+		}
 	}
-	switch {
-	case res.Err != nil:
-	case waitErr != nil && s.MoreExitCode > 0 && res.ExitCode == s.MoreExitCode:
-		res.OK, res.More = true, true // processed data; more may remain
-	case waitErr != nil:
-		res.Err = waitErr // "exit status 3", "signal: killed"
-	default:
-		res.OK = true
-	}
-	res.Retryable = !res.OK && !errors.Is(res.Err, ErrKilled)
-	return res
 }

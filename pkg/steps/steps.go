@@ -1,6 +1,6 @@
-// Package sched runs many slots' steps from one timer heap and a few
+// Package steps runs many slots' steps from one timer heap and a few
 // reused goroutines.
-package sched
+package steps
 
 import (
 	"container/heap"
@@ -12,7 +12,7 @@ import (
 // Scheduler runs the steps of many slots (a job's reconcile in the engine,
 // a job's registration, campaign or leadership in coord): one timer for all
 // (a heap of their next wake-ups) and a worker per step in progress (a few
-// finished ones wait to be reused), none per idle slot ([3/8]: with 10,000
+// finished ones wait to be reused), none per idle slot (with 10,000
 // jobs, a goroutine and a timer per job were most of an idle instance's
 // memory). A slot's steps never overlap: a wake during one makes it run
 // again at once after.

@@ -1,4 +1,4 @@
-package sched
+package steps
 
 import (
 	"context"
@@ -114,10 +114,10 @@ func TestSchedulerIdleSlotsHaveNoGoroutine(t *testing.T) {
 	if waiting != 1000 {
 		t.Fatalf("%d slots waiting, want 1000", waiting)
 	}
-	if g := stacks.Count("internal/sched.(*Scheduler).step"); g != 0 {
+	if g := stacks.Count("pkg/steps.(*Scheduler).step"); g != 0 {
 		t.Errorf("%d step goroutines for 1,000 idle slots, want 0", g)
 	}
-	if g := stacks.Count("internal/sched.(*Scheduler).worker"); g > maxIdleWorkers {
+	if g := stacks.Count("pkg/steps.(*Scheduler).worker"); g > maxIdleWorkers {
 		t.Errorf("%d workers left waiting after a burst of 1,000 steps, want at most %d", g, maxIdleWorkers)
 	}
 }
