@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,10 +14,15 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/faultproxy"
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // longFaults gates the dependency fault tests: a minute of real faults,
@@ -339,4 +345,294 @@ func TestDepsTwoParentsAtOnce(t *testing.T) {
 			t.Fatalf("round %d: the child ran %d times: %v", r, len(got), got)
 		}
 	}
+}
+
+// A parent with as many children as allowed (config.MaxChildren): its
+// completing note's Txn, one trigger per child, stays within etcd's
+// --max-txn-ops (128); the parent runs on, and every child runs once per
+// fire. (More children are refused by validate.)
+func TestDepsManyChildren(t *testing.T) {
+	t.Parallel()
+	longFaults(t)
+	srv := etcdtest.Shared(t)
+	dir := t.TempDir()
+	kids := config.MaxChildren
+	var b strings.Builder
+	b.WriteString("jobs:\n  - name: parent\n    script: 'echo x >> " + dir + "/parent'\n")
+	for i := range kids {
+		fmt.Fprintf(&b, "  - name: kid%03d\n    dependsOn: [parent]\n    script: 'echo %d >> %s/kids'\n", i, i, dir)
+	}
+	a := instance(t, srv, "a", b.String())
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	etcdtest.Eventually(t, 60*time.Second, "the children index", func() bool {
+		v, _ := a.View("parent")
+		return len(v.Children) == kids && v.Map != nil
+	})
+	for i := 1; i <= 2; i++ {
+		if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+	}
+	p, k := len(lines(filepath.Join(dir, "parent"))), len(lines(filepath.Join(dir, "kids")))
+	resp, _ := cli.Get(ctx, keys.Fires("parent"), clientv3.WithPrefix())
+	for _, kv := range resp.Kvs {
+		t.Logf("barrier %s = %s", kv.Key, kv.Value)
+	}
+	if p != 2 || k != 2*kids {
+		t.Fatalf("2 manual triggers of a parent with %d children: the parent ran %d times (want 2), the children ran %d times (want %d)", kids, p, k, 2*kids)
+	}
+}
+
+// A host publishes an edit of the child (dependsOn [p1] -> [p2]) and its
+// first write of p1's children index fails: p1's index keeps the child,
+// but a fire of p1 reads the child's registered definition and does not
+// trigger it.
+func TestDepsDependsOnEditWithAStaleIndex(t *testing.T) {
+	t.Parallel()
+	longFaults(t)
+	srv := etcdtest.Shared(t)
+	dir := t.TempDir()
+	def := func(parent string) string {
+		return `jobs:
+  - name: p1
+    script: 'true'
+  - name: p2
+    script: 'true'
+  - name: child
+    dependsOn: [` + parent + `]
+    script: 'echo "$SHARDD_PARENT_JOB" >> ` + dir + `/child'
+`
+	}
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	a, stopA := startInstance(t, srv.Client(), "a", def("p1"))
+	etcdtest.Eventually(t, 15*time.Second, "p1's children index", func() bool {
+		v, _ := a.View("p1")
+		return len(v.Children["child"].Parents) == 1
+	})
+	stopA()
+	var failed atomic.Int32
+	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*pb.RangeRequest); ok && string(r.Key) == keys.Children("p1") && len(r.RangeEnd) == 0 && os.Getenv("REV2_NOFAULT") == "" && failed.Add(1) == 1 {
+			return status.Error(codes.Unavailable, "lost reply (test)")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	b, _ := startInstance(t, srv.ClientWith([]grpc.DialOption{grpc.WithUnaryInterceptor(icpt)}), "b", def("p2"))
+	etcdtest.Eventually(t, 15*time.Second, "b's view: child depends on p2, p2's index", func() bool {
+		v, _ := b.View("child")
+		p2, _ := b.View("p2")
+		c, _ := b.View("child")
+		return v.Job != nil && len(v.Job.DependsOn) == 1 && v.Job.DependsOn[0] == "p2" && len(p2.Children["child"].Parents) == 1 && c.Map != nil
+	})
+	time.Sleep(2 * time.Second)
+	resp, _ := cli.Get(ctx, keys.Children("p1"))
+	if len(resp.Kvs) > 0 {
+		t.Logf("p1's children index: %s (index reads failed: %d)", resp.Kvs[0].Value, failed.Load())
+	}
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if got := lines(filepath.Join(dir, "child")); len(got) != 0 {
+		t.Fatalf("child (dependsOn: [p2]) ran after a fire of p1: %v", got)
+	}
+}
+
+// A watch gap resynced while loadTriggers' read is in flight: the read
+// may predate the gap, so the triggers are read again before any is
+// served, and the trigger put in the gap runs the child.
+func TestDepsResyncDuringLoadTriggers(t *testing.T) {
+	t.Parallel()
+	longFaults(t)
+	srv := etcdtest.Start(t)
+	dir := t.TempDir()
+	yaml := `jobs:
+  - name: parent
+    strategy: FIRST
+    script: 'echo "$SHARDD_FENCE" >> ` + dir + `/parent'
+  - name: child
+    strategy: LAST
+    dependsOn: [parent]
+    script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
+`
+	keys := keyspace.NewKeys("")
+	proxy, err := faultproxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	held, release := make(chan struct{}), make(chan struct{})
+	var n atomic.Int32
+	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if r, ok := req.(*pb.RangeRequest); ok && string(r.Key) == keys.Triggers("child") && n.Add(1) == 1 {
+			close(held)
+			if os.Getenv("REV2_NOHOLD") == "" {
+				<-release // the reply of loadTriggers' read is slow
+			}
+		}
+		return err
+	}
+	p := instance(t, srv, "p", yaml)
+	etcdtest.Eventually(t, 15*time.Second, "p's views", func() bool {
+		v, _ := p.View("parent")
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && len(v.Map.ItemsOf("p")) == 1
+	})
+	cli, ctx := srv.Client(), context.Background()
+	instanceWith(t, srv.ClientWith([]grpc.DialOption{grpc.WithUnaryInterceptor(icpt)}, "http://"+proxy.Addr()), "z", yaml)
+	select {
+	case <-held:
+	case <-time.After(20 * time.Second):
+		t.Fatal("z never read the child's triggers")
+	}
+	// While the reply is on its way: a gap in z's watch, compacted, in which
+	// parent fire 1 completes.
+	proxy.Blackhole()
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.Eventually(t, 10*time.Second, "upstream trigger 1", func() bool {
+		resp, err := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
+		return err == nil && len(resp.Kvs) == 1
+	})
+	put, _ := cli.Put(ctx, "/unrelated", "x")
+	if _, err := cli.Compact(ctx, put.Header.Revision); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Sever()
+	proxy.Restore()
+	time.Sleep(2500 * time.Millisecond) // z's hub resumes, finds the revision compacted, resyncs
+	close(release)
+	time.Sleep(time.Second)
+	// Parent fire 2: its trigger reaches z by the watch.
+	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(6 * time.Second)
+	resp, _ := cli.Get(ctx, keys.Triggers("child"), clientv3.WithPrefix())
+	if got := lines(filepath.Join(dir, "child")); len(got) != 2 {
+		t.Fatalf("2 successful parent fires (parent runs %v), child ran %d times: %v; child triggers left in etcd: %d",
+			strings.Join(lines(filepath.Join(dir, "parent")), ","), len(got), got, len(resp.Kvs))
+	}
+}
+
+// The completing note's Txn applies, its reply is lost
+// (every time for the first 3 completing Txns): the child runs once per
+// parent fire.
+func TestDepsLostCompletingReply(t *testing.T) {
+	t.Parallel()
+	longFaults(t)
+	srv := etcdtest.Shared(t)
+	dir := t.TempDir()
+	var dropped atomic.Int32
+	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if tr, ok := req.(*pb.TxnRequest); ok && err == nil {
+			fires, triggers := false, false
+			for _, op := range tr.Success {
+				if p := op.GetRequestPut(); p != nil {
+					k := string(p.Key)
+					fires = fires || strings.Contains(k, "/fires/")
+					triggers = triggers || strings.Contains(k, "/triggers/u")
+				}
+			}
+			if fires && triggers && dropped.Add(1) <= 3 {
+				return status.Error(codes.Unavailable, "reply lost (test)")
+			}
+		}
+		return err
+	}
+	cli := srv.ClientWith([]grpc.DialOption{grpc.WithUnaryInterceptor(icpt)})
+	a, _ := startInstance(t, cli, "a", depsJobs(dir))
+	keys, ctx := keyspace.NewKeys(""), context.Background()
+	etcdtest.Eventually(t, 15*time.Second, "index", func() bool {
+		v, _ := a.View("parent")
+		c, _ := a.View("child")
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && c.Map != nil
+	})
+	for i := 1; i <= 2; i++ {
+		if _, err := admin.New(srv.Client(), keys).Trigger(ctx, admin.TriggerRequest{Job: "parent"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(4 * time.Second)
+		if got := lines(filepath.Join(dir, "child")); len(got) != 2*i {
+			t.Fatalf("fire %d: child runs %v (want %d), completing replies dropped %d", i, got, 2*i, dropped.Load())
+		}
+	}
+	t.Logf("completing replies dropped: %d", dropped.Load())
+}
+
+// Under BROADCAST, a member rejoining right after a fire runs its item of
+// the fire with a larger map: the fire's barrier waits for that item too
+// (notes take the larger total), so the child never runs before every item
+// of the fire ended, nor after one of them failed.
+func TestDepsBroadcastRejoin(t *testing.T) {
+	t.Parallel()
+	longFaults(t)
+	srv := etcdtest.Shared(t)
+	dir := t.TempDir()
+	yaml := `jobs:
+  - name: parent
+    strategy: BROADCAST
+    cron: "*/4 * * * * ?"
+    script: 'S=$(date +%s%N); if [ "$SHARDD_INSTANCE" = c ]; then sleep 3; echo "$SHARDD_FIRE_TIME c $SHARDD_ITEM $S $(date +%s%N) FAIL" >> ` + dir + `/parent; exit 1; fi; sleep 1.5; echo "$SHARDD_FIRE_TIME $SHARDD_INSTANCE $SHARDD_ITEM $S $(date +%s%N) ok" >> ` + dir + `/parent'
+  - name: child
+    dependsOn: [parent]
+    script: 'echo "$SHARDD_PARENT_FIRE $(date +%s%N)" >> ` + dir + `/child'
+`
+	a := instance(t, srv, "a", yaml)
+	instance(t, srv, "b", yaml)
+	_, stopC := startInstance(t, srv.Client(), "c", yaml)
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	etcdtest.Eventually(t, 20*time.Second, "3 members and the children index", func() bool {
+		v, _ := a.View("parent")
+		return len(v.Children["child"].Parents) == 1 && v.Map != nil && v.Map.Total == 3
+	})
+	// c runs at least one fire (item 2 gets a record), then leaves.
+	etcdtest.Eventually(t, 20*time.Second, "c to run a parent item", func() bool {
+		for _, l := range lines(filepath.Join(dir, "parent")) {
+			if strings.Contains(l, "_c_") {
+				return true
+			}
+		}
+		return false
+	})
+	time.Sleep(500 * time.Millisecond)
+	stopC()
+	etcdtest.Eventually(t, 20*time.Second, "the map to shrink to 2", func() bool {
+		v, _ := a.View("parent")
+		return v.Map != nil && v.Map.Total == 2
+	})
+	violation := func() (string, bool) {
+		parent := lines(filepath.Join(dir, "parent"))
+		for _, c := range lines(filepath.Join(dir, "child")) {
+			f := strings.Split(c, "_")
+			for _, p := range parent {
+				g := strings.Split(p, "_")
+				if g[0] == f[0] && (g[5] == "FAIL" || g[4] > f[1]) {
+					return "child run " + c + " for parent fire " + f[0] + ", whose item ran as " + p + " (fire_instance_item_startns_endns_outcome)", true
+				}
+			}
+		}
+		return "", false
+	}
+	for try := 0; try < 4; try++ {
+		// Rejoin just after a fire: a and b have claimed it under the 2-item map.
+		time.Sleep(time.Until(time.Now().Truncate(4 * time.Second).Add(4*time.Second + 150*time.Millisecond)))
+		_, stopC = startInstance(t, srv.Client(), "c", yaml)
+		time.Sleep(6 * time.Second)
+		if why, bad := violation(); bad {
+			resp, _ := cli.Get(ctx, keys.Fires("parent"), clientv3.WithPrefix())
+			for _, kv := range resp.Kvs {
+				t.Logf("barrier %s = %s", kv.Key, kv.Value)
+			}
+			t.Logf("parent runs: %v", lines(filepath.Join(dir, "parent")))
+			t.Logf("child runs: %v", lines(filepath.Join(dir, "child")))
+			t.Fatalf("try %d: %s", try, why)
+		}
+		stopC()
+		time.Sleep(5 * time.Second)
+	}
+	t.Logf("no violation seen; parent runs %v child runs %v", lines(filepath.Join(dir, "parent")), lines(filepath.Join(dir, "child")))
 }

@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
@@ -155,5 +158,50 @@ func TestDecideAccountsForEveryFire(t *testing.T) {
 		if accounted < due-3 || accounted > due {
 			t.Errorf("misfire %v: %d fires accounted for, %d due by %s", misfire, accounted, due, now)
 		}
+	}
+}
+
+// A MANUAL record written before Sched existed (an upgrade): its watermark
+// is the zero time, so decide counts fires from year 1, 100000 at a time.
+func TestRegressionLegacyManualRecordWatermark(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC)
+	for _, spec := range []string{"@hourly", "0 * * * * ?", "@every 1m"} {
+		sched := mustSchedule(t, spec)
+		st := keyspace.ItemState{Rev: 5, Record: &keyspace.ItemRecord{Fire: now.Add(-20 * time.Minute), State: keyspace.StateDone, Source: keyspace.SourceManual, Attempt: 1, End: now.Add(-19 * time.Minute)}}
+		p := policy{schedule: sched, failover: true, misfire: true, window: time.Minute, baseline: now.Add(-time.Hour)}
+		start := time.Now()
+		a := decide(st, false, p, now)
+		t.Logf("%s: %s fire %s skipped %d (decide took %s)", spec, a.kind, a.fire, a.skipped, time.Since(start))
+		if a.kind == skip && a.fire.Year() < 2000 {
+			t.Errorf("%s: skips through %s: the item catches up from year 1, %d fires per reconcile", spec, a.fire, a.skipped)
+		}
+	}
+}
+
+// BROADCAST: one item per instance. The reconcile loops over
+// job.ShardingTotalCount (forced to 1 for BROADCAST) instead of the map's
+// Total, so the instance holding item 1 never runs anything.
+func TestRegressionBroadcastRunsEveryItem(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: BROADCAST\n    script: " + etcdtest.YAMLQuote(script) + "\n"
+	a := instance(t, srv, "a", yaml)
+	instance(t, srv, "b", yaml)
+	etcdtest.Eventually(t, 20*time.Second, "a map with two instances", func() bool {
+		v, ok := a.View("j")
+		return ok && v.Map != nil && len(v.Map.Instances) == 2
+	})
+	time.Sleep(6 * time.Second)
+	byItem := map[int]int{}
+	for _, ev := range events(t, path) {
+		byItem[ev.Item]++
+	}
+	v, _ := a.View("j")
+	t.Logf("map total=%d items=%v; runs by item: %v", v.Map.Total, v.Map.Items, byItem)
+	if byItem[0] == 0 || byItem[1] == 0 {
+		t.Errorf("BROADCAST with 2 instances: runs by item %v; every item must run", byItem)
 	}
 }

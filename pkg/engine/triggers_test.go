@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -402,5 +403,65 @@ func TestTriggerNotDroppedOnAViewThatLagsAnEnable(t *testing.T) {
 	waitTriggerGone(t, cli, tr2) // dropped: by this call, or by the loop's own reconcile
 	if n := servedBy(dir, "T2")["0"]; n != 0 {
 		t.Errorf("T2 ran %d times", n)
+	}
+}
+
+// Per-fire RANDOM: a manual run's "fire" is each instance's own time.Now(),
+// so each instance draws the owner independently; often nobody owns it (the
+// trigger then waits for the next sweep), sometimes both do.
+func TestRegressionManualTriggerOwnerPerFire(t *testing.T) {
+	t.Parallel()
+	c, err := config.Parse("jobs.yaml", []byte("jobs:\n  - name: j\n    cron: \"@every 10s\"\n    strategy: RANDOM\n    script: \"true\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := coord.JobView{Job: c.Jobs[0], Map: &keyspace.ShardMap{Instances: []string{"a", "b"}, PerFire: true, Total: 1}}
+	own := func(id string, now time.Time) bool {
+		j := &jobLoop{e: &Engine{opts: Options{Node: idOnly{id: id}}}}
+		mine, _ := j.ownership(context.Background(), v)(0, now, keyspace.SourceManual)
+		return mine
+	}
+	nobody, both := 0, 0
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const n = 1000
+	for i := range n {
+		t0 := base.Add(time.Duration(i) * 7919 * time.Microsecond)
+		a, b := own("a", t0), own("b", t0.Add(3*time.Millisecond)) // the two reconciles, 3ms apart
+		if !a && !b {
+			nobody++
+		}
+		if a && b {
+			both++
+		}
+	}
+	t.Logf("of %d triggers: nobody owns %d, both own %d", n, nobody, both)
+	if nobody > 0 {
+		t.Errorf("%d of %d manual triggers owned by no instance at their first reconcile", nobody, n)
+	}
+}
+
+// The trigger delay runs from the fire to the first attempt's start, not
+// to the last retry's.
+func TestTriggerDelayWithRetries(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	var mu sync.Mutex
+	var runs []Run
+	yaml := `jobs:
+  - name: slowfail
+    cron: "@every 10s"
+    retries: 1
+    retryBackoff: 100ms
+    script: "sleep 1; exit 1"
+`
+	instance(t, srv, "a", yaml, func(o *Options) {
+		o.Observe = func(r Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() }
+	})
+	etcdtest.Eventually(t, 30*time.Second, "a run", func() bool { mu.Lock(); defer mu.Unlock(); return len(runs) > 0 })
+	mu.Lock()
+	r := runs[0]
+	mu.Unlock()
+	if d := r.Started.Sub(r.Fire); d < 0 || d > 900*time.Millisecond {
+		t.Errorf("trigger delay %s (fire %s, started %s), want the first attempt's, well under the 1 s the first try ran", d, r.Fire, r.Started)
 	}
 }

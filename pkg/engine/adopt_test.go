@@ -1,8 +1,8 @@
 package engine
 
-// Regression tests for bugs an adversarial review found in the
-// level-triggered engine; each failed before its fix. The comments describe
-// the bug each one guards against.
+// Adoption: a claim whose reply was lost, a stale read, a job re-added
+// while its run lives. Each test failed before its fix; its comment says
+// the bug it guards against.
 
 import (
 	"context"
@@ -24,33 +24,6 @@ import (
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
-
-// BROADCAST: one item per instance. The reconcile loops over
-// job.ShardingTotalCount (forced to 1 for BROADCAST) instead of the map's
-// Total, so the instance holding item 1 never runs anything.
-func TestRegressionBroadcastRunsEveryItem(t *testing.T) {
-	t.Parallel()
-	srv := etcdtest.Shared(t)
-	path := filepath.Join(t.TempDir(), "ledger")
-	script := `sh -c '` + strings.ReplaceAll(ledgerTo(path), "$1", "start") + `'`
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 1s\"\n    strategy: BROADCAST\n    script: " + etcdtest.YAMLQuote(script) + "\n"
-	a := instance(t, srv, "a", yaml)
-	instance(t, srv, "b", yaml)
-	etcdtest.Eventually(t, 20*time.Second, "a map with two instances", func() bool {
-		v, ok := a.View("j")
-		return ok && v.Map != nil && len(v.Map.Instances) == 2
-	})
-	time.Sleep(6 * time.Second)
-	byItem := map[int]int{}
-	for _, ev := range events(t, path) {
-		byItem[ev.Item]++
-	}
-	v, _ := a.View("j")
-	t.Logf("map total=%d items=%v; runs by item: %v", v.Map.Total, v.Map.Items, byItem)
-	if byItem[0] == 0 || byItem[1] == 0 {
-		t.Errorf("BROADCAST with 2 instances: runs by item %v; every item must run", byItem)
-	}
-}
 
 // slowReads delays the reply of a ReadItems that shows a run of this
 // session in progress (a slow etcd reply), and counts adoptions.
@@ -264,55 +237,3 @@ type idOnly struct {
 }
 
 func (n idOnly) ID() string { return n.id }
-
-// Per-fire RANDOM: a manual run's "fire" is each instance's own time.Now(),
-// so each instance draws the owner independently; often nobody owns it (the
-// trigger then waits for the next sweep), sometimes both do.
-func TestRegressionManualTriggerOwnerPerFire(t *testing.T) {
-	t.Parallel()
-	c, err := config.Parse("jobs.yaml", []byte("jobs:\n  - name: j\n    cron: \"@every 10s\"\n    strategy: RANDOM\n    script: \"true\"\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := coord.JobView{Job: c.Jobs[0], Map: &keyspace.ShardMap{Instances: []string{"a", "b"}, PerFire: true, Total: 1}}
-	own := func(id string, now time.Time) bool {
-		j := &jobLoop{e: &Engine{opts: Options{Node: idOnly{id: id}}}}
-		mine, _ := j.ownership(context.Background(), v)(0, now, keyspace.SourceManual)
-		return mine
-	}
-	nobody, both := 0, 0
-	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	const n = 1000
-	for i := range n {
-		t0 := base.Add(time.Duration(i) * 7919 * time.Microsecond)
-		a, b := own("a", t0), own("b", t0.Add(3*time.Millisecond)) // the two reconciles, 3ms apart
-		if !a && !b {
-			nobody++
-		}
-		if a && b {
-			both++
-		}
-	}
-	t.Logf("of %d triggers: nobody owns %d, both own %d", n, nobody, both)
-	if nobody > 0 {
-		t.Errorf("%d of %d manual triggers owned by no instance at their first reconcile", nobody, n)
-	}
-}
-
-// A MANUAL record written before Sched existed (an upgrade): its watermark
-// is the zero time, so decide counts fires from year 1, 100000 at a time.
-func TestRegressionLegacyManualRecordWatermark(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC)
-	for _, spec := range []string{"@hourly", "0 * * * * ?", "@every 1m"} {
-		sched := mustSchedule(t, spec)
-		st := keyspace.ItemState{Rev: 5, Record: &keyspace.ItemRecord{Fire: now.Add(-20 * time.Minute), State: keyspace.StateDone, Source: keyspace.SourceManual, Attempt: 1, End: now.Add(-19 * time.Minute)}}
-		p := policy{schedule: sched, failover: true, misfire: true, window: time.Minute, baseline: now.Add(-time.Hour)}
-		start := time.Now()
-		a := decide(st, false, p, now)
-		t.Logf("%s: %s fire %s skipped %d (decide took %s)", spec, a.kind, a.fire, a.skipped, time.Since(start))
-		if a.kind == skip && a.fire.Year() < 2000 {
-			t.Errorf("%s: skips through %s: the item catches up from year 1, %d fires per reconcile", spec, a.fire, a.skipped)
-		}
-	}
-}

@@ -11,32 +11,6 @@ import (
 	"github.com/shardd/shardd/internal/etcdtest"
 )
 
-// The trigger delay runs from the fire to the first attempt's start, not
-// to the last retry's.
-func TestTriggerDelayWithRetries(t *testing.T) {
-	t.Parallel()
-	srv := etcdtest.Shared(t)
-	var mu sync.Mutex
-	var runs []Run
-	yaml := `jobs:
-  - name: slowfail
-    cron: "@every 10s"
-    retries: 1
-    retryBackoff: 100ms
-    script: "sleep 1; exit 1"
-`
-	instance(t, srv, "a", yaml, func(o *Options) {
-		o.Observe = func(r Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() }
-	})
-	etcdtest.Eventually(t, 30*time.Second, "a run", func() bool { mu.Lock(); defer mu.Unlock(); return len(runs) > 0 })
-	mu.Lock()
-	r := runs[0]
-	mu.Unlock()
-	if d := r.Started.Sub(r.Fire); d < 0 || d > 900*time.Millisecond {
-		t.Errorf("trigger delay %s (fire %s, started %s), want the first attempt's, well under the 1 s the first try ran", d, r.Fire, r.Started)
-	}
-}
-
 // A NUL in a failed run's output does not stop onFailure.
 func TestNulOutputOnFailure(t *testing.T) {
 	t.Parallel()
