@@ -171,7 +171,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		changed:     make(chan struct{}, 1),
 		registering: newPacer(opts.TTL / 10),
 		probes:      make(chan struct{}, 1),
-		steps:       steps.New(time.Now),
+		steps:       steps.New(opts.Now),
 		started:     opts.Now(),
 	}
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
