@@ -896,6 +896,33 @@ func (n *Node) finishTxn(rec ItemRecord, rev int64, clearRunning bool) (clientv3
 	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
 }
 
+// oneLastFailure keeps, of the puts in ops of a job's last-failure key
+// (finishTxn's), only the record of the run that ended last: a Txn of the
+// outcomes of several items may hold two failures of one job, and etcd
+// refuses a Txn that writes a key twice ("duplicate key given in txn
+// request").
+func (k Keys) oneLastFailure(ops []clientv3.Op) []clientv3.Op {
+	at := map[string]int{} // last-failure key -> its put's index in out
+	out := make([]clientv3.Op, 0, len(ops))
+	for _, op := range ops {
+		key := string(op.KeyBytes())
+		if !op.IsPut() || key != k.LastFailure(k.JobOf(key)) {
+			out = append(out, op)
+			continue
+		}
+		i, ok := at[key]
+		if !ok {
+			at[key] = len(out)
+			out = append(out, op)
+			continue
+		}
+		if r, prev := decodeRecord(op.ValueBytes()), decodeRecord(out[i].ValueBytes()); r != nil && (prev == nil || r.End.After(prev.End)) {
+			out[i] = op
+		}
+	}
+	return out
+}
+
 // completer groups the outcomes of runs into shared Txns by group commit:
 // an outcome that comes while no Txn of outcomes is in flight is written at
 // once; those that come while one is are written together by the next.
@@ -1049,7 +1076,7 @@ func (c *completer) write(n *Node, batch []*completion) {
 		cmps, ops, ok = append(cmps, cmp), append(ops, o...), append(ok, r)
 	}
 	batch = ok
-	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(n.keys.oneLastFailure(ops)...).Commit()
 	switch {
 	case err != nil: // unknown outcome: read back; those not written retry on their own
 		for _, r := range batch {

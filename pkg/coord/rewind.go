@@ -279,7 +279,7 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 		// past that, do not take this record for a new rewind.
 		rec.By, rec.Reason, rec.Seen = rw.By, rw.Reason, rw.Seen
 	}
-	said, reported := time.Time{}, false
+	said, warned, reported := time.Time{}, time.Time{}, false
 	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
 	for {
 		rev, cluster, err := n.currentRevision(rctx)
@@ -318,7 +318,14 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 			continue
 		}
 		if err != nil && ctx.Err() == nil {
-			n.log.Debug("rewind recovery; retrying", "err", err)
+			// A step that keeps failing (not etcd away for a moment) is
+			// why the instance does not resume: said every 30 s.
+			if n.opts.Now().Sub(warned) >= 30*time.Second {
+				warned = n.opts.Now()
+				n.log.Warn("rewind recovery: a step failed; retrying", "err", err)
+			} else {
+				n.log.Debug("rewind recovery; retrying", "err", err)
+			}
 		}
 		if !sleep(ctx, b.next()) {
 			return ctx.Err()
@@ -559,7 +566,7 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 		}
 		tctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 		defer cancel()
-		r, err := n.opts.Client.Txn(tctx).If(cmps...).Then(ops...).Commit()
+		r, err := n.opts.Client.Txn(tctx).If(cmps...).Then(n.keys.oneLastFailure(ops)...).Commit()
 		if err != nil {
 			return fmt.Errorf("repair records of job %q: %w", job, err)
 		}

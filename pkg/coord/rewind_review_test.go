@@ -568,3 +568,44 @@ func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
 			st.Record.Fire.Format(time.TimeOnly), ga.Fence, gb.Fence)
 	}
 }
+
+// A rewind's repair of two failures of one job.
+//
+// Scenario: one instance, a, runs items 0 and 1 of orders; both runs fail
+// while etcd is down, and etcd comes back wiped. Their outcomes wait, as
+// Complete retries them, for the recovery's repair: it writes both in one
+// Txn, each with the job's last-failure key, and etcd refuses a Txn that
+// writes a key twice ("duplicate key given in txn request"). The repair
+// fails at every retry: a never recovers, and runs nothing again.
+func TestRepairOfTwoFailuresOfOneJob(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	g0 := claimItem(t, a.Node, 0, base, SourceNormal, 1)
+	g1 := claimItem(t, a.Node, 1, base, SourceNormal, 1)
+
+	srv.Stop()
+	done := make(chan error, 2)
+	for i, g := range []*Grant{g0, g1} {
+		end := base.Add(time.Duration(i+1) * time.Second)
+		go func() { done <- a.Complete(ctx, g, Outcome{State: StateFailed, ExitCode: 1, Start: base, End: end}) }()
+	}
+	srv.Wipe()
+	waitFor(t, 30*time.Second, "a's recovery", func() bool { return countRecoveries(a.log) > 0 && a.Rewound() == nil && a.Up() })
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Errorf("Complete of a run that failed across the wipe: %v", err)
+		}
+	}
+	for item := range 2 {
+		if rec, _ := readRecord(t, cli, a.keys.Item("orders", item)); rec.State != StateFailed || !rec.Fire.Equal(base) {
+			t.Errorf("item %d's record after the recovery: %s fire %s; want the run's outcome, FAILED fire %s", item, rec.State, rec.Fire.Format(time.TimeOnly), base.Format(time.TimeOnly))
+		}
+	}
+	if rec, _ := readRecord(t, cli, a.keys.LastFailure("orders")); rec.Item != 1 {
+		t.Errorf("orders' last failure after the recovery is item %d's; want item 1's, which ended last", rec.Item)
+	}
+}
