@@ -44,9 +44,17 @@ import (
 // through the jobs watch, which covers rewinds/ too. An instance that has
 // not seen the rewind itself, such as one whose next answer came after the
 // first one raised the revision, takes the report as its own rewind when
-// the reporter had seen past this instance's floor (its start revision, or
-// where it last recovered): a report of the rewind it recovered from
-// already is below it, by rewindMargin at least.
+// what the reporter saw go back is past this instance's floor (its start
+// revision, or where it last recovered): a report of the rewind it
+// recovered from already is below it, by rewindMargin at least. What went
+// back is the revision the proof showed (RewindError.Seen: the highest seen
+// before an answer below it, a key's revision), not the highest the
+// reporter saw: that may be of the new history, when the reporter's answers
+// all came after the first one's recovery and only a key it read since
+// showed the rewind; the first one would take such a report, past its
+// floor, for a new rewind, and fence itself and recover again (at the same
+// moment as the reporter, both raising etcd's revision to about the same
+// target).
 //
 // The records it knows are the newest value of each item key of its local
 // jobs the hub delivered or a read returned (learnRecord), kept across cache
@@ -248,8 +256,9 @@ type RewindRecord struct {
 	Instance string    `json:"instance"`
 	Detected time.Time `json:"detected"`
 	Reason   string    `json:"reason"`
-	// Seen is the highest revision the instance had seen; Revision etcd's
-	// when recovery began.
+	// Seen is the revision of the history that went that showed it (the
+	// highest one seen before an answer below it, or the revision a key
+	// that went back had); Revision etcd's when recovery began.
 	Seen     int64 `json:"seen"`
 	Revision int64 `json:"revision"`
 	// By, when set, is the instance whose report this one took as its own
@@ -272,12 +281,12 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 		"after writing back the item records it knew (see docs/operations.md)", "err", rw, "seen", high)
 	n.forgetState()
 	rctx := recovering(ctx)
-	rec := RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: high}
+	// Seen: what went back, not high, so that the others, which have
+	// recovered past that, do not take this record for a new rewind.
+	rec := RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: rw.Seen}
 	if rw.By != "" {
-		// A report passed on: the first to see it, what it saw, and the
-		// revision it had seen, so that the others, which have recovered
-		// past that, do not take this record for a new rewind.
-		rec.By, rec.Reason, rec.Seen = rw.By, rw.Reason, rw.Seen
+		// A report passed on: the first to see it, and what it saw.
+		rec.By, rec.Reason = rw.By, rw.Reason
 	}
 	said, warned, reported := time.Time{}, time.Time{}, false
 	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
@@ -334,8 +343,8 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 }
 
 // onRewindRecord takes another instance's report of a rewind (a put of its
-// rewind record the hub delivered) as this instance's own when the
-// reporter had seen past this instance's floor (see above).
+// rewind record the hub delivered) as this instance's own when what the
+// reporter saw go back is past this instance's floor (see above).
 func (n *Node) onRewindRecord(ev *clientv3.Event) {
 	var rec RewindRecord
 	if json.Unmarshal(ev.Kv.Value, &rec) != nil || rec.Instance == n.opts.ID || rec.Seen <= n.rewindFloor.Load() {

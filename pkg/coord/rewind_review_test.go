@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -607,5 +608,67 @@ func TestRepairOfTwoFailuresOfOneJob(t *testing.T) {
 	}
 	if rec, _ := readRecord(t, cli, a.keys.LastFailure("orders")); rec.Item != 1 {
 		t.Errorf("orders' last failure after the recovery is item %d's; want item 1's, which ended last", rec.Item)
+	}
+}
+
+// One wipe, one recovery each: the report of an instance whose answers
+// all came after the other's recovery.
+//
+// Scenario: instances a and b run orders. While a is cut off, b claims and
+// completes item 1's first fire: a never knows that record. b is cut off,
+// etcd is wiped, and a comes back: it sees the rewind (an answer below the
+// highest revision it saw), recovers and resumes (its floor F, past every
+// revision it saw). Then b comes back: its answers are above every revision
+// it saw (a raised etcd's), and only its read of item 1, whose record is
+// gone, shows the rewind. b reports it with the highest revision it had
+// seen, which is above F: of the new history, read since a recovered. a
+// takes that report, past its floor, for a new rewind: it fences itself
+// and recovers a second time from one wipe, at the same moment as b (both
+// raise etcd's revision to about the same target), and the instances'
+// recoveries go from one to three at once.
+func TestReportOfALateInstanceIsNotANewRewind(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	b := startRewindNode(t, srv, "b", testTTL, yaml)
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	a.proxy.Blackhole()
+	g := claimItem(t, b.Node, 1, base, SourceNormal, 1)
+	if err := b.Complete(ctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	b.proxy.Blackhole()
+	srv.Wipe()
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	waitFor(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	floor := a.rewindFloor.Load()
+
+	b.proxy.Restore()
+	waitFor(t, 30*time.Second, "b to see the rewind", func() bool {
+		b.ReadItem(ctx, "orders", 1)
+		return b.Rewound() != nil || countRecoveries(b.log) > 0
+	})
+	waitFor(t, 30*time.Second, "b's recovery", func() bool { return countRecoveries(b.log) > 0 && b.Rewound() == nil && b.Up() })
+	resp, err := srv.Client().Get(ctx, b.keys.Rewind("b"))
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("b's rewind record: %v", err)
+	}
+	var rec RewindRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Seen > floor {
+		t.Errorf("b's report of the wipe says it saw revision %d go back, past a's floor %d after a recovered from it: a takes it for a new rewind (%s)", rec.Seen, floor, rec.Reason)
+	}
+	// a would be fenced again within a second or so of b's report.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && countRecoveries(a.log) == 1 && a.Rewound() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := countRecoveries(a.log); n != 1 || a.Rewound() != nil {
+		t.Errorf("a recovered %d times from one wipe (rewound now: %v)", n, a.Rewound())
 	}
 }
