@@ -800,11 +800,16 @@ func (n *Node) finish(ctx context.Context, rec ItemRecord, rev int64, clearRunni
 		if len(kvs) > 0 && bytes.Equal(kvs[0].Value, ops[0].ValueBytes()) {
 			return nil // written already (a write whose answer was lost, or a rewind's repair)
 		}
-		if len(kvs) > 0 && kvs[0].ModRevision < rev {
-			// The record is older than the claim that wrote it: etcd went
-			// back. Not lost: the repair writes the outcome (rewind.go).
+		if len(kvs) == 0 || kvs[0].ModRevision < rev {
+			// The record is gone or older than the claim that wrote it
+			// (a local job's records are never deleted): etcd went back.
+			// Not lost: the repair writes the outcome (rewind.go).
+			got := int64(0)
+			if len(kvs) > 0 {
+				got = kvs[0].ModRevision
+			}
 			return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job,
-				n.hist.noteKeyRevision(key, rev, kvs[0].ModRevision))
+				n.hist.noteKeyRevision(key, rev, got))
 		}
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)

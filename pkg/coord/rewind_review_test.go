@@ -672,3 +672,50 @@ func TestReportOfALateInstanceIsNotANewRewind(t *testing.T) {
 		t.Errorf("a recovered %d times from one wipe (rewound now: %v)", n, a.Rewound())
 	}
 }
+
+// G2 across a wipe: the outcome of a run whose claim's record is gone.
+//
+// Scenario: instances a and b run orders. While a is cut off, b claims
+// item 1's first fire and runs it: a never knows the claim's record. b is
+// cut off, etcd is wiped, and a comes back, sees the rewind and recovers
+// (it knows no record of item 1 to write back). Then b comes back and its
+// run ends DONE: its answers are above every revision it saw (a raised
+// etcd's), and the outcome's guard (the claim's revision) fails on a record
+// that is gone. Complete took that for a claim taken over: the outcome was
+// dropped, and item 1, with no record, runs its fire again (G2).
+func TestOutcomeOfRunWhoseClaimWasWipedIsRecorded(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	b := startRewindNode(t, srv, "b", testTTL, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	a.proxy.Blackhole()
+	g := claimItem(t, b.Node, 1, base, SourceNormal, 1)
+	b.proxy.Blackhole()
+	srv.Wipe()
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	waitFor(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+
+	b.proxy.Restore()
+	// The run ends as b's connection is back (before a's report can reach
+	// b's watch).
+	waitFor(t, 30*time.Second, "b's connection", func() bool {
+		gctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := b.cli.Get(gctx, "/elsewhere")
+		return err == nil
+	})
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := b.Complete(cctx, g, Outcome{State: StateDone, Start: base, End: base}); err != nil {
+		t.Fatalf("Complete of b's run, which ended DONE after the wipe: %v", err)
+	}
+	rec, _ := readRecord(t, cli, b.keys.Item("orders", 1))
+	if rec.State != StateDone || !rec.Fire.Equal(base) || rec.Instance != "b" {
+		t.Errorf("item 1's record after the wipe: %s fire %s by %s; want b's outcome, DONE fire %s", rec.State, rec.Fire.Format(time.TimeOnly), rec.Instance, base.Format(time.TimeOnly))
+	}
+}
