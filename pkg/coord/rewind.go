@@ -305,8 +305,11 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 				rec.Recovered, rec.Waiting = n.opts.Now(), ""
 				if err = n.putRewind(rctx, rec); err == nil {
 					n.revokeOwnPast(rctx)
-					n.hist.recovered(cluster, rev)
+					// The floor first: the hub, which resumes once the
+					// history is recovered, may deliver a report of this
+					// rewind at once.
 					n.rewindFloor.Store(rev)
+					n.hist.recovered(cluster, rev)
 					n.log.Warn("recovered from etcd going back: resuming with a new session; fences rise above every one seen",
 						"revision", rev, "seen", high, "repaired_records", rec.Repaired)
 					return nil
