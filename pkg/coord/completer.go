@@ -163,7 +163,7 @@ func (c *completer) write(n *Node, batch []*completion) {
 		cmps, ops, ok = append(cmps, cmp), append(ops, o...), append(ok, r)
 	}
 	batch = ok
-	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(oneLastFailure(n.keys, ops)...).Commit()
 	switch {
 	case err != nil: // unknown outcome: read back; those not written retry on their own
 		for _, r := range batch {

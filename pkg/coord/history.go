@@ -76,8 +76,9 @@ var ErrRewound = errors.New("coord: etcd went back in time (restored from a snap
 // RewindError says what showed that etcd's history went back.
 type RewindError struct {
 	At time.Time
-	// Seen is the highest revision seen before; Got the revision of the
-	// answer that went below it (0 when Key or a cluster id said it).
+	// Seen is the revision of the history that went that showed it: the
+	// highest seen before the answer (Got its revision), or the revision
+	// Key had (Got the one it has, 0: gone).
 	Seen, Got int64
 	// SeenCluster and GotCluster differ when another cluster answered.
 	SeenCluster, GotCluster uint64

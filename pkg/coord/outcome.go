@@ -203,11 +203,16 @@ func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, c
 		if len(kvs) > 0 && bytes.Equal(kvs[0].Value, ops[0].ValueBytes()) {
 			return nil // written already (a write whose answer was lost, or a rewind's repair)
 		}
-		if len(kvs) > 0 && kvs[0].ModRevision < rev {
-			// The record is older than the claim that wrote it: etcd went
-			// back. Not lost: the repair writes the outcome (rewind.go).
+		if len(kvs) == 0 || kvs[0].ModRevision < rev {
+			// The record is gone or older than the claim that wrote it
+			// (a local job's records are never deleted): etcd went back.
+			// Not lost: the repair writes the outcome (rewind.go).
+			got := int64(0)
+			if len(kvs) > 0 {
+				got = kvs[0].ModRevision
+			}
 			return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job,
-				n.hist.noteKeyRevision(key, rev, kvs[0].ModRevision))
+				n.hist.noteKeyRevision(key, rev, got))
 		}
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)
@@ -280,4 +285,31 @@ func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) 
 		ops = append(ops, clientv3.OpPut(k.LastFailure(rec.Job), string(val)))
 	}
 	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
+}
+
+// oneLastFailure keeps, of the puts in ops of a job's last-failure key
+// (finishTxn's), only the record of the run that ended last: a Txn of the
+// outcomes of several items may hold two failures of one job, and etcd
+// refuses a Txn that writes a key twice ("duplicate key given in txn
+// request").
+func oneLastFailure(k keyspace.Keys, ops []clientv3.Op) []clientv3.Op {
+	at := map[string]int{} // last-failure key -> its put's index in out
+	out := make([]clientv3.Op, 0, len(ops))
+	for _, op := range ops {
+		key := string(op.KeyBytes())
+		if !op.IsPut() || key != k.LastFailure(k.JobOf(key)) {
+			out = append(out, op)
+			continue
+		}
+		i, ok := at[key]
+		if !ok {
+			at[key] = len(out)
+			out = append(out, op)
+			continue
+		}
+		if r, prev := decodeRecord(op.ValueBytes()), decodeRecord(out[i].ValueBytes()); r != nil && (prev == nil || r.End.After(prev.End)) {
+			out[i] = op
+		}
+	}
+	return out
 }

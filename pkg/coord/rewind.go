@@ -45,9 +45,17 @@ import (
 // through the jobs watch, which covers rewinds/ too. An instance that has
 // not seen the rewind itself, such as one whose next answer came after the
 // first one raised the revision, takes the report as its own rewind when
-// the reporter had seen past this instance's floor (its start revision, or
-// where it last recovered): a report of the rewind it recovered from
-// already is below it, by rewindMargin at least.
+// what the reporter saw go back is past this instance's floor (its start
+// revision, or where it last recovered): a report of the rewind it
+// recovered from already is below it, by rewindMargin at least. What went
+// back is the revision the proof showed (RewindError.Seen: the highest seen
+// before an answer below it, a key's revision), not the highest the
+// reporter saw: that may be of the new history, when the reporter's answers
+// all came after the first one's recovery and only a key it read since
+// showed the rewind; the first one would take such a report, past its
+// floor, for a new rewind, and fence itself and recover again (at the same
+// moment as the reporter, both raising etcd's revision to about the same
+// target).
 //
 // The records it knows are the newest value of each item key of its local
 // jobs the hub delivered or a read returned (learnRecord), kept across cache
@@ -253,14 +261,14 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 		"after writing back the item records it knew (see docs/operations.md)", "err", rw, "seen", high)
 	n.forgetState()
 	rctx := recovering(ctx)
-	rec := keyspace.RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: high}
+	// Seen: what went back, not high, so that the others, which have
+	// recovered past that, do not take this record for a new rewind.
+	rec := keyspace.RewindRecord{Instance: n.opts.ID, Detected: rw.At, Reason: rw.Error(), Seen: rw.Seen}
 	if rw.By != "" {
-		// A report passed on: the first to see it, what it saw, and the
-		// revision it had seen, so that the others, which have recovered
-		// past that, do not take this record for a new rewind.
-		rec.By, rec.Reason, rec.Seen = rw.By, rw.Reason, rw.Seen
+		// A report passed on: the first to see it, and what it saw.
+		rec.By, rec.Reason = rw.By, rw.Reason
 	}
-	said, reported := time.Time{}, false
+	said, warned, reported := time.Time{}, time.Time{}, false
 	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
 	for {
 		rev, cluster, err := n.currentRevision(rctx)
@@ -277,8 +285,11 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 				rec.Recovered, rec.Waiting = n.opts.Now(), ""
 				if err = n.putRewind(rctx, rec); err == nil {
 					n.revokeOwnPast(rctx)
-					n.hist.recovered(cluster, rev)
+					// The floor first: the hub, which resumes once the
+					// history is recovered, may deliver a report of this
+					// rewind at once.
 					n.rewindFloor.Store(rev)
+					n.hist.recovered(cluster, rev)
 					n.log.Warn("recovered from etcd going back: resuming with a new session; fences rise above every one seen",
 						"revision", rev, "seen", high, "repaired_records", rec.Repaired)
 					return nil
@@ -299,7 +310,14 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 			continue
 		}
 		if err != nil && ctx.Err() == nil {
-			n.log.Debug("rewind recovery; retrying", "err", err)
+			// A step that keeps failing (not etcd away for a moment) is
+			// why the instance does not resume: said every 30 s.
+			if n.opts.Now().Sub(warned) >= 30*time.Second {
+				warned = n.opts.Now()
+				n.log.Warn("rewind recovery: a step failed; retrying", "err", err)
+			} else {
+				n.log.Debug("rewind recovery; retrying", "err", err)
+			}
 		}
 		if !sleep(ctx, b.next()) {
 			return ctx.Err()
@@ -308,8 +326,8 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 }
 
 // onRewindRecord takes another instance's report of a rewind (a put of its
-// rewind record the hub delivered) as this instance's own when the
-// reporter had seen past this instance's floor (see above).
+// rewind record the hub delivered) as this instance's own when what the
+// reporter saw go back is past this instance's floor (see above).
 func (n *Node) onRewindRecord(ev *clientv3.Event) {
 	var rec keyspace.RewindRecord
 	if json.Unmarshal(ev.Kv.Value, &rec) != nil || rec.Instance == n.opts.ID || rec.Seen <= n.rewindFloor.Load() {
@@ -540,7 +558,7 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 		}
 		tctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 		defer cancel()
-		r, err := n.opts.Client.Txn(tctx).If(cmps...).Then(ops...).Commit()
+		r, err := n.opts.Client.Txn(tctx).If(cmps...).Then(oneLastFailure(n.keys, ops)...).Commit()
 		if err != nil {
 			return fmt.Errorf("repair records of job %q: %w", job, err)
 		}

@@ -801,3 +801,155 @@ func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
 			st.Record.Fire.Format(time.TimeOnly), ga.Fence, gb.Fence)
 	}
 }
+
+// A rewind's repair of two failures of one job.
+//
+// Scenario: one instance, a, runs items 0 and 1 of orders; both runs fail
+// while etcd is down, and etcd comes back wiped. Their outcomes wait, as
+// Complete retries them, for the recovery's repair: it writes both in one
+// Txn, each with the job's last-failure key, and etcd refuses a Txn that
+// writes a key twice ("duplicate key given in txn request"). The repair
+// fails at every retry: a never recovers, and runs nothing again.
+func TestRepairOfTwoFailuresOfOneJob(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	g0 := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	g1 := claimItem(t, a.Node, 1, base, keyspace.SourceNormal, 1)
+
+	srv.Stop()
+	done := make(chan error, 2)
+	for i, g := range []*Grant{g0, g1} {
+		end := base.Add(time.Duration(i+1) * time.Second)
+		go func() {
+			done <- a.Complete(ctx, g, Outcome{State: keyspace.StateFailed, ExitCode: 1, Start: base, End: end})
+		}()
+	}
+	srv.Wipe()
+	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return countRecoveries(a.log) > 0 && a.Rewound() == nil && a.Up() })
+	for range 2 {
+		if err := <-done; err != nil {
+			t.Errorf("Complete of a run that failed across the wipe: %v", err)
+		}
+	}
+	for item := range 2 {
+		if rec, _ := readRecord(t, cli, a.keys.Item("orders", item)); rec.State != keyspace.StateFailed || !rec.Fire.Equal(base) {
+			t.Errorf("item %d's record after the recovery: %s fire %s; want the run's outcome, FAILED fire %s", item, rec.State, rec.Fire.Format(time.TimeOnly), base.Format(time.TimeOnly))
+		}
+	}
+	if rec, _ := readRecord(t, cli, a.keys.LastFailure("orders")); rec.Item != 1 {
+		t.Errorf("orders' last failure after the recovery is item %d's; want item 1's, which ended last", rec.Item)
+	}
+}
+
+// One wipe, one recovery each: the report of an instance whose answers
+// all came after the other's recovery.
+//
+// Scenario: instances a and b run orders. While a is cut off, b claims and
+// completes item 1's first fire: a never knows that record. b is cut off,
+// etcd is wiped, and a comes back: it sees the rewind (an answer below the
+// highest revision it saw), recovers and resumes (its floor F, past every
+// revision it saw). Then b comes back: its answers are above every revision
+// it saw (a raised etcd's), and only its read of item 1, whose record is
+// gone, shows the rewind. b reports it with the highest revision it had
+// seen, which is above F: of the new history, read since a recovered. a
+// takes that report, past its floor, for a new rewind: it fences itself
+// and recovers a second time from one wipe, at the same moment as b (both
+// raise etcd's revision to about the same target), and the instances'
+// recoveries go from one to three at once.
+func TestReportOfALateInstanceIsNotANewRewind(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	b := startRewindNode(t, srv, "b", testTTL, yaml)
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	a.proxy.Blackhole()
+	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
+	if err := b.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatal(err)
+	}
+	b.proxy.Blackhole()
+	srv.Wipe()
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	floor := a.rewindFloor.Load()
+
+	b.proxy.Restore()
+	etcdtest.Eventually(t, 30*time.Second, "b to see the rewind", func() bool {
+		b.ReadItem(ctx, "orders", 1)
+		return b.Rewound() != nil || countRecoveries(b.log) > 0
+	})
+	etcdtest.Eventually(t, 30*time.Second, "b's recovery", func() bool { return countRecoveries(b.log) > 0 && b.Rewound() == nil && b.Up() })
+	resp, err := srv.Client().Get(ctx, b.keys.Rewind("b"))
+	if err != nil || len(resp.Kvs) == 0 {
+		t.Fatalf("b's rewind record: %v", err)
+	}
+	var rec keyspace.RewindRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Seen > floor {
+		t.Errorf("b's report of the wipe says it saw revision %d go back, past a's floor %d after a recovered from it: a takes it for a new rewind (%s)", rec.Seen, floor, rec.Reason)
+	}
+	// a would be fenced again within a second or so of b's report.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) && countRecoveries(a.log) == 1 && a.Rewound() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := countRecoveries(a.log); n != 1 || a.Rewound() != nil {
+		t.Errorf("a recovered %d times from one wipe (rewound now: %v)", n, a.Rewound())
+	}
+}
+
+// G2 across a wipe: the outcome of a run whose claim's record is gone.
+//
+// Scenario: instances a and b run orders. While a is cut off, b claims
+// item 1's first fire and runs it: a never knows the claim's record. b is
+// cut off, etcd is wiped, and a comes back, sees the rewind and recovers
+// (it knows no record of item 1 to write back). Then b comes back and its
+// run ends DONE: its answers are above every revision it saw (a raised
+// etcd's), and the outcome's guard (the claim's revision) fails on a record
+// that is gone. Complete took that for a claim taken over: the outcome was
+// dropped, and item 1, with no record, runs its fire again (G2).
+func TestOutcomeOfRunWhoseClaimWasWipedIsRecorded(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	b := startRewindNode(t, srv, "b", testTTL, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	a.proxy.Blackhole()
+	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
+	b.proxy.Blackhole()
+	srv.Wipe()
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+
+	b.proxy.Restore()
+	// The run ends as b's connection is back (before a's report can reach
+	// b's watch).
+	etcdtest.Eventually(t, 30*time.Second, "b's connection", func() bool {
+		gctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := b.cli.Get(gctx, "/elsewhere")
+		return err == nil
+	})
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := b.Complete(cctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatalf("Complete of b's run, which ended DONE after the wipe: %v", err)
+	}
+	rec, _ := readRecord(t, cli, b.keys.Item("orders", 1))
+	if rec.State != keyspace.StateDone || !rec.Fire.Equal(base) || rec.Instance != "b" {
+		t.Errorf("item 1's record after the wipe: %s fire %s by %s; want b's outcome, DONE fire %s", rec.State, rec.Fire.Format(time.TimeOnly), rec.Instance, base.Format(time.TimeOnly))
+	}
+}

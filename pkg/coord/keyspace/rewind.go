@@ -8,8 +8,9 @@ type RewindRecord struct {
 	Instance string    `json:"instance"`
 	Detected time.Time `json:"detected"`
 	Reason   string    `json:"reason"`
-	// Seen is the highest revision the instance had seen; Revision etcd's
-	// when recovery began.
+	// Seen is the revision of the history that went that showed it (the
+	// highest one seen before an answer below it, or the revision a key
+	// that went back had); Revision etcd's when recovery began.
 	Seen     int64 `json:"seen"`
 	Revision int64 `json:"revision"`
 	// By, when set, is the instance whose report this one took as its own
