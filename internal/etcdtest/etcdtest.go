@@ -302,15 +302,37 @@ func (s *Server) ClientWith(opts []grpc.DialOption, endpoint ...string) *clientv
 	return cli
 }
 
-// FreeAddr returns a loopback host:port that was free a moment ago.
+// handedOut are the addresses FreeAddr has returned in this process.
+var handedOut struct {
+	sync.Mutex
+	addrs map[string]bool
+}
+
+// FreeAddr returns a loopback host:port that was free a moment ago and
+// that it has not returned before in this process: the kernel hands a
+// just-closed port out again, so two calls in a row could otherwise
+// return the same port (a server and its neighbour then fight over it).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.addrs == nil {
+		handedOut.addrs = map[string]bool{}
 	}
-	defer ln.Close()
-	return fmt.Sprint(ln.Addr())
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr
+		}
+	}
+	t.Fatal("no free loopback port not handed out before")
+	return ""
 }
 
 // RaiseNoSpace raises the NOSPACE alarm on cli's first member, as etcd
