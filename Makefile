@@ -26,8 +26,12 @@ help: ## list the targets
 build: ## build bin/shardd
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/shardd
 
-test: ## run the default test suite
-	$(GO) test ./...
+# Most tests wait on etcd and on timers, not on the CPU: four at a time in
+# each package (two packages at a time) keeps both cores busy.
+TEST_PARALLEL ?= 4
+
+test: ## run the default test suite (TEST_PARALLEL tests at a time per package, default 4)
+	$(GO) test -parallel $(TEST_PARALLEL) ./...
 
 # One package at a time (-p 1): a race-instrumented binary is 2-10x slower
 # and uses 5-10x the memory, and the timing of the fault tests is judged.

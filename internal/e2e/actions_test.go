@@ -78,6 +78,7 @@ func countLines(path, prefix string) int {
 // not failed over, a re-run of a past fire, named tokens with roles, and
 // the audit log of it all.
 func TestOperatorActionsOnACluster(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	ledgerPath := filepath.Join(dir, "ledger")
 	e := startEtcd(t)

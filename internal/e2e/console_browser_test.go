@@ -98,6 +98,7 @@ func waitPage(t *testing.T, ctx context.Context, sel, want string, timeout time.
 // run, disable an item, and find it all in the audit page; then a
 // read-role login, which sees the same pages and cannot act.
 func TestConsoleInABrowser(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	etcd := e.client()
@@ -283,6 +284,7 @@ func TestConsoleInABrowser(t *testing.T) {
 // endpoint, changes nothing and logs nobody out; the operator's session
 // goes on.
 func TestConsoleCookieOnAnotherPortIsWorthNothingInABrowser(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	etcd := e.client()

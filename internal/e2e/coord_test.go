@@ -235,6 +235,7 @@ func TestEtcdRestartAndPartition(t *testing.T) {
 
 // Fifty jobs on three instances: leaderships spread, all maps converge.
 func TestFiftyJobs(t *testing.T) {
+	parallel(t)
 	e := startEtcd(t)
 	cli := e.client()
 	var jobs []string
@@ -270,6 +271,7 @@ func TestFiftyJobs(t *testing.T) {
 // Garbage written by hand into the map and config keys: clear errors, the
 // leader repairs, nobody crashes.
 func TestMalformedKeys(t *testing.T) {
+	parallel(t)
 	e := startEtcd(t)
 	cli := e.client()
 	cfg := writeConfig(t, "orders:4")
@@ -316,6 +318,7 @@ func mustPut(t *testing.T, cli *clientv3.Client, key, val string) {
 // shardd status reads etcd directly and shows OK, then CRASHED while a
 // killed instance still owns items, then OK again.
 func TestStatusCommand(t *testing.T) {
+	parallel(t)
 	e := startEtcd(t)
 	cli := e.client()
 	cfg := writeConfig(t, "orders:4")
@@ -369,6 +372,7 @@ func mustDelete(t *testing.T, cli *clientv3.Client, key string) {
 // etcd unreachable at start: shardd retries with clear logs and joins once
 // etcd is there, without crashing.
 func TestEtcdUnreachableAtStart(t *testing.T) {
+	parallel(t)
 	e := newEtcd(t)
 	cfg := writeConfig(t, "orders:2")
 	a := startShardd(t, e, "a", cfg)

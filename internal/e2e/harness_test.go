@@ -491,3 +491,18 @@ func mustSchedule(t *testing.T, spec string) schedule.Schedule {
 	}
 	return s
 }
+
+// parallelSlots bounds how many multi-process tests run at once, whatever
+// go test's -parallel: each starts an etcd and shardd processes whose
+// sessions (TTL 2 s) fence when the CPU is starved, and three at a time
+// keep both cores of the CI machine busy without starving them.
+var parallelSlots = make(chan struct{}, 3)
+
+// parallel runs t in parallel with the other tests that call it, at most
+// cap(parallelSlots) at a time. A test that faults processes and judges
+// timings runs alone instead (it does not call parallel).
+func parallel(t *testing.T) {
+	t.Parallel()
+	parallelSlots <- struct{}{}
+	t.Cleanup(func() { <-parallelSlots })
+}

@@ -40,6 +40,7 @@ func cli(t *testing.T, e *etcdProc, env []string, args ...string) (int, string) 
 // refused; the CLI takes only connection flags from the environment, so
 // a job's own onFailure can run `shardd disable $SHARDD_JOB`.
 func TestOperatorCommandsValidateTheirTarget(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	etcd := e.client()
@@ -188,6 +189,7 @@ func runsSince(t *testing.T, dir string, n int) (map[string]map[string]bool, int
 // definition, and the other host shows the conflict; a plain edit and
 // reload on one host changes the job on both.
 func TestOneDefinitionAcrossHosts(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	etcd := e.client()

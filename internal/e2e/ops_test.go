@@ -76,6 +76,7 @@ func shardd(t *testing.T, e *etcdProc, args ...string) string {
 
 // trigger, disable/enable of an item, history: from the command line to the runs.
 func TestOperations(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	cli := e.client()

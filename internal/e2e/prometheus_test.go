@@ -19,6 +19,7 @@ import (
 // cluster; a query through its HTTP API shows the run counter rising, and
 // promtool accepts the exposition.
 func TestPrometheusScrapesTheCluster(t *testing.T) {
+	parallel(t)
 	prom, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Skip("prometheus is not installed (.ci/run installs Debian's prometheus package)")

@@ -178,6 +178,7 @@ func saveSnapshot(t *testing.T, e *etcdProc, path string) {
 // so (/readyz 503 naming it, status) instead of OK, starts nothing it
 // cannot record, and runs the missed fires once the alarm is disarmed.
 func TestEtcdNoSpaceAlarm(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "jobs.yaml")
 	if err := os.WriteFile(cfg, []byte("jobs:\n"+cronLedgerJob(dir, "two", "@every 2s", 2, "0.2")), 0o644); err != nil {

@@ -45,6 +45,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 // rejected while the previous one keeps running; a running item is not
 // disturbed by a reload.
 func TestHotReload(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	cli := e.client()
@@ -124,6 +125,7 @@ func TestHotReload(t *testing.T) {
 // ends as it should (exit 0, lease revoked). An edit made during start-up
 // is loaded.
 func TestSIGHUPAtStartAndStop(t *testing.T) {
+	parallel(t)
 	e := startEtcd(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "jobs.yaml")

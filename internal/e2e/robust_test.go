@@ -17,6 +17,7 @@ import (
 // leave behind: after many runs of a job that backgrounds processes, no
 // zombie and no leftover child.
 func TestAsPID1NothingLingers(t *testing.T) {
+	parallel(t)
 	if os.Getuid() != 0 {
 		t.Skip("needs root for a PID namespace")
 	}

@@ -89,6 +89,7 @@ func body(t *testing.T, resp *http.Response) string {
 // finished run's log, a live run followed to its end (through the other
 // instance's proxy, too), unknown jobs and runs, and the command line.
 func TestRunLogsThroughTheAPI(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	etcd := e.client()
@@ -265,6 +266,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 // the others' certificates (--api-ca) and presents its own, and the
 // command line does the same with --api-ca, --api-cert and --api-key.
 func TestRunLogsOverTLS(t *testing.T) {
+	parallel(t)
 	e := startEtcd(t)
 	etcd := e.client()
 	files, err := embedetcd.EnsureTLS(t.TempDir(), []string{"127.0.0.1"}, time.Now())

@@ -224,6 +224,7 @@ func startDaemon(t *testing.T, env []string, prepare func(*exec.Cmd), args ...st
 // cluster, through etcd, its peer port, its files or the API, while the
 // owner's CLI works without flags beyond the data directory.
 func TestEmbeddedEtcdAcceptsOnlyItsOwner(t *testing.T) {
+	parallel(t)
 	if os.Getuid() != 0 {
 		t.Skip("needs root, to run the attacker as another user")
 	}
@@ -378,6 +379,7 @@ func lastLine(s string) string {
 // certificate's common name) and by password. The cluster runs every item;
 // scripts do not inherit the etcd password; no exposure warning.
 func TestEtcdWithClientCertsAuthAndAPrefixRole(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	client, peer := "https://"+etcdtest.FreeAddr(t), "https://"+etcdtest.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -582,6 +584,7 @@ func clientTLS(ca, cert, key string, withCert bool) (*tls.Config, error) {
 // certificates nor auth (the harness's), shardd says so, loudly, and
 // exports it.
 func TestEtcdOpenToAnonymousIsReported(t *testing.T) {
+	parallel(t)
 	e := startEtcd(t)
 	api := etcdtest.FreeAddr(t)
 	p := startShardd(t, e, "a", writeConfig(t, "j:1"), "--listen", api)
@@ -614,6 +617,7 @@ func TestEtcdOpenToAnonymousIsReported(t *testing.T) {
 // TestAPIOverTLS: the token works over TLS, plain HTTP is refused on the
 // TLS port, and with a client CA a client without a certificate is refused.
 func TestAPIOverTLS(t *testing.T) {
+	parallel(t)
 	e := startEtcd(t)
 	pki := t.TempDir()
 	files, err := embedetcd.EnsureTLS(pki, []string{"127.0.0.1"}, time.Now()) // a CA, a server and a client certificate
