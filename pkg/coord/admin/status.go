@@ -185,8 +185,38 @@ func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterSta
 	rev := resp.Header.Revision
 	cs := &ClusterStatus{Prefix: c.keys.Prefix(), Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{},
 		Rewinds: recentRewinds(resp.Responses[2].GetResponseRange().Kvs, time.Now()), Alarms: c.readAlarms(ctx)}
+	alive := cs.addInstances(resp.Responses[0].GetResponseRange().Kvs)
+	byJob := c.groupJobKeys(resp.Responses[1].GetResponseRange().Kvs)
+	names := make([]string, 0, len(byJob))
+	for name := range byJob {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	perJob, err := c.readJobKeys(ctx, names, rev)
+	if err != nil {
+		return nil, err
+	}
+	decoded := decodeJobKeys(c.keys, names, perJob)
+	for i, name := range names {
+		cs.Jobs = append(cs.Jobs, cs.jobStatus(name, byJob[name], perJob[i], decoded[i], alive))
+	}
+	if jobsPrefix == c.keys.Jobs() {
+		linkChildren(cs.Jobs)
+	} else {
+		for i := range cs.Jobs {
+			if err := c.linkOne(ctx, &cs.Jobs[i], rev); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return cs, nil
+}
+
+// addInstances adds the instances registered in kvs to cs, and returns
+// which are alive (registered).
+func (cs *ClusterStatus) addInstances(kvs []*mvccpb.KeyValue) map[string]bool {
 	alive := map[string]bool{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+	for _, kv := range kvs {
 		var info keyspace.InstanceInfo
 		if err := json.Unmarshal(kv.Value, &info); err != nil {
 			info.ID = keyspace.LastSegment(string(kv.Key))
@@ -194,16 +224,23 @@ func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterSta
 		alive[keyspace.LastSegment(string(kv.Key))] = true
 		cs.Instances = append(cs.Instances, InstanceStatus{InstanceInfo: info, Lease: fmt.Sprintf("%x", kv.Lease)})
 	}
+	return alive
+}
 
-	type jobKeys struct {
-		members       []string
-		disabledInst  map[string]bool
-		disabledList  []string
-		disabledItems []int
-		jobOff        bool
-	}
+// jobKeys is what the names of a job's keys say: its members and what is
+// disabled.
+type jobKeys struct {
+	members       []string
+	disabledInst  map[string]bool
+	disabledList  []string
+	disabledItems []int
+	jobOff        bool
+}
+
+// groupJobKeys sorts the keys of the jobs keyspace (keys only) by job.
+func (c *Client) groupJobKeys(kvs []*mvccpb.KeyValue) map[string]*jobKeys {
 	byJob := map[string]*jobKeys{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+	for _, kv := range kvs {
 		key := string(kv.Key)
 		name := c.keys.JobOf(key)
 		if name == "" {
@@ -228,90 +265,74 @@ func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterSta
 			}
 		}
 	}
-	names := make([]string, 0, len(byJob))
-	for name := range byJob {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	perJob, err := c.readJobKeys(ctx, names, rev)
-	if err != nil {
-		return nil, err
-	}
-	decoded := decodeJobKeys(c.keys, names, perJob)
-	for i, name := range names {
-		jk := byJob[name]
-		js := JobStatus{Name: name, Eligible: []string{}, Items: []ItemStatus{}, DisabledInstances: jk.disabledList}
-		r := perJob[i]
-		sort.Strings(jk.members)
-		for _, id := range jk.members {
-			if !jk.disabledInst[id] {
-				js.Eligible = append(js.Eligible, id)
-			}
+	return byJob
+}
+
+// jobStatus is the status of job name from its keys (jk), the answers of
+// its reads (r: see readJobKeys) and their decoding, given which
+// instances are alive; cs's instances say which use a definition of
+// their own.
+func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.ResponseOp, d decodedJob, alive map[string]bool) JobStatus {
+	js := JobStatus{Name: name, Eligible: []string{}, Items: []ItemStatus{}, DisabledInstances: jk.disabledList}
+	sort.Strings(jk.members)
+	for _, id := range jk.members {
+		if !jk.disabledInst[id] {
+			js.Eligible = append(js.Eligible, id)
 		}
-		sort.Ints(jk.disabledItems)
-		js.DisabledItems = jk.disabledItems
-		if kvs := r[2].GetResponseRange().Kvs; len(kvs) > 0 {
-			js.Leader = string(kvs[0].Value)
-		}
-		configDisabled := false
-		if kvs := r[1].GetResponseRange().Kvs; len(kvs) > 0 {
-			rc, def, err := decoded[i].rc, decoded[i].def, decoded[i].defErr
-			if err != nil {
-				what := "registered definition is malformed: "
-				if keyspace.DefinitionStateOf(err) == keyspace.DefinitionUnreadable {
-					what = "registered definition cannot be read by this shardd version (written by a newer one?): "
-				}
-				js.Problems = append(js.Problems, what+err.Error())
-			} else {
-				configDisabled = def.Disabled
-				js.itemParameters = def.ShardingItemParameters
-				js.DependsOn = def.DependsOn
-				js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written, Job: rc.Job}
+	}
+	sort.Ints(jk.disabledItems)
+	js.DisabledItems = jk.disabledItems
+	if kvs := r[2].GetResponseRange().Kvs; len(kvs) > 0 {
+		js.Leader = string(kvs[0].Value)
+	}
+	configDisabled := false
+	if kvs := r[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		rc, def, err := d.rc, d.def, d.defErr
+		if err != nil {
+			what := "registered definition is malformed: "
+			if keyspace.DefinitionStateOf(err) == keyspace.DefinitionUnreadable {
+				what = "registered definition cannot be read by this shardd version (written by a newer one?): "
 			}
+			js.Problems = append(js.Problems, what+err.Error())
 		} else {
-			js.Problems = append(js.Problems, "no registered definition: no instance defines the job any more (shardd remove deletes what is left)")
+			configDisabled = def.Disabled
+			js.itemParameters = def.ShardingItemParameters
+			js.DependsOn = def.DependsOn
+			js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written, Job: rc.Job}
 		}
-		m := decoded[i].m
-		if decoded[i].mErr != nil {
-			js.Problems = append(js.Problems, decoded[i].mErr.Error())
-		}
-		for _, in := range cs.Instances {
-			if slices.Contains(in.Conflicts, name) {
-				js.Problems = append(js.Problems, fmt.Sprintf("instance %s has a different local definition and uses the registered one", in.ID))
-				if js.Definition != nil {
-					js.Definition.Conflicts = append(js.Definition.Conflicts, in.ID)
-				}
-			}
-		}
-		js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
-		switch {
-		case js.Status == StatusNoInstances && len(jk.members) == 0:
-			js.Problems = append(js.Problems, "no live instance defines the job")
-		case js.Status == StatusNoInstances:
-			js.Problems = append(js.Problems, "every instance that defines the job is disabled for it")
-		}
-		if m != nil {
-			js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
-			for item := 0; item < m.Total; item++ {
-				owner := m.Owner(item)
-				if owner != "" && !alive[owner] {
-					owner += " (gone)" // a map no leader has rewritten since
-				}
-				js.Items = append(js.Items, ItemStatus{Item: item, Parameter: js.itemParameters[item], Instance: owner})
-			}
-		}
-		cs.Jobs = append(cs.Jobs, js)
-	}
-	if jobsPrefix == c.keys.Jobs() {
-		linkChildren(cs.Jobs)
 	} else {
-		for i := range cs.Jobs {
-			if err := c.linkOne(ctx, &cs.Jobs[i], rev); err != nil {
-				return nil, err
+		js.Problems = append(js.Problems, "no registered definition: no instance defines the job any more (shardd remove deletes what is left)")
+	}
+	m := d.m
+	if d.mErr != nil {
+		js.Problems = append(js.Problems, d.mErr.Error())
+	}
+	for _, in := range cs.Instances {
+		if slices.Contains(in.Conflicts, name) {
+			js.Problems = append(js.Problems, fmt.Sprintf("instance %s has a different local definition and uses the registered one", in.ID))
+			if js.Definition != nil {
+				js.Definition.Conflicts = append(js.Definition.Conflicts, in.ID)
 			}
 		}
 	}
-	return cs, nil
+	js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
+	switch {
+	case js.Status == StatusNoInstances && len(jk.members) == 0:
+		js.Problems = append(js.Problems, "no live instance defines the job")
+	case js.Status == StatusNoInstances:
+		js.Problems = append(js.Problems, "every instance that defines the job is disabled for it")
+	}
+	if m != nil {
+		js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
+		for item := 0; item < m.Total; item++ {
+			owner := m.Owner(item)
+			if owner != "" && !alive[owner] {
+				owner += " (gone)" // a map no leader has rewritten since
+			}
+			js.Items = append(js.Items, ItemStatus{Item: item, Parameter: js.itemParameters[item], Instance: owner})
+		}
+	}
+	return js
 }
 
 // decodedJob is a job's definition and map as status decodes them.
