@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/url"
@@ -101,20 +102,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	}
 	idx := slices.IndexFunc(st.Jobs, func(j admin.JobStatus) bool { return j.Name == name })
 	if idx < 0 {
-		v.Status, v.Error = http.StatusNotFound, "no job "+strconv.Quote(name)+" in the cluster"
-		if snap := c.snap.current(); snap != nil {
-			names := make([]string, len(snap.rows))
-			for i, row := range snap.rows {
-				names[i] = row.Name
-			}
-			if near, ok := config.Nearest(name, names); ok {
-				v.Error += " (did you mean " + near + "?)"
-				v.Data = errorData{Link: "/jobs/" + url.PathEscape(near), LinkText: near}
-				return "error", nil
-			}
-		}
-		v.Data = errorData{Link: "/jobs?q=" + url.QueryEscape(name), LinkText: "search the jobs for " + strconv.Quote(name)}
-		return "error", nil
+		return c.unknownJob(name, v), nil
 	}
 	js := st.Jobs[idx]
 	runs, err := c.o.Admin.JobRuns(ctx, []string{name})
@@ -146,11 +134,39 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 			d.Definition = pretty.String()
 		}
 	}
+	jr := runs[name]
+	d.Items, d.Instances = itemRows(js, jr), instancesFor(js)
+	c.history(ctx, &d, jr, v.Now)
+	v.Title, v.Nav, v.Data = name, "jobs", d
+	return "job", nil
+}
+
+// unknownJob is the page of a job the cluster does not have: a near name
+// the snapshot knows, or a search.
+func (c *console) unknownJob(name string, v *view) string {
+	v.Status, v.Error = http.StatusNotFound, "no job "+strconv.Quote(name)+" in the cluster"
+	if snap := c.snap.current(); snap != nil {
+		names := make([]string, len(snap.rows))
+		for i, row := range snap.rows {
+			names[i] = row.Name
+		}
+		if near, ok := config.Nearest(name, names); ok {
+			v.Error += " (did you mean " + near + "?)"
+			v.Data = errorData{Link: "/jobs/" + url.PathEscape(near), LinkText: near}
+			return "error"
+		}
+	}
+	v.Data = errorData{Link: "/jobs?q=" + url.QueryEscape(name), LinkText: "search the jobs for " + strconv.Quote(name)}
+	return "error"
+}
+
+// itemRows are the rows of js's items, with what each did last (jr).
+func itemRows(js admin.JobStatus, jr admin.JobRuns) []itemRow {
+	var out []itemRow
 	off := map[int]bool{}
 	for _, i := range js.DisabledItems {
 		off[i] = true
 	}
-	jr := runs[name]
 	for _, it := range js.Items {
 		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
 		if rec, ok := jr.Records[it.Item]; ok && !begun(rec) {
@@ -162,8 +178,15 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 				row.LogRun = strconv.FormatInt(rec.Fence, 10) + "-" + strconv.Itoa(it.Item)
 			}
 		}
-		d.Items = append(d.Items, row)
+		out = append(out, row)
 	}
+	return out
+}
+
+// instancesFor are the instances eligible for js or disabled for it,
+// sorted by id.
+func instancesFor(js admin.JobStatus) []instanceFor {
+	var out []instanceFor
 	ids := map[string]*instanceFor{}
 	for _, id := range js.Eligible {
 		ids[id] = &instanceFor{ID: id, Eligible: true}
@@ -175,10 +198,16 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		ids[id].Disabled = true
 	}
 	for _, in := range ids {
-		d.Instances = append(d.Instances, *in)
+		out = append(out, *in)
 	}
-	slices.SortFunc(d.Instances, func(a, b instanceFor) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b instanceFor) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
 
+// history fills d's history from the item's filter (d.Item, d.Result,
+// d.Source, d.Since), with the runs in progress (jr); a filter that does
+// not parse is said in d.HistoryNote and dropped.
+func (c *console) history(ctx context.Context, d *jobData, jr admin.JobRuns, now time.Time) {
 	item := -1
 	if d.Item != "" {
 		if n, err := strconv.Atoi(d.Item); err == nil && n >= 0 {
@@ -188,14 +217,14 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 			d.Item = ""
 		}
 	}
-	hist, err := c.o.Admin.History(ctx, name, item)
+	hist, err := c.o.Admin.History(ctx, d.Job.Name, item)
 	if err != nil {
 		d.HistoryNote = err.Error()
 	}
 	var since time.Time
 	if d.Since != "" {
 		if dur, err := time.ParseDuration(d.Since); err == nil && dur > 0 {
-			since = v.Now.Add(-dur)
+			since = now.Add(-dur)
 		} else {
 			d.HistoryNote, d.Since = "since must be a duration like 1h or 30m; showing all", ""
 		}
@@ -217,8 +246,4 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		}
 		return a.Item - b.Item
 	})
-	v.Title, v.Nav, v.Data = name, "jobs", d
-	return "job", nil
 }
-
-// ---- instances
