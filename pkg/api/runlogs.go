@@ -120,7 +120,9 @@ func parseLogQuery(w http.ResponseWriter, r *http.Request) (logQuery, bool) {
 	return q, true
 }
 
-// runLog serves GET /api/v1/jobs/{job}/runs/{run}/log.
+// runLog serves GET /api/v1/jobs/{job}/runs/{run}/log: from this
+// instance's run logs when it has the run's log, else from the instance
+// that etcd's history says ran it.
 func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 	self := a.o.Instance.ID()
 	w.Header().Set(ServedByHeader, self)
@@ -142,50 +144,73 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 	if rl == nil {
 		rl = &RunLogs{}
 	}
-	if rl.Store != nil && item >= 0 { // here?
-		if a.serveLog(w, r, rl, job, runlog.RunID{Fence: fence, Item: int32(item)}, q, false) {
-			return
-		}
-	} else if rl.Store != nil { // FENCE alone: of which items is there a log here?
-		ids, err := rl.Store.Runs(job, fence)
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, "%v", err)
-			return
-		}
-		switch {
-		case len(ids) == 1:
-			a.serveLog(w, r, rl, job, ids[0], q, true)
-			return
-		case len(ids) > 1:
-			items := make([]int, len(ids))
-			for i, id := range ids {
-				items[i] = int(id.Item)
-			}
-			sharedFence(w, job, fence, items)
-			return
-		}
+	if a.serveLocalLog(w, r, rl, job, fence, item, q) {
+		return
 	}
+	rec, ok := a.recordedRun(w, r, rl, job, name, fence, item)
+	if !ok {
+		return
+	}
+	a.serveRecordedLog(w, r, rl, job, rec, q)
+}
+
+// serveLocalLog serves the log of the run (fence, item; item < 0: the one
+// item of fence) when this instance has it, and reports whether it
+// answered.
+func (a *api) serveLocalLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job string, fence int64, item int, q logQuery) bool {
+	if rl.Store == nil {
+		return false
+	}
+	if item >= 0 {
+		return a.serveLog(w, r, rl, job, runlog.RunID{Fence: fence, Item: int32(item)}, q, false)
+	}
+	// FENCE alone: of which items is there a log here?
+	ids, err := rl.Store.Runs(job, fence)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "%v", err)
+		return true
+	}
+	switch {
+	case len(ids) == 1:
+		a.serveLog(w, r, rl, job, ids[0], q, true)
+		return true
+	case len(ids) > 1:
+		items := make([]int, len(ids))
+		for i, id := range ids {
+			items[i] = int(id.Item)
+		}
+		sharedFence(w, job, fence, items)
+		return true
+	}
+	return false
+}
+
+// recordedRun finds in etcd's history the run a request names, of a log
+// this instance does not have; when it answered the request instead (no
+// such run, a fence shared by items, nobody to ask), ok is false.
+func (a *api) recordedRun(w http.ResponseWriter, r *http.Request, rl *RunLogs, job, name string, fence int64, item int) (rec keyspace.ItemRecord, ok bool) {
+	self := a.o.Instance.ID()
 	what := fmt.Sprintf("run %s of job %q", name, job)
 	if from := r.Header.Get(HopHeader); from != "" {
 		writeError(w, http.StatusNotFound, "%s has no log on instance %s (asked by instance %s, whose records say %s ran it; not asked further); `shardd history %s` lists the job's runs",
 			what, self, from, self, job)
-		return
+		return rec, false
 	}
 	if rl.Runs == nil {
 		writeError(w, http.StatusNotFound, "%s has no log on instance %s, which does not look for it elsewhere; `shardd history %s` names the instance that ran it", what, self, job)
-		return
+		return rec, false
 	}
 	ctx, cancel := a.ctx(r)
 	recs, err := rl.Runs.FindRuns(ctx, job, item, fence)
 	cancel()
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
-		return
+		return rec, false
 	}
 	if len(recs) == 0 {
 		writeError(w, http.StatusNotFound, "job %q has no run %s: no log of it on instance %s, and etcd's history (the last %d runs of each item) does not have it; `shardd history %s` lists the job's recent runs (columns FENCE and ITEM), and an older run's log stays on the instance that ran it",
 			job, name, self, keyspace.HistoryPerItem, job)
-		return
+		return rec, false
 	}
 	if item < 0 {
 		var items []int
@@ -197,10 +222,18 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 		if len(items) > 1 {
 			slices.Sort(items)
 			sharedFence(w, job, fence, items)
-			return
+			return rec, false
 		}
 	}
-	rec := recs[0]
+	return recs[0], true
+}
+
+// serveRecordedLog serves the log of the run rec records: this instance's
+// own (being created, or gone), or the log the instance that ran it
+// serves, proxied once; or says where the log is when no API here can
+// reach it.
+func (a *api) serveRecordedLog(w http.ResponseWriter, r *http.Request, rl *RunLogs, job string, rec keyspace.ItemRecord, q logQuery) {
+	self := a.o.Instance.ID()
 	id := runlog.RunID{Fence: rec.Fence, Item: int32(rec.Item)}
 	if rec.Instance == self {
 		// Claimed here a moment ago: its log is being created.
@@ -215,7 +248,7 @@ func (a *api) runLog(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "run %s of job %q ran on this instance (%s), but its log is gone: %s", id, job, self, where)
 		return
 	}
-	ctx, cancel = a.ctx(r)
+	ctx, cancel := a.ctx(r)
 	info, live, err := rl.Runs.Instance(ctx, rec.Instance)
 	cancel()
 	if err != nil {
