@@ -116,6 +116,13 @@ func cmdRun(e *env, args []string) error {
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
 	d.a.wait(untilSignal(sig, f.grace, log, eng.Kill))
+	// A signal (or an actor that ends) stops the actors one after another
+	// in the order they were added: the embedded etcd's watcher
+	// (startEtcd), the exposure watch, the reaper (startScriptSupport),
+	// the run-log sweep, the reloader, the clock skew, the node and engine
+	// (no new fire; runs finish within the grace while the member keys are
+	// withdrawn; resign, revoke), the API, pprof, systemd. The deferred
+	// closes follow, in reverse.
 	err = d.a.run()
 	log.Info("stopped")
 	return err

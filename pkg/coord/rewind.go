@@ -645,3 +645,15 @@ func ahead(k, c *keyspace.ItemRecord) bool {
 			c.State == keyspace.StateRunning && k.State != keyspace.StateRunning
 	}
 }
+
+// ShownContext marks ctx for reads that are shown, never acted on
+// (admin.Client.WithShown): while etcd is seen to have gone back in time,
+// the API and the console still show what etcd holds now, with the
+// instances' rewind records (what is being done, or what the operator
+// must do), though the node refuses every answer it would act on.
+func (n *Node) ShownContext(ctx context.Context) context.Context {
+	if n.hist.Rewound() != nil {
+		return recovering(ctx)
+	}
+	return ctx
+}

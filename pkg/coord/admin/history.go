@@ -3,7 +3,9 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -26,4 +28,23 @@ func (c *Client) Records(ctx context.Context, job string) ([]keyspace.ItemRecord
 	}
 	keyspace.SortHistory(out)
 	return out, nil
+}
+
+// History reads a job's history (Records), only item's when item
+// >= 0, after checking that the job and the item exist.
+func (c *Client) History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+	f, err := c.requireJob(ctx, job)
+	if err != nil {
+		return nil, err
+	}
+	if item >= 0 {
+		if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
+			return nil, err
+		}
+	}
+	recs, err := c.Records(ctx, job)
+	if err != nil || item < 0 {
+		return recs, err
+	}
+	return slices.DeleteFunc(recs, func(r keyspace.ItemRecord) bool { return r.Item != item }), nil
 }

@@ -98,7 +98,13 @@ func OffSchedule(source string) bool { return source == SourceManual || source =
 const HistoryPerItem = 10
 
 // ItemRecord is the value of jobs/<job>/items/<n>: the item's last claimed
-// fire and how it went. It is also the value of history entries.
+// fire and how it went. It is also the value of history entries and of a
+// job's lastfailure key. A claim (coord's claimTxn) writes it RUNNING with
+// what is known before the run; the outcome (coord's Grant.Final, written
+// by finishTxn) adds how it ended and copies it to the history. The CLI's
+// history table (cmd/shardd, writeHistory) and the console show its
+// fields; the API serves it as it is. A field added here is kept by older
+// versions' readers (they ignore what they do not know).
 type ItemRecord struct {
 	Job      string    `json:"job"`
 	Item     int       `json:"item"`
