@@ -42,15 +42,14 @@ func cmdKill(e *env, args []string) error {
 	if *fence > 0 {
 		detail = fmt.Sprintf("fence %d", *fence)
 	}
-	cli, ctx, done, err := o.connect()
+	adm, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	keys := keyspace.NewKeys(o.ef.prefix)
-	k, err := admin.New(cli, keys).Kill(ctx, admin.KillRequest{Job: job, Items: items, Fence: *fence, By: cliActor()})
+	k, err := adm.Kill(ctx, admin.KillRequest{Job: job, Items: items, Fence: *fence, By: cliActor()})
 	if err != nil {
-		o.audit(ctx, cli, keyspace.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail}, err)
+		o.audit(ctx, adm, keyspace.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail}, err)
 		return o.opError(err)
 	}
 	runs := make([]string, len(k.Runs))
@@ -58,14 +57,14 @@ func cmdKill(e *env, args []string) error {
 		runs[i] = fmt.Sprintf("item %d (fence %d on %s)", r.Item, r.Fence, r.Instance)
 	}
 	msg := fmt.Sprintf("asked to kill %s of job %s", strings.Join(runs, ", "), job)
-	o.audit(ctx, cli, keyspace.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail, Message: msg}, nil)
+	o.audit(ctx, adm, keyspace.AuditEntry{Action: "kill", Job: job, Target: target, Detail: detail, Message: msg}, nil)
 	fmt.Fprintln(e.stdout, msg)
 	if *wait == 0 {
 		return nil
 	}
 	wctx, cancel := context.WithTimeout(context.Background(), *wait)
 	defer cancel()
-	res, err := admin.New(cli, keys).WaitKill(wctx, job, k.Kill)
+	res, err := adm.WaitKill(wctx, job, k.Kill)
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ITEM\tFENCE\tINSTANCE\tRESULT")
 	pending := 0
@@ -120,12 +119,12 @@ func cmdAudit(e *env, args []string) error {
 	if *limit <= 0 {
 		return usageError("-n must be positive, got %d", *limit)
 	}
-	cli, ctx, done, err := o.connect()
+	adm, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	entries, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Audit(ctx, admin.AuditFilter{Job: *job, Actor: *actor, Limit: *limit})
+	entries, err := adm.Audit(ctx, admin.AuditFilter{Job: *job, Actor: *actor, Limit: *limit})
 	if err != nil {
 		return o.opError(err)
 	}

@@ -47,12 +47,11 @@ func cmdLogs(e *env, args []string) error {
 		return err
 	}
 
-	cli, ctx, done, err := f.ops.connect()
+	adm, ctx, done, err := f.ops.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	adm := admin.New(cli, keyspace.NewKeys(f.ops.ef.prefix))
 	rec, err := f.findRun(ctx, adm, job, runItem, fence)
 	if err != nil {
 		return err

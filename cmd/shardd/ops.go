@@ -67,8 +67,9 @@ func (o *opsFlags) cluster() string {
 	return fmt.Sprintf("etcd %s, prefix %s", strings.Join(eps, ","), keyspace.NewKeys(o.ef.prefix).Prefix())
 }
 
-// connect returns a client and a context bounded by --timeout.
-func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
+// connect returns the operator client of the cluster and a context
+// bounded by --timeout.
+func (o *opsFlags) connect() (*admin.Client, context.Context, func(), error) {
 	if o.timeout <= 0 {
 		return nil, nil, nil, usageError("--timeout must be positive, got %s", o.timeout)
 	}
@@ -103,7 +104,7 @@ func (o *opsFlags) connect() (*coord.Client, context.Context, func(), error) {
 		o.unreachable.Store(&why)
 		giveUp()
 	}()
-	return cli, ctx, func() { giveUp(); cancel(); <-looked; cli.Close() }, nil
+	return admin.New(cli, keyspace.NewKeys(o.ef.prefix)), ctx, func() { giveUp(); cancel(); <-looked; cli.Close() }, nil
 }
 
 // opError turns an error of an etcd operation into the command's error,
@@ -182,20 +183,20 @@ func cmdTrigger(e *env, args []string) error {
 	if item.set {
 		items = []int{item.n}
 	}
-	cli, ctx, done, err := o.connect()
+	adm, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
 	req := admin.TriggerRequest{Job: job, Items: items, Param: *param, Fire: *fire, By: cliActor(), NoPropagate: *noPropagate}
-	tr, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Trigger(ctx, req)
+	tr, err := adm.Trigger(ctx, req)
 	target := "job " + job
 	if item.set {
 		target = fmt.Sprintf("item %d of job %s", item.n, job)
 	}
 	detail := req.Detail()
 	if err != nil {
-		o.audit(ctx, cli, keyspace.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail}, err)
+		o.audit(ctx, adm, keyspace.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail}, err)
 		return o.opError(err)
 	}
 	what := "every item (" + joinInts(tr.Runs) + ")"
@@ -228,7 +229,7 @@ func cmdTrigger(e *env, args []string) error {
 	if len(tr.Disabled) > 0 {
 		fmt.Fprintf(e.stdout, "not triggered: disabled item(s) %s\n", joinInts(tr.Disabled))
 	}
-	o.audit(ctx, cli, keyspace.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail, Message: msg}, nil)
+	o.audit(ctx, adm, keyspace.AuditEntry{Action: "trigger", Job: job, Target: target, Detail: detail, Message: msg}, nil)
 	return nil
 }
 
@@ -245,12 +246,12 @@ func cliActor() string {
 // audit records a write command in the cluster's audit log with its
 // outcome (err). A failure to record it does not change the command's
 // result (etcd that refused the command may refuse the record too).
-func (o *opsFlags) audit(ctx context.Context, cli *coord.Client, a keyspace.AuditEntry, err error) {
+func (o *opsFlags) audit(ctx context.Context, adm *admin.Client, a keyspace.AuditEntry, err error) {
 	a.Actor, a.Outcome = cliActor(), admin.AuditOutcome(err)
 	if err != nil {
 		a.Message = err.Error()
 	}
-	admin.New(cli, keyspace.NewKeys(o.ef.prefix)).RecordAudit(ctx, a)
+	adm.RecordAudit(ctx, a)
 }
 
 func cmdDisable(e *env, args []string) error { return setDisabled(e, "disable", args, true) }
@@ -281,17 +282,17 @@ func setDisabled(e *env, name string, args []string, on bool) error {
 			return usageError("--instance %v", err)
 		}
 	}
-	cli, ctx, done, err := o.connect()
+	adm, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
 	t := admin.Target{Job: job, Item: item.value(), Instance: *instance}
-	res, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).SetDisabled(ctx, t, on, *force)
+	res, err := adm.SetDisabled(ctx, t, on, *force)
 	if err == nil || res.Changed {
 		fmt.Fprintln(e.stdout, res.Message)
 	}
-	o.audit(ctx, cli, keyspace.AuditEntry{Action: name, Job: job, Target: t.String(), Detail: forceDetail(*force), Message: res.Message}, err)
+	o.audit(ctx, adm, keyspace.AuditEntry{Action: name, Job: job, Target: t.String(), Detail: forceDetail(*force), Message: res.Message}, err)
 	if err != nil {
 		return o.opError(err)
 	}
@@ -306,12 +307,12 @@ func cmdRemove(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	cli, ctx, done, err := o.connect()
+	adm, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	n, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Remove(ctx, job)
+	n, err := adm.Remove(ctx, job)
 	msg := fmt.Sprintf("removed job %s: deleted its %d keys from %s", job, n, o.cluster())
 	if err != nil {
 		msg = ""
@@ -319,7 +320,7 @@ func cmdRemove(e *env, args []string) error {
 	if err == nil {
 		fmt.Fprintln(e.stdout, msg)
 	}
-	o.audit(ctx, cli, keyspace.AuditEntry{Action: "remove", Job: job, Target: "job " + job, Message: msg}, err)
+	o.audit(ctx, adm, keyspace.AuditEntry{Action: "remove", Job: job, Target: "job " + job, Message: msg}, err)
 	if err != nil {
 		return o.opError(err)
 	}
@@ -340,12 +341,12 @@ func cmdHistory(e *env, args []string) error {
 	if *output != "table" && *output != "json" {
 		return usageError("-o must be table or json, got %q", *output)
 	}
-	cli, ctx, done, err := o.connect()
+	adm, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	recs, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).History(ctx, job, item.value())
+	recs, err := adm.History(ctx, job, item.value())
 	if err != nil {
 		return o.opError(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord/admin"
-	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 func cmdStatus(e *env, args []string) error {
@@ -26,12 +25,12 @@ func cmdStatus(e *env, args []string) error {
 	if *output != "table" && *output != "json" {
 		return usageError("-o must be table or json, got %q", *output)
 	}
-	cli, ctx, done, err := o.connect()
+	adm, ctx, done, err := o.connect()
 	if err != nil {
 		return err
 	}
 	defer done()
-	st, err := admin.New(cli, keyspace.NewKeys(o.ef.prefix)).Status(ctx)
+	st, err := adm.Status(ctx)
 	if err != nil {
 		return o.opError(err)
 	}
