@@ -117,7 +117,6 @@ func publishDecision(local *config.Job, reg *keyspace.RegisteredConfig, state ke
 // published over one: their children indexes are to lose the job.
 func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []string, err error) {
 	key, lkey := n.keys.Config(local.Name), n.keys.Loaded(local.Name, n.opts.ID)
-	log := n.log.With("job", local.Name)
 	hash := local.Hash()
 	n.mu.Lock()
 	first := n.registered[local.Name] != hash
@@ -134,56 +133,13 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 			n.takeChildren(local.Name, kv)
 		}
-		var (
-			reg        *keyspace.RegisteredConfig
-			state      = keyspace.DefinitionMissing
-			regErr     error
-			configRev  int64
-			loaded     loadedState
-			configCmp  = clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
-			loadedCmp  = clientv3.Compare(clientv3.CreateRevision(lkey), "=", 0)
-			registered *config.Job
-		)
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
-			configRev = kvs[0].ModRevision
-			configCmp = clientv3.Compare(clientv3.ModRevision(key), "=", configRev)
-			reg = &keyspace.RegisteredConfig{}
-			registered, regErr = keyspace.DecodeRegistered(key, local.Name, kvs[0].Value, reg)
-			state = keyspace.DefinitionStateOf(regErr)
+		r := readRegistration(key, lkey, local.Name, resp)
+		publish, why := publishDecision(local, r.reg, r.state, r.configRev, r.loaded, first)
+		ops, err := n.registrationOps(local, r, publish, why)
+		if err != nil {
+			return nil, err
 		}
-		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
-			loadedCmp = clientv3.Compare(clientv3.ModRevision(lkey), "=", kvs[0].ModRevision)
-			var rec keyspace.LoadedRecord
-			if json.Unmarshal(kvs[0].Value, &rec) == nil {
-				loaded = loadedState{hash: rec.Hash, seen: rec.Seen}
-				if rec.Seen == 0 {
-					loaded.seen = kvs[0].ModRevision // written with the publication itself
-				}
-			}
-		}
-		publish, why := publishDecision(local, reg, state, configRev, loaded, first)
-		var ops []clientv3.Op
-		if publish {
-			val, err := json.Marshal(n.newRegistered(local, reg))
-			if err != nil {
-				return nil, err
-			}
-			ops = append(ops, clientv3.OpPut(key, string(val)))
-			if state != keyspace.DefinitionMissing { // a change of the cluster's definition
-				ops = append(ops, auditOp(n.keys, &keyspace.AuditEntry{Actor: "instance:" + n.opts.ID, Action: "definition", Job: local.Name,
-					Target: "job " + local.Name, Detail: "hash " + hash, Outcome: keyspace.AuditOK, Message: why}))
-			}
-		}
-		if loaded.hash != hash {
-			rec := keyspace.LoadedRecord{Hash: hash, At: n.opts.Now().UTC(), Seen: configRev}
-			if publish {
-				rec.Seen = 0 // the generation this Txn writes: the record's own ModRevision
-			}
-			val, _ := json.Marshal(rec)
-			ops = append(ops, clientv3.OpPut(lkey, string(val)))
-		}
-		ops = append(ops, clientv3.OpGet(key))
-		w, err := n.opts.Client.Txn(rctx).If(configCmp, loadedCmp).Then(ops...).Commit()
+		w, err := n.opts.Client.Txn(rctx).If(r.configCmp, r.loadedCmp).Then(ops...).Commit()
 		if err != nil {
 			return nil, fmt.Errorf("register job definition %s: %w", key, err)
 		}
@@ -193,32 +149,109 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 			}
 			return nil, fmt.Errorf("register job definition %s: it keeps changing; retrying", key)
 		}
-		if state == keyspace.DefinitionGarbage && publish {
-			log.Error("registered job definition is malformed; replacing it with the local one", "key", key, "err", regErr)
-		}
-		kv := w.Responses[len(w.Responses)-1].GetResponseRange().Kvs[0]
 		n.mu.Lock()
 		n.registered[local.Name] = hash
 		n.mu.Unlock()
-		switch {
-		case publish && state == keyspace.DefinitionGood && loaded.hash != "" && loaded.seen != configRev && reg.Writer != n.opts.ID:
-			// An edit of a file that was behind: the whole definition wins,
-			// including what it lacks of the one it replaces.
-			log.Warn(why+"; it replaces a newer definition this host's file did not have: check that nothing of it was lost",
-				"hash", hash, "generation", kv.ModRevision, "replaced_hash", reg.Hash, "replaced_writer", reg.Writer, "replaced_written", reg.Written)
-			n.takeDefinition(local.Name, local, kv.ModRevision)
-		case publish:
-			log.Info(why, "hash", hash, "generation", kv.ModRevision)
-			n.takeDefinition(local.Name, local, kv.ModRevision)
-		case state == keyspace.DefinitionUnreadable:
-			n.unreadableDefinition(local.Name, kv.ModRevision, regErr)
-		default:
-			n.takeDefinition(local.Name, registered, kv.ModRevision)
-		}
-		if publish && registered != nil {
-			was = registered.DependsOn
+		n.tookRegistration(local, r, publish, why, w.Responses[len(w.Responses)-1].GetResponseRange().Kvs[0])
+		if publish && r.registered != nil {
+			was = r.registered.DependsOn
 		}
 		return was, nil
+	}
+}
+
+// registration is what registerConfig read of a job's config key and of
+// this instance's loaded key, with the Compares that guard its write on
+// them.
+type registration struct {
+	reg                  *keyspace.RegisteredConfig // nil when the key is missing
+	state                keyspace.DefinitionState
+	regErr               error
+	registered           *config.Job // the registered definition, when it decodes
+	configRev            int64
+	loaded               loadedState
+	configCmp, loadedCmp clientv3.Cmp
+}
+
+// readRegistration decodes the answers of registerConfig's read of key
+// (job's config) and lkey (this instance's loaded record).
+func readRegistration(key, lkey, job string, resp *clientv3.TxnResponse) registration {
+	r := registration{
+		state:     keyspace.DefinitionMissing,
+		configCmp: clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+		loadedCmp: clientv3.Compare(clientv3.CreateRevision(lkey), "=", 0),
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		r.configRev = kvs[0].ModRevision
+		r.configCmp = clientv3.Compare(clientv3.ModRevision(key), "=", r.configRev)
+		r.reg = &keyspace.RegisteredConfig{}
+		r.registered, r.regErr = keyspace.DecodeRegistered(key, job, kvs[0].Value, r.reg)
+		r.state = keyspace.DefinitionStateOf(r.regErr)
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		r.loadedCmp = clientv3.Compare(clientv3.ModRevision(lkey), "=", kvs[0].ModRevision)
+		var rec keyspace.LoadedRecord
+		if json.Unmarshal(kvs[0].Value, &rec) == nil {
+			r.loaded = loadedState{hash: rec.Hash, seen: rec.Seen}
+			if rec.Seen == 0 {
+				r.loaded.seen = kvs[0].ModRevision // written with the publication itself
+			}
+		}
+	}
+	return r
+}
+
+// registrationOps are the writes of a registration: the publication of
+// local (audited when it changes the cluster's definition), this
+// instance's loaded record when it changed, and a read of the config key
+// as the Txn leaves it.
+func (n *Node) registrationOps(local *config.Job, r registration, publish bool, why string) ([]clientv3.Op, error) {
+	key, lkey, hash := n.keys.Config(local.Name), n.keys.Loaded(local.Name, n.opts.ID), local.Hash()
+	var ops []clientv3.Op
+	if publish {
+		val, err := json.Marshal(n.newRegistered(local, r.reg))
+		if err != nil {
+			return nil, err
+		}
+		ops = append(ops, clientv3.OpPut(key, string(val)))
+		if r.state != keyspace.DefinitionMissing { // a change of the cluster's definition
+			ops = append(ops, auditOp(n.keys, &keyspace.AuditEntry{Actor: "instance:" + n.opts.ID, Action: "definition", Job: local.Name,
+				Target: "job " + local.Name, Detail: "hash " + hash, Outcome: keyspace.AuditOK, Message: why}))
+		}
+	}
+	if r.loaded.hash != hash {
+		rec := keyspace.LoadedRecord{Hash: hash, At: n.opts.Now().UTC(), Seen: r.configRev}
+		if publish {
+			rec.Seen = 0 // the generation this Txn writes: the record's own ModRevision
+		}
+		val, _ := json.Marshal(rec)
+		ops = append(ops, clientv3.OpPut(lkey, string(val)))
+	}
+	return append(ops, clientv3.OpGet(key)), nil
+}
+
+// tookRegistration takes the definition a registration left registered
+// (kv, the config key after its Txn) into the job's view, and says what
+// happened.
+func (n *Node) tookRegistration(local *config.Job, r registration, publish bool, why string, kv *mvccpb.KeyValue) {
+	log := n.log.With("job", local.Name)
+	if r.state == keyspace.DefinitionGarbage && publish {
+		log.Error("registered job definition is malformed; replacing it with the local one", "key", n.keys.Config(local.Name), "err", r.regErr)
+	}
+	switch {
+	case publish && r.state == keyspace.DefinitionGood && r.loaded.hash != "" && r.loaded.seen != r.configRev && r.reg.Writer != n.opts.ID:
+		// An edit of a file that was behind: the whole definition wins,
+		// including what it lacks of the one it replaces.
+		log.Warn(why+"; it replaces a newer definition this host's file did not have: check that nothing of it was lost",
+			"hash", local.Hash(), "generation", kv.ModRevision, "replaced_hash", r.reg.Hash, "replaced_writer", r.reg.Writer, "replaced_written", r.reg.Written)
+		n.takeDefinition(local.Name, local, kv.ModRevision)
+	case publish:
+		log.Info(why, "hash", local.Hash(), "generation", kv.ModRevision)
+		n.takeDefinition(local.Name, local, kv.ModRevision)
+	case r.state == keyspace.DefinitionUnreadable:
+		n.unreadableDefinition(local.Name, kv.ModRevision, r.regErr)
+	default:
+		n.takeDefinition(local.Name, r.registered, kv.ModRevision)
 	}
 }
 
