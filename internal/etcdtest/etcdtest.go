@@ -103,7 +103,7 @@ func Shared(t testing.TB) *Server {
 	shared.next++
 	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
 	return &Server{t: t, dir: shared.dir, clientURL: shared.srv.clientURL, peerURL: shared.srv.peerURL,
-		ns: fmt.Sprintf("/etcdtest/%s-%d", name, shared.next)}
+		ns: fmt.Sprintf("/etcdtest/%s-%d/", name, shared.next)}
 }
 
 // own fails t when s is a keyspace of the shared server: what a test does

@@ -14,7 +14,7 @@
 // # Reading
 //
 // The overview, the job list and the instances page read a snapshot of the
-// cluster (coord.ReadStatus and coord.ReadJobRuns) kept for a few seconds:
+// cluster (admin.Client.Status and JobRuns) kept for a few seconds:
 // with 10,000 jobs one read takes seconds, a page must not. A page served
 // from a snapshot older than Options.MaxAge starts one refresh in the
 // background (never two) and shows the age of what it shows; a snapshot

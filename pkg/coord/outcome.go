@@ -183,7 +183,7 @@ func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, c
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	key := n.keys.Item(rec.Job, rec.Item)
-	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Else(clientv3.OpGet(key)).Commit()
+	resp, err := n.opts.Client.Txn(wctx).If(cmp).Then(ops...).Else(clientv3.OpGet(key), clientv3.OpGet(n.keys.Floor(), clientv3.WithKeysOnly())).Commit()
 	if refusedWrite(err) {
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, err)
 	}
@@ -203,10 +203,17 @@ func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, c
 		if len(kvs) > 0 && bytes.Equal(kvs[0].Value, ops[0].ValueBytes()) {
 			return nil // written already (a write whose answer was lost, or a rewind's repair)
 		}
-		if len(kvs) == 0 || kvs[0].ModRevision < rev {
-			// The record is gone or older than the claim that wrote it
-			// (a local job's records are never deleted): etcd went back.
-			// Not lost: the repair writes the outcome (rewind.go).
+		floor := resp.Responses[1].GetResponseRange().Kvs
+		raised := len(floor) > 0 && floor[0].ModRevision > rev
+		if (len(kvs) > 0 && kvs[0].ModRevision < rev) || (len(kvs) == 0 && raised) {
+			// The record is older than the claim that wrote it, or gone
+			// since an instance raised etcd's revision past the claim's
+			// to recover from a rewind (a wiped etcd): etcd went back. Not
+			// lost: the repair writes the outcome (rewind.go). A record
+			// gone otherwise is one an operator removed with its job
+			// (shardd remove, once no live instance held it): the claim is
+			// lost, not a rewind; a wipe nobody recovered from yet shows
+			// in the revision of this very answer (History).
 			got := int64(0)
 			if len(kvs) > 0 {
 				got = kvs[0].ModRevision

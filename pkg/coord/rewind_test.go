@@ -553,7 +553,7 @@ func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
 // hourly or daily job is an hour or a day away.
 func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Shared(t)
+	srv := etcdtest.Start(t) // of its own: the alarm stops every write to the server
 	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 2))
 	cli := srv.Client()
 	ctx := context.Background()
@@ -951,5 +951,38 @@ func TestOutcomeOfRunWhoseClaimWasWipedIsRecorded(t *testing.T) {
 	rec, _ := readRecord(t, cli, b.keys.Item("orders", 1))
 	if rec.State != keyspace.StateDone || !rec.Fire.Equal(base) || rec.Instance != "b" {
 		t.Errorf("item 1's record after the wipe: %s fire %s by %s; want b's outcome, DONE fire %s", rec.State, rec.Fire.Format(time.TimeOnly), rec.Instance, base.Format(time.TimeOnly))
+	}
+}
+
+// A run whose job an operator removed while its instance was cut off (its
+// lease expired, so `shardd remove` found no live member, marker or
+// leader) ends with its record gone: the claim is lost, not a rewind. Taken
+// for a rewind, the instance fenced, raised etcd's revision, wrote the
+// removed job's records back, and its report made every other instance
+// fence too. A record gone after an instance recovered from a wipe (the
+// floor raised past the claim) is still a rewind
+// (TestOutcomeOfRunWhoseClaimWasWipedIsRecorded).
+func TestOutcomeOfARemovedJobsRunIsNotARewind(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	a := startRewindNode(t, srv, "a", testTTL, "jobs:\n"+job("orders", 1))
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
+	// What remove deletes: every key of the job.
+	if _, err := cli.Delete(ctx, a.keys.JobPrefix("orders"), clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := a.Complete(cctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); !errors.Is(err, ErrClaimLost) {
+		t.Errorf("Complete of a run whose job was removed: %v; want ErrClaimLost", err)
+	}
+	if rw := a.Rewound(); rw != nil {
+		t.Errorf("a removed job's missing record was taken for a rewind: %v", rw)
+	}
+	if resp, err := cli.Get(ctx, a.keys.Item("orders", 0)); err != nil || len(resp.Kvs) != 0 {
+		t.Errorf("the removed job's record was written back: %v (%v)", resp, err)
 	}
 }

@@ -13,6 +13,20 @@ import (
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
+// The audit log is every write action of operators on the cluster —
+// trigger, kill, disable, enable, remove — and every change of a registered
+// job definition, with who, what, when and how it went, refusals included.
+// It lives in etcd under <prefix>/audit/<id>, one key per entry, ids
+// ordered by time; RecordAudit trims it to the newest AuditKeep
+// entries (it may briefly hold up to AuditKeep+auditSlack). Every field is one
+// printable line of bounded length. Writes refused for a read-role token
+// are not recorded here (that would let any reader flush the log): the
+// instance that refused them logs them.
+//
+// Who is an Actor: "token:<name>" for the API and the console (the named
+// token the request was made with), "cli:<user>@<host>" for the CLI, and
+// "instance:<id>" for a definition an instance published from its files.
+
 // auditSlack is how far past AuditKeep the log grows before it is trimmed:
 // trimming is a range read and a delete, done once per auditSlack entries.
 const auditSlack = 50
@@ -65,8 +79,8 @@ type AuditFilter struct {
 }
 
 // actorMatches reports whether an entry's actor is the one asked for: the
-// same, or one it names the kind or start of ("c.cli" or "c.cli:" matches
-// every CLI user, "c.cli:root" root on every host, "token" every token).
+// same, or one it names the kind or start of ("cli" or "cli:" matches
+// every CLI user, "cli:root" root on every host, "token" every token).
 func actorMatches(actor, want string) bool {
 	switch {
 	case want == "" || actor == want:
@@ -77,7 +91,7 @@ func actorMatches(actor, want string) bool {
 	return strings.HasPrefix(actor, want+":") || strings.HasPrefix(actor, want+"@")
 }
 
-// auditPage is how many entries ReadAudit reads at a time.
+// auditPage is how many entries Audit reads at a time.
 const auditPage = 200
 
 // Audit returns the audit entries that match f, newest first. It reads

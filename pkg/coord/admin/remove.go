@@ -12,7 +12,7 @@ import (
 // (its definition, map, records, history, disable marks). It refuses while
 // any live instance is a member of the job or runs one of its items: such
 // an instance would register the job again at once. It returns the number
-// of c.keys deleted.
+// of keys deleted.
 func (c *Client) Remove(ctx context.Context, job string) (int64, error) {
 	f, err := c.requireJob(ctx, job)
 	if err != nil {

@@ -172,7 +172,7 @@ func (c *Client) readAlarms(ctx context.Context) []string {
 	return out
 }
 
-// readStatus reads the instances and the jobs with c.keys under jobsPrefix.
+// readStatus reads the instances and the jobs with keys under jobsPrefix.
 func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterStatus, error) {
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(c.keys.Instances(), clientv3.WithPrefix()),
@@ -470,7 +470,7 @@ type JobRuns struct {
 	LastFailure *keyspace.ItemRecord
 }
 
-// runsPerTxn bounds the jobs of one ReadJobRuns Txn (3 reads each, within
+// runsPerTxn bounds the jobs of one JobRuns Txn (3 reads each, within
 // etcd's default --max-txn-ops of 128).
 const runsPerTxn = 42
 
