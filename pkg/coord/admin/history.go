@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -19,15 +18,11 @@ func (c *Client) Records(ctx context.Context, job string) ([]keyspace.ItemRecord
 	if err != nil {
 		return nil, fmt.Errorf("read history of job %q: %w", job, err)
 	}
-	out := make([]keyspace.ItemRecord, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		var rec keyspace.ItemRecord
-		if json.Unmarshal(kv.Value, &rec) == nil {
-			out = append(out, rec)
-		}
+	values := make([][]byte, len(resp.Kvs))
+	for i, kv := range resp.Kvs {
+		values[i] = kv.Value
 	}
-	keyspace.SortHistory(out)
-	return out, nil
+	return keyspace.ParseHistory(values), nil
 }
 
 // History reads a job's history (Records), only item's when item

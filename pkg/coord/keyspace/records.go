@@ -1,6 +1,7 @@
 package keyspace
 
 import (
+	"encoding/json"
 	"slices"
 	"time"
 )
@@ -178,6 +179,20 @@ type ItemState struct {
 type JobItems struct {
 	Rev   int64
 	Items map[int]ItemState
+}
+
+// ParseHistory decodes the values of a job's history keys, oldest first
+// (SortHistory); a value that does not decode is left out.
+func ParseHistory(values [][]byte) []ItemRecord {
+	out := make([]ItemRecord, 0, len(values))
+	for _, v := range values {
+		var rec ItemRecord
+		if json.Unmarshal(v, &rec) == nil {
+			out = append(out, rec)
+		}
+	}
+	SortHistory(out)
+	return out
 }
 
 // SortHistory sorts history records oldest first: by start, then item,
