@@ -391,15 +391,9 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
-	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, a.Node, 0, base, base)
 	backup := srv.Backup()
-	g = claimItem(t, a.Node, 0, base.Add(time.Minute), keyspace.SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, a.Node, 0, base.Add(time.Minute), base)
 	h := a.hist.Highest()
 
 	fillRevisions(t, cli, "/another-app/key", 1500)
@@ -464,16 +458,10 @@ func TestInstanceWithWatchAheadLearnsOfAnotherInstancesRewind(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
-	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, a.Node, 0, base, base)
 	backup := srv.Backup()
 	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), keyspace.SourceNormal, 1) // b's run: not completed
-	g = claimItem(t, a.Node, 0, base.Add(time.Minute), keyspace.SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, a.Node, 0, base.Add(time.Minute), base)
 	etcdtest.Eventually(t, 10*time.Second, "a to know b's claim of item 1", func() bool { return knownModRevision(a.Node, 1) >= gb.Fence })
 	end := a.hist.Highest() + 1500
 	fillRevisions(t, cli, keyspace.NewKeys("").Jobs()+"reports/k", 1500)
@@ -519,10 +507,7 @@ func TestOutcomeOfRunEndedAcrossRewindIsRecorded(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
-	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	g := ranDone(t, a.Node, 0, base, base)
 	backup := srv.Backup()
 	t1 := base.Add(time.Minute)
 	g = claimItem(t, a.Node, 0, t1, keyspace.SourceNormal, 1)
@@ -558,10 +543,7 @@ func TestNoSpaceImpairmentFollowsTheAlarm(t *testing.T) {
 	cli := srv.Client()
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, a.Node, 0, base, base)
 	if _, err := adminOf(a).SetDisabled(ctx, admin.Target{Job: "orders", Item: 1}, true, false); err != nil {
 		t.Fatal(err)
 	}
@@ -692,10 +674,7 @@ func TestClaimsGoOnAfterRestoreWithBumpedRevision(t *testing.T) {
 	cli := srv.Client()
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	g := claimItem(t, a.Node, 0, base, keyspace.SourceNormal, 1)
-	if err := a.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, a.Node, 0, base, base)
 	snap := srv.Snapshot()
 	before := etcdtest.StoredMap(cli, "orders")
 
@@ -758,10 +737,7 @@ func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	t1 := base.Add(time.Minute)
-	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
-	if err := b.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, b.Node, 1, base, base)
 	if _, err := a.ReadItems(ctx, "orders"); err != nil { // as a's engine does at each sweep
 		t.Fatal(err)
 	}
@@ -869,10 +845,7 @@ func TestReportOfALateInstanceIsNotANewRewind(t *testing.T) {
 	ctx := context.Background()
 	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	a.proxy.Blackhole()
-	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
-	if err := b.Complete(ctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
-		t.Fatal(err)
-	}
+	ranDone(t, b.Node, 1, base, base)
 	b.proxy.Blackhole()
 	srv.Wipe()
 	a.proxy.Restore()
@@ -985,4 +958,15 @@ func TestOutcomeOfARemovedJobsRunIsNotARewind(t *testing.T) {
 	if resp, err := cli.Get(ctx, a.keys.Item("orders", 0)); err != nil || len(resp.Kvs) != 0 {
 		t.Errorf("the removed job's record was written back: %v (%v)", resp, err)
 	}
+}
+
+// ranDone claims item of orders on n for fire (a NORMAL first attempt)
+// and records its run DONE, started and ended at at.
+func ranDone(t *testing.T, n *Node, item int, fire, at time.Time) *Grant {
+	t.Helper()
+	g := claimItem(t, n, item, fire, keyspace.SourceNormal, 1)
+	if err := n.Complete(context.Background(), g, Outcome{State: keyspace.StateDone, Start: at, End: at}); err != nil {
+		t.Fatal(err)
+	}
+	return g
 }
