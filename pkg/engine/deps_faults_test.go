@@ -132,15 +132,7 @@ func TestDepsUpstreamTriggerInACompactedWatchGap(t *testing.T) {
 	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
-	yaml := `jobs:
-  - name: parent
-    strategy: FIRST
-    script: 'echo "$SHARDD_FENCE" >> ` + dir + `/parent'
-  - name: child
-    strategy: LAST
-    dependsOn: [parent]
-    script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
-`
+	yaml := fenceLoggingPair(dir)
 	// p runs the parent (FIRST), z the child (LAST); z reaches etcd
 	// through a proxy.
 	proxy, err := faultproxy.Start(srv.Addr())
@@ -447,15 +439,7 @@ func TestDepsResyncDuringLoadTriggers(t *testing.T) {
 	longFaults(t)
 	srv := etcdtest.Start(t)
 	dir := t.TempDir()
-	yaml := `jobs:
-  - name: parent
-    strategy: FIRST
-    script: 'echo "$SHARDD_FENCE" >> ` + dir + `/parent'
-  - name: child
-    strategy: LAST
-    dependsOn: [parent]
-    script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
-`
+	yaml := fenceLoggingPair(dir)
 	keys := keyspace.NewKeys("")
 	proxy, err := faultproxy.Start(srv.Addr())
 	if err != nil {
@@ -635,4 +619,19 @@ func TestDepsBroadcastRejoin(t *testing.T) {
 		time.Sleep(5 * time.Second)
 	}
 	t.Logf("no violation seen; parent runs %v child runs %v", lines(filepath.Join(dir, "parent")), lines(filepath.Join(dir, "child")))
+}
+
+// fenceLoggingPair is a parent (FIRST) that appends its fence to
+// dir/parent and a child (LAST, dependsOn parent) that appends the parent
+// fire it serves to dir/child.
+func fenceLoggingPair(dir string) string {
+	return `jobs:
+  - name: parent
+    strategy: FIRST
+    script: 'echo "$SHARDD_FENCE" >> ` + dir + `/parent'
+  - name: child
+    strategy: LAST
+    dependsOn: [parent]
+    script: 'echo "$SHARDD_PARENT_FIRE" >> ` + dir + `/child'
+`
 }
