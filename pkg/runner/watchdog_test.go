@@ -207,6 +207,13 @@ func group(t *testing.T, shell string) (cmd *exec.Cmd, exited <-chan struct{}) {
 	t.Helper()
 	cmd = exec.Command("/bin/sh", "-c", shell)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// A stdin that stays open until the test ends: a script's `read`
+	// blocks (a /dev/null stdin let the leader exit before the test had
+	// registered it).
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -214,6 +221,7 @@ func group(t *testing.T, shell string) (cmd *exec.Cmd, exited <-chan struct{}) {
 	go func() { cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		stdin.Close()
 		<-done
 	})
 	return cmd, done
