@@ -166,8 +166,7 @@ func TestCompletionsBatchIsOneTxn(t *testing.T) {
 		rec.State = keyspace.StateDone
 		batch = append(batch, &completion{rec: rec, fence: r.Grant.Fence, done: make(chan error, 1)})
 	}
-	var c completer
-	c.write(n.Node, batch)
+	n.writeOutcomes(batch)
 	for i, r := range batch {
 		if err := <-r.done; err != nil {
 			t.Errorf("outcome %d: %v", i, err)

@@ -2,12 +2,10 @@ package coord
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord/keyspace"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // completer groups the outcomes of runs into shared Txns by group commit:
@@ -22,7 +20,14 @@ import (
 // for them, at most siblingLinger, and the last one writes them all in one
 // Txn (measured: an outcome Txn per item execution without it, for the
 // items of a job that an instance runs at each fire). Only siblings wait.
+//
+// The completer knows nothing of etcd: it writes each batch through write
+// (Node.writeOutcomes), so that its grouping is tested on its own.
 type completer struct {
+	// write writes a batch's outcomes and sends each one's error on its
+	// done channel. One write is in flight at a time.
+	write func(batch []*completion)
+
 	mu      sync.Mutex
 	busy    bool // a flush is writing
 	pending []*completion
@@ -54,7 +59,7 @@ func (c *completer) expect(fence int64, count int) {
 }
 
 // kick starts a flush of what is pending, if none is in progress.
-func (c *completer) kick(n *Node) {
+func (c *completer) kick() {
 	c.mu.Lock()
 	if c.busy || len(c.pending) == 0 {
 		c.mu.Unlock()
@@ -62,7 +67,7 @@ func (c *completer) kick(n *Node) {
 	}
 	c.busy = true
 	c.mu.Unlock()
-	c.drain(n)
+	c.drain()
 }
 
 type completion struct {
@@ -82,7 +87,7 @@ const completionsPerTxn = 32
 // caller that finds no flush in progress starts a goroutine that writes
 // batches while there are some, so that no run's caller is held by
 // others' outcomes, nor past its ctx by its own.
-func (c *completer) do(ctx context.Context, n *Node, rec keyspace.ItemRecord, fence int64) error {
+func (c *completer) do(ctx context.Context, rec keyspace.ItemRecord, fence int64) error {
 	req := &completion{rec: rec, fence: fence, done: make(chan error, 1)}
 	c.mu.Lock()
 	c.pending = append(c.pending, req)
@@ -101,14 +106,14 @@ func (c *completer) do(ctx context.Context, n *Node, rec keyspace.ItemRecord, fe
 	c.mu.Unlock()
 	switch {
 	case flusher:
-		go c.drain(n)
+		go c.drain()
 	case waiting > 0:
 		// The last sibling, or this timer, writes it.
 		time.AfterFunc(siblingLinger, func() {
 			c.mu.Lock()
 			delete(c.siblings, fence) // late siblings do not wait
 			c.mu.Unlock()
-			c.kick(n)
+			c.kick()
 		})
 	}
 	select {
@@ -121,13 +126,13 @@ func (c *completer) do(ctx context.Context, n *Node, rec keyspace.ItemRecord, fe
 
 // flushOne writes the next batch of pending outcomes and says whether more
 // are pending (else the completer is idle again).
-func (c *completer) flushOne(n *Node) (more bool) {
+func (c *completer) flushOne() (more bool) {
 	c.mu.Lock()
 	batch := c.pending[:min(len(c.pending), completionsPerTxn)]
 	c.pending = c.pending[len(batch):]
 	c.mu.Unlock()
 	if len(batch) > 0 {
-		c.write(n, batch)
+		c.write(batch)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -139,51 +144,7 @@ func (c *completer) flushOne(n *Node) (more bool) {
 }
 
 // drain writes pending outcomes until none is left.
-func (c *completer) drain(n *Node) {
-	for c.flushOne(n) {
-	}
-}
-
-func (c *completer) write(n *Node, batch []*completion) {
-	ctx, cancel := context.WithTimeout(context.Background(), n.opts.TTL)
-	defer cancel()
-	if len(batch) == 1 {
-		batch[0].done <- n.finish(ctx, batch[0].rec, batch[0].fence, true)
-		return
-	}
-	var cmps []clientv3.Cmp
-	var ops []clientv3.Op
-	ok := batch[:0:0]
-	for _, r := range batch {
-		cmp, o, err := n.finishTxn(r.rec, r.fence, true)
-		if err != nil {
-			r.done <- err
-			continue
-		}
-		cmps, ops, ok = append(cmps, cmp), append(ops, o...), append(ok, r)
-	}
-	batch = ok
-	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(oneLastFailure(n.keys, ops)...).Commit()
-	switch {
-	case err != nil: // unknown outcome: read back; those not written retry on their own
-		for _, r := range batch {
-			if _, o, _ := n.finishTxn(r.rec, r.fence, true); n.finishApplied(ctx, r.rec, o[0]) {
-				r.done <- nil
-				continue
-			}
-			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
-		}
-	case resp.Succeeded:
-		n.wroteItems(resp.Header.Revision)
-		for _, r := range batch {
-			if _, o, err := n.finishTxn(r.rec, r.fence, true); err == nil {
-				n.learnWrite(r.rec.Job, r.rec.Item, o[0].ValueBytes(), resp.Header.Revision)
-			}
-			r.done <- nil
-		}
-	default: // some guard failed: each on its own
-		for _, r := range batch {
-			r.done <- n.finish(ctx, r.rec, r.fence, true)
-		}
+func (c *completer) drain() {
+	for c.flushOne() {
 	}
 }

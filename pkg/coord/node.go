@@ -174,6 +174,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		steps:       steps.New(opts.Now),
 		started:     opts.Now(),
 	}
+	n.completions.write = n.writeOutcomes
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
 	n.hub.onRewind = n.onRewindRecord
 	n.hub.onAdvance = n.hist.sawCommitted

@@ -45,7 +45,7 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 	for try := 0; ; try++ {
 		var err error
 		if try == 0 {
-			err = n.completions.do(ctx, n, rec, g.Fence) // with the outcomes of others
+			err = n.completions.do(ctx, rec, g.Fence) // with the outcomes of others
 		} else {
 			err = n.finish(ctx, rec, g.Fence, true)
 		}
@@ -315,4 +315,51 @@ func oneLastFailure(k keyspace.Keys, ops []clientv3.Op) []clientv3.Op {
 		}
 	}
 	return out
+}
+
+// writeOutcomes is the completer's write: the batch's outcomes in one Txn,
+// each under its own guard; when a guard fails, each on its own (finish),
+// so that one taken-over item does not fail the others.
+func (n *Node) writeOutcomes(batch []*completion) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.opts.TTL)
+	defer cancel()
+	if len(batch) == 1 {
+		batch[0].done <- n.finish(ctx, batch[0].rec, batch[0].fence, true)
+		return
+	}
+	var cmps []clientv3.Cmp
+	var ops []clientv3.Op
+	ok := batch[:0:0]
+	for _, r := range batch {
+		cmp, o, err := n.finishTxn(r.rec, r.fence, true)
+		if err != nil {
+			r.done <- err
+			continue
+		}
+		cmps, ops, ok = append(cmps, cmp), append(ops, o...), append(ok, r)
+	}
+	batch = ok
+	resp, err := n.opts.Client.Txn(ctx).If(cmps...).Then(oneLastFailure(n.keys, ops)...).Commit()
+	switch {
+	case err != nil: // unknown outcome: read back; those not written retry on their own
+		for _, r := range batch {
+			if _, o, _ := n.finishTxn(r.rec, r.fence, true); n.finishApplied(ctx, r.rec, o[0]) {
+				r.done <- nil
+				continue
+			}
+			r.done <- fmt.Errorf("record %s of item %d of job %q: %w", r.rec.State, r.rec.Item, r.rec.Job, err)
+		}
+	case resp.Succeeded:
+		n.wroteItems(resp.Header.Revision)
+		for _, r := range batch {
+			if _, o, err := n.finishTxn(r.rec, r.fence, true); err == nil {
+				n.learnWrite(r.rec.Job, r.rec.Item, o[0].ValueBytes(), resp.Header.Revision)
+			}
+			r.done <- nil
+		}
+	default: // some guard failed: each on its own
+		for _, r := range batch {
+			r.done <- n.finish(ctx, r.rec, r.fence, true)
+		}
+	}
 }
