@@ -17,6 +17,7 @@ import (
 // and runs the fire (failover); the paused one, continued, must not start
 // it (it would run beside the other's run, breaking G1).
 func TestClaimAheadNotUsedAfterItsFenceIsGone(t *testing.T) {
+	faultTest(t)
 	e := startEtcd(t)
 	cli := e.client()
 	dir := t.TempDir()

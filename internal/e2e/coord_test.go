@@ -21,6 +21,7 @@ import (
 // Three instances agree; a crash, a graceful stop and a join each move items
 // within the bounds operators are promised.
 func TestMembershipThroughProcessFaults(t *testing.T) {
+	faultTest(t)
 	e := startEtcd(t)
 	cli := e.client()
 	cfg := writeConfig(t, "orders:10")
@@ -74,6 +75,7 @@ func TestMembershipThroughProcessFaults(t *testing.T) {
 // A killed leader is replaced within TTL + 1s; a paused leader that wakes up
 // after its lease expired writes nothing.
 func TestLeaderKillAndPause(t *testing.T) {
+	faultTest(t)
 	e := startEtcd(t)
 	cli := e.client()
 	cfg := writeConfig(t, "orders:6")
@@ -193,6 +195,7 @@ func decode(v []byte) *keyspace.ShardMap {
 // etcd stopped and restarted, and one instance's connection black-holed:
 // every instance recovers by itself and the maps converge.
 func TestEtcdRestartAndPartition(t *testing.T) {
+	faultTest(t)
 	e := startEtcd(t)
 	cli := e.client()
 	cfg := writeConfig(t, "orders:4", "billing:2")

@@ -56,6 +56,7 @@ func writeLedgerConfig(t *testing.T, dir string) string {
 // the fault's bound for fires due meanwhile), every cut run re-run within
 // TTL + 2s of its fault (G3), and fences increasing per item (G4).
 func TestExecutionGuaranteesUnderFaults(t *testing.T) {
+	faultTest(t)
 	dir := t.TempDir()
 	e := startEtcd(t)
 	cli := e.client()

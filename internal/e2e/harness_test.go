@@ -65,6 +65,13 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	if !raceEnabled {
+		// This package bounds its concurrency itself (slots,
+		// faultSlot): go test's -parallel only counts the tests that may
+		// wait on them, and a fault test waiting for another's end must
+		// not keep the tests that could run meanwhile from starting.
+		flag.Set("test.parallel", "64")
+	}
 	code := m.Run()
 	if reports, _ := filepath.Glob(filepath.Join(dir, "race.*")); len(reports) > 0 {
 		for _, r := range reports {
@@ -492,17 +499,87 @@ func mustSchedule(t *testing.T, spec string) schedule.Schedule {
 	return s
 }
 
-// parallelSlots bounds how many multi-process tests run at once, whatever
-// go test's -parallel: each starts an etcd and shardd processes whose
+// slots bounds how many multi-process tests run at once, whatever go
+// test's -parallel: each starts an etcd and shardd processes whose
 // sessions (TTL 2 s) fence when the CPU is starved, and three at a time
 // keep both cores of the CI machine busy without starving them.
-var parallelSlots = make(chan struct{}, 3)
+var slots = newSlots(3)
+
+// faultSlot is held by the test that faults processes and judges timings
+// (faultTest): one such test at a time.
+var faultSlot = make(chan struct{}, 1)
+
+// faultTestSlots is how many slots a fault test holds: it runs beside at
+// most one other test, so that the bounds it judges (items moved within
+// TTL + 1 s, a due fire started within TTL + 2 s) are not stretched by a
+// crowded machine.
+const faultTestSlots = 2
 
 // parallel runs t in parallel with the other tests that call it, at most
-// cap(parallelSlots) at a time. A test that faults processes and judges
-// timings runs alone instead (it does not call parallel).
+// cap(slots) at a time. A test that faults processes and judges timings
+// calls faultTest instead.
 func parallel(t *testing.T) {
 	t.Parallel()
-	parallelSlots <- struct{}{}
-	t.Cleanup(func() { <-parallelSlots })
+	slots.acquire(1, false)
+	t.Cleanup(func() { slots.release(1) })
+}
+
+// faultTest runs t in parallel with the tests that call parallel, one fault
+// test at a time, holding faultTestSlots slots. The fault tests wait on the
+// clock (a fire, a lease) far more than they use the CPU; run one after
+// the other they were half of the package's time. They go before the
+// others (slots serves a waiting fault test first), so that their chain,
+// the longest, starts at once.
+//
+// Under the race detector, whose binaries are slower by several times,
+// they run alone, one after the other, as they did before.
+func faultTest(t *testing.T) {
+	if raceEnabled {
+		return
+	}
+	t.Parallel()
+	faultSlot <- struct{}{}
+	slots.acquire(faultTestSlots, true)
+	t.Cleanup(func() {
+		slots.release(faultTestSlots)
+		<-faultSlot
+	})
+}
+
+// testSlots is a counting semaphore whose waiting fault test is served
+// before the others.
+type testSlots struct {
+	mu           sync.Mutex
+	changed      *sync.Cond
+	free         int
+	faultWaiting bool
+}
+
+func newSlots(n int) *testSlots {
+	s := &testSlots{free: n}
+	s.changed = sync.NewCond(&s.mu)
+	return s
+}
+
+func (s *testSlots) acquire(n int, fault bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fault {
+		s.faultWaiting = true
+	}
+	for s.free < n || (!fault && s.faultWaiting) {
+		s.changed.Wait()
+	}
+	s.free -= n
+	if fault { // the others may take what is left
+		s.faultWaiting = false
+		s.changed.Broadcast()
+	}
+}
+
+func (s *testSlots) release(n int) {
+	s.mu.Lock()
+	s.free += n
+	s.mu.Unlock()
+	s.changed.Broadcast()
 }

@@ -201,6 +201,7 @@ func sigIgnored(pid int, sig syscall.Signal) bool {
 // SIGHUPs, one every 100µs, through the rest of the start, until the
 // process says it is starting; the last of them reloads once it is up.
 func TestSIGHUPRightAfterExec(t *testing.T) {
+	faultTest(t)
 	e := startEtcd(t)
 	cfg := filepath.Join(t.TempDir(), "jobs.yaml")
 	os.WriteFile(cfg, []byte("jobs:\n  - name: nightly\n    cron: \"0 0 3 * * ?\"\n    script: [/bin/true]\n"), 0o644)
