@@ -178,7 +178,7 @@ func (d *daemon) openRunLogs(dataDir string) (*runlog.Store, error) {
 type etcdClient struct {
 	cli  *coord.Client
 	opts coord.ClientOptions
-	hist *coord.History // the node recovers from what the client sees of etcd going back
+	revs *coord.Revisions // the node recovers from what the client sees of etcd going back
 }
 
 // connect connects to etcd, counting the requests in the metrics.
@@ -189,8 +189,8 @@ func (d *daemon) connect(t etcdTarget) (etcdClient, error) {
 		return c, err
 	}
 	c.opts.Observe = d.m.EtcdRequest
-	c.hist = coord.NewHistory()
-	c.opts.History = c.hist
+	c.revs = coord.NewRevisions()
+	c.opts.Revisions = c.revs
 	c.cli, err = coord.NewClient(c.opts)
 	return c, err
 }
@@ -220,7 +220,7 @@ func (d *daemon) newNode(c etcdClient, ln net.Listener) (*coord.Node, error) {
 		apiAddr = ln.Addr().String()
 	}
 	return coord.New(coord.Options{
-		Client: c.cli, History: c.hist, Prefix: f.etcd.prefix, ID: f.name, TTL: f.ttl, Logger: d.log,
+		Client: c.cli, Revisions: c.revs, Prefix: f.etcd.prefix, ID: f.name, TTL: f.ttl, Logger: d.log,
 		Info:          keyspace.InstanceInfo{Node: f.name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: d.in.tls != nil},
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },

@@ -30,10 +30,10 @@ type ClientOptions struct {
 	// Observe, if set, is called after every etcd request with its operation
 	// (the gRPC method's name: Range, Txn, LeaseGrant, ...), latency and error.
 	Observe func(operation string, d time.Duration, err error)
-	// History, if set, sees every answer first and refuses those that show
-	// etcd's history went back (see History); a Node given the same one in
+	// Revisions, if set, sees every answer first and refuses those that show
+	// etcd's history went back (see Revisions); a Node given the same one in
 	// its Options recovers from it.
-	History *History
+	Revisions *Revisions
 }
 
 // NewClient connects to etcd. gRPC keepalives detect a dead or black-holed
@@ -64,8 +64,8 @@ func NewClient(o ClientOptions) (*clientv3.Client, error) {
 		}
 		cfg.TLS = t
 	}
-	if o.History != nil {
-		cfg.DialOptions = append(cfg.DialOptions, o.History.interceptors()...)
+	if o.Revisions != nil {
+		cfg.DialOptions = append(cfg.DialOptions, o.Revisions.interceptors()...)
 	}
 	if o.Observe != nil {
 		observe := o.Observe

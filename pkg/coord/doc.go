@@ -9,6 +9,40 @@
 // name. docs/design.md describes the keyspace, the state machines and the
 // guarantees for users and contributors.
 //
+// # Where things are
+//
+// One concept per file:
+//
+//   - node.go: Node, its Options and Run loop (the lifecycle below), the
+//     job set (SetJobs), membership, Leave; session.go: the lease, its
+//     keepalives and the fence.
+//   - task.go: a job's task under a session (register, campaign, lead);
+//     elect.go: waiting for the candidates ahead and checking a won
+//     election; leader.go: the leader's reconcile that writes the shard map.
+//   - definition.go: registering and following a job's definition
+//     (jobs/<job>/config); views.go: JobView, following the map and config
+//     keys, and OnChange, the calls that wake the engine when a map, a
+//     running marker or a disabled marker changes.
+//   - hub.go: the one watch and its subscribers; pacer.go: how many jobs
+//     register at once.
+//   - items.go: reading item records (ReadItems); itemcache.go: the cache
+//     of them kept from the watch.
+//   - claim.go: claims (Claim, ClaimAll), the fenced Txn that writes a
+//     RUNNING record and the running marker; outcome.go: every other
+//     record write (Complete, Skip, Settle, Begin) and the run history
+//     (History); completer.go: group commit of outcomes.
+//   - trigger.go, kill.go, barrier.go, deps.go: manual triggers, kill
+//     requests, the barriers of dependent jobs and the index of children.
+//   - revisions.go: what the client saw of etcd's revisions (Revisions:
+//     the answers that show history went back); rewind.go: recovering
+//     from it.
+//   - client.go: the etcd client (NewClient); clock.go, exposure.go,
+//     diagnose.go: checks of clock skew, of etcd's exposure, of a failed
+//     connection.
+//
+// The keys and stored values are in package keyspace; the ItemRecord doc
+// comment there names every writer and reader of a record.
+//
 // # Instance lifecycle
 //
 // A Node is one instance. Its Run loop goes through these states:
@@ -111,7 +145,7 @@
 //     instance keeps its session if keepalives resume in time, else it fences
 //     and re-registers.
 //   - etcd going back in time (a snapshot restored, the data wiped, another
-//     cluster): History refuses every answer once one shows it, the session
+//     cluster): Revisions refuses every answer once one shows it, the session
 //     fences, and Run recovers before the next session (rewind.go).
 //   - malformed values in the shard map or config keys: logged with the key;
 //     the leader rewrites the map, a malformed config is replaced by the

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
 // Elections are concurrency.Election's: each candidate puts the key
@@ -56,4 +57,22 @@ func (n *Node) withdraw(s *session, job string) {
 // candidateKey is s's election key for job: jobs/<job>/leader/<lease in hex>.
 func (n *Node) candidateKey(s *session, job string) string {
 	return fmt.Sprintf("%s%x", n.keys.Leader(job), s.lease)
+}
+
+// checkElected verifies that s is up and the election key e holds is still
+// there, created at e.Rev() under s's lease.
+func (n *Node) checkElected(ctx context.Context, s *session, e *concurrency.Election) error {
+	if s.ctx.Err() != nil {
+		return s.Err()
+	}
+	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Get(gctx, e.Key())
+	if err != nil {
+		return err
+	}
+	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != e.Rev() || clientv3.LeaseID(resp.Kvs[0].Lease) != s.lease {
+		return fmt.Errorf("election key %s is gone or not ours", e.Key())
+	}
+	return nil
 }

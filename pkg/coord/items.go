@@ -32,7 +32,7 @@ func (n *Node) ReadItems(ctx context.Context, job string) (keyspace.JobItems, er
 	}
 	if c != nil {
 		n.learnRead(job, resp.Responses[0].GetResponseRange().Kvs, resp.Header.Revision, -1)
-		if rw := n.hist.Rewound(); rw != nil {
+		if rw := n.revs.Rewound(); rw != nil {
 			return keyspace.JobItems{}, fmt.Errorf("read items of job %q: %w", job, rw)
 		}
 		c.fill(gen, resp)
@@ -68,7 +68,7 @@ func (n *Node) ReadItem(ctx context.Context, job string, item int) (keyspace.Ite
 	}
 	if n.itemCacheOf(job) != nil { // a local job: its records are known from now on
 		n.learnRead(job, resp.Responses[0].GetResponseRange().Kvs, resp.Header.Revision, item)
-		if rw := n.hist.Rewound(); rw != nil {
+		if rw := n.revs.Rewound(); rw != nil {
 			return keyspace.ItemState{}, fmt.Errorf("read item %d of job %q: %w", item, job, rw)
 		}
 	}

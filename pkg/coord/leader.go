@@ -9,30 +9,11 @@ import (
 	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/shard"
 )
-
-// checkElected verifies that s is up and the election key e holds is still
-// there, created at e.Rev() under s's lease.
-func (n *Node) checkElected(ctx context.Context, s *session, e *concurrency.Election) error {
-	if s.ctx.Err() != nil {
-		return s.Err()
-	}
-	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-	defer cancel()
-	resp, err := n.opts.Client.Get(gctx, e.Key())
-	if err != nil {
-		return err
-	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != e.Rev() || clientv3.LeaseID(resp.Kvs[0].Lease) != s.lease {
-		return fmt.Errorf("election key %s is gone or not ours", e.Key())
-	}
-	return nil
-}
 
 // leader holds one leadership of one job.
 type leader struct {

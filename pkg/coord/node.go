@@ -51,11 +51,11 @@ type Options struct {
 	// (see Diagnose): added, at most every 30 s, to the log of a failed
 	// connection, which the etcd client reports only as a timeout.
 	Explain func(ctx context.Context) string
-	// History is the one given to the client's ClientOptions: the node
+	// Revisions is the one given to the client's ClientOptions: the node
 	// learns from it that etcd's history went back, and recovers (see
 	// rewind.go). Without it the node still sees a key's revision go back in
 	// what it reads, but no answer is refused before it acts on it.
-	History *History
+	Revisions *Revisions
 }
 
 // Node is one shardd instance in the cluster.
@@ -94,9 +94,9 @@ type Node struct {
 	// (wroteItems).
 	itemCaches    map[string]*itemCache
 	lastItemWrite atomic.Int64
-	// hist is what the client saw of etcd's history; known the item
+	// revs is what the client saw of etcd's history; known the item
 	// records seen, for a recovery from a rewind (rewind.go).
-	hist     *History
+	revs     *Revisions
 	known    records
 	outcomes outcomes
 	// rewindFloor is the revision another instance's rewind report must
@@ -110,29 +110,6 @@ type Node struct {
 	// instance: a record rewritten while its instance waits is not a new
 	// rewind.
 	reports map[string]time.Time
-}
-
-// JobView is what an instance knows about one of its jobs.
-type JobView struct {
-	// Local is this host's definition; Job the effective one: the
-	// registered definition, which every instance runs (before the first
-	// registration, Local).
-	Local, Job *config.Job
-	// Generation is the ModRevision of the config key Job was read from;
-	// 0 before the first registration.
-	Generation int64
-	// Conflict is set when Local differs from the registered definition.
-	Conflict bool
-	// Map is the last good shard map seen, nil before the first.
-	Map *keyspace.ShardMap
-	// MapRev is the ModRevision of Map's key, the guard of claims made on it.
-	MapRev int64
-	// Leading is set while this instance is the job's leader.
-	Leading bool
-	// Children are the jobs that depend on this one, each with all its
-	// parents (jobs/<job>/children); childrenRev its ModRevision.
-	Children    keyspace.ParentsOf
-	childrenRev int64
 }
 
 // New returns a node for jobs; Run starts it.
@@ -155,11 +132,11 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if opts.History == nil {
-		opts.History = NewHistory()
+	if opts.Revisions == nil {
+		opts.Revisions = NewRevisions()
 	}
 	n := &Node{
-		hist:        opts.History,
+		revs:        opts.Revisions,
 		known:       records{jobs: map[string]map[int]knownRecord{}},
 		opts:        opts,
 		keys:        keyspace.NewKeys(opts.Prefix),
@@ -177,22 +154,22 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 	n.completions.write = n.writeOutcomes
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
 	n.hub.onRewind = n.onRewindRecord
-	n.hub.onAdvance = n.hist.sawCommitted
-	n.hist.mu.Lock()
-	n.hist.onWatchStream = func() {
+	n.hub.onAdvance = n.revs.sawCommitted
+	n.revs.mu.Lock()
+	n.revs.onWatchStream = func() {
 		select {
 		case n.probes <- struct{}{}:
 		default:
 		}
 	}
-	n.hist.onNoSpace = func(ns *NoSpaceError) {
+	n.revs.onNoSpace = func(ns *NoSpaceError) {
 		if ns != nil {
 			n.log.Error("etcd refuses writes: its NOSPACE alarm is raised; no run starts or is recorded until it is compacted, defragmented and disarmed (docs/operations.md)")
 		} else {
 			n.log.Info("etcd takes writes again: its NOSPACE alarm is gone")
 		}
 	}
-	n.hist.mu.Unlock()
+	n.revs.mu.Unlock()
 	n.SetJobs(jobs)
 	return n, nil
 }
@@ -244,17 +221,6 @@ func (n *Node) Up() bool {
 	return n.up
 }
 
-// View returns a copy of what the node knows of job, and whether it has the job.
-func (n *Node) View(job string) (JobView, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	v, ok := n.views[job]
-	if !ok {
-		return JobView{}, false
-	}
-	return *v, true
-}
-
 // Jobs returns the names of the local jobs, sorted.
 func (n *Node) Jobs() []string {
 	n.mu.Lock()
@@ -286,14 +252,6 @@ func (n *Node) republish() {
 	select {
 	case n.changed <- struct{}{}:
 	default:
-	}
-}
-
-func (n *Node) updateView(job string, f func(v *JobView)) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if v, ok := n.views[job]; ok {
-		f(v)
 	}
 }
 
@@ -336,7 +294,7 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	n.rewindFloor.Store(n.hub.deliveredRev())
 	for {
-		if rw := n.hist.Rewound(); rw != nil {
+		if rw := n.revs.Rewound(); rw != nil {
 			if n.recoverRewind(ctx, rw) != nil {
 				return nil
 			}
@@ -380,9 +338,9 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 		}
 		*prevLease = clientv3.NoLease
 	}
-	rewinds := n.hist.changes()
-	if n.hist.Rewound() != nil {
-		return false, n.hist.Rewound()
+	rewinds := n.revs.changes()
+	if n.revs.Rewound() != nil {
+		return false, n.revs.Rewound()
 	}
 	s, err := openSession(ctx, n.opts.Client, n.opts.TTL, n.opts.Now, n.log)
 	if err != nil {
@@ -439,7 +397,7 @@ func (n *Node) runSession(ctx context.Context, prevLease *clientv3.LeaseID) (was
 			return true, err
 		case <-rewinds:
 			rewinds = nil
-			s.cancel(n.hist.Rewound()) // Run recovers before the next session
+			s.cancel(n.revs.Rewound()) // Run recovers before the next session
 
 		case <-n.changed:
 			if err := n.register(s); err != nil {

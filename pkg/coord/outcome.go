@@ -213,13 +213,13 @@ func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, c
 			// gone otherwise is one an operator removed with its job
 			// (shardd remove, once no live instance held it): the claim is
 			// lost, not a rewind; a wipe nobody recovered from yet shows
-			// in the revision of this very answer (History).
+			// in the revision of this very answer (Revisions).
 			got := int64(0)
 			if len(kvs) > 0 {
 				got = kvs[0].ModRevision
 			}
 			return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job,
-				n.hist.noteKeyRevision(key, rev, got))
+				n.revs.noteKeyRevision(key, rev, got))
 		}
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)

@@ -104,7 +104,7 @@ func (n *Node) learnRecord(job string, item int, kv *mvccpb.KeyValue, deleted bo
 	switch {
 	case had && readRev > 0 && old.era == r.era && kv.ModRevision < old.kv.ModRevision && old.kv.ModRevision <= readRev:
 		r.mu.Unlock()
-		n.hist.noteKeyRevision(string(kv.Key), old.kv.ModRevision, kv.ModRevision)
+		n.revs.noteKeyRevision(string(kv.Key), old.kv.ModRevision, kv.ModRevision)
 		return
 	case had && old.era == r.era && kv.ModRevision <= old.kv.ModRevision:
 	case deleted:
@@ -207,7 +207,7 @@ func (n *Node) learnRead(job string, kvs []*mvccpb.KeyValue, readRev int64, item
 	}
 	r.mu.Unlock()
 	if lost != nil {
-		n.hist.noteKeyRevision(string(lost.Key), lost.ModRevision, 0)
+		n.revs.noteKeyRevision(string(lost.Key), lost.ModRevision, 0)
 	}
 }
 
@@ -232,11 +232,11 @@ func (n *Node) knownRecords(job string) map[int]*mvccpb.KeyValue {
 
 // Rewound returns what showed that etcd's history went back while the
 // instance has not recovered from it, nil otherwise.
-func (n *Node) Rewound() *RewindError { return n.hist.Rewound() }
+func (n *Node) Rewound() *RewindError { return n.revs.Rewound() }
 
 // NoSpace returns etcd's NOSPACE alarm as this instance's last write saw
 // it: nil when that write went through.
-func (n *Node) NoSpace() *NoSpaceError { return n.hist.NoSpace() }
+func (n *Node) NoSpace() *NoSpaceError { return n.revs.NoSpace() }
 
 // Impaired says why the instance can start no run or record no outcome
 // although it may hold a session: etcd went back in time and the instance
@@ -254,7 +254,7 @@ func (n *Node) Impaired() error {
 // recoverRewind brings the node back from a rewind (see the steps above).
 // It returns when the node may start a session, or ctx is done.
 func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
-	high := n.hist.Highest()
+	high := n.revs.Highest()
 	target := high + rewindMargin
 	n.log.Error("etcd went back in time (restored from a snapshot, wiped, or another cluster): this instance stops starting runs, "+
 		"fences itself and drops what it knew; it resumes by itself once etcd's revision passes every one it saw, "+
@@ -289,7 +289,7 @@ func (n *Node) recoverRewind(ctx context.Context, rw *RewindError) error {
 					// history is recovered, may deliver a report of this
 					// rewind at once.
 					n.rewindFloor.Store(rev)
-					n.hist.recovered(cluster, rev)
+					n.revs.recovered(cluster, rev)
 					n.log.Warn("recovered from etcd going back: resuming with a new session; fences rise above every one seen",
 						"revision", rev, "seen", high, "repaired_records", rec.Repaired)
 					return nil
@@ -341,7 +341,7 @@ func (n *Node) onRewindRecord(ev *clientv3.Event) {
 	n.reports[rec.Instance] = rec.Detected
 	n.mu.Unlock()
 	if !seen { // the record of a rewind already taken, rewritten while its instance waits
-		n.hist.noteReport(rec)
+		n.revs.noteReport(rec)
 	}
 }
 
@@ -360,18 +360,18 @@ func (n *Node) checkEtcd(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-n.probes:
-			if n.hist.Rewound() == nil {
+			if n.revs.Rewound() == nil {
 				n.currentRevision(ctx) // the interceptor judges the answer
 			}
 		case <-t.C:
-			if n.hist.NoSpace() == nil {
+			if n.revs.NoSpace() == nil {
 				continue
 			}
 			actx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 			resp, err := n.opts.Client.AlarmList(actx)
 			cancel()
 			if err == nil && !hasNoSpace(resp.Alarms) {
-				n.hist.clearNoSpace()
+				n.revs.clearNoSpace()
 			}
 		}
 	}
@@ -652,7 +652,7 @@ func ahead(k, c *keyspace.ItemRecord) bool {
 // instances' rewind records (what is being done, or what the operator
 // must do), though the node refuses every answer it would act on.
 func (n *Node) ShownContext(ctx context.Context) context.Context {
-	if n.hist.Rewound() != nil {
+	if n.revs.Rewound() != nil {
 		return recovering(ctx)
 	}
 	return ctx

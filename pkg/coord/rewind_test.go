@@ -23,13 +23,13 @@ import (
 // whose History the node is given, as shardd run wires them.
 func historyNode(t *testing.T, srv *etcdtest.Server, id string) (*Node, *logBuffer) {
 	t.Helper()
-	hist := NewHistory()
-	cli, err := NewClient(ClientOptions{Endpoints: []string{srv.Endpoint()}, History: hist, DialTimeout: 2 * time.Second})
+	hist := NewRevisions()
+	cli, err := NewClient(ClientOptions{Endpoints: []string{srv.Endpoint()}, Revisions: hist, DialTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lb := &logBuffer{}
-	n, err := New(Options{Client: cli, ID: id, TTL: testTTL, History: hist,
+	n, err := New(Options{Client: cli, ID: id, TTL: testTTL, Revisions: hist,
 		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))}, jobs(t, "jobs:\n"+job("orders", 2)))
 	if err != nil {
 		t.Fatal(err)
@@ -130,8 +130,8 @@ func TestEtcdGoneBackIsRecoveredFrom(t *testing.T) {
 func TestRewoundHistoryRefusesAnswers(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Start(t)
-	hist := NewHistory()
-	cli, err := NewClient(ClientOptions{Endpoints: []string{srv.Endpoint()}, History: hist})
+	hist := NewRevisions()
+	cli, err := NewClient(ClientOptions{Endpoints: []string{srv.Endpoint()}, Revisions: hist})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,13 +270,13 @@ func startRewindNode(t *testing.T, srv *etcdtest.Server, id string, ttl time.Dur
 	if err != nil {
 		t.Fatal(err)
 	}
-	hist := NewHistory()
-	cli, err := NewClient(ClientOptions{Endpoints: []string{"http://" + p.Addr()}, History: hist, DialTimeout: 2 * time.Second})
+	hist := NewRevisions()
+	cli, err := NewClient(ClientOptions{Endpoints: []string{"http://" + p.Addr()}, Revisions: hist, DialTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lb := &logBuffer{}
-	n, err := New(Options{Client: cli, ID: id, TTL: ttl, History: hist,
+	n, err := New(Options{Client: cli, ID: id, TTL: ttl, Revisions: hist,
 		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}))}, jobs(t, yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +394,7 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	ranDone(t, a.Node, 0, base, base)
 	backup := srv.Backup()
 	ranDone(t, a.Node, 0, base.Add(time.Minute), base)
-	h := a.hist.Highest()
+	h := a.revs.Highest()
 
 	fillRevisions(t, cli, "/another-app/key", 1500)
 	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), keyspace.SourceNormal, 1)
@@ -406,7 +406,7 @@ func TestFencesAfterRecoveryRiseAboveFencesSeenOnlyThroughTheWatch(t *testing.T)
 	b.proxy.Blackhole()
 	// a's highest revision counts what its watch delivered (b's record):
 	// the recovery raises etcd past b's fence.
-	h = a.hist.Highest()
+	h = a.revs.Highest()
 
 	srv.Restore(backup)
 	waitRewindSeen(t, a)
@@ -463,10 +463,10 @@ func TestInstanceWithWatchAheadLearnsOfAnotherInstancesRewind(t *testing.T) {
 	gb := claimItem(t, b.Node, 1, base.Add(time.Minute), keyspace.SourceNormal, 1) // b's run: not completed
 	ranDone(t, a.Node, 0, base.Add(time.Minute), base)
 	etcdtest.Eventually(t, 10*time.Second, "a to know b's claim of item 1", func() bool { return knownModRevision(a.Node, 1) >= gb.Fence })
-	end := a.hist.Highest() + 1500
+	end := a.revs.Highest() + 1500
 	fillRevisions(t, cli, keyspace.NewKeys("").Jobs()+"reports/k", 1500)
 	etcdtest.Eventually(t, 10*time.Second, "b's watch to deliver the other jobs' writes", func() bool { return b.hub.deliveredRev() >= end })
-	t.Logf("a's highest revision seen %d, b's %d; b's watch at %d", a.hist.Highest(), b.hist.Highest(), b.hub.deliveredRev())
+	t.Logf("a's highest revision seen %d, b's %d; b's watch at %d", a.revs.Highest(), b.revs.Highest(), b.hub.deliveredRev())
 
 	srv.Restore(backup)
 	waitRewindSeen(t, a)
@@ -640,7 +640,7 @@ func TestRewindWriteBackNeverPutsBackAnOlderFire(t *testing.T) {
 	t5 := base.Add(5 * time.Minute)
 	run(c.Node, t5)
 	before, rev := readRecord(t, cli, a.keys.Item("orders", 0))
-	t.Logf("item 0's record after c's run: seq %d fire %s; etcd at %d, a saw %d", before.Seq, before.Fire.Format(time.TimeOnly), rev, a.hist.Highest())
+	t.Logf("item 0's record after c's run: seq %d fire %s; etcd at %d, a saw %d", before.Seq, before.Fire.Format(time.TimeOnly), rev, a.revs.Highest())
 
 	a.proxy.Restore()
 	waitRewindSeen(t, a)
@@ -747,7 +747,7 @@ func TestIdleInstanceAfterRestoreTakesOverOrSeesTheRewind(t *testing.T) {
 		t.Fatal(err)
 	}
 	etcdtest.Eventually(t, 10*time.Second, "a to know b's record of t1", func() bool { return knownModRevision(a.Node, 1) > gb.Fence })
-	t.Logf("a's highest revision seen %d; b's fence of t1 %d; a's watch at %d", a.hist.Highest(), gb.Fence, a.hub.deliveredRev())
+	t.Logf("a's highest revision seen %d; b's fence of t1 %d; a's watch at %d", a.revs.Highest(), gb.Fence, a.hub.deliveredRev())
 	b.proxy.Blackhole()
 
 	srv.Restore(backup)

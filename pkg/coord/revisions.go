@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc"
 )
 
-// History is what one etcd client has seen of its cluster's history: the
+// Revisions is what one etcd client has seen of its cluster's history: the
 // cluster's id and the highest revision a linearizable answer carried. It
-// sits in the client's gRPC interceptors (ClientOptions.History), so it sees
+// sits in the client's gRPC interceptors (ClientOptions.Revisions), so it sees
 // every answer before the code that asked.
 //
 // etcd's revision only rises and its cluster id never changes, until an
@@ -27,7 +27,7 @@ import (
 // first two: the watch resumes after the last revision it delivered, the
 // item cache and the views keep the newest value by revision, fences are
 // claim revisions. So the moment an answer shows the history went back,
-// History refuses it, and every answer after it, to the code that asked
+// Revisions refuses it, and every answer after it, to the code that asked
 // (ErrRewound), until the node has recovered (Node.recoverRewind):
 //
 //	tracking --answer with a lower revision, another cluster id, or a key
@@ -45,7 +45,7 @@ import (
 // come from the same history. Serializable reads and stream headers (watch,
 // keepalive) may come from a lagging member and are checked for the
 // cluster id only.
-type History struct {
+type Revisions struct {
 	now func() time.Time
 
 	mu      sync.Mutex
@@ -64,13 +64,13 @@ type History struct {
 	onWatchStream func()
 }
 
-// NewHistory returns an empty History.
-func NewHistory() *History {
-	return &History{now: time.Now, changed: make(chan struct{})}
+// NewRevisions returns an empty Revisions.
+func NewRevisions() *Revisions {
+	return &Revisions{now: time.Now, changed: make(chan struct{})}
 }
 
 // ErrRewound is the cause of every refusal while etcd's history is known to
-// have gone back (see History).
+// have gone back (see Revisions).
 var ErrRewound = errors.New("coord: etcd went back in time (restored from a snapshot, wiped, or another cluster)")
 
 // RewindError says what showed that etcd's history went back.
@@ -119,7 +119,7 @@ func (e *NoSpaceError) Error() string {
 }
 
 // clearNoSpace forgets the NOSPACE alarm: etcd no longer lists it.
-func (h *History) clearNoSpace() {
+func (h *Revisions) clearNoSpace() {
 	h.mu.Lock()
 	was, on := h.noSpace, h.onNoSpace
 	h.noSpace = nil
@@ -130,7 +130,7 @@ func (h *History) clearNoSpace() {
 }
 
 // Rewound returns what showed etcd went back, nil while it has not.
-func (h *History) Rewound() *RewindError {
+func (h *Revisions) Rewound() *RewindError {
 	if h == nil {
 		return nil
 	}
@@ -141,7 +141,7 @@ func (h *History) Rewound() *RewindError {
 
 // NoSpace returns etcd's NOSPACE alarm as the last write saw it, nil if
 // that write went through.
-func (h *History) NoSpace() *NoSpaceError {
+func (h *Revisions) NoSpace() *NoSpaceError {
 	if h == nil {
 		return nil
 	}
@@ -151,7 +151,7 @@ func (h *History) NoSpace() *NoSpaceError {
 }
 
 // Highest is the highest revision seen.
-func (h *History) Highest() int64 {
+func (h *Revisions) Highest() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.high
@@ -160,7 +160,7 @@ func (h *History) Highest() int64 {
 // sawCommitted records that revision rev was committed: a revision the
 // jobs watch delivered (an event's, or a progress notification's). A
 // linearizable answer to a request sent after it carries rev at least.
-func (h *History) sawCommitted(rev int64) {
+func (h *Revisions) sawCommitted(rev int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.rewound == nil {
@@ -170,14 +170,14 @@ func (h *History) sawCommitted(rev int64) {
 
 // changes returns a channel closed the next time the history is found
 // rewound.
-func (h *History) changes() <-chan struct{} {
+func (h *Revisions) changes() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.changed
 }
 
 // rewind records e, unless a rewind is recorded already. h.mu is held.
-func (h *History) rewindLocked(e *RewindError) *RewindError {
+func (h *Revisions) rewindLocked(e *RewindError) *RewindError {
 	if h.rewound != nil {
 		return h.rewound
 	}
@@ -192,7 +192,7 @@ func (h *History) rewindLocked(e *RewindError) *RewindError {
 // has revision got where an answer no later than readRev showed it at seen:
 // a key's revision only rises, so the history went back. It returns the
 // rewind.
-func (h *History) noteKeyRevision(key string, seen, got int64) error {
+func (h *Revisions) noteKeyRevision(key string, seen, got int64) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.rewindLocked(&RewindError{Seen: seen, Got: got, Key: key, SeenCluster: h.cluster, GotCluster: h.cluster})
@@ -200,7 +200,7 @@ func (h *History) noteKeyRevision(key string, seen, got int64) error {
 
 // noteReport records that another instance saw etcd go back (its rewind
 // record rec): this instance's state may be of the history that went too.
-func (h *History) noteReport(rec keyspace.RewindRecord) {
+func (h *Revisions) noteReport(rec keyspace.RewindRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	by := rec.By // a report passed on names the first to see it
@@ -212,7 +212,7 @@ func (h *History) noteReport(rec keyspace.RewindRecord) {
 
 // recovered ends a rewind once the node has recovered from it: etcd's
 // revision is rev (above every revision seen) and its cluster id cluster.
-func (h *History) recovered(cluster uint64, rev int64) {
+func (h *Revisions) recovered(cluster uint64, rev int64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.rewound = nil
@@ -292,7 +292,7 @@ func writes(req any) (write, quota bool) {
 // observe checks an answer's header against the history seen before its
 // request was sent (floor) and records it. It returns the rewind it shows
 // or is in, nil if the answer may be used.
-func (h *History) observe(ctx context.Context, hdr *etcdserverpb.ResponseHeader, floor int64, lin bool) error {
+func (h *Revisions) observe(ctx context.Context, hdr *etcdserverpb.ResponseHeader, floor int64, lin bool) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if isRecovering(ctx) {
@@ -322,7 +322,7 @@ func (h *History) observe(ctx context.Context, hdr *etcdserverpb.ResponseHeader,
 
 // refusal is the error a request gets while the history is rewound, nil
 // when it may go.
-func (h *History) refusal(ctx context.Context) (floor int64, err error) {
+func (h *Revisions) refusal(ctx context.Context) (floor int64, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.rewound != nil && !isRecovering(ctx) {
@@ -333,7 +333,7 @@ func (h *History) refusal(ctx context.Context) (floor int64, err error) {
 
 // noteWrite records what a write's answer says of etcd's NOSPACE alarm
 // (quota: it was a write that costs quota).
-func (h *History) noteWrite(err error, quota bool) {
+func (h *Revisions) noteWrite(err error, quota bool) {
 	h.mu.Lock()
 	was := h.noSpace
 	switch {
@@ -352,7 +352,7 @@ func (h *History) noteWrite(err error, quota bool) {
 }
 
 // unary is the client's unary interceptor.
-func (h *History) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+func (h *Revisions) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	floor, err := h.refusal(ctx)
 	if err != nil {
 		return err
@@ -372,7 +372,7 @@ func (h *History) unary(ctx context.Context, method string, req, reply any, cc *
 
 // stream is the client's stream interceptor: watches and keepalives are
 // checked for the cluster id, and refused while rewound.
-func (h *History) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+func (h *Revisions) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	if _, err := h.refusal(ctx); err != nil {
 		return nil, err
 	}
@@ -393,7 +393,7 @@ func (h *History) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cl
 
 type historyStream struct {
 	grpc.ClientStream
-	h   *History
+	h   *Revisions
 	ctx context.Context
 }
 
@@ -409,7 +409,7 @@ func (s *historyStream) RecvMsg(m any) error {
 }
 
 // interceptors returns the dial options that put h in a client.
-func (h *History) interceptors() []grpc.DialOption {
+func (h *Revisions) interceptors() []grpc.DialOption {
 	return []grpc.DialOption{grpc.WithChainUnaryInterceptor(h.unary), grpc.WithChainStreamInterceptor(h.stream)}
 }
 
