@@ -116,7 +116,10 @@ type ItemRecord struct {
 	Source   string    `json:"source"`
 	// Seq counts the item's records; history keeps the last HistoryPerItem.
 	Seq int64 `json:"seq"`
-	// Fence is the etcd revision of the claim (0 for SKIPPED records).
+	// Fence is the etcd revision of the claim, in the records written after
+	// it (an outcome, a settled cut run). A RUNNING record, which the claim
+	// itself writes before its revision is known, stores 0: its fence is
+	// its ModRevision (RunFence). SKIPPED records have none.
 	Fence int64     `json:"fence"`
 	Start time.Time `json:"start,omitzero"`
 	End   time.Time `json:"end,omitzero"`
