@@ -36,11 +36,18 @@ TEST_PACKAGES ?= 4
 test: ## run the default test suite (TEST_PACKAGES packages at a time, TEST_PARALLEL tests at a time in each; default 4 and 4)
 	$(GO) test -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) ./...
 
-# One package at a time (-p 1): a race-instrumented binary is 2-10x slower
-# and uses 5-10x the memory, and the timing of the fault tests is judged.
-# RACE_TIMEOUT bounds each package's binary; RACE_PKGS narrows the run.
-test-race: ## the default test suite under the race detector (-race), one package at a time; RACE_PKGS (default ./...)
-	$(GO) test -race -p 1 -timeout $(RACE_TIMEOUT) $(RACE_PKGS)
+# A race-instrumented binary is 2-10x slower and uses 5-10x the memory:
+# two packages at a time, and internal/e2e (whose shardd and etcd binaries
+# are instrumented too, and whose fault tests judge timings) alone after
+# them. RACE_TIMEOUT bounds each package's binary; RACE_PKGS narrows the run.
+test-race: ## the default test suite under the race detector (-race): two packages at a time, then internal/e2e alone; RACE_PKGS (default ./...)
+	@pkgs=$$($(GO) list $(RACE_PKGS)) || exit 1; \
+	  rest=$$(echo "$$pkgs" | grep -v '/internal/e2e$$' || true); \
+	  e2e=$$(echo "$$pkgs" | grep '/internal/e2e$$' || true); \
+	  if [ -n "$$rest" ]; then echo "$(GO) test -race -p 2 -timeout $(RACE_TIMEOUT) <$$(echo $$rest | wc -w) packages>"; \
+	    $(GO) test -race -p 2 -timeout $(RACE_TIMEOUT) $$rest || exit 1; fi; \
+	  if [ -n "$$e2e" ]; then echo "$(GO) test -race -timeout $(RACE_TIMEOUT) $$e2e"; \
+	    $(GO) test -race -timeout $(RACE_TIMEOUT) $$e2e; fi
 
 lint: ## go vet, a gofmt check, and go.mod/go.sum tidy
 	$(GO) vet ./...
