@@ -35,7 +35,7 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	key := n.keys.Member(local.Name, n.opts.ID)
-	resp, err := n.opts.Client.Txn(rctx).Then(clientv3.OpPut(key, "", clientv3.WithLease(s.lease)), clientv3.OpGet(key)).Commit()
+	resp, err := n.txns.Txn(rctx, nil, []clientv3.Op{clientv3.OpPut(key, "", clientv3.WithLease(s.lease)), clientv3.OpGet(key)}, nil)
 	if err != nil {
 		return fmt.Errorf("put member key: %w", err)
 	}
@@ -122,7 +122,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
-		resp, err := n.opts.Client.Txn(rctx).Then(clientv3.OpGet(key), clientv3.OpGet(lkey), clientv3.OpGet(n.keys.Children(local.Name))).Commit()
+		resp, err := n.txns.Txn(rctx, nil, []clientv3.Op{clientv3.OpGet(key), clientv3.OpGet(lkey), clientv3.OpGet(n.keys.Children(local.Name))}, nil)
 		if err != nil {
 			return nil, fmt.Errorf("read job definition %s: %w", key, err)
 		}
@@ -137,7 +137,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		if err != nil {
 			return nil, err
 		}
-		w, err := n.opts.Client.Txn(rctx).If(r.configCmp, r.loadedCmp).Then(ops...).Commit()
+		w, err := n.txns.Txn(rctx, []clientv3.Cmp{r.configCmp, r.loadedCmp}, ops, nil)
 		if err != nil {
 			return nil, fmt.Errorf("register job definition %s: %w", key, err)
 		}

@@ -36,7 +36,7 @@ func (n *Node) olderCandidates(ctx context.Context, prefix string, rev int64) (b
 	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	// Not WithCountOnly: etcd counts the range before the revision filter.
-	resp, err := n.opts.Client.Get(gctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1), clientv3.WithKeysOnly())...)
+	resp, err := n.txns.Get(gctx, prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1), clientv3.WithKeysOnly())...)
 	if err != nil {
 		return false, err
 	}
@@ -67,7 +67,7 @@ func (n *Node) checkElected(ctx context.Context, s *session, e *concurrency.Elec
 	}
 	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Get(gctx, e.Key())
+	resp, err := n.txns.Get(gctx, e.Key())
 	if err != nil {
 		return err
 	}

@@ -58,13 +58,13 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 	k := l.n.keys
 	rctx, cancel := context.WithTimeout(ctx, l.n.opts.TTL)
 	defer cancel()
-	resp, err := l.n.opts.Client.Txn(rctx).Then(
+	resp, err := l.n.txns.Txn(rctx, nil, []clientv3.Op{
 		clientv3.OpGet(k.Members(l.job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(k.Disabled(l.job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(k.Config(l.job)),
 		clientv3.OpGet(k.Shards(l.job)),
 		clientv3.OpGet(k.Leader(l.job), clientv3.WithPrefix()),
-	).Commit()
+	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("read job state: %w", err)
 	}
@@ -148,13 +148,13 @@ func (l *leader) reconcile(ctx context.Context, st *state) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, l.n.opts.TTL)
 	defer cancel()
-	resp, err := l.n.opts.Client.Txn(wctx).
-		If(
+	resp, err := l.n.txns.Txn(wctx,
+		[]clientv3.Cmp{
 			clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev),
 			clientv3.Compare(clientv3.ModRevision(l.n.keys.Shards(l.job)), "=", st.shardsRev),
-		).
-		Then(clientv3.OpPut(l.n.keys.Shards(l.job), string(val))).
-		Else(clientv3.OpGet(l.key)).Commit()
+		},
+		[]clientv3.Op{clientv3.OpPut(l.n.keys.Shards(l.job), string(val))},
+		[]clientv3.Op{clientv3.OpGet(l.key)})
 	if err != nil {
 		// Unknown outcome: the next reconcile reads the map back.
 		return fmt.Errorf("write shard map: %w", err)

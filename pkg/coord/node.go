@@ -89,6 +89,8 @@ type Node struct {
 	// completions groups the outcomes of runs that end together into
 	// shared Txns (see completer).
 	completions completer
+	// txns sends the small Txns of many jobs together (batch.go).
+	txns *txnBatcher
 	// itemCaches keep jobs' item keys from the hub's watch (itemcache.go);
 	// lastItemWrite is the revision of this node's last write of item keys
 	// (wroteItems).
@@ -152,6 +154,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		started:     opts.Now(),
 	}
 	n.completions.write = n.writeOutcomes
+	n.txns = newTxnBatcher(opts.Client, opts.TTL)
 	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
 	n.hub.onRewind = n.onRewindRecord
 	n.hub.onAdvance = n.revs.sawCommitted

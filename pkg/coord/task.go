@@ -300,10 +300,10 @@ func (n *Node) candidate(ctx context.Context, s *session, job string) (key strin
 	key = n.candidateKey(s, job)
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, n.opts.ID, clientv3.WithLease(s.lease))).
-		Else(clientv3.OpGet(key)).Commit()
+	resp, err := n.txns.Txn(rctx,
+		[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(key, n.opts.ID, clientv3.WithLease(s.lease))},
+		[]clientv3.Op{clientv3.OpGet(key)})
 	if err != nil {
 		return "", 0, err
 	}

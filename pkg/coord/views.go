@@ -169,7 +169,7 @@ func (n *Node) readKey(ctx context.Context, key string, take func(kv *mvccpb.Key
 	b := backoff{min: 100 * time.Millisecond, max: 2 * time.Second}
 	for {
 		gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-		resp, err := n.opts.Client.Get(gctx, key)
+		resp, err := n.txns.Get(gctx, key)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
