@@ -65,6 +65,10 @@ const (
 	// batchesInflight bounds the batches on their way at once: enough to
 	// keep etcd's pipeline full, few enough that requests wait and join.
 	batchesInflight = 4
+	// maxBatchScan bounds how far into the pending requests take looks
+	// for ones that fit the batch, so that a long line costs each batch
+	// a bounded scan.
+	maxBatchScan = 4 * maxBatchOps
 )
 
 type batchedTxn struct {
@@ -158,9 +162,13 @@ func (b *txnBatcher) take() []*batchedTxn {
 	var batch, rest []*batchedTxn
 	ifs, ops, size := 0, 0, 0
 	written := map[string]bool{}
-	for _, r := range b.pending {
+	for i, r := range b.pending {
 		if r.withdrawn {
 			continue
+		}
+		if i >= maxBatchScan || ops >= maxBatchOps {
+			rest = append(rest, b.pending[i:]...)
+			break
 		}
 		fits := len(batch) == 0 ||
 			(!r.alone && !batch[0].alone && ifs+len(r.ifs) <= maxBatchOps &&
