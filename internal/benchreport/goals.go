@@ -82,11 +82,11 @@ var goals = []goal{
 			return []float64{m["etcd-req/exec"]}, fmt.Sprintf("%.2f, of which lease keepalives %.2f (each instance's, every TTL/3 whatever runs; TTL 2 s here) (per scenario: %s)",
 				m["etcd-req/exec"], m["keepalive-req/exec"], strings.Join(per, "; ")), true
 		}},
-	resourceGoal("10,000 jobs over 3 instances: cold start to converged maps", 10000, "<= 20 s", []float64{20},
+	resourceGoal("10,000 jobs over 3 instances: cold start to converged maps", 10000, "<= 15 s", []float64{15},
 		func(x resourceResult) ([]float64, string) {
 			return []float64{x.ConvergeSecs}, fmt.Sprintf("%.1f s", x.ConvergeSecs)
 		}),
-	resourceGoal("same: RSS per instance / idle CPU", 10000, "<= 150 MiB / <= 1 %", []float64{150, 1},
+	resourceGoal("same: RSS per instance / idle CPU", 10000, "<= 120 MiB / <= 1 %", []float64{120, 1},
 		func(x resourceResult) ([]float64, string) {
 			return []float64{x.RSSMiBPerInst, x.CPUPctPerInst}, fmt.Sprintf("%.0f MiB / %.2f %%", x.RSSMiBPerInst, x.CPUPctPerInst)
 		}),
@@ -94,7 +94,7 @@ var goals = []goal{
 		func(x resourceResult) ([]float64, string) {
 			return []float64{x.RSSMiBPerInst}, fmt.Sprintf("%.1f MiB", x.RSSMiBPerInst)
 		}),
-	resourceGoal("`shardd status` with 10,000 jobs", 10000, "<= 2 s", []float64{2},
+	resourceGoal("`shardd status` with 10,000 jobs", 10000, "<= 1 s", []float64{1},
 		func(x resourceResult) ([]float64, string) {
 			return []float64{x.StatusSecs}, fmt.Sprintf("%.2f s", x.StatusSecs)
 		}),
