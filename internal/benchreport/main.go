@@ -291,6 +291,11 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 			p.Wait()
 		}
 	}()
+	cli, err := coord.NewClient(coord.ClientOptions{Endpoints: []string{client}})
+	if err != nil {
+		return r, err
+	}
+	defer cli.Close()
 	start := time.Now()
 	for i := 0; i < n; i++ {
 		p := exec.Command(filepath.Join(bin, "shardd"), "run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
@@ -301,26 +306,38 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 		}
 		procs = append(procs, p)
 	}
-	cli, err := coord.NewClient(coord.ClientOptions{Endpoints: []string{client}})
-	if err != nil {
-		return r, err
-	}
-	defer cli.Close()
-	// Converged: every job's map lists all n instances.
-	for {
-		if time.Since(start) > convergeTimeout {
-			var rss, cpu float64
-			for _, p := range procs {
-				rss += rssMiB(p.Process.Pid)
-				cpu += cpuSeconds(p.Process.Pid)
+	// Converged: every job's map lists all n instances. Followed on a
+	// watch from before the start: a read of every map at each look (as
+	// this did before) loaded etcd with 20 MB a look at 10,000 jobs, and
+	// slowed the start it measured.
+	wctx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	full := make(chan struct{})
+	go func() {
+		complete := map[string]bool{}
+		admin.New(cli, keyspace.NewKeys("/shardd")).FollowMaps(wctx, 1, func(job string, m *keyspace.ShardMap) bool {
+			if m != nil && len(m.Instances) == n {
+				complete[job] = true
+			} else {
+				delete(complete, job)
 			}
-			r.RSSMiBPerInst = rss / float64(n)
-			return r, fmt.Errorf("maps did not converge within %s (RSS per instance then %.0f MiB, %.0f CPU-seconds used)", convergeTimeout, r.RSSMiBPerInst, cpu/float64(n))
+			if len(complete) == jobs {
+				close(full)
+				return false
+			}
+			return true
+		})
+	}()
+	select {
+	case <-full:
+	case <-time.After(convergeTimeout - time.Since(start)):
+		var rss, cpu float64
+		for _, p := range procs {
+			rss += rssMiB(p.Process.Pid)
+			cpu += cpuSeconds(p.Process.Pid)
 		}
-		if converged(cli, jobs, n) {
-			break
-		}
-		time.Sleep(500 * time.Millisecond)
+		r.RSSMiBPerInst = rss / float64(n)
+		return r, fmt.Errorf("maps did not converge within %s (RSS per instance then %.0f MiB, %.0f CPU-seconds used)", convergeTimeout, r.RSSMiBPerInst, cpu/float64(n))
 	}
 	r.ConvergeSecs = time.Since(start).Seconds()
 	st := time.Now()
@@ -347,22 +364,6 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 func firstLine(b []byte) string {
 	line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
 	return line
-}
-
-func converged(cli *coord.Client, jobs, n int) bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	maps, err := admin.New(cli, keyspace.NewKeys("/shardd")).Maps(ctx)
-	if err != nil {
-		return false
-	}
-	ok := 0
-	for _, m := range maps {
-		if len(m.Instances) == n {
-			ok++
-		}
-	}
-	return ok == jobs
 }
 
 func rssMiB(pid int) float64 {

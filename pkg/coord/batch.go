@@ -35,6 +35,12 @@ import (
 //	       the outcome is unknown, as for a Txn of its own
 //	pending --its ctx ends--> withdrawn: never sent
 //
+// Reads go with reads, writes with writes: a Txn that only reads is served
+// by etcd's read path, many at once, while one that writes is applied in
+// order with every other write, its reads with it (measured at a cold
+// start of 10,000 jobs: the reads of mixed batches were a quarter of
+// etcd's CPU, in its apply loop).
+//
 // A batch holds at most maxBatchOps Compares and maxBatchOps operations
 // (etcd's --max-txn-ops default is 128) and about maxBatchBytes of keys
 // and values (--max-request-bytes is 1.5 MiB), and never two requests
@@ -75,6 +81,7 @@ type batchedTxn struct {
 	ifs        []clientv3.Cmp
 	then, els  []clientv3.Op
 	writes     []string // keys it puts or deletes
+	readOnly   bool     // only Gets, no Compares: a batch of its own kind
 	alone      bool     // it deletes a range: never with others
 	size       int      // bytes of keys and values
 	done       chan txnAnswer
@@ -107,6 +114,7 @@ func (b *txnBatcher) Txn(ctx context.Context, ifs []clientv3.Cmp, then, els []cl
 			}
 		}
 	}
+	r.readOnly = len(ifs) == 0 && len(els) == 0 && len(r.writes) == 0 && !r.alone
 	if len(ifs) > maxBatchOps || len(then) > maxBatchOps || len(els) > maxBatchOps || r.size > maxBatchBytes {
 		r.alone = true
 	}
@@ -171,7 +179,7 @@ func (b *txnBatcher) take() []*batchedTxn {
 			break
 		}
 		fits := len(batch) == 0 ||
-			(!r.alone && !batch[0].alone && ifs+len(r.ifs) <= maxBatchOps &&
+			(!r.alone && !batch[0].alone && r.readOnly == batch[0].readOnly && ifs+len(r.ifs) <= maxBatchOps &&
 				ops+len(r.then) <= maxBatchOps && size+r.size <= maxBatchBytes && !writesAny(written, r.writes))
 		if !fits {
 			rest = append(rest, r)

@@ -22,11 +22,11 @@ func (n *Node) ReadItems(ctx context.Context, job string) (keyspace.JobItems, er
 	k := n.keys
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(rctx).Then(
+	resp, err := n.txns.Txn(rctx, nil, []clientv3.Op{
 		clientv3.OpGet(k.Items(job), clientv3.WithPrefix()),
 		clientv3.OpGet(k.Running(job), clientv3.WithPrefix()),
 		clientv3.OpGet(k.DisabledItems(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-	).Commit()
+	}, nil)
 	if err != nil {
 		return keyspace.JobItems{}, fmt.Errorf("read items of job %q: %w", job, err)
 	}

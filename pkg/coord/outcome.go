@@ -161,7 +161,7 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 	}
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).Commit()
+	resp, err := n.txns.Txn(wctx, cmps, ops, nil) // with other jobs' (at a start, every job begins its items)
 	if err != nil {
 		return false, fmt.Errorf("begin items of job %q: %w", job, err)
 	}

@@ -60,7 +60,7 @@ func (n *Node) decodeTrigger(job string, kv *mvccpb.KeyValue) (keyspace.Trigger,
 func (n *Node) ReadTriggers(ctx context.Context, job string) ([]keyspace.Trigger, error) {
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Get(rctx, n.keys.Triggers(job), clientv3.WithPrefix())
+	resp, err := n.txns.Get(rctx, n.keys.Triggers(job), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read triggers of %s: %w", job, err)
 	}

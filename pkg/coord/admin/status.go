@@ -461,6 +461,38 @@ func (c *Client) Maps(ctx context.Context) (map[string]*keyspace.ShardMap, error
 	return maps, nil
 }
 
+// FollowMaps calls fn with every version of every job's shard map from
+// revision from on (1: all of etcd's history that is not compacted; m is
+// nil where the map was deleted), in order, until fn returns false, ctx
+// ends or the watch fails. A benchmark follows a cluster's convergence
+// this way without reading every map again at each look.
+func (c *Client) FollowMaps(ctx context.Context, from int64, fn func(job string, m *keyspace.ShardMap) bool) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range c.cli.Watch(wctx, c.keys.Jobs(), clientv3.WithPrefix(), clientv3.WithRev(from)) {
+		if err := wr.Err(); err != nil {
+			return fmt.Errorf("watch %s: %w", c.keys.Jobs(), err)
+		}
+		for _, ev := range wr.Events {
+			job := c.keys.JobOf(string(ev.Kv.Key))
+			if job == "" || string(ev.Kv.Key) != c.keys.Shards(job) {
+				continue
+			}
+			var m *keyspace.ShardMap
+			if ev.Type == clientv3.EventTypePut {
+				m = &keyspace.ShardMap{}
+				if json.Unmarshal(ev.Kv.Value, m) != nil {
+					m = nil
+				}
+			}
+			if !fn(job, m) {
+				return nil
+			}
+		}
+	}
+	return ctx.Err()
+}
+
 // JobRuns is what a job's items did last: each item's latest record and
 // the instance running it now, if any.
 type JobRuns struct {
