@@ -268,6 +268,10 @@ func (s *Server) replaceData(fill func(dir string) error) {
 	s.dir = dir
 }
 
+// WireKey is key as etcd and a client's gRPC interceptors see it: under a
+// shared server, prefixed with the test's keyspace.
+func (s *Server) WireKey(key string) string { return s.ns + key }
+
 // Client returns a client of endpoint (the server's by default) that is
 // closed when the test ends; of a shared server, one that sees only the
 // test's keyspace.
