@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,7 +34,8 @@ import (
 //	       request alone, which gets its own answer (its Else)
 //	sent --no answer (etcd unreachable, timeout)--> answered with the error:
 //	       the outcome is unknown, as for a Txn of its own
-//	pending --its ctx ends--> withdrawn: never sent
+//	pending or split --its ctx ends--> withdrawn: never sent (again); a
+//	       split sends only what nothing of was applied
 //
 // Reads go with reads, writes with writes: a Txn that only reads is served
 // by etcd's read path, many at once, while one that writes is applied in
@@ -43,13 +45,22 @@ import (
 //
 // A batch holds at most maxBatchOps Compares and maxBatchOps operations
 // (etcd's --max-txn-ops default is 128) and about maxBatchBytes of keys
-// and values (--max-request-bytes is 1.5 MiB), and never two requests
-// that write the same key (etcd refuses a Txn that does): such a request
-// waits for the next batch. A request that deletes a range goes alone.
+// and values (--max-request-bytes is 1.5 MiB). A request that deletes a
+// range goes alone.
 //
-// Reads in a batch see the writes of the requests before them in it: the
-// batch is one Txn at one revision, as if the requests had been sent one
-// after the other, which they could have been.
+// No key one request of a batch writes is compared, read or written by
+// another (such a request waits for the next batch): etcd checks every
+// Compare of a Txn before any of its writes, and answers every read of
+// it at the Txn's revision, so a request guarded by, or reading, another's
+// key would be judged or answered as no serial order of the two could
+// (both of two mutually exclusive creates succeeding; a read older than
+// the revision its answer carries, which the rewind checks take for etcd
+// going back). With the keys of the requests apart, each is answered as
+// if it had been sent alone at the batch's revision.
+//
+// A batch is sent with none of its callers' context values: a request
+// that carries one that matters (a recovery's, let through while
+// Revisions is rewound) is sent alone, with its own context.
 type txnBatcher struct {
 	cli         *clientv3.Client
 	timeout     time.Duration // each batch's bound
@@ -78,12 +89,14 @@ const (
 )
 
 type batchedTxn struct {
+	ctx        context.Context // its caller's: ended, it is not sent (again)
 	ifs        []clientv3.Cmp
 	then, els  []clientv3.Op
-	writes     []string // keys it puts or deletes
-	readOnly   bool     // only Gets, no Compares: a batch of its own kind
-	alone      bool     // it deletes a range: never with others
-	size       int      // bytes of keys and values
+	writes     []string  // keys it puts or deletes
+	reads      []keySpan // keys and ranges it compares or reads
+	readOnly   bool      // only Gets, no Compares: a batch of its own kind
+	alone      bool      // it deletes a range: never with others
+	size       int       // bytes of keys and values
 	done       chan txnAnswer
 	withdrawn  bool // its caller gave up before it was sent (under mu)
 	taken      bool // in a batch (under mu)
@@ -102,7 +115,18 @@ func newTxnBatcher(cli *clientv3.Client, timeout time.Duration) *txnBatcher {
 // Txn is clientv3's Txn(ctx).If(ifs...).Then(then...).Else(els...).Commit(),
 // sent with others'.
 func (b *txnBatcher) Txn(ctx context.Context, ifs []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
-	r := &batchedTxn{ifs: ifs, then: then, els: els, done: make(chan txnAnswer, 1)}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if isRecovering(ctx) {
+		b.commits.Add(1)
+		return b.cli.Txn(ctx).If(ifs...).Then(then...).Else(els...).Commit()
+	}
+	r := &batchedTxn{ctx: ctx, ifs: ifs, then: then, els: els, done: make(chan txnAnswer, 1)}
+	for _, c := range ifs {
+		pc := c.GetCompare()
+		r.reads = append(r.reads, keySpan{string(pc.Key), string(pc.RangeEnd)})
+	}
 	for _, ops := range [][]clientv3.Op{then, els} {
 		for _, op := range ops {
 			r.size += len(op.KeyBytes()) + len(op.ValueBytes())
@@ -111,6 +135,8 @@ func (b *txnBatcher) Txn(ctx context.Context, ifs []clientv3.Cmp, then, els []cl
 				r.alone = true
 			case op.IsPut() || op.IsDelete():
 				r.writes = append(r.writes, string(op.KeyBytes()))
+			case op.IsGet():
+				r.reads = append(r.reads, keySpan{string(op.KeyBytes()), string(op.RangeBytes())})
 			}
 		}
 	}
@@ -169,7 +195,7 @@ func (b *txnBatcher) take() []*batchedTxn {
 	defer b.mu.Unlock()
 	var batch, rest []*batchedTxn
 	ifs, ops, size := 0, 0, 0
-	written := map[string]bool{}
+	var keys batchKeys
 	for i, r := range b.pending {
 		if r.withdrawn {
 			continue
@@ -180,16 +206,14 @@ func (b *txnBatcher) take() []*batchedTxn {
 		}
 		fits := len(batch) == 0 ||
 			(!r.alone && !batch[0].alone && r.readOnly == batch[0].readOnly && ifs+len(r.ifs) <= maxBatchOps &&
-				ops+len(r.then) <= maxBatchOps && size+r.size <= maxBatchBytes && !writesAny(written, r.writes))
+				ops+len(r.then) <= maxBatchOps && size+r.size <= maxBatchBytes && !keys.conflict(r))
 		if !fits {
 			rest = append(rest, r)
 			continue
 		}
 		batch = append(batch, r)
 		ifs, ops, size = ifs+len(r.ifs), ops+len(r.then), size+r.size
-		for _, k := range r.writes {
-			written[k] = true
-		}
+		keys.add(r)
 		r.taken = true
 	}
 	b.pending = rest
@@ -200,22 +224,76 @@ func (b *txnBatcher) take() []*batchedTxn {
 	return batch
 }
 
-func writesAny(written map[string]bool, keys []string) bool {
-	for _, k := range keys {
-		if written[k] {
+// keySpan is a key, or a range of keys [key, end) in etcd's terms (end
+// "\x00": every key from key on).
+type keySpan struct{ key, end string }
+
+func (s keySpan) contains(k string) bool {
+	switch s.end {
+	case "":
+		return k == s.key
+	case "\x00":
+		return k >= s.key
+	}
+	return s.key <= k && k < s.end
+}
+
+// batchKeys are the keys the requests of a batch write, and those they
+// compare or read.
+type batchKeys struct {
+	written map[string]bool
+	reads   []keySpan
+}
+
+// conflict reports whether r writes a key the batch touches, or touches
+// one it writes (see txnBatcher).
+func (k *batchKeys) conflict(r *batchedTxn) bool {
+	for _, w := range r.writes {
+		if k.written[w] || slices.ContainsFunc(k.reads, func(s keySpan) bool { return s.contains(w) }) {
 			return true
+		}
+	}
+	for _, s := range r.reads {
+		for w := range k.written {
+			if s.contains(w) {
+				return true
+			}
 		}
 	}
 	return false
 }
 
-// send commits batch as one Txn and answers each of its requests.
+func (k *batchKeys) add(r *batchedTxn) {
+	if k.written == nil {
+		k.written = map[string]bool{}
+	}
+	for _, w := range r.writes {
+		k.written[w] = true
+	}
+	if len(r.writes) > 0 || len(k.written) > 0 { // reads among reads never conflict
+		k.reads = append(k.reads, r.reads...)
+	}
+}
+
+// send commits batch as one Txn and answers each of its requests, but
+// those whose callers gave up: nothing of them was sent, or nothing of
+// them applied (a split), so they are answered with their ctx's error.
 func (b *txnBatcher) send(batch []*batchedTxn) {
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
-	defer cancel()
 	if b.beforeSend != nil {
 		b.beforeSend(batch)
 	}
+	batch = slices.DeleteFunc(batch, func(r *batchedTxn) bool {
+		if err := r.ctx.Err(); err != nil {
+			r.answer(txnAnswer{err: err})
+			return true
+		}
+		return false
+	})
+	if len(batch) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
 	b.commits.Add(1)
 	if len(batch) == 1 {
 		r := batch[0]
