@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
@@ -70,6 +72,7 @@ func main() {
 	out := flag.String("out", "bench", "output directory")
 	one := flag.String("resources", "", "measure only this resource scenario, `JOBSxINSTANCES` (e.g. 10000x3), print it and write nothing")
 	delayOnly := flag.Int("delay", 0, "measure only the fire -> script start delay over this many `fires`, print it and write nothing")
+	flag.StringVar(&profileDir, "profiles", "", "with -resources: write Go profiles of the instances into this `directory` (CPU of the first 20 s and of the idle window, heap after it), for go tool pprof")
 	flag.Parse()
 	var err error
 	switch {
@@ -247,6 +250,27 @@ func goBench(benchtime string) ([]benchResult, error) {
 	return out, nil
 }
 
+// profileDir, when set, receives the instances' profiles (-profiles).
+var profileDir string
+
+// fetchProfile saves the Go profile at url (a shardd's --pprof-listen) as
+// file in profileDir, reporting a failure on stderr only: a profile is an
+// aid to the measurement, not part of it.
+func fetchProfile(url, file string) {
+	resp, err := http.Get(url)
+	if err == nil {
+		defer resp.Body.Close()
+		var f *os.File
+		if f, err = os.Create(filepath.Join(profileDir, file)); err == nil {
+			_, err = io.Copy(f, resp.Body)
+			f.Close()
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "benchreport: profile %s: %v\n", file, err)
+	}
+}
+
 func freeAddr() string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -297,14 +321,36 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 	}
 	defer cli.Close()
 	start := time.Now()
+	var pprofs []string // the instances' profile servers, with -profiles
 	for i := 0; i < n; i++ {
-		p := exec.Command(filepath.Join(bin, "shardd"), "run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
-			"--listen", "", "--log-level", "warn", "--data-dir", filepath.Join(filepath.Dir(cfgPath), fmt.Sprintf("data-i%d", i)))
+		args := []string{"run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
+			"--listen", "", "--log-level", "warn", "--data-dir", filepath.Join(filepath.Dir(cfgPath), fmt.Sprintf("data-i%d", i))}
+		if profileDir != "" {
+			pprofs = append(pprofs, "http://"+freeAddr()+"/debug/pprof/")
+			args = append(args, "--pprof-listen", strings.TrimSuffix(strings.TrimPrefix(pprofs[i], "http://"), "/debug/pprof/"))
+		}
+		p := exec.Command(filepath.Join(bin, "shardd"), args...)
 		p.Stderr = io.Discard
 		if err := p.Start(); err != nil {
 			return r, err
 		}
 		procs = append(procs, p)
+	}
+	var profiling sync.WaitGroup
+	defer profiling.Wait()
+	if profileDir != "" {
+		if err := os.MkdirAll(profileDir, 0o755); err != nil {
+			return r, err
+		}
+		profiling.Go(func() {
+			for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+				if c, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(pprofs[0], "http://"), "/debug/pprof/")); err == nil {
+					c.Close() // listening
+					break
+				}
+			}
+			fetchProfile(pprofs[0]+"profile?seconds=20", "cpu-start-i0.pprof")
+		})
 	}
 	// Converged: every job's map lists all n instances. Followed on a
 	// watch from before the start: a read of every map at each look (as
@@ -351,7 +397,16 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 	for i, p := range procs {
 		cpu0[i] = cpuSeconds(p.Process.Pid)
 	}
+	if profileDir != "" {
+		profiling.Go(func() {
+			fetchProfile(pprofs[0]+fmt.Sprintf("profile?seconds=%d", int(window.Seconds())), "cpu-idle-i0.pprof")
+		})
+	}
 	time.Sleep(window)
+	for i, url := range pprofs {
+		fetchProfile(url+"heap?gc=1", fmt.Sprintf("heap-i%d.pprof", i))
+		fetchProfile(url+"goroutine", fmt.Sprintf("goroutine-i%d.pprof", i))
+	}
 	var rss, cpu float64
 	for i, p := range procs {
 		rss += rssMiB(p.Process.Pid)
