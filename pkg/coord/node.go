@@ -81,7 +81,7 @@ type Node struct {
 	explained  time.Time // when why last asked Options.Explain
 	started    time.Time
 	changed    chan struct{}              // buffered(1): the job set changed
-	mapSubs    map[string]map[*int]func() // OnChange callbacks by job, called on a newer map
+	mapSubs    map[string][]*func() // OnChange callbacks by job, called on a newer map
 	// registering paces how many jobs register at once by etcd's answers
 	// (pacer.go). Each job's campaign and first map follow its
 	// registration, so it paces them too.
@@ -145,7 +145,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		log:         opts.Logger.With("instance", opts.ID),
 		views:       map[string]*JobView{},
 		itemCaches:  map[string]*itemCache{},
-		mapSubs:     map[string]map[*int]func(){},
+		mapSubs:     map[string][]*func(){},
 		registered:  map[string]string{},
 		changed:     make(chan struct{}, 1),
 		registering: newPacer(opts.TTL / 10),

@@ -2,6 +2,8 @@ package coord
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -56,19 +58,23 @@ func (n *Node) updateView(job string, f func(v *JobView)) {
 // OnChange calls fn whenever something may have changed what this instance
 // should do with job's items: a newer shard map in its view, a running
 // marker deleted (a run ended, or a lease expired under one), an item
-// disabled or enabled, and whenever the watch may have lost events. fn runs
-// on the node's watch goroutine and must not block.
-func (n *Node) OnChange(job string, fn func()) (cancel func()) {
-	id := new(int)
+// disabled or enabled, and whenever the watch may have lost events; and
+// own with the item of a running marker put under this instance's session:
+// one of its claims, perhaps one whose reply was lost and which it must
+// adopt. Both run on the node's watch goroutine and must not block.
+func (n *Node) OnChange(job string, fn func(), own func(item int)) (cancel func()) {
+	sub := &fn // its identity, for cancel
 	n.mu.Lock()
-	if n.mapSubs[job] == nil {
-		n.mapSubs[job] = map[*int]func(){}
-	}
-	n.mapSubs[job][id] = fn
+	n.mapSubs[job] = append(n.mapSubs[job], sub)
 	n.mu.Unlock()
 	stopRunning := n.hub.subscribe(job, n.keys.Running(job), func(ev *clientv3.Event) {
-		if ev.Type == clientv3.EventTypeDelete {
+		switch {
+		case ev.Type == clientv3.EventTypeDelete:
 			fn()
+		case ev.Kv.Lease != 0 && clientv3.LeaseID(ev.Kv.Lease) == n.currentLease():
+			if item, err := strconv.Atoi(keyspace.LastSegment(string(ev.Kv.Key))); err == nil {
+				own(item)
+			}
 		}
 	}, fn)
 	stopDisabled := n.hub.subscribe(job, n.keys.Disabled(job), func(*clientv3.Event) { fn() }, fn)
@@ -76,9 +82,10 @@ func (n *Node) OnChange(job string, fn func()) (cancel func()) {
 		stopRunning()
 		stopDisabled()
 		n.mu.Lock()
-		delete(n.mapSubs[job], id)
-		if len(n.mapSubs[job]) == 0 {
+		if subs := slices.DeleteFunc(n.mapSubs[job], func(s *func()) bool { return s == sub }); len(subs) == 0 {
 			delete(n.mapSubs, job)
+		} else {
+			n.mapSubs[job] = subs
 		}
 		n.mu.Unlock()
 	}
@@ -215,7 +222,7 @@ func (n *Node) notifyChange(job string) {
 	n.mu.Lock()
 	subs := make([]func(), 0, len(n.mapSubs[job]))
 	for _, fn := range n.mapSubs[job] {
-		subs = append(subs, fn)
+		subs = append(subs, *fn)
 	}
 	n.mu.Unlock()
 	for _, fn := range subs {

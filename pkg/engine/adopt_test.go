@@ -109,7 +109,7 @@ func TestRegressionReaddedJobAdoptsLiveRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd})
+	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd, Sweep: -1})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -237,3 +237,57 @@ type idOnly struct {
 }
 
 func (n idOnly) ID() string { return n.id }
+
+// A claim of this instance that applied after the item moved away (its
+// reply lost, or etcd slow to apply it): the marker under this session
+// wakes the job (OnChange's own), which adopts the run and ends it, even
+// though the instance owns none of the job's items and so reads them at no
+// fire. With no event (the sweep is off in these tests), the marker would
+// hold the item until this session ends: no fire of it runs meanwhile.
+func TestLateClaimOfAnItemThatMovedAwayIsAdopted(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	script := strings.ReplaceAll(ledgerTo(path), "$1", "start")
+	yaml := "jobs:\n  - name: moved\n    script: " + etcdtest.YAMLQuote(script) + "\n"
+	nodes := map[string]*coord.Node{"a": instance(t, srv, "a", yaml), "b": instance(t, srv, "b", yaml)}
+	var owner string
+	etcdtest.Eventually(t, 15*time.Second, "the map over a and b", func() bool {
+		v, _ := nodes["a"].View("moved")
+		if v.Map == nil || len(v.Map.Instances) != 2 {
+			return false
+		}
+		for _, id := range []string{"a", "b"} {
+			if len(v.Map.ItemsOf(id)) == 1 {
+				owner = id
+			}
+		}
+		return owner != ""
+	})
+	other := map[string]string{"a": "b", "b": "a"}[owner]
+	late := nodes[other]
+	ctx := context.Background()
+	items, err := late.ReadItems(ctx, "moved")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := items.Items[0]
+	// The claim the engine of `other` made for a fire of item 0 when it
+	// owned it, applied now; its reply never reached the engine.
+	g, err := late.Claim(ctx, coord.Claim{Job: "moved", Item: 0, Fire: time.Now().Truncate(time.Second), Source: keyspace.SourceManual, Prev: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.Eventually(t, 8*time.Second, "the late claim's run, adopted by "+other, func() bool {
+		for _, ev := range events(t, path) {
+			if ev.Instance == other && ev.Fence == g.Fence {
+				return true
+			}
+		}
+		return false
+	})
+	etcdtest.Eventually(t, 8*time.Second, "the adopted run's outcome", func() bool {
+		items, err := late.ReadItems(ctx, "moved")
+		return err == nil && items.Items[0].RunningBy == "" && items.Items[0].Record.Fence == g.Fence && items.Items[0].Record.State != keyspace.StateRunning
+	})
+}

@@ -160,7 +160,7 @@ func TestStreamingStopsAtShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, ShutdownGrace: 20 * time.Second})
+	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, ShutdownGrace: 20 * time.Second, Sweep: -1})
 	nctx, ncancel := context.WithCancel(context.Background())
 	ectx, ecancel := context.WithCancel(nctx)
 	nodeDone, engDone := make(chan struct{}), make(chan struct{})

@@ -18,11 +18,8 @@
 //
 // # The reconcile
 //
-// A job's reconcile runs on: its schedule's next fire, a newer shard map, a
-// running marker deleted (a run ended or a lease expired), an item disabled
-// or enabled, a manual trigger, the session coming up again, a run of its
-// own ending, a lost claim or a failed read or write (after a short
-// backoff), and a periodic sweep. Each wake reads the job's items from etcd
+// A job's reconcile runs when something may have changed what it should
+// do (see What wakes a job, below). Each wake reads the job's items from etcd
 // in one request and decides, per item, with decide (reconcile.go), a pure
 // function of the item's record and marker, whether this process runs the
 // item now, the job's policies and the time:
@@ -109,4 +106,39 @@
 //   - completion write fails: retried with backoff; the item stays held by
 //     its marker, so nobody runs it meanwhile.
 //   - this host's clock beyond maxTimeDiffSeconds: nothing fires.
+//
+// # What wakes a job
+//
+// An idle job costs nothing: no timer, no read. Its reconcile runs on each
+// of these events, and on nothing else but the safety net below. The
+// engine's tests run with no safety net, and the test beside an event is
+// one that fails when the event is removed (each was checked so):
+//
+//	event                                        delivered by              a test that needs it
+//	its schedule's next fire (a lead before it)  the reconcile's next wake every scheduled test
+//	a newer shard map (a member joined or left)  OnChange (the view)       TestUnnotedOutcomesAreNotedByTheNextOwner
+//	a running marker deleted (a run ended        OnChange (running/)       TestTriggerQueuedBehindARunIsServedByTheItemsNewOwner
+//	  elsewhere, a lease expired under one)
+//	a marker of this session no run here holds   OnChange's own            TestLateClaimOfAnItemThatMovedAwayIsAdopted
+//	  (a claim that applied after its reply
+//	  was lost, perhaps after the item moved)
+//	an item disabled or enabled                  OnChange (disabled/)      TestEnabledItemServesAWaitingTrigger
+//	a trigger put (an operator's, a parent's)    OnTrigger                 TestChildRunsOncePerParentFire
+//	a new session                                followSession (wakeAll)   TestFireDuringFenceIsCaughtUp
+//	a run of its own ending (its current loop:   launch (wakeCurrent)      TestKillOfACutOffOwnerIsNotFailedOver,
+//	  a reload may have replaced the one that                              TestTriggerQueuedBehindARunSurvivesAReload
+//	  started it)
+//	a concurrency slot given back                releaseSlots              TestSlotGivenBackWakesAnotherJob
+//	this host's clock refused to fire it         a wake every clockRetry   TestClockSkewMendedFiresAgain
+//	a gap of the watch (events lost to a         every subscription's      coord's TestHubResyncsAfterCompaction;
+//	  compaction)                                resync                    TestDepsUpstreamTriggerInACompactedWatchGap
+//	                                                                       (make e2e-long)
+//	a claim lost, a read or write failed         a wake after a backoff    none isolates it yet: the wake that
+//	                                                                       failed is followed by another here
+//
+// The safety net (sweep.go) is for an event this process misses all the
+// same (a bug): it wakes each job for a reconcile that reads its items
+// even where it owns none, round-robin, each job at most once per
+// Options.Sweep (10 s) and at most Options.SweepRate (50) jobs a second,
+// so that its cost per second does not grow with the job count.
 package engine

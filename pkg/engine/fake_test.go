@@ -212,7 +212,7 @@ func (f *fakeNode) DeleteTrigger(_ context.Context, _ string, tr keyspace.Trigge
 	f.triggers = slices.DeleteFunc(f.triggers, func(t keyspace.Trigger) bool { return t.Rev == tr.Rev })
 	return len(f.triggers) < n, nil
 }
-func (f *fakeNode) OnChange(string, func()) func()                               { return func() {} }
+func (f *fakeNode) OnChange(string, func(), func(int)) func()                    { return func() {} }
 func (f *fakeNode) OnTrigger(string, func(keyspace.TriggerEvent), func()) func() { return func() {} }
 func (f *fakeNode) OnKill(string, func(keyspace.Kill)) func()                    { return func() {} }
 
@@ -275,7 +275,7 @@ func loopOn(f *fakeNode, clock *fakeClock, hold chan struct{}) (*jobLoop, func()
 }
 
 func loopWith(f *fakeNode, clock *fakeClock, hold, started chan struct{}) (*jobLoop, func()) {
-	e := New(Options{Node: f, Now: clock.Now, TTL: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	e := New(Options{Node: f, Now: clock.Now, TTL: 2 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Sweep: -1})
 	e.work = func(ctx context.Context, c runner.Context) runner.Result {
 		if started != nil {
 			started <- struct{}{}

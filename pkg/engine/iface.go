@@ -76,9 +76,10 @@ type Barriers interface {
 
 // Events delivers what wakes a job's loop. Callbacks must not block.
 type Events interface {
-	// OnChange: a newer map, a running marker deleted, an item disabled
-	// or enabled, or events possibly lost.
-	OnChange(job string, fn func()) (cancel func())
+	// OnChange: fn on a newer map, a running marker deleted, an item
+	// disabled or enabled, or events possibly lost; own on a running
+	// marker put under this instance's session.
+	OnChange(job string, fn func(), own func(item int)) (cancel func())
 	// OnTrigger: a trigger key put or deleted; lost: the watch may have
 	// lost some.
 	OnTrigger(job string, fn func(keyspace.TriggerEvent), lost func()) (cancel func())

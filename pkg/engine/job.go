@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
@@ -40,9 +41,12 @@ type jobLoop struct {
 	triggers triggerSet // the job's trigger keys (triggers.go)
 	sem      semaphore  // the job's maxConcurrency; replaced when it changes
 	semCap   int
-	clockErr string    // the last clock refusal logged
-	disabled bool      // the job was disabled at the last reconcile
-	lastRead time.Time // when the items were last read
+	clockErr string // the last clock refusal logged
+	disabled bool   // the job was disabled at the last reconcile
+	// mustRead makes the next reconcile read the items even if the job is
+	// idle here: set by the safety net (sweep.go) and by a marker of this
+	// session that no run here holds (ownMarker).
+	mustRead atomic.Bool
 	// noted is, per item, the Seq of the record last noted in its fire's
 	// barrier (deps.go).
 	noted map[int]int64
@@ -81,14 +85,42 @@ func newJobLoop(e *Engine, name string) *jobLoop {
 // any); it never blocks.
 func (j *jobLoop) poke() { j.e.sched.WakeAt(j.slot, time.Time{}) }
 
-// pokeAfter makes the job reconcile within d.
-func (j *jobLoop) pokeAfter(d time.Duration) { j.e.sched.WakeAt(j.slot, j.e.opts.Now().Add(d)) }
+// pokeAfter makes the job's current loop reconcile within d (see
+// wakeCurrent).
+func (j *jobLoop) pokeAfter(d time.Duration) { j.wakeCurrent(j.e.opts.Now().Add(d)) }
+
+// wakeCurrent makes the job's current loop reconcile at t (zero: at once).
+// A run outlives the loop that started it (a reload removes the job and
+// adds it back: a new loop), and what happens to the run (its end, a claim
+// lost) must wake the loop that decides now: the new loop, woken by the
+// run's marker deletion while the run still counted as running here,
+// decided nothing and waits for this.
+func (j *jobLoop) wakeCurrent(t time.Time) {
+	e := j.e
+	e.mu.Lock()
+	cur := e.jobs[j.name]
+	e.mu.Unlock()
+	if cur != nil {
+		e.sched.WakeAt(cur.slot, t)
+	}
+}
+
+// ownMarker wakes the job for a running marker of item put under this
+// instance's session that no run here holds: a claim whose reply was lost
+// (or came late), to adopt (doc.go). The marker of a run here wakes
+// nothing: its claim's reply says what it needs to.
+func (j *jobLoop) ownMarker(item int) {
+	if running, _ := j.runs.snapshot(item); !running {
+		j.mustRead.Store(true)
+		j.poke()
+	}
+}
 
 // follow subscribes the job to what wakes it (see OnChange), to its
 // triggers and to operators' kills; the returned stop ends them.
 func (j *jobLoop) follow() (stop func()) {
 	node := j.e.opts.Node
-	stopChanges := node.OnChange(j.name, j.poke)
+	stopChanges := node.OnChange(j.name, j.poke, j.ownMarker)
 	stopTriggers := j.followTriggers()
 	stopKills := node.OnKill(j.name, j.onKill)
 	return func() {
@@ -115,7 +147,7 @@ type start struct {
 func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	e := j.e
 	now := e.opts.Now()
-	next := now.Add(e.opts.Sweep)
+	next := steps.Never // what else wakes it: doc.go, "What wakes a job"
 	v, ok := e.opts.Node.View(j.name)
 	if !ok {
 		return next
@@ -123,8 +155,11 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	if _, up := e.opts.Node.Session(); !up {
 		return next // a new session wakes every job
 	}
-	if !j.runnable(ctx, v) || !j.clockAllows(v.Job) {
+	if !j.runnable(ctx, v) {
 		return next
+	}
+	if !j.clockAllows(v.Job) {
+		return now.Add(clockRetry)
 	}
 	r := &pass{v: v, now: now}
 	r.ahead, r.next = j.claimAhead(v.Job, now, next)
@@ -139,8 +174,8 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	for item := range r.total {
 		r.before[item].running, r.before[item].ended = j.runs.snapshot(item)
 	}
-	if sweep, idle := j.idleUntil(v, now); idle {
-		return earliest(r.next, sweep)
+	if !j.mustRead.Swap(false) && j.idle(v) {
+		return r.next
 	}
 	if !j.read(ctx, r) {
 		return now.Add(500 * time.Millisecond)
@@ -256,21 +291,15 @@ func (j *jobLoop) claimAhead(job *config.Job, now, next time.Time) (ahead, wake 
 	return ahead, wake
 }
 
-// idleUntil returns when an instance that owns none of the job's items and
-// runs none reads them next, if not now: it has nothing to decide at a
-// fire, nor a trigger to serve (the items' owners serve them, from etcd),
-// so it reads only at the sweep (a claim of its own that applied late,
-// after the item moved away, is adopted then). With thousands of jobs on
-// every instance, reading every job at every fire on every instance is
-// most of etcd's load.
-func (j *jobLoop) idleUntil(v coord.JobView, now time.Time) (time.Time, bool) {
-	e := j.e
-	if !v.Map.PerFire && !v.Job.Shard.Runtime() && len(v.Map.ItemsOf(e.opts.Node.ID())) == 0 && !j.runs.busy() {
-		if sweep := j.lastRead.Add(e.opts.Sweep); now.Before(sweep) {
-			return sweep, true
-		}
-	}
-	return time.Time{}, false
+// idle reports whether this instance owns none of the job's items in v
+// and runs none: it has nothing to decide at a fire, nor a trigger to
+// serve (the items' owners serve them, from etcd), so it does not read
+// them. A claim of its own that applied late, after the item moved away,
+// is adopted when its marker's event wakes the job (OnChange). With
+// thousands of jobs on every instance, reading every job at every fire on
+// every instance is most of etcd's load.
+func (j *jobLoop) idle(v coord.JobView) bool {
+	return !v.Map.PerFire && !v.Job.Shard.Runtime() && len(v.Map.ItemsOf(j.e.opts.Node.ID())) == 0 && !j.runs.busy()
 }
 
 // read reads the job's items into r, and its triggers. Triggers are served
@@ -278,7 +307,6 @@ func (j *jobLoop) idleUntil(v coord.JobView, now time.Time) (time.Time, bool) {
 // the newest it served, so serving one while an older one is unknown here
 // would skip that one.
 func (j *jobLoop) read(ctx context.Context, r *pass) bool {
-	j.lastRead = r.now
 	r.readAt = time.Now() // real time: the lead is measured against the runner's
 	items, err := j.e.opts.Node.ReadItems(ctx, j.name)
 	if err != nil {
@@ -656,7 +684,7 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 			j.runs.ended[s.item]++
 			j.runs.mu.Unlock()
 			if ran {
-				j.poke() // decide again: fires may have come meanwhile
+				j.wakeCurrent(time.Time{}) // decide again: fires may have come meanwhile
 			} // else execute asked for a later look: at once would spin on a claim that cannot be won
 		}()
 		ran = j.execute(ctx, v, s)

@@ -50,7 +50,7 @@ func TestKillDuringBeforeListenerStopsItsItem(t *testing.T) {
 	script := `echo "$SHARDD_ITEM $SHARDD_FENCE" >> ` + filepath.Join(dir, "starts") + `; sleep 3`
 	yaml := "jobs:\n  - name: grp\n    cron: '0/6 * * * * ?'\n    shardingTotalCount: 2\n    failover: true\n    script: " + etcdtest.YAMLQuote(script) +
 		"\n    listeners:\n      before: " + etcdtest.YAMLQuote("date +%s%N >> "+before+"; sleep 2") + "\n"
-	instance(t, srv, "a", yaml, func(o *Options) { o.Sweep = 200 * time.Millisecond })
+	instance(t, srv, "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	etcdtest.Eventually(t, 15*time.Second, "the BEFORE listener of a fire", func() bool {
 		b, _ := os.ReadFile(before)
@@ -183,7 +183,6 @@ func TestQueuedTriggerServedAfterTheItemMoves(t *testing.T) {
 	script := `echo "$SHARDD_TRIGGER_PARAMETER" >> ` + starts + `; sleep 6`
 	var offset atomic.Int64
 	clock := func(o *Options) {
-		o.Sweep = 100 * time.Millisecond
 		o.Now = func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 	}
 	yaml := "jobs:\n  - name: long\n    script: " + etcdtest.YAMLQuote(script) + "\n"

@@ -32,8 +32,7 @@ func TestKillStopsTheRunAndIsNotFailedOver(t *testing.T) {
 	dir := t.TempDir()
 	starts, pidFile := filepath.Join(dir, "starts"), filepath.Join(dir, "pid")
 	script := `echo $SHARDD_FENCE >> ` + starts + `; echo $$ > ` + pidFile + `; sleep 30; echo done >> ` + starts
-	node := instance(t, srv, "a", "jobs:\n  - name: long\n    failover: true\n    script: "+etcdtest.YAMLQuote(script)+"\n",
-		func(o *Options) { o.Sweep = 100 * time.Millisecond })
+	node := instance(t, srv, "a", "jobs:\n  - name: long\n    failover: true\n    script: "+etcdtest.YAMLQuote(script)+"\n")
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	etcdtest.Eventually(t, 10*time.Second, "the instance's map", func() bool {
 		v, _ := node.View("long")

@@ -37,7 +37,7 @@ func stoppable(t *testing.T, cli *clientv3.Client, id, yaml string) (*coord.Node
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd})
+	eng := New(Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd, Sweep: -1})
 	nctx, ncancel := context.WithCancel(context.Background())
 	ectx, ecancel := context.WithCancel(context.Background())
 	engDone, nodeDone := make(chan struct{}), make(chan struct{})

@@ -465,3 +465,47 @@ func TestTriggerDelayWithRetries(t *testing.T) {
 		t.Errorf("trigger delay %s (fire %s, started %s), want the first attempt's, well under the 1 s the first try ran", d, r.Fire, r.Started)
 	}
 }
+
+// An item enabled wakes the job (OnChange, the disable marks): a trigger
+// that more disabled items than one Txn can compare (MaxTriggerGuardItems)
+// would leave unserved stays, and the items run it once enabled. Nothing
+// else wakes this job (no schedule; the sweep is off here).
+func TestEnabledItemServesAWaitingTrigger(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	path := filepath.Join(t.TempDir(), "ledger")
+	total := coord.MaxTriggerGuardItems + 2
+	yaml := fmt.Sprintf("jobs:\n  - name: wide\n    shardingTotalCount: %d\n    script: %s\n", total, etcdtest.YAMLQuote(strings.ReplaceAll(ledgerTo(path), "$1", "start")))
+	node := instance(t, srv, "a", yaml)
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	etcdtest.Eventually(t, 10*time.Second, "the map", func() bool {
+		v, _ := node.View("wide")
+		return v.Map != nil && len(v.Map.ItemsOf("a")) == total
+	})
+	adm := admin.New(cli, keys)
+	for item := 1; item < total; item++ {
+		if _, err := adm.SetDisabled(ctx, admin.Target{Job: "wide", Item: item}, true, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := adm.Trigger(ctx, admin.TriggerRequest{Job: "wide", By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	ran := func(item int) bool {
+		for _, ev := range events(t, path) {
+			if ev.Item == item {
+				return true
+			}
+		}
+		return false
+	}
+	etcdtest.Eventually(t, 10*time.Second, "item 0's run of the trigger", func() bool { return ran(0) })
+	time.Sleep(time.Second)
+	if n := len(events(t, path)); n != 1 {
+		t.Fatalf("%d runs, want item 0's alone while the others are disabled", n)
+	}
+	if _, err := adm.SetDisabled(ctx, admin.Target{Job: "wide", Item: 1}, false, false); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.Eventually(t, 5*time.Second, "item 1's run of the trigger, once enabled", func() bool { return ran(1) })
+}
