@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,7 +52,7 @@ type hub struct {
 	ready chan struct{}
 
 	mu   sync.Mutex
-	subs map[string]map[*subscription]struct{} // by job
+	subs map[string][]*subscription // by job: a few each, a list is the smallest
 	// delivered is the revision through which every event was delivered;
 	// advanced wakes those waiting for it to grow.
 	delivered int64
@@ -80,7 +81,7 @@ type subscription struct {
 }
 
 func newHub(cli *clientv3.Client, keys keyspace.Keys, onErr func(string, error)) *hub {
-	return &hub{cli: cli, prefix: keys.Jobs(), end: keys.RewindsEnd(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string]map[*subscription]struct{}{}}
+	return &hub{cli: cli, prefix: keys.Jobs(), end: keys.RewindsEnd(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string][]*subscription{}}
 }
 
 // subscribe calls event for every event on a key of job starting with
@@ -89,17 +90,16 @@ func newHub(cli *clientv3.Client, keys keyspace.Keys, onErr func(string, error))
 func (h *hub) subscribe(job, prefix string, event func(*clientv3.Event), resync func()) (cancel func()) {
 	s := &subscription{job: job, prefix: prefix, event: event, resync: resync}
 	h.mu.Lock()
-	if h.subs[job] == nil {
-		h.subs[job] = map[*subscription]struct{}{}
-	}
-	h.subs[job][s] = struct{}{}
+	h.subs[job] = append(h.subs[job], s)
 	h.mu.Unlock()
 	return func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		delete(h.subs[job], s)
-		if len(h.subs[job]) == 0 {
+		subs := slices.DeleteFunc(h.subs[job], func(o *subscription) bool { return o == s })
+		if len(subs) == 0 {
 			delete(h.subs, job)
+		} else {
+			h.subs[job] = subs
 		}
 	}
 }
@@ -206,7 +206,7 @@ func (h *hub) deliver(ev *clientv3.Event) {
 	}
 	h.mu.Lock()
 	var match []*subscription
-	for s := range h.subs[job] {
+	for _, s := range h.subs[job] {
 		if strings.HasPrefix(key, s.prefix) {
 			match = append(match, s)
 		}
@@ -223,9 +223,7 @@ func (h *hub) resyncAll() {
 	h.mu.Lock()
 	var all []*subscription
 	for _, subs := range h.subs {
-		for s := range subs {
-			all = append(all, s)
-		}
+		all = append(all, subs...)
 	}
 	h.mu.Unlock()
 	for _, s := range all {
