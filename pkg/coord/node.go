@@ -80,7 +80,7 @@ type Node struct {
 	leaving    bool      // Leave was called: no membership any more
 	explained  time.Time // when why last asked Options.Explain
 	started    time.Time
-	changed    chan struct{}              // buffered(1): the job set changed
+	changed    chan struct{}        // buffered(1): the job set changed
 	mapSubs    map[string][]*func() // OnChange callbacks by job, called on a newer map
 	// registering paces how many jobs register at once by etcd's answers
 	// (pacer.go). Each job's campaign and first map follow its

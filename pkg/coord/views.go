@@ -59,9 +59,9 @@ func (n *Node) updateView(job string, f func(v *JobView)) {
 // should do with job's items: a newer shard map in its view, a running
 // marker deleted (a run ended, or a lease expired under one), an item
 // disabled or enabled, and whenever the watch may have lost events; and
-// own with the item of a running marker put under this instance's session:
-// one of its claims, perhaps one whose reply was lost and which it must
-// adopt. Both run on the node's watch goroutine and must not block.
+// own with the item of a running marker put under this instance's session
+// (one of its claims, perhaps one whose reply was lost and which it must
+// adopt), and with -1 when the watch may have lost such puts. Both run on the node's watch goroutine and must not block.
 func (n *Node) OnChange(job string, fn func(), own func(item int)) (cancel func()) {
 	sub := &fn // its identity, for cancel
 	n.mu.Lock()
@@ -76,7 +76,7 @@ func (n *Node) OnChange(job string, fn func(), own func(item int)) (cancel func(
 				own(item)
 			}
 		}
-	}, fn)
+	}, func() { own(-1); fn() })
 	stopDisabled := n.hub.subscribe(job, n.keys.Disabled(job), func(*clientv3.Event) { fn() }, fn)
 	return func() {
 		stopRunning()

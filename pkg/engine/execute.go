@@ -97,7 +97,7 @@ func (j *jobLoop) claim(ctx context.Context, v coord.JobView, s start, log *slog
 	case errors.Is(err, coord.ErrClaimLost):
 		// The job's item cache was emptied: the next decision reads etcd.
 		log.Debug("claim not won; deciding again", "err", err)
-		j.pokeAfter(100 * time.Millisecond)
+		j.readAfter(100 * time.Millisecond)
 	case errors.Is(err, coord.ErrNotUp):
 		// No session, or the job not registered under it yet: a new
 		// session and the job's map wake the job; this is a backstop.
@@ -105,7 +105,7 @@ func (j *jobLoop) claim(ctx context.Context, v coord.JobView, s start, log *slog
 		j.pokeAfter(time.Second)
 	default:
 		log.Warn("claim; deciding again", "err", err)
-		j.pokeAfter(500 * time.Millisecond)
+		j.readAfter(500 * time.Millisecond) // it may have applied: read, to adopt it
 	}
 	return nil, false
 }

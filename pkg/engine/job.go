@@ -89,6 +89,21 @@ func (j *jobLoop) poke() { j.e.sched.WakeAt(j.slot, time.Time{}) }
 // wakeCurrent).
 func (j *jobLoop) pokeAfter(d time.Duration) { j.wakeCurrent(j.e.opts.Now().Add(d)) }
 
+// readAfter makes the job's current loop read its items within d, even if
+// the job is idle here: a claim whose outcome is unknown may have applied,
+// its marker's event filtered out while the claim was pending (ownMarker),
+// and the item may have moved away meanwhile.
+func (j *jobLoop) readAfter(d time.Duration) {
+	e := j.e
+	e.mu.Lock()
+	cur := e.jobs[j.name]
+	e.mu.Unlock()
+	if cur != nil {
+		cur.mustRead.Store(true)
+		e.sched.WakeAt(cur.slot, e.opts.Now().Add(d))
+	}
+}
+
 // wakeCurrent makes the job's current loop reconcile at t (zero: at once).
 // A run outlives the loop that started it (a reload removes the job and
 // adds it back: a new loop), and what happens to the run (its end, a claim
@@ -110,7 +125,7 @@ func (j *jobLoop) wakeCurrent(t time.Time) {
 // (or came late), to adopt (doc.go). The marker of a run here wakes
 // nothing: its claim's reply says what it needs to.
 func (j *jobLoop) ownMarker(item int) {
-	if running, _ := j.runs.snapshot(item); !running {
+	if running, _ := j.runs.snapshot(item); item < 0 || !running { // -1: such puts may have been lost
 		j.mustRead.Store(true)
 		j.poke()
 	}
@@ -174,10 +189,14 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	for item := range r.total {
 		r.before[item].running, r.before[item].ended = j.runs.snapshot(item)
 	}
-	if !j.mustRead.Swap(false) && j.idle(v) {
+	mustRead := j.mustRead.Swap(false)
+	if !mustRead && j.idle(v) {
 		return r.next
 	}
 	if !j.read(ctx, r) {
+		if mustRead {
+			j.mustRead.Store(true) // the retry reads too, idle or not
+		}
 		return now.Add(500 * time.Millisecond)
 	}
 	r.policy = policy{schedule: v.Job.Schedule, failover: v.Job.Failover, misfire: v.Job.Misfire, window: e.window(), baseline: j.baseline}
@@ -250,8 +269,12 @@ func (j *jobLoop) runnable(ctx context.Context, v coord.JobView) bool {
 		}
 	}
 	if m == nil || disabled {
-		if m != nil && v.Leading && j.loadTriggers(ctx) {
-			j.dropDisabled(ctx, v)
+		if m != nil && v.Leading {
+			if j.loadTriggers(ctx) {
+				j.dropDisabled(ctx, v)
+			} else {
+				j.pokeAfter(500 * time.Millisecond) // the read failed: no event would wake it
+			}
 		}
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
@@ -235,7 +236,8 @@ func (j *jobLoop) dropTrigger(ctx context.Context, tr keyspace.Trigger, g coord.
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			j.log.Warn("delete a trigger; deciding again at the next reconcile", "trigger", tr.ID, "err", err)
+			j.log.Warn("delete a trigger; deciding again shortly", "trigger", tr.ID, "err", err)
+			j.pokeAfter(500 * time.Millisecond) // no event would: nothing changed
 		}
 		return
 	case !ok:
