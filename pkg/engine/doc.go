@@ -133,8 +133,9 @@
 //	a gap of the watch (events lost to a         every subscription's      coord's TestHubResyncsAfterCompaction;
 //	  compaction)                                resync                    TestDepsUpstreamTriggerInACompactedWatchGap
 //	                                                                       (make e2e-long)
-//	a claim lost, a read or write failed         a wake after a backoff    none isolates it yet: the wake that
-//	                                                                       failed is followed by another here
+//	a claim lost or of unknown outcome, a read   a wake after a backoff    TestMustReadOutlivesAFailedRead,
+//	  or write failed (a claim's: a forced read,                           TestClaimOfUnknownOutcomeIsAdoptedAfterTheItemMoved
+//	  to adopt it if it applied)                                           (on the fake; against etcd another wake follows)
 //
 // The safety net (sweep.go) is for an event this process misses all the
 // same (a bug): it wakes each job for a reconcile that reads its items
