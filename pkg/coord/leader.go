@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -23,6 +24,9 @@ type leader struct {
 	key      string // election key
 	rev      int64  // its CreateRevision: the fence
 	interval int    // reconcileIntervalMinutes of the effective config
+	// wrote is the revision of the leader's last map write, whose event
+	// need not wake it (the task's subscription reads it concurrently).
+	wrote atomic.Int64
 	// unreadable is the generation of a registered definition this
 	// version cannot read, once logged.
 	unreadable int64
@@ -165,6 +169,7 @@ func (l *leader) reconcile(ctx context.Context, st *state) error {
 		}
 		return fmt.Errorf("shard map changed while writing; retrying")
 	}
+	l.wrote.Store(resp.Header.Revision)
 	log.Info("wrote shard map", "epoch", desired.Epoch, "instances", desired.Instances, "total", desired.Total, "strategy", desired.Strategy)
 	if l.n.opts.OnMapWritten != nil {
 		l.n.opts.OnMapWritten(l.job)

@@ -74,6 +74,16 @@ func (n *Node) newJobTask(s *session, local *config.Job) *jobTask {
 // wake makes the task step at once (after a step in progress).
 func (t *jobTask) wake() { t.n.steps.WakeAt(t.slot, time.Time{}) }
 
+// leaderSettle is how long a leader lets a change settle before it
+// reconciles: the changes of a burst (members joining at a cold start, a
+// member's key and its candidate key, the leader's own map write coming
+// back) make one read and at most one map write, not one each.
+const leaderSettle = 100 * time.Millisecond
+
+// settle makes the task step leaderSettle from now, or earlier if it was
+// to already: later changes of the burst do not push it back.
+func (t *jobTask) settle() { t.n.steps.WakeAt(t.slot, time.Now().Add(leaderSettle)) }
+
 // step does the task's next piece of work and says when to do the one
 // after (steps.Never: when woken).
 func (t *jobTask) step(ctx context.Context) time.Time {
@@ -187,8 +197,14 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	// Subscribe first, then read (the next step): every change after the
 	// read wakes the reconcile. A new candidate may be the preferred
 	// leader, so the election prefix counts too.
-	for _, p := range []string{n.keys.Members(job), n.keys.Disabled(job), n.keys.Config(job), n.keys.Shards(job), prefix} {
-		t.unsub = append(t.unsub, n.hub.subscribe(job, p, func(*clientv3.Event) { t.wake() }, t.wake))
+	l, shards := t.l, n.keys.Shards(job)
+	for _, p := range []string{n.keys.Members(job), n.keys.Disabled(job), n.keys.Config(job), shards, prefix} {
+		t.unsub = append(t.unsub, n.hub.subscribe(job, p, func(ev *clientv3.Event) {
+			if p == shards && ev.Kv.ModRevision == l.wrote.Load() {
+				return // its own map write, coming back: nothing changed
+			}
+			t.settle()
+		}, t.wake))
 	}
 	t.phase = leading
 	return time.Now()
