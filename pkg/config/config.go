@@ -122,6 +122,8 @@ type Job struct {
 	Pos Pos `yaml:"-" json:"-"`
 	// dependsOnLine is the line of DependsOn, for errors found across jobs.
 	dependsOnLine int
+	// hash is Hash, computed once the parsers return the Job (seal).
+	hash string
 }
 
 // Pos is a place in a config file.
@@ -475,5 +477,8 @@ func (l *loader) finish(files []string) (*Config, error) {
 		return nil, errors.Join(l.errs...)
 	}
 	sort.Slice(l.jobs, func(i, j int) bool { return l.jobs[i].Name < l.jobs[j].Name })
+	for _, j := range l.jobs {
+		j.seal()
+	}
 	return &Config{Jobs: l.jobs, Files: files}, nil
 }
