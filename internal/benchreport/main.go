@@ -54,6 +54,10 @@ type resourceResult struct {
 	StatusSecs    float64 `json:"statusSeconds,omitempty"`
 	CPUPctPerInst float64 `json:"cpuPercentPerInstance"`
 	WindowSecs    float64 `json:"windowSeconds"`
+	// The CPU-seconds etcd and each shardd (on average) used from the start
+	// to converged maps: a cold start on a saturated machine is their sum.
+	StartEtcdCPUSecs  float64 `json:"startEtcdCpuSeconds,omitempty"`
+	StartShardCPUSecs float64 `json:"startShardCpuSecondsPerInstance,omitempty"`
 }
 
 type report struct {
@@ -386,6 +390,10 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 		return r, fmt.Errorf("maps did not converge within %s (RSS per instance then %.0f MiB, %.0f CPU-seconds used)", convergeTimeout, r.RSSMiBPerInst, cpu/float64(n))
 	}
 	r.ConvergeSecs = time.Since(start).Seconds()
+	r.StartEtcdCPUSecs = cpuSeconds(etcd.Process.Pid)
+	for _, p := range procs {
+		r.StartShardCPUSecs += cpuSeconds(p.Process.Pid) / float64(n)
+	}
 	st := time.Now()
 	status := exec.Command(filepath.Join(bin, "shardd"), "status", "--etcd", client)
 	if out, err := status.CombinedOutput(); err != nil {

@@ -317,7 +317,7 @@ func TestMalformedValuesAreRepaired(t *testing.T) {
 		if err != nil || len(resp.Kvs) == 0 {
 			return false
 		}
-		j, err := a.parseRegistered(keys.Config("orders"), "orders", resp.Kvs[0].Value)
+		j, err := a.parseRegistered(keys.Config("orders"), "orders", resp.Kvs[0].Value, nil)
 		return err == nil && j.ShardingTotalCount == 4
 	})
 	for _, n := range []*testNode{a, b} {

@@ -131,7 +131,7 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
 			n.takeChildren(local.Name, kv)
 		}
-		r := readRegistration(key, lkey, local.Name, resp)
+		r := readRegistration(key, lkey, local, resp)
 		publish, why := publishDecision(local, r.reg, r.state, r.configRev, r.loaded, first)
 		ops, err := n.registrationOps(local, r, publish, why)
 		if err != nil {
@@ -173,7 +173,8 @@ type registration struct {
 
 // readRegistration decodes the answers of registerConfig's read of key
 // (job's config) and lkey (this instance's loaded record).
-func readRegistration(key, lkey, job string, resp *clientv3.TxnResponse) registration {
+func readRegistration(key, lkey string, local *config.Job, resp *clientv3.TxnResponse) registration {
+	job := local.Name
 	r := registration{
 		state:     keyspace.DefinitionMissing,
 		configCmp: clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
@@ -183,7 +184,7 @@ func readRegistration(key, lkey, job string, resp *clientv3.TxnResponse) registr
 		r.configRev = kvs[0].ModRevision
 		r.configCmp = clientv3.Compare(clientv3.ModRevision(key), "=", r.configRev)
 		r.reg = &keyspace.RegisteredConfig{}
-		r.registered, r.regErr = keyspace.DecodeRegistered(key, job, kvs[0].Value, r.reg)
+		r.registered, r.regErr = keyspace.DecodeRegistered(key, job, kvs[0].Value, r.reg, local)
 		r.state = keyspace.DefinitionStateOf(r.regErr)
 	}
 	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
@@ -311,7 +312,8 @@ func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 	key := n.keys.Config(job)
 	take := func(kv *mvccpb.KeyValue) {
 		var rc keyspace.RegisteredConfig
-		def, err := keyspace.DecodeRegistered(key, job, kv.Value, &rc)
+		v, _ := n.View(job)
+		def, err := keyspace.DecodeRegistered(key, job, kv.Value, &rc, v.Local)
 		switch keyspace.DefinitionStateOf(err) {
 		case keyspace.DefinitionUnreadable:
 			n.unreadableDefinition(job, kv.ModRevision, err)
@@ -343,9 +345,10 @@ func (n *Node) unreadableDefinition(job string, gen int64, err error) {
 	}
 }
 
-// parseRegistered decodes a config key's value.
-func (n *Node) parseRegistered(key, job string, data []byte) (*config.Job, error) {
-	return keyspace.DecodeRegistered(key, job, data, &keyspace.RegisteredConfig{})
+// parseRegistered decodes a config key's value; local, if set, is this
+// host's definition of job (see keyspace.DecodeRegistered).
+func (n *Node) parseRegistered(key, job string, data []byte, local *config.Job) (*config.Job, error) {
+	return keyspace.DecodeRegistered(key, job, data, &keyspace.RegisteredConfig{}, local)
 }
 
 var errNotLeader = errors.New("coord: not the leader")

@@ -211,7 +211,7 @@ func (n *Node) childDefinitions(ctx context.Context, children []string) (map[str
 	for i, c := range children {
 		for _, kv := range resp.Responses[i].GetResponseRange().Kvs {
 			var rc keyspace.RegisteredConfig
-			if def, err := keyspace.DecodeRegistered(string(kv.Key), c, kv.Value, &rc); err == nil {
+			if def, err := keyspace.DecodeRegistered(string(kv.Key), c, kv.Value, &rc, nil); err == nil {
 				defs[c] = def
 			}
 		}

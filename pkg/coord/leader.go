@@ -92,7 +92,7 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 	if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 {
 		st.configRev = kvs[0].ModRevision
 		if l.parsed.rev != st.configRev {
-			l.parsed.job, l.parsed.err = l.n.parseRegistered(k.Config(l.job), l.job, kvs[0].Value)
+			l.parsed.job, l.parsed.err = l.n.parseRegistered(k.Config(l.job), l.job, kvs[0].Value, l.local)
 			l.parsed.rev = st.configRev
 		}
 		st.config, st.configBad = l.parsed.job, l.parsed.err

@@ -57,7 +57,7 @@ func (c *Client) readJobFacts(ctx context.Context, job string) (*jobFacts, error
 	f.leaders = int(resp.Responses[6].GetResponseRange().Count)
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		f.configRev = kvs[0].ModRevision
-		if j, err := keyspace.DecodeRegistered(c.keys.Config(job), job, kvs[0].Value, &f.reg); err == nil {
+		if j, err := keyspace.DecodeRegistered(c.keys.Config(job), job, kvs[0].Value, &f.reg, nil); err == nil {
 			f.def = j
 		}
 	}

@@ -358,7 +358,7 @@ func decodeJobKeys(keys keyspace.Keys, names []string, perJob [][]*etcdserverpb.
 			for i := int(next.Add(1) - 1); i < len(names); i = int(next.Add(1) - 1) {
 				d, r, name := &out[i], perJob[i], names[i]
 				if kvs := r[1].GetResponseRange().Kvs; len(kvs) > 0 {
-					d.def, d.defErr = keyspace.DecodeRegistered(keys.Config(name), name, kvs[0].Value, &d.rc)
+					d.def, d.defErr = keyspace.DecodeRegistered(keys.Config(name), name, kvs[0].Value, &d.rc, nil)
 				}
 				if kvs := r[0].GetResponseRange().Kvs; len(kvs) > 0 {
 					d.m, d.mErr = keyspace.DecodeShardMap(kvs[0].Value)
