@@ -301,8 +301,13 @@ func (b *txnBatcher) send(batch []*batchedTxn) {
 		r.answer(txnAnswer{resp, err})
 		return
 	}
-	var ifs []clientv3.Cmp
-	var then []clientv3.Op
+	nifs, nops := 0, 0
+	for _, r := range batch {
+		nifs, nops = nifs+len(r.ifs), nops+len(r.then)
+	}
+	// Sized once: an Op is a large struct, and growing these by appends
+	// was a seventh of an instance's allocations at a cold start.
+	ifs, then := make([]clientv3.Cmp, 0, nifs), make([]clientv3.Op, 0, nops)
 	for _, r := range batch {
 		ifs = append(ifs, r.ifs...)
 		then = append(then, r.then...)
