@@ -123,10 +123,6 @@ func (b *txnBatcher) Txn(ctx context.Context, ifs []clientv3.Cmp, then, els []cl
 		return b.cli.Txn(ctx).If(ifs...).Then(then...).Else(els...).Commit()
 	}
 	r := &batchedTxn{ctx: ctx, ifs: ifs, then: then, els: els, done: make(chan txnAnswer, 1)}
-	for _, c := range ifs {
-		pc := c.GetCompare()
-		r.reads = append(r.reads, keySpan{string(pc.Key), string(pc.RangeEnd)})
-	}
 	for _, ops := range [][]clientv3.Op{then, els} {
 		for _, op := range ops {
 			r.size += len(op.KeyBytes()) + len(op.ValueBytes())
@@ -135,12 +131,23 @@ func (b *txnBatcher) Txn(ctx context.Context, ifs []clientv3.Cmp, then, els []cl
 				r.alone = true
 			case op.IsPut() || op.IsDelete():
 				r.writes = append(r.writes, string(op.KeyBytes()))
-			case op.IsGet():
-				r.reads = append(r.reads, keySpan{string(op.KeyBytes()), string(op.RangeBytes())})
 			}
 		}
 	}
 	r.readOnly = len(ifs) == 0 && len(els) == 0 && len(r.writes) == 0 && !r.alone
+	if !r.readOnly { // reads among reads never conflict: only a write batch checks them
+		for _, c := range ifs {
+			pc := c.GetCompare()
+			r.reads = append(r.reads, keySpan{string(pc.Key), string(pc.RangeEnd)})
+		}
+		for _, ops := range [][]clientv3.Op{then, els} {
+			for _, op := range ops {
+				if op.IsGet() {
+					r.reads = append(r.reads, keySpan{string(op.KeyBytes()), string(op.RangeBytes())})
+				}
+			}
+		}
+	}
 	if len(ifs) > maxBatchOps || len(then) > maxBatchOps || len(els) > maxBatchOps || r.size > maxBatchBytes {
 		r.alone = true
 	}
