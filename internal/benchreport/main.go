@@ -76,6 +76,7 @@ func main() {
 	out := flag.String("out", "bench", "output directory")
 	one := flag.String("resources", "", "measure only this resource scenario, `JOBSxINSTANCES` (e.g. 10000x3), print it and write nothing")
 	delayOnly := flag.Int("delay", 0, "measure only the fire -> script start delay over this many `fires`, print it and write nothing")
+	window = flag.Duration("window", 30*time.Second, "with -resources: the idle window over which CPU is measured (RSS and heap are read at its end)")
 	flag.StringVar(&profileDir, "profiles", "", "with -resources: write Go profiles of the instances into this `directory` (CPU of the first 20 s and of the idle window, heap after it), for go tool pprof")
 	flag.Parse()
 	var err error
@@ -120,7 +121,7 @@ func runOne(spec string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	r, err := measure(dir, spec, jobs, n, 30*time.Second, 10*time.Minute)
+	r, err := measure(dir, spec, jobs, n, *window, 10*time.Minute)
 	if err != nil {
 		r.Error = err.Error()
 	}
@@ -256,6 +257,9 @@ func goBench(benchtime string) ([]benchResult, error) {
 
 // profileDir, when set, receives the instances' profiles (-profiles).
 var profileDir string
+
+// window is -resources' idle window (-window).
+var window *time.Duration
 
 // fetchProfile saves the Go profile at url (a shardd's --pprof-listen) as
 // file in profileDir, reporting a failure on stderr only: a profile is an

@@ -87,37 +87,33 @@ func (j *jobLoop) poke() { j.e.sched.WakeAt(j.slot, time.Time{}) }
 
 // pokeAfter makes the job's current loop reconcile within d (see
 // wakeCurrent).
-func (j *jobLoop) pokeAfter(d time.Duration) { j.wakeCurrent(j.e.opts.Now().Add(d)) }
+func (j *jobLoop) pokeAfter(d time.Duration) { j.wakeCurrent(j.e.opts.Now().Add(d), false) }
 
 // readAfter makes the job's current loop read its items within d, even if
 // the job is idle here: a claim whose outcome is unknown may have applied,
 // its marker's event filtered out while the claim was pending (ownMarker),
 // and the item may have moved away meanwhile.
-func (j *jobLoop) readAfter(d time.Duration) {
-	e := j.e
-	e.mu.Lock()
-	cur := e.jobs[j.name]
-	e.mu.Unlock()
-	if cur != nil {
-		cur.mustRead.Store(true)
-		e.sched.WakeAt(cur.slot, e.opts.Now().Add(d))
-	}
-}
+func (j *jobLoop) readAfter(d time.Duration) { j.wakeCurrent(j.e.opts.Now().Add(d), true) }
 
-// wakeCurrent makes the job's current loop reconcile at t (zero: at once).
-// A run outlives the loop that started it (a reload removes the job and
-// adds it back: a new loop), and what happens to the run (its end, a claim
-// lost) must wake the loop that decides now: the new loop, woken by the
-// run's marker deletion while the run still counted as running here,
-// decided nothing and waits for this.
-func (j *jobLoop) wakeCurrent(t time.Time) {
+// wakeCurrent makes the job's current loop reconcile at t (zero: at once),
+// reading its items even if idle when mustRead. A run outlives the loop
+// that started it (a reload removes the job and adds it back: a new loop),
+// and what happens to the run (its end, a claim lost) must wake the loop
+// that decides now: the new loop, woken by the run's marker deletion while
+// the run still counted as running here, decided nothing and waits for
+// this.
+func (j *jobLoop) wakeCurrent(t time.Time, mustRead bool) {
 	e := j.e
 	e.mu.Lock()
 	cur := e.jobs[j.name]
 	e.mu.Unlock()
-	if cur != nil {
-		e.sched.WakeAt(cur.slot, t)
+	if cur == nil {
+		return
 	}
+	if mustRead {
+		cur.mustRead.Store(true)
+	}
+	e.sched.WakeAt(cur.slot, t)
 }
 
 // ownMarker wakes the job for a running marker of item put under this
@@ -707,7 +703,7 @@ func (j *jobLoop) launch(ctx context.Context, v coord.JobView, starts []start) {
 			j.runs.ended[s.item]++
 			j.runs.mu.Unlock()
 			if ran {
-				j.wakeCurrent(time.Time{}) // decide again: fires may have come meanwhile
+				j.wakeCurrent(time.Time{}, false) // decide again: fires may have come meanwhile
 			} // else execute asked for a later look: at once would spin on a claim that cannot be won
 		}()
 		ran = j.execute(ctx, v, s)
