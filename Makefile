@@ -13,12 +13,14 @@ PREFIX   ?= /usr/local
 CHAOS_ROUNDS ?= 200
 CHAOS_SEED   ?=
 CHAOS_OUT    ?= $(CURDIR)/bench/chaos-summary.json
+CHAOS_JOBS   ?= 2000
+CHAOS_SCALE_OUT ?= $(CURDIR)/bench/chaos-scale-summary.json
 SOAK_DURATION ?= 1h
 SOAK_OUT      ?= $(CURDIR)/bench/soak.json
 RACE_PKGS     ?= ./...
 RACE_TIMEOUT  ?= 30m
 
-.PHONY: help build test test-race lint fuzz bench chaos soak e2e-long e2e-compose run install verify-deploy clean
+.PHONY: help build test test-race lint fuzz bench chaos chaos-scale soak e2e-long e2e-compose run install verify-deploy clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-13s %s\n", $$1, $$2}'
@@ -79,6 +81,11 @@ bench: ## benchmarks (BENCHTIME trials, default 20x) and resource use; writes be
 chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_SEED; summary in CHAOS_OUT (bench/chaos-summary.json)
 	@mkdir -p bench
 	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_OUT) \
+	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
+
+chaos-scale: ## the chaos suite with CHAOS_JOBS (default 2000) more one-item jobs, each firing once a minute, checked by the same ledger
+	@mkdir -p bench
+	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_SCALE_OUT) SHARDD_CHAOS_JOBS=$(CHAOS_JOBS) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
 e2e-long: ## the long fault runs: dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum, etcd restored from a snapshot and wiped

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -37,6 +38,9 @@ import (
 //	SHARDD_CHAOS_ROUNDS  fault rounds (make chaos: 200)
 //	SHARDD_CHAOS_SEED    seed of the fault sequence (default: the time; printed)
 //	SHARDD_CHAOS_OUT     where to write the JSON summary (default: not written)
+//	SHARDD_CHAOS_JOBS    that many more one-item jobs, each firing once a
+//	                     minute (at second i mod 60), checked by the ledger
+//	                     like the others (make chaos-scale: 2,000)
 //
 // A failure prints the seed; SHARDD_CHAOS_SEED=<seed> replays the same faults.
 //
@@ -284,11 +288,22 @@ func nextCalendarFire(after time.Time) time.Time {
 	return s.Next(after)
 }
 
+// bulkJobs is SHARDD_CHAOS_JOBS: the one-item jobs of the scale variant.
+func bulkJobs() int {
+	n, _ := strconv.Atoi(os.Getenv("SHARDD_CHAOS_JOBS"))
+	return max(n, 0)
+}
+
+// bulkJob is the name and schedule of the i-th of bulkJobs.
+func bulkJob(i int) (name, cron string) {
+	return fmt.Sprintf("bulk-%05d", i), fmt.Sprintf("%d * * * * ?", i%60)
+}
+
 // chaosJobs is what the ledger checker is told of the chaos jobs.
 func chaosJobs(t *testing.T) map[string]ledger.Job {
 	sched := func(spec string) schedule.Schedule { return mustSchedule(t, spec) }
 	every := sched("@every 1s")
-	return map[string]ledger.Job{
+	jobs := map[string]ledger.Job{
 		"tick":     {Items: 6, Schedule: every, Failover: true},
 		"tock":     {Items: 4, Schedule: every},
 		"hook":     {Items: 2, Schedule: every, Failover: true},
@@ -296,6 +311,11 @@ func chaosJobs(t *testing.T) map[string]ledger.Job {
 		"minute":   {Items: 2, Schedule: sched(minuteCron), Failover: true},
 		"calendar": {Items: 2, Schedule: sched(calendarCron), Failover: true},
 	}
+	for i := range bulkJobs() {
+		name, cron := bulkJob(i)
+		jobs[name] = ledger.Job{Items: 1, Schedule: sched(cron), Failover: true}
+	}
+	return jobs
 }
 
 // writeChaosConfig writes the chaos jobs; extra adds a job that reloads toggle.
@@ -316,6 +336,12 @@ func writeChaosConfig(t *testing.T, path, dir, hookURL string, extra bool) {
 	if extra {
 		cfg += ledgerJob(dir, "extra", "", 1, "0.1")
 	}
+	var bulk strings.Builder
+	for i := range bulkJobs() {
+		name, cron := bulkJob(i)
+		bulk.WriteString(cronLedgerJob(dir, name, cron, 1, "0"))
+	}
+	cfg += bulk.String()
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
