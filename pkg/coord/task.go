@@ -76,8 +76,9 @@ func (t *jobTask) wake() { t.n.steps.WakeAt(t.slot, time.Time{}) }
 
 // leaderSettle is how long a leader lets a change settle before it
 // reconciles: the changes of a burst (members joining at a cold start, a
-// member's key and its candidate key, the leader's own map write coming
-// back) make one read and at most one map write, not one each.
+// member's key and its candidate key) make one read and at most one map
+// write, not one each. A member's departure is not made to wait: its
+// items have no owner until the new map.
 const leaderSettle = 100 * time.Millisecond
 
 // settle makes the task step leaderSettle from now, or earlier if it was
@@ -197,13 +198,17 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	// Subscribe first, then read (the next step): every change after the
 	// read wakes the reconcile. A new candidate may be the preferred
 	// leader, so the election prefix counts too.
-	l, shards := t.l, n.keys.Shards(job)
-	for _, p := range []string{n.keys.Members(job), n.keys.Disabled(job), n.keys.Config(job), shards, prefix} {
+	l, shards, members := t.l, n.keys.Shards(job), n.keys.Members(job)
+	for _, p := range []string{members, n.keys.Disabled(job), n.keys.Config(job), shards, prefix} {
 		t.unsub = append(t.unsub, n.hub.subscribe(job, p, func(ev *clientv3.Event) {
-			if p == shards && ev.Kv.ModRevision == l.wrote.Load() {
-				return // its own map write, coming back: nothing changed
+			switch {
+			case p == shards && ev.Kv.ModRevision == l.wrote.Load():
+				// Its own map write, coming back: nothing changed.
+			case p == members && ev.Type == clientv3.EventTypeDelete:
+				t.wake() // a member gone: its items wait for the new map, at once
+			default:
+				t.settle()
 			}
-			t.settle()
 		}, t.wake))
 	}
 	t.phase = leading
