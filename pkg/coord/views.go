@@ -61,7 +61,8 @@ func (n *Node) updateView(job string, f func(v *JobView)) {
 // disabled or enabled, and whenever the watch may have lost events; and
 // own with the item of a running marker put under this instance's session
 // (one of its claims, perhaps one whose reply was lost and which it must
-// adopt), and with -1 when the watch may have lost such puts. Both run on the node's watch goroutine and must not block.
+// adopt), and with -1 when the watch may have lost such puts. Both run on
+// the node's watch goroutine and must not block.
 func (n *Node) OnChange(job string, fn func(), own func(item int)) (cancel func()) {
 	sub := &fn // its identity, for cancel
 	n.mu.Lock()
