@@ -163,16 +163,22 @@ func TestTriggerParamAndRerunFire(t *testing.T) {
 	if !after.Record.Watermark().Equal(before.Record.Watermark()) {
 		t.Errorf("watermark moved from %s to %s: a manual re-run must not account for scheduled fires", before.Record.Watermark(), after.Record.Watermark())
 	}
-	recs, err := admin.New(cli, keys).Records(ctx, "daily")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The script's line is written before its run ends; its outcome
+	// record follows.
 	var params []string
-	for _, r := range recs {
-		if r.Source == keyspace.SourceManual {
-			params = append(params, r.Param)
+	etcdtest.Eventually(t, 10*time.Second, "both runs' records", func() bool {
+		recs, err := admin.New(cli, keys).Records(ctx, "daily")
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		params = params[:0]
+		for _, r := range recs {
+			if r.Source == keyspace.SourceManual {
+				params = append(params, r.Param)
+			}
+		}
+		return len(params) == 2
+	})
 	if strings.Join(params, ",") != "re-run: day 1,second" && strings.Join(params, ",") != "second,re-run: day 1" {
 		t.Errorf("history keeps parameters %q, want both runs'", params)
 	}
