@@ -15,7 +15,8 @@ import (
 )
 
 // txnBatcher sends the small Txns of many jobs (registration, candidacy,
-// a leader's read and map write, a view's first read) to etcd together:
+// a leader's read and map write, a view's first read, the claims of runs
+// due at the same instant) to etcd together:
 // group commit, as the completer does for outcomes. A request that comes
 // while fewer than maxInflight batches are on their way is sent at once;
 // those that come meanwhile wait and go together in the next batch, one
@@ -70,8 +71,9 @@ type txnBatcher struct {
 	pending  []*batchedTxn
 	inflight int
 
-	// commits counts the Txns sent, for tests and benchmarks.
-	commits atomic.Int64
+	// requests counts the requests made, commits the Txns sent, for tests
+	// and benchmarks.
+	requests, commits atomic.Int64
 	// beforeSend, when set (tests), is called before each Txn is sent.
 	beforeSend func(batch []*batchedTxn)
 }
@@ -115,6 +117,7 @@ func newTxnBatcher(cli *clientv3.Client, timeout time.Duration) *txnBatcher {
 // Txn is clientv3's Txn(ctx).If(ifs...).Then(then...).Else(els...).Commit(),
 // sent with others'.
 func (b *txnBatcher) Txn(ctx context.Context, ifs []clientv3.Cmp, then, els []clientv3.Op) (*clientv3.TxnResponse, error) {
+	b.requests.Add(1)
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -80,7 +80,9 @@ func (n *Node) Claim(ctx context.Context, c Claim) (*Grant, error) {
 	rec, val := p.rec, p.val
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(append(n.claimShared(c, member), p.cmps...)...).Then(p.ops...).Commit()
+	// With other jobs' claims due at the same instant (batch.go): each keeps
+	// its guards, and a failed one is answered on its own.
+	resp, err := n.txns.Txn(wctx, append(n.claimShared(c, member), p.cmps...), p.ops, nil)
 	if refusedWrite(err) {
 		return nil, fmt.Errorf("claim item %d of job %q: %w", c.Item, c.Job, err)
 	}
@@ -230,8 +232,8 @@ func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResu
 	defer cancel()
 	// Else: the shared guards' keys, to tell a failed shared guard (no claim
 	// of this job can be won: not one by one either) from an item's.
-	resp, err := n.opts.Client.Txn(wctx).If(cmps...).Then(ops...).
-		Else(clientv3.OpGet(n.keys.Member(c0.Job, n.opts.ID)), clientv3.OpGet(n.keys.Shards(c0.Job))).Commit()
+	resp, err := n.txns.Txn(wctx, cmps, ops,
+		[]clientv3.Op{clientv3.OpGet(n.keys.Member(c0.Job, n.opts.ID)), clientv3.OpGet(n.keys.Shards(c0.Job))})
 	if err != nil {
 		// Unknown outcome: read each claim back, as Claim does.
 		n.log.Warn("claims' outcome unknown; reading them back", "job", c0.Job, "items", len(chunk), "err", err)

@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -437,4 +438,65 @@ func TestFailedAdoptInvalidatesTheItemCache(t *testing.T) {
 	if filled() {
 		t.Error("the item cache still serves after a refused adopt")
 	}
+}
+
+// The claims of many jobs due at the same instant share Txns (batch.go),
+// each won under its own guards.
+func TestClaimsOfManyJobsShareTxns(t *testing.T) {
+	t.Parallel()
+	const njobs = 30
+	yaml := "jobs:\n"
+	for i := range njobs {
+		yaml += job(fmt.Sprintf("j%02d", i), 1)
+	}
+	n := startNode(t, etcdtest.Shared(t), "a", jobs(t, yaml))
+	ctx := context.Background()
+	fire := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	claims := make([]Claim, njobs)
+	for i := range njobs {
+		name := fmt.Sprintf("j%02d", i)
+		etcdtest.Eventually(t, 10*time.Second, name+"'s membership", func() bool { s, m := n.sessionFor(name); return s != nil && m != 0 })
+		prev, err := n.ReadItem(ctx, name, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		claims[i] = Claim{Job: name, Item: 0, Fire: fire, Attempt: 1, Source: keyspace.SourceNormal, Prev: prev, Sched: fire}
+	}
+	// etcd is held while the claims come: the first few are on their
+	// way, the others wait for them, as in a storm.
+	n.proxy.Blackhole()
+	before, asked := n.txns.commits.Load(), n.txns.requests.Load()
+	grants := make([]*Grant, njobs)
+	errs := make([]error, njobs)
+	var wg sync.WaitGroup
+	for i, c := range claims {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			grants[i], errs[i] = n.Claim(ctx, c)
+		}()
+	}
+	etcdtest.Eventually(t, 5*time.Second, "the claims to be asked", func() bool { return n.txns.requests.Load()-asked >= njobs })
+	n.proxy.Restore()
+	wg.Wait()
+	txns := n.txns.commits.Load() - before
+	fences := map[int64]bool{}
+	for i := range njobs {
+		if errs[i] != nil {
+			t.Fatalf("claim of %s: %v", claims[i].Job, errs[i])
+		}
+		fences[grants[i].Fence] = true
+		got, err := n.ReadItem(ctx, claims[i].Job, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Record == nil || got.Record.State != keyspace.StateRunning || got.Rev != grants[i].Fence {
+			t.Errorf("%s after its claim: %+v at revision %d, want RUNNING at its fence %d", claims[i].Job, got.Record, got.Rev, grants[i].Fence)
+		}
+	}
+	// batchesInflight went alone; the rest in a Txn or two.
+	if txns > batchesInflight+3 || len(fences) > batchesInflight+3 {
+		t.Errorf("%d claims of %d jobs in %d Txns (%d fences): not batched", njobs, njobs, txns, len(fences))
+	}
+	t.Logf("%d claims in %d Txns, %d fences", njobs, txns, len(fences))
 }

@@ -45,7 +45,9 @@ const siblingLinger = 5 * time.Millisecond
 // then written without waiting).
 const maxSiblingFences = 4096
 
-// expect records that count runs were claimed together under fence.
+// expect records that count runs were claimed together under fence. The
+// claims of several jobs may share a fence (they went in one batched Txn):
+// their counts add up.
 func (c *completer) expect(fence int64, count int) {
 	if count < 2 {
 		return
@@ -55,7 +57,7 @@ func (c *completer) expect(fence int64, count int) {
 	if c.siblings == nil || len(c.siblings) >= maxSiblingFences {
 		c.siblings = map[int64]int{}
 	}
-	c.siblings[fence] = count
+	c.siblings[fence] += count
 }
 
 // kick starts a flush of what is pending, if none is in progress.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -243,4 +244,174 @@ func BenchmarkThroughput(b *testing.B) {
 
 func clientv3WithPrefixKeysOnly() []clientv3.OpOption {
 	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithKeysOnly()}
+}
+
+// storms collects, by fire time, the fire-to-start delays of the runs of a
+// storm: every job due at the same second.
+type storms struct {
+	mu       sync.Mutex
+	delays   map[int64][]time.Duration // by fire, Unix seconds
+	prepared map[int64][]time.Duration
+}
+
+func (s *storms) observe(run Run) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.delays == nil {
+		s.delays = map[int64][]time.Duration{}
+	}
+	d := time.Duration(-1) // ran, but never started (a failure): counted, not timed
+	if !run.Started.IsZero() {
+		d = run.Started.Sub(run.Fire)
+	}
+	s.delays[run.Fire.Unix()] = append(s.delays[run.Fire.Unix()], d)
+	if os.Getenv("SHARDD_BENCH_STORM_DEBUG") != "" {
+		if s.prepared == nil {
+			s.prepared = map[int64][]time.Duration{}
+		}
+		s.prepared[run.Fire.Unix()] = append(s.prepared[run.Fire.Unix()], run.Result.Prepared.Sub(run.Fire))
+	}
+}
+
+func (s *storms) of(fire time.Time) []time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]time.Duration(nil), s.delays[fire.Unix()]...)
+}
+
+// stormPeriod is how often a storm's jobs are all due: at :00, :20, :40.
+const stormPeriod = 20 * time.Second
+
+// BenchmarkStorm: jobs jobs due at the same second (every stormPeriod), on
+// one or three instances; each iteration is one storm. It reports the
+// fire-to-start delays and, for scripts, the floor: as many shells
+// started at a whole second by a plain loop of this process, no shardd
+// (p99-floor-ms, and p99/floor).
+func BenchmarkStorm(b *testing.B) {
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer hook.Close()
+	for _, tc := range []struct {
+		name            string
+		jobs, instances int
+		work            string
+		floor           bool
+	}{
+		{"1000jobs-script-1instance", 1000, 1, "script: 'true'", true},
+		{"50jobs-script-1instance", 50, 1, "script: 'true'", true},
+		{"10000jobs-http-3instances", 10000, 3, "http: {url: '" + hook.URL + "'}", false},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			if testing.Short() && tc.jobs > 1000 {
+				b.Skip("-short: make bench-scale runs it")
+			}
+			var st storms
+			srv := etcdtest.Start(b)
+			var yaml strings.Builder
+			yaml.WriteString("jobs:\n")
+			for i := range tc.jobs {
+				fmt.Fprintf(&yaml, "  - name: storm-%05d\n    cron: '0/%d * * * * ?'\n    %s\n", i, int(stormPeriod.Seconds()), tc.work)
+			}
+			for _, id := range []string{"a", "b", "c"}[:tc.instances] {
+				instanceWith(b, srv.Client(), id, yaml.String(), func(o *Options) { o.Observe = st.observe })
+			}
+			waitMaps(b, srv.Client(), tc.jobs, 5*time.Minute)
+			var all, floors []time.Duration
+			missed := 0
+			b.ResetTimer()
+			for range b.N {
+				// The next storm at least 3 s away (the maps settled).
+				fire := time.Now().Add(3 * time.Second).Truncate(stormPeriod).Add(stormPeriod)
+				time.Sleep(time.Until(fire))
+				ds := waitStorm(&st, fire, tc.jobs, stormPeriod/2)
+				missed += tc.jobs - len(ds)
+				if len(ds) > 0 {
+					sorted := slices.Sorted(slices.Values(ds))
+					b.Logf("storm at %s: %d runs, p50 %s, p99 %s, max %s", fire.Format(time.TimeOnly), len(ds),
+						sorted[len(sorted)/2], sorted[len(sorted)*99/100], sorted[len(sorted)-1])
+					st.mu.Lock()
+					if p := slices.Sorted(slices.Values(st.prepared[fire.Unix()])); len(p) > 0 {
+						b.Logf("  prepared (from the fire): min %s p50 %s p99 %s max %s", p[0], p[len(p)/2], p[len(p)*99/100], p[len(p)-1])
+					}
+					st.mu.Unlock()
+				}
+				all = append(all, ds...)
+				if tc.floor {
+					floors = append(floors, shellFloor(b, tc.jobs)...)
+				}
+			}
+			b.StopTimer()
+			report(b, all)
+			b.ReportMetric(float64(missed), "missed-fires")
+			if len(floors) > 0 {
+				slices.Sort(floors)
+				slices.Sort(all)
+				p99 := func(ds []time.Duration) float64 { return float64(ds[min(len(ds)-1, len(ds)*99/100)]) / 1e6 }
+				b.ReportMetric(p99(floors), "p99-floor-ms")
+				if len(all) > 0 {
+					b.ReportMetric(p99(all)/p99(floors), "p99/floor")
+				}
+			}
+		})
+	}
+}
+
+// waitMaps waits until jobs jobs have a shard map.
+func waitMaps(b *testing.B, cli *clientv3.Client, jobs int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := cli.Get(context.Background(), "/shardd/jobs/", clientv3WithPrefixKeysOnly()...)
+		n := 0
+		if err == nil {
+			for _, kv := range resp.Kvs {
+				if strings.HasSuffix(string(kv.Key), "/shards") {
+					n++
+				}
+			}
+		}
+		if n >= jobs {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d jobs have a map after %s", n, jobs, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitStorm waits, at most timeout after fire, until jobs runs of fire
+// were observed, and returns their delays (those that never started
+// count as the timeout: a fire that ran late past it is as bad).
+func waitStorm(st *storms, fire time.Time, jobs int, timeout time.Duration) []time.Duration {
+	for time.Since(fire) < timeout && len(st.of(fire)) < jobs {
+		time.Sleep(50 * time.Millisecond)
+	}
+	ds := st.of(fire)
+	for i, d := range ds {
+		if d < 0 {
+			ds[i] = timeout
+		}
+	}
+	return ds
+}
+
+// shellFloor starts n shells (/bin/sh -c true) at the next whole second by
+// a plain loop and returns each one's delay from that second to its
+// start: what this machine needs to start a storm's processes, no shardd.
+func shellFloor(b *testing.B, n int) []time.Duration {
+	at := time.Now().Truncate(time.Second).Add(time.Second)
+	time.Sleep(time.Until(at))
+	ds := make([]time.Duration, 0, n)
+	cmds := make([]*exec.Cmd, 0, n)
+	for range n {
+		cmd := exec.Command("/bin/sh", "-c", "true")
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		ds = append(ds, time.Since(at))
+		cmds = append(cmds, cmd)
+	}
+	for _, cmd := range cmds {
+		cmd.Wait()
+	}
+	return ds
 }

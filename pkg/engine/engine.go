@@ -109,15 +109,17 @@ type Engine struct {
 	// waiting are the loops that found no free concurrency slot; the next
 	// slot given back wakes them.
 	waiting map[*jobLoop]struct{}
-	// ready measures how long runs take to be ready, for the lead of
-	// claims ahead of the fire.
+	// ready measures how long runs take to be ready, and due counts the
+	// runs due at each coming fire, for the lead of claims ahead of it.
 	ready readyLatency
+	due   dueCalendar
 	// sched runs the jobs' reconciles (pkg/steps).
 	sched *steps.Scheduler
 }
 
-// lead is how long before a fire its items are claimed and prepared.
-func (e *Engine) lead() time.Duration { return e.ready.lead() }
+// lead is how long before a fire of due runs here its items are claimed
+// and prepared.
+func (e *Engine) lead(due int) time.Duration { return e.ready.lead(due) }
 
 // releaseSlots gives back a run's concurrency slots and wakes the loops
 // that wanted one.
@@ -257,6 +259,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			delete(e.jobs, name)
 			e.mu.Unlock()
 			e.sched.Remove(j.slot) // its running items go on; they finish or die with the session
+			e.due.forget(j)
 			delete(unfollow, name)
 		}
 	}

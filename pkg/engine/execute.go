@@ -52,7 +52,11 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 	}
 	res, out := j.work(g, job, rc, v.MapRev)
 	if !res.Prepared.IsZero() && !s.read.IsZero() && !keyspace.OffSchedule(a.source) {
-		e.ready.observe(res.Prepared.Sub(s.read))
+		due := 1
+		if !a.startAt.IsZero() {
+			due = s.due // claimed ahead with the others due then
+		}
+		e.ready.observe(res.Prepared.Sub(s.read), due)
 	}
 	j.complete(s.item, g, out, log)
 	if e.opts.Observe != nil {

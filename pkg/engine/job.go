@@ -148,6 +148,7 @@ type start struct {
 	a     action
 	slots []semaphore // taken for the run; execute gives them back
 	read  time.Time   // when the reconcile that decided on it read the items
+	due   int         // the runs due here at the job's next fire, as filed then
 	// claimed is the claim's result when launch made it with others'.
 	claimed *coord.ClaimResult
 }
@@ -173,7 +174,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		return now.Add(clockRetry)
 	}
 	r := &pass{v: v, now: now}
-	r.ahead, r.next = j.claimAhead(v.Job, now, next)
+	r.ahead, r.next, r.due = j.claimAhead(v, now, next)
 	r.total = v.Job.ShardingTotalCount
 	if v.Map.Total > 0 {
 		r.total = v.Map.Total // BROADCAST: one item per instance
@@ -218,6 +219,7 @@ type pass struct {
 	// measured against the runner's.
 	readAt time.Time
 	ahead  time.Time     // the next fire, when it is claimed ahead
+	due    int           // the runs due here at the next fire (claimAhead)
 	next   time.Time     // when the loop looks again
 	before []runSnapshot // per item, its runs here before the read
 
@@ -291,23 +293,34 @@ func (j *jobLoop) clockAllows(job *config.Job) bool {
 	return true
 }
 
-// claimAhead returns the job's next fire if it is claimed ahead, and next
-// moved to when the loop must wake for it. The next fire is claimed a lead
-// time ahead, and its work prepared, so that it starts on time
+// claimAhead returns the job's next fire if it is claimed ahead, next
+// moved to when the loop must wake for it, and the runs due here at that
+// fire (this job's and others'). The next fire is claimed a lead time
+// ahead, and its work prepared, so that it starts on time
 // (docs/performance.md): the loop wakes at fire - lead, and at the fire for
-// what it could not claim ahead.
-func (j *jobLoop) claimAhead(job *config.Job, now, next time.Time) (ahead, wake time.Time) {
+// what it could not claim ahead. The lead grows with the runs due here at
+// the same fire (readyLatency).
+func (j *jobLoop) claimAhead(v coord.JobView, now, next time.Time) (ahead, wake time.Time, due int) {
 	wake = next
-	if job.Schedule != nil {
-		if f := job.Schedule.Next(now); !f.IsZero() {
-			if lead := j.e.lead(); f.Sub(now) <= lead {
-				ahead, wake = f, earliest(wake, f)
-			} else {
-				wake = earliest(wake, f.Add(-lead))
-			}
-		}
+	if v.Job.Schedule == nil {
+		j.e.due.forget(j)
+		return ahead, wake, 0
 	}
-	return ahead, wake
+	f := v.Job.Schedule.Next(now)
+	if f.IsZero() {
+		j.e.due.forget(j)
+		return ahead, wake, 0
+	}
+	due, others := j.e.due.file(j, f, len(v.Map.ItemsOf(j.e.opts.Node.ID())))
+	for _, l := range others {
+		l.poke() // their lead was chosen for fewer runs
+	}
+	if lead := j.e.lead(due); f.Sub(now) <= lead {
+		ahead, wake = f, earliest(wake, f)
+	} else {
+		wake = earliest(wake, f.Add(-lead))
+	}
+	return ahead, wake, due
 }
 
 // idle reports whether this instance owns none of the job's items in v
@@ -432,7 +445,7 @@ func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
 	case begin:
 		r.fresh = append(r.fresh, item)
 	default:
-		r.starts = append(r.starts, start{item: item, st: st, a: a, read: r.readAt})
+		r.starts = append(r.starts, start{item: item, st: st, a: a, read: r.readAt, due: r.due})
 	}
 }
 

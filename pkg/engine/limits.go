@@ -51,40 +51,142 @@ func release(sems ...semaphore) {
 // readyLatency keeps, for this instance's last runs, how long it took from
 // the reconcile that decided on the run (its read of the items) to the
 // work being ready to start (claimed, and its process waiting behind its
-// gate): the lead of claims ahead of the fire is derived from it.
+// gate), per run due at the same instant here: the lead of claims ahead
+// of the fire is derived from it.
+//
+// Runs due together are made ready by the same claims, forks and
+// registrations, in turn: the last of n is ready about n times later than
+// a run alone. So each sample is the latency divided by the runs due at
+// its fire (one, but for a storm), and the lead of a fire of n runs is n
+// times the slowest recent sample: a midnight of a thousand jobs is
+// prepared a thousand runs' time ahead, and the runs start at the fire
+// rather than in the order their forks came.
 type readyLatency struct {
 	mu     sync.Mutex
-	recent [32]time.Duration
+	recent [32]time.Duration // per run due at the sample's fire
 	n      int
 }
 
-func (c *readyLatency) observe(d time.Duration) {
+func (c *readyLatency) observe(d time.Duration, due int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recent[c.n%len(c.recent)] = d
+	c.recent[c.n%len(c.recent)] = d / time.Duration(max(due, 1))
 	c.n++
 }
 
-// Bounds of the lead: before any claim is measured it is defaultLead.
+// Bounds of the lead: before any claim is measured it is defaultLead (per
+// run due); it is at most maxLead for a fire of one run, and at most
+// maxStormLead however many are due.
 const (
-	minLead     = 10 * time.Millisecond
-	maxLead     = 250 * time.Millisecond
-	defaultLead = 50 * time.Millisecond
+	minLead      = 10 * time.Millisecond
+	maxLead      = 250 * time.Millisecond
+	maxStormLead = 3 * time.Second
+	defaultLead  = 50 * time.Millisecond
 	// margin is added to the lead for what the samples may not show.
 	margin = 2 * time.Millisecond
 )
 
-// lead is how long before a fire its items are read and claimed and their
-// work prepared: twice the slowest recent time this took, plus a margin.
-func (c *readyLatency) lead() time.Duration {
+// lead is how long before a fire of due runs here its items are read and
+// claimed and their work prepared: twice the slowest recent time this took
+// per run, times due, plus a margin.
+func (c *readyLatency) lead(due int) time.Duration {
+	due = max(due, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	perRun := time.Duration(0)
 	if c.n == 0 {
-		return defaultLead
+		perRun = defaultLead / 2
 	}
-	slowest := time.Duration(0)
 	for _, d := range c.recent[:min(c.n, len(c.recent))] {
-		slowest = max(slowest, d)
+		perRun = max(perRun, d)
 	}
-	return min(max(2*slowest+margin, minLead), maxLead)
+	n := time.Duration(due)
+	return min(max(2*perRun*n+margin, minLead), maxLead*n, maxStormLead)
+}
+
+// dueCalendar counts, by fire instant, the runs this instance expects:
+// each job loop files its next scheduled fire with the number of its
+// items this instance owns. The lead of a fire grows with its count.
+//
+// A loop files when it reconciles, so the first of a storm's loops saw a
+// count of one and chose a short lead: each time a fire's count doubles,
+// the loops filed at it are woken to choose again (about two wakes per
+// loop and storm, none for a fire of one run).
+type dueCalendar struct {
+	mu    sync.Mutex
+	at    map[int64]*dueFire // by fire, Unix ns
+	filed map[*jobLoop]int64 // each loop's fire
+}
+
+type dueFire struct {
+	runs  int
+	told  int // runs when its loops were last woken to choose again
+	loops map[*jobLoop]int
+}
+
+// file records that j's next fire is fire, with runs runs here (0: none),
+// replacing what j filed before. It returns the runs due at fire in all,
+// and the loops to wake because that count doubled.
+func (c *dueCalendar) file(j *jobLoop, fire time.Time, runs int) (due int, wake []*jobLoop) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at == nil {
+		c.at, c.filed = map[int64]*dueFire{}, map[*jobLoop]int64{}
+	}
+	c.forgetLocked(j)
+	at := fire.UnixNano()
+	f := c.at[at]
+	if runs <= 0 {
+		if f == nil {
+			return 0, nil
+		}
+		return f.runs, nil
+	}
+	if f == nil {
+		f = &dueFire{told: 1, loops: map[*jobLoop]int{}}
+		c.at[at] = f
+	}
+	c.filed[j] = at
+	f.loops[j] = runs
+	f.runs += runs
+	if f.runs >= 2*f.told {
+		f.told = f.runs
+		for l := range f.loops {
+			if l != j {
+				wake = append(wake, l)
+			}
+		}
+	}
+	return f.runs, wake
+}
+
+// forget removes what j filed (its loop stopped).
+func (c *dueCalendar) forget(j *jobLoop) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgetLocked(j)
+}
+
+func (c *dueCalendar) forgetLocked(j *jobLoop) {
+	at, ok := c.filed[j]
+	if !ok {
+		return
+	}
+	delete(c.filed, j)
+	f := c.at[at]
+	f.runs -= f.loops[j]
+	delete(f.loops, j)
+	if len(f.loops) == 0 {
+		delete(c.at, at)
+	}
+}
+
+// count returns the runs due at fire.
+func (c *dueCalendar) count(fire time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f := c.at[fire.UnixNano()]; f != nil {
+		return f.runs
+	}
+	return 0
 }
