@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -312,7 +313,12 @@ func BenchmarkStorm(b *testing.B) {
 				fmt.Fprintf(&yaml, "  - name: storm-%05d\n    cron: '0/%d * * * * ?'\n    %s\n", i, int(stormPeriod.Seconds()), tc.work)
 			}
 			for _, id := range []string{"a", "b", "c"}[:tc.instances] {
-				instanceWith(b, srv.Client(), id, yaml.String(), func(o *Options) { o.Observe = st.observe })
+				instanceWith(b, srv.Client(), id, yaml.String(), func(o *Options) {
+					o.Observe = st.observe
+					if n, err := strconv.Atoi(os.Getenv("SHARDD_BENCH_MAX_STARTS")); err == nil {
+						o.MaxStarts = n // to measure the bound (limits.go)
+					}
+				})
 			}
 			waitMaps(b, srv.Client(), tc.jobs, 5*time.Minute)
 			var all, floors []time.Duration

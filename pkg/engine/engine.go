@@ -46,6 +46,10 @@ type Options struct {
 	Watchdog *runner.Watchdog
 	// Cgroups, if set, confines each script run to a cgroup of its own.
 	Cgroups *runner.Cgroups
+	// MaxStarts bounds the scripts starting at once (forked, their gate
+	// registered; runner.Starts), taken in fire-time order. 0: the
+	// default, defaultMaxStarts; negative: no bound.
+	MaxStarts int
 	// RunLogs, if set, keeps each run's whole output in a file (see package
 	// runlog), with the job's logRetention.
 	RunLogs *runlog.Store
@@ -113,6 +117,8 @@ type Engine struct {
 	// runs due at each coming fire, for the lead of claims ahead of it.
 	ready readyLatency
 	due   dueCalendar
+	// starts bounds the scripts starting at once (Options.MaxStarts).
+	starts *runner.Starts
 	// sched runs the jobs' reconciles (pkg/steps).
 	sched *steps.Scheduler
 }
@@ -170,7 +176,10 @@ func New(opts Options) *Engine {
 	if opts.SweepRate <= 0 {
 		opts.SweepRate = 50
 	}
-	e := &Engine{opts: opts, log: opts.Logger, global: newSemaphore(opts.MaxConcurrency),
+	if opts.MaxStarts == 0 {
+		opts.MaxStarts = defaultMaxStarts()
+	}
+	e := &Engine{opts: opts, log: opts.Logger, global: newSemaphore(opts.MaxConcurrency), starts: runner.NewStarts(opts.MaxStarts),
 		resync: make(chan struct{}, 1), jobs: map[string]*jobLoop{}, local: map[string]*localRuns{}, waiting: map[*jobLoop]struct{}{}}
 	e.sched = steps.New(opts.Now)
 	e.killCtx, e.kill = context.WithCancelCause(context.Background())

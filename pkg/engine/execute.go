@@ -229,7 +229,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	e := j.e
 	run, err := e.work, error(nil)
 	if run == nil {
-		run, err = j.runners.get(job, e.opts.Watchdog, e.opts.Cgroups, e.log)
+		run, err = j.runners.get(job, scriptEnv{watchdog: e.opts.Watchdog, cgroups: e.opts.Cgroups, starts: e.starts, log: e.log})
 	}
 	if err != nil {
 		j.log.Error("job work is not runnable", "err", err)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"runtime"
 	"sync"
 	"time"
 )
@@ -47,6 +48,19 @@ func release(sems ...semaphore) {
 		}
 	}
 }
+
+// defaultMaxStarts is the scripts that start at once: two per core.
+// Measured on 2 cores (BenchmarkStorm/1000jobs-script-1instance, with
+// SHARDD_BENCH_MAX_STARTS): p99 fire -> start 412-512 ms whether 1, 2, 4,
+// 8, 16 or any number start at once, since a storm's scripts start within
+// its lead, ahead of the fire; the bound costs nothing there and keeps a
+// storm that outgrows its lead (or runs never claimed ahead: failovers,
+// triggers) from holding a thousand half-started forks and their pipes at
+// once, and lets the earliest fires start first.
+func defaultMaxStarts() int { return maxStartsPerCPU * runtime.NumCPU() }
+
+// maxStartsPerCPU: see defaultMaxStarts.
+var maxStartsPerCPU = 2
 
 // readyLatency keeps, for this instance's last runs, how long it took from
 // the reconcile that decided on the run (its read of the items) to the

@@ -22,13 +22,21 @@ type runnerCache struct {
 	close func() // releases the runner's resources (an HTTP hook's connections)
 }
 
-func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, cg *runner.Cgroups, log *slog.Logger) (runFunc, error) {
+// scriptEnv is what every script runner of an engine shares.
+type scriptEnv struct {
+	watchdog *runner.Watchdog
+	cgroups  *runner.Cgroups
+	starts   *runner.Starts
+	log      *slog.Logger
+}
+
+func (c *runnerCache) get(job *config.Job, env scriptEnv) (runFunc, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.run != nil && c.hash == job.Hash() {
 		return c.run, nil
 	}
-	run, closeRun, err := newRunner(job, wd, cg, log)
+	run, closeRun, err := newRunner(job, env)
 	if err != nil {
 		return nil, err
 	}
@@ -39,13 +47,13 @@ func (c *runnerCache) get(job *config.Job, wd *runner.Watchdog, cg *runner.Cgrou
 	return run, nil
 }
 
-func newRunner(job *config.Job, wd *runner.Watchdog, cg *runner.Cgroups, log *slog.Logger) (runFunc, func(), error) {
+func newRunner(job *config.Job, env scriptEnv) (runFunc, func(), error) {
 	switch {
 	case job.Script != nil:
 		s := runner.Script{
 			Argv: job.Script.Command.Argv, Shell: job.Script.Command.Shell, Env: job.Script.Env,
-			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: log, Watchdog: wd, Cgroups: cg,
-			ContextArg: job.Script.ContextArg,
+			Workdir: job.Script.Workdir, Timeout: time.Duration(job.Timeout), Log: env.log, Watchdog: env.watchdog, Cgroups: env.cgroups,
+			ContextArg: job.Script.ContextArg, Starts: env.starts,
 		}
 		if d := job.Dataflow; d != nil && d.Streaming {
 			s.MoreExitCode = d.MoreExitCode

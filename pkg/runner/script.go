@@ -43,6 +43,8 @@ type Script struct {
 	// which the script says it processed data and more may remain: a
 	// success, with Result.More.
 	MoreExitCode int
+	// Starts, if set, bounds the scripts starting at once (starts.go).
+	Starts *Starts
 }
 
 // maxEnvString is Linux's MAX_ARG_STRLEN: an environment string as long
@@ -176,6 +178,14 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			return res
 		}
 	}
+	started, err := s.Starts.take(ctx, c.Fire)
+	if err != nil {
+		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
+		r.out.closeWriters()
+		r.out.wait(time.Second)
+		return res
+	}
+	defer started()
 	runID, endRun := newRun()
 	defer endRun()
 	r.cmd.Env = append(r.cmd.Env, RunEnv+"="+runID)
@@ -187,9 +197,11 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 		return res
 	}
 	defer r.finish()
-	if r.gate != nil {
+	if r.gate == nil {
+		started()
+	} else {
 		var why error
-		if res.Prepared, why = r.openGate(ctx, c, runID); why != nil {
+		if res.Prepared, why = r.openGate(ctx, c, runID, started); why != nil {
 			r.kill()
 			cg.kill()
 			r.out.wait(time.Second)
@@ -316,7 +328,7 @@ func (r *scriptRun) start(c Context, cgErr error) error {
 // must not run), then lets the script through its gate at its time
 // (prepared ahead, with a StartAt), if still wanted then. It returns when
 // the run was ready, and why the script was not let through, if it was not.
-func (r *scriptRun) openGate(ctx context.Context, c Context, runID string) (prepared time.Time, why error) {
+func (r *scriptRun) openGate(ctx context.Context, c Context, runID string, registered func()) (prepared time.Time, why error) {
 	wd := r.s.Watchdog
 	st, err := procStart(r.pgid)
 	if err == nil {
@@ -332,6 +344,7 @@ func (r *scriptRun) openGate(ctx context.Context, c Context, runID string) (prep
 		why = errors.New("the session's fence deadline passed")
 	}
 	prepared = time.Now()
+	registered() // its start is done: the next may start
 	if why == nil {
 		// Prepared (ahead, with a StartAt): released at its time, if
 		// still wanted then.
