@@ -6,6 +6,7 @@ LDFLAGS  := -X github.com/shardd/shardd/pkg/version.Version=$(VERSION)
 FUZZTIME ?= 10s
 
 BENCHTIME ?= 20x
+SCALE_BENCHTIME ?= 3x
 
 DESTDIR  ?=
 PREFIX   ?= /usr/local
@@ -77,6 +78,9 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 10s)
 
 bench: ## benchmarks (BENCHTIME trials, default 20x) and resource use; writes bench/results.json and .md
 	$(GO) run ./internal/benchreport -benchtime $(BENCHTIME) $(BENCHFLAGS)
+
+bench-scale: ## the long benchmarks: storms (10,000 HTTP jobs due at one second, 1,000 scripts), 100,000 jobs, a kill -9 and restart at 10,000; writes bench/scale.json and .md (BENCHFLAGS=-short: the short form CI runs)
+	$(GO) run ./internal/benchreport -scale -benchtime $(SCALE_BENCHTIME) $(BENCHFLAGS)
 
 chaos: ## the chaos suite: CHAOS_ROUNDS random faults (default 200) from CHAOS_SEED; summary in CHAOS_OUT (bench/chaos-summary.json)
 	@mkdir -p bench

@@ -120,7 +120,7 @@ func resourceGoal(figure string, jobs int, text string, bounds []float64, f func
 
 // goalsTable is the markdown table of the goals: each figure measured,
 // its goal, whether it is met, and the command that measures it alone.
-func goalsTable(r report) string {
+func goalsTable(r report, goals []goal) string {
 	var b strings.Builder
 	b.WriteString("| figure | measured | goal | met | command |\n|---|---|---|---|---|\n")
 	for _, g := range goals {
@@ -139,4 +139,58 @@ func goalsTable(r report) string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | `%s` |\n", g.figure, text, g.goal, met, g.command)
 	}
 	return b.String()
+}
+
+// stormGoal is the goal of a BenchmarkStorm case (make bench-scale).
+func stormGoal(figure, name, text string, bound float64, floor bool) goal {
+	return goal{figure: figure, command: "SHARDD_BENCH_SCALE=1 go test -run '^$' -bench 'Storm/" + name + "' -benchtime 3x ./pkg/engine",
+		goal: text, bounds: []float64{bound, 0},
+		measure: func(r report) ([]float64, string, bool) {
+			m, ok := r.bench("Storm/" + name)
+			if !ok {
+				return nil, "", false
+			}
+			text := fmt.Sprintf("%.0f runs, %.0f fires missed; p50 %.1f ms, p99 %.1f ms", m["runs"], m["missed-fires"], m["p50-ms"], m["p99-ms"])
+			got := m["p99-ms"]
+			if floor {
+				text += fmt.Sprintf(" (floor, 1,000 shells by a plain loop: p99 %.1f ms; ratio %.2f)", m["p99-floor-ms"], m["p99/floor"])
+				got = m["p99/floor"]
+			}
+			return []float64{got, m["missed-fires"]}, text, true
+		}}
+}
+
+// scaleGoals are make bench-scale's figures (docs/performance.md).
+func scaleGoals(short bool) []goal {
+	big, restartJobs, storm := 100000, 10000, "10000jobs-http-3instances"
+	if short {
+		big, restartJobs, storm = 10000, 2000, "2000jobs-http-3instances"
+	}
+	bigGoal := func(figure, text string, bounds []float64, f func(resourceResult) ([]float64, string)) goal {
+		g := resourceGoal(figure, big, text, bounds, f)
+		g.command = fmt.Sprintf("go run ./internal/benchreport -resources %dx3 -items 1", big)
+		return g
+	}
+	return []goal{
+		bigGoal(fmt.Sprintf("%d jobs (1 item) over 3 instances: converge", big), "<= 120 s", []float64{120}, func(x resourceResult) ([]float64, string) {
+			return []float64{x.ConvergeSecs}, fmt.Sprintf("%.1f s", x.ConvergeSecs)
+		}),
+		bigGoal("same: RSS per instance; idle CPU; etcd DB size", "<= 600 MiB; <= 3 %; report", []float64{600, 3}, func(x resourceResult) ([]float64, string) {
+			return []float64{x.RSSMiBPerInst, x.CPUPctPerInst}, fmt.Sprintf("%.0f MiB; %.2f %%; etcd DB %.0f MiB", x.RSSMiBPerInst, x.CPUPctPerInst, x.EtcdDBMiB)
+		}),
+		stormGoal(fmt.Sprintf("storm: %s one-item HTTP jobs due at the same second, 3 instances (fire -> request)", strings.TrimSuffix(storm, "jobs-http-3instances")), storm,
+			"every fire runs; p99 <= 2 s", 2000, false),
+		stormGoal("storm: 1,000 script jobs due at the same second, 1 instance (fire -> script let go)", "1000jobs-script-1instance",
+			"p99 <= floor + 10 %", 1.1, true),
+		{figure: fmt.Sprintf("a kill -9 and restart of one instance at %d jobs: until its items run again (TTL 10 s)", restartJobs),
+			command: fmt.Sprintf("go run ./internal/benchreport -resources %dx3 -restart", restartJobs), goal: "<= TTL + 5 s", bounds: []float64{15},
+			measure: func(r report) ([]float64, string, bool) {
+				for _, x := range r.Resources {
+					if x.Jobs == restartJobs && x.RestartSecs > 0 {
+						return []float64{x.RestartSecs}, fmt.Sprintf("%.1f s", x.RestartSecs), true
+					}
+				}
+				return nil, "", false
+			}},
+	}
 }

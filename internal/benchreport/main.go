@@ -32,6 +32,8 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
@@ -58,6 +60,25 @@ type resourceResult struct {
 	// to converged maps: a cold start on a saturated machine is their sum.
 	StartEtcdCPUSecs  float64 `json:"startEtcdCpuSeconds,omitempty"`
 	StartShardCPUSecs float64 `json:"startShardCpuSecondsPerInstance,omitempty"`
+	// Items is each job's shardingTotalCount; EtcdDBMiB etcd's database
+	// size once converged.
+	Items     int     `json:"items,omitempty"`
+	EtcdDBMiB float64 `json:"etcdDbMiB,omitempty"`
+	// RestartSecs is, after a kill -9 of one instance and its start again,
+	// how long until every item it owned of the probe jobs (firing every
+	// second) ran again, on it or another instance.
+	RestartSecs float64 `json:"restartSeconds,omitempty"`
+}
+
+// scenario is a resource measurement: jobs jobs of items items over n
+// instances, idle (a yearly cron), measured over window once converged;
+// with restart, probe jobs fire every second and one instance is killed
+// and started again after the window.
+type scenario struct {
+	name             string
+	jobs, items, n   int
+	window, converge time.Duration
+	restart          bool
 }
 
 type report struct {
@@ -75,6 +96,9 @@ func main() {
 	short := flag.Bool("short", false, "smaller resource scenarios (CI)")
 	out := flag.String("out", "bench", "output directory")
 	one := flag.String("resources", "", "measure only this resource scenario, `JOBSxINSTANCES` (e.g. 10000x3), print it and write nothing")
+	items = flag.Int("items", 3, "with -resources: each job's shardingTotalCount")
+	restart = flag.Bool("restart", false, "with -resources: add 30 probe jobs firing every second, and after the idle window kill -9 one instance, start it again and measure until its probe items ran again")
+	scale := flag.Bool("scale", false, "the long benchmarks (make bench-scale): storms, 100,000 jobs, a restart at 10,000; with -short a short form (CI); writes scale.json and .md")
 	delayOnly := flag.Int("delay", 0, "measure only the fire -> script start delay over this many `fires`, print it and write nothing")
 	window = flag.Duration("window", 30*time.Second, "with -resources: the idle window over which CPU is measured (RSS and heap are read at its end)")
 	flag.StringVar(&profileDir, "profiles", "", "with -resources: write Go profiles of the instances into this `directory` (CPU of the first 20 s and of the idle window, heap after it), for go tool pprof")
@@ -85,6 +109,8 @@ func main() {
 		err = runDelay(*delayOnly)
 	case *one != "":
 		err = runOne(*one)
+	case *scale:
+		err = runScale(*benchtime, *short, *out)
 	default:
 		err = run(*benchtime, *short, *out)
 	}
@@ -121,7 +147,7 @@ func runOne(spec string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	r, err := measure(dir, spec, jobs, n, *window, 10*time.Minute)
+	r, err := measure(dir, scenario{name: spec, jobs: jobs, items: *items, n: n, window: *window, converge: 15 * time.Minute, restart: *restart})
 	if err != nil {
 		r.Error = err.Error()
 	}
@@ -148,7 +174,7 @@ func buildBinaries() (string, error) {
 
 func run(benchtime string, short bool, out string) error {
 	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), GoVersion: runtime.Version(), BenchTime: benchtime}
-	benches, err := goBench(benchtime)
+	benches, err := goBench(benchtime, ".", nil, "./pkg/coord", "./pkg/engine", "./pkg/runlog")
 	if err != nil {
 		return err
 	}
@@ -159,14 +185,9 @@ func run(benchtime string, short bool, out string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	scenarios := []struct {
-		name      string
-		jobs, n   int
-		window    time.Duration
-		convergeT time.Duration
-	}{
-		{"idle daemon, 100 jobs", 100, 1, 30 * time.Second, 2 * time.Minute},
-		{"10,000 jobs over 3 instances", 10000, 3, 30 * time.Second, 5 * time.Minute},
+	scenarios := []scenario{
+		{"idle daemon, 100 jobs", 100, 3, 1, 30 * time.Second, 2 * time.Minute, false},
+		{"10,000 jobs over 3 instances", 10000, 3, 3, 30 * time.Second, 5 * time.Minute, false},
 	}
 	if short {
 		scenarios[0].window = 5 * time.Second
@@ -186,7 +207,7 @@ func run(benchtime string, short bool, out string) error {
 	rep.Delays = append(rep.Delays, d)
 	for _, sc := range scenarios {
 		fmt.Printf("== resources: %s\n", sc.name)
-		r, err := measure(dir, sc.name, sc.jobs, sc.n, sc.window, sc.convergeT)
+		r, err := measure(dir, sc)
 		if err != nil { // recorded, not fatal: a scenario beyond this machine is a result too
 			r.Error = err.Error()
 			fmt.Printf("   %v\n", err)
@@ -202,12 +223,63 @@ func run(benchtime string, short bool, out string) error {
 	if err := os.WriteFile(filepath.Join(out, "results.json"), b, 0o644); err != nil {
 		return err
 	}
-	md := markdown(rep)
+	md := markdown(rep, goals)
 	if err := os.WriteFile(filepath.Join(out, "results.md"), []byte(md), 0o644); err != nil {
 		return err
 	}
 	fmt.Println(md)
 	fmt.Printf("wrote %s and %s\n", filepath.Join(out, "results.json"), filepath.Join(out, "results.md"))
+	return nil
+}
+
+// runScale runs make bench-scale: the storms (BenchmarkStorm), then the
+// resource scenarios of 100,000 jobs and of a restart.
+func runScale(benchtime string, short bool, out string) error {
+	rep := report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), GoVersion: runtime.Version(), BenchTime: benchtime}
+	env := "SHARDD_BENCH_SCALE=1"
+	if short {
+		env = "SHARDD_BENCH_SCALE=short"
+	}
+	benches, err := goBench(benchtime, "Storm", []string{env}, "./pkg/engine")
+	if err != nil {
+		return err
+	}
+	rep.Benchmarks = benches
+	dir, err := buildBinaries()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	scenarios := []scenario{
+		{"100,000 one-item jobs over 3 instances", 100000, 1, 3, 30 * time.Second, 15 * time.Minute, false},
+		{"10,000 jobs over 3 instances, one killed and started again", 10000, 3, 3, 10 * time.Second, 5 * time.Minute, true},
+	}
+	if short {
+		scenarios[0].name, scenarios[0].jobs, scenarios[0].window = "10,000 one-item jobs over 3 instances (short form)", 10000, 5*time.Second
+		scenarios[1].name, scenarios[1].jobs = "2,000 jobs over 3 instances, one killed and started again (short form)", 2000
+	}
+	for _, sc := range scenarios {
+		fmt.Printf("== resources: %s\n", sc.name)
+		r, err := measure(dir, sc)
+		if err != nil { // recorded, not fatal: a scenario beyond this machine is a result too
+			r.Error = err.Error()
+			fmt.Printf("   %v\n", err)
+		}
+		fmt.Printf("   converged in %.1fs; per instance: RSS %.1f MiB, CPU %.2f%%; restart %.1fs\n", r.ConvergeSecs, r.RSSMiBPerInst, r.CPUPctPerInst, r.RestartSecs)
+		rep.Resources = append(rep.Resources, r)
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(filepath.Join(out, "scale.json"), b, 0o644); err != nil {
+		return err
+	}
+	md := markdown(rep, scaleGoals(short))
+	if err := os.WriteFile(filepath.Join(out, "scale.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	fmt.Println(md)
 	return nil
 }
 
@@ -218,8 +290,9 @@ var (
 )
 
 // goBench runs the benchmarks, streaming their output, and parses it.
-func goBench(benchtime string) ([]benchResult, error) {
-	cmd := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchtime", benchtime, "./pkg/coord", "./pkg/engine", "./pkg/runlog")
+func goBench(benchtime, pattern string, env []string, pkgs ...string) ([]benchResult, error) {
+	cmd := exec.Command("go", append([]string{"test", "-run", "^$", "-bench", pattern, "-benchtime", benchtime, "-timeout", "2h"}, pkgs...)...)
+	cmd.Env = append(os.Environ(), env...)
 	var buf bytes.Buffer
 	cmd.Stdout = io.MultiWriter(os.Stdout, &buf)
 	cmd.Stderr = os.Stderr
@@ -258,8 +331,13 @@ func goBench(benchtime string) ([]benchResult, error) {
 // profileDir, when set, receives the instances' profiles (-profiles).
 var profileDir string
 
-// window is -resources' idle window (-window).
-var window *time.Duration
+// window is -resources' idle window (-window), items its jobs' items
+// (-items), restart whether it measures a restart (-restart).
+var (
+	window  *time.Duration
+	items   *int
+	restart *bool
+)
 
 // fetchProfile saves the Go profile at url (a shardd's --pprof-listen) as
 // file in profileDir, reporting a failure on stderr only: a profile is an
@@ -289,8 +367,9 @@ func freeAddr() string {
 }
 
 // measure runs n shardd instances with jobs idle jobs on a fresh etcd.
-func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duration) (resourceResult, error) {
-	r := resourceResult{Scenario: name, Jobs: jobs, Instances: n, WindowSecs: window.Seconds()}
+func measure(bin string, sc scenario) (resourceResult, error) {
+	jobs, n, window, convergeTimeout := sc.jobs, sc.n, sc.window, sc.converge
+	r := resourceResult{Scenario: sc.name, Jobs: jobs, Items: sc.items, Instances: n, WindowSecs: window.Seconds()}
 	work, err := os.MkdirTemp("", "shardd-bench-res")
 	if err != nil {
 		return r, err
@@ -310,7 +389,13 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 	var cfg strings.Builder
 	cfg.WriteString("jobs:\n")
 	for i := 0; i < jobs; i++ {
-		fmt.Fprintf(&cfg, "  - name: job-%05d\n    cron: \"0 0 0 1 1 ?\"\n    shardingTotalCount: 3\n    script: [/bin/true]\n", i)
+		fmt.Fprintf(&cfg, "  - name: job-%05d\n    cron: \"0 0 0 1 1 ?\"\n    shardingTotalCount: %d\n    script: [/bin/true]\n", i, sc.items)
+	}
+	if sc.restart {
+		for i := range probeJobs {
+			fmt.Fprintf(&cfg, "  - name: probe-%02d\n    cron: \"@every 1s\"\n    shardingTotalCount: 3\n    script: [/bin/true]\n", i)
+		}
+		jobs += probeJobs // converged: theirs too
 	}
 	cfgPath := filepath.Join(work, "jobs.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
@@ -330,9 +415,12 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 	defer cli.Close()
 	start := time.Now()
 	var pprofs []string // the instances' profile servers, with -profiles
-	for i := 0; i < n; i++ {
-		args := []string{"run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
+	argsOf := func(i int) []string {
+		return []string{"run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
 			"--listen", "", "--log-level", "warn", "--data-dir", filepath.Join(filepath.Dir(cfgPath), fmt.Sprintf("data-i%d", i))}
+	}
+	for i := 0; i < n; i++ {
+		args := argsOf(i)
 		if profileDir != "" {
 			pprofs = append(pprofs, "http://"+freeAddr()+"/debug/pprof/")
 			args = append(args, "--pprof-listen", strings.TrimSuffix(strings.TrimPrefix(pprofs[i], "http://"), "/debug/pprof/"))
@@ -425,7 +513,77 @@ func measure(bin, name string, jobs, n int, window, convergeTimeout time.Duratio
 		cpu += (cpuSeconds(p.Process.Pid) - cpu0[i]) / window.Seconds() * 100
 	}
 	r.RSSMiBPerInst, r.CPUPctPerInst = rss/float64(n), cpu/float64(n)
+	if st, err := cli.Status(context.Background(), strings.TrimPrefix(client, "http://")); err == nil {
+		r.EtcdDBMiB = float64(st.DbSize) / (1 << 20)
+	}
+	if sc.restart {
+		last := len(procs) - 1
+		restarted := exec.Command(filepath.Join(bin, "shardd"), argsOf(last)...)
+		restarted.Stderr = io.Discard
+		secs, err := restartTime(cli, fmt.Sprintf("i%d", last), procs[last], restarted)
+		if restarted.Process != nil {
+			procs[last] = restarted // stopped with the others
+		}
+		if err != nil {
+			return r, err
+		}
+		r.RestartSecs = secs
+	}
 	return r, nil
+}
+
+// probeJobs are the jobs firing every second of a restart scenario.
+const probeJobs = 30
+
+// restartTime kills proc (instance id) with SIGKILL, starts again, and
+// returns how long until every item of the probe jobs that id owned then
+// has a run that started after the kill.
+func restartTime(cli *clientv3.Client, id string, proc, again *exec.Cmd) (float64, error) {
+	ctx := context.Background()
+	keys := keyspace.NewKeys("/shardd")
+	type item struct {
+		job  string
+		item int
+	}
+	var owned []item
+	for i := range probeJobs {
+		job := fmt.Sprintf("probe-%02d", i)
+		resp, err := cli.Get(ctx, keys.Shards(job))
+		if err != nil || len(resp.Kvs) == 0 {
+			return 0, fmt.Errorf("the map of %s: %v", job, err)
+		}
+		var m keyspace.ShardMap
+		if err := json.Unmarshal(resp.Kvs[0].Value, &m); err != nil {
+			return 0, err
+		}
+		for _, it := range m.ItemsOf(id) {
+			owned = append(owned, item{job, it})
+		}
+	}
+	if len(owned) == 0 {
+		return 0, fmt.Errorf("%s owns no probe item", id)
+	}
+	killed := time.Now()
+	proc.Process.Kill()
+	proc.Wait()
+	if err := again.Start(); err != nil {
+		return 0, err
+	}
+	for time.Since(killed) < 2*time.Minute {
+		left := 0
+		for _, it := range owned {
+			resp, err := cli.Get(ctx, keys.Item(it.job, it.item))
+			var rec keyspace.ItemRecord
+			if err != nil || len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil || !rec.Start.After(killed) {
+				left++
+			}
+		}
+		if left == 0 {
+			return time.Since(killed).Seconds(), nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("%d probe items of %s had not run again 2 minutes after its kill", len(owned), id)
 }
 
 func firstLine(b []byte) string {
@@ -470,15 +628,15 @@ func machine() string {
 	return fmt.Sprintf("%d cores (%s), %s/%s", runtime.NumCPU(), cpu, runtime.GOOS, runtime.GOARCH)
 }
 
-func markdown(r report) string {
+func markdown(r report, goals []goal) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured %s on %s, %s, benchmarks with -benchtime %s.\n\n", r.Date, r.Machine, r.GoVersion, r.BenchTime)
-	b.WriteString(goalsTable(r))
+	b.WriteString(goalsTable(r, goals))
 	b.WriteString("\nAll figures:\n\n")
 	b.WriteString("| benchmark | trials | p50 ms | p99 ms | max ms | other |\n|---|---|---|---|---|---|\n")
 	for _, x := range r.Benchmarks {
 		var other []string
-		for _, k := range []string{"exec/s", "etcd-req/exec", "keepalive-req/exec", "runs", "map-bytes"} {
+		for _, k := range []string{"exec/s", "etcd-req/exec", "keepalive-req/exec", "runs", "map-bytes", "missed-fires", "p99-floor-ms", "p99/floor"} {
 			if v, ok := x.Metrics[k]; ok {
 				other = append(other, fmt.Sprintf("%s %.4g", k, v))
 			}
@@ -493,13 +651,18 @@ func markdown(r report) string {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %.2f | %.2f | %.2f | %.2f / %.2f | %s |\n", x.Scenario, x.Samples, x.P50ms, x.P99ms, x.MaxMs, x.FloorP50ms, x.FloorP99ms, x.Command)
 	}
-	b.WriteString("\n| resources | jobs | instances | maps converged in | RSS per instance | CPU per instance (idle) | `shardd status` |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("\n| resources | jobs x items | instances | maps converged in | RSS per instance | CPU per instance (idle) | `shardd status` | etcd DB | kill -9 + restart: items run again |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Resources {
 		if x.Error != "" {
-			fmt.Fprintf(&b, "| %s | %d | %d | **%s** | | | |\n", x.Scenario, x.Jobs, x.Instances, x.Error)
+			fmt.Fprintf(&b, "| %s | %d x %d | %d | **%s** | | | | | |\n", x.Scenario, x.Jobs, x.Items, x.Instances, x.Error)
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %.1f s | %.1f MiB | %.2f %% over %.0f s | %.2f s |\n", x.Scenario, x.Jobs, x.Instances, x.ConvergeSecs, x.RSSMiBPerInst, x.CPUPctPerInst, x.WindowSecs, x.StatusSecs)
+		restart := "-"
+		if x.RestartSecs > 0 {
+			restart = fmt.Sprintf("%.1f s", x.RestartSecs)
+		}
+		fmt.Fprintf(&b, "| %s | %d x %d | %d | %.1f s | %.1f MiB | %.2f %% over %.0f s | %.2f s | %.0f MiB | %s |\n", x.Scenario, x.Jobs, x.Items, x.Instances,
+			x.ConvergeSecs, x.RSSMiBPerInst, x.CPUPctPerInst, x.WindowSecs, x.StatusSecs, x.EtcdDBMiB, restart)
 	}
 	return b.String()
 }
