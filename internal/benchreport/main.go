@@ -54,6 +54,7 @@ type resourceResult struct {
 	RSSMiBPerInst float64 `json:"rssMiBPerInstance"`
 	// StatusSecs is how long `shardd status` took once the maps converged.
 	StatusSecs    float64 `json:"statusSeconds,omitempty"`
+	StatusError   string  `json:"statusError,omitempty"`
 	CPUPctPerInst float64 `json:"cpuPercentPerInstance"`
 	WindowSecs    float64 `json:"windowSeconds"`
 	// The CPU-seconds etcd and each shardd (on average) used from the start
@@ -489,7 +490,8 @@ func measure(bin string, sc scenario) (resourceResult, error) {
 	st := time.Now()
 	status := exec.Command(filepath.Join(bin, "shardd"), "status", "--etcd", client)
 	if out, err := status.CombinedOutput(); err != nil {
-		return r, fmt.Errorf("shardd status: %v: %s", err, firstLine(out))
+		// A result, not the end of the scenario: the rest is measured.
+		r.StatusError = fmt.Sprintf("%v: %s", err, firstLine(out))
 	}
 	r.StatusSecs = time.Since(st).Seconds()
 	time.Sleep(5 * time.Second) // warm-up: leadership hand-overs settle
@@ -657,12 +659,16 @@ func markdown(r report, goals []goal) string {
 			fmt.Fprintf(&b, "| %s | %d x %d | %d | **%s** | | | | | |\n", x.Scenario, x.Jobs, x.Items, x.Instances, x.Error)
 			continue
 		}
+		status := fmt.Sprintf("%.2f s", x.StatusSecs)
+		if x.StatusError != "" {
+			status = fmt.Sprintf("**failed after %.1f s: %s**", x.StatusSecs, x.StatusError)
+		}
 		restart := "-"
 		if x.RestartSecs > 0 {
 			restart = fmt.Sprintf("%.1f s", x.RestartSecs)
 		}
-		fmt.Fprintf(&b, "| %s | %d x %d | %d | %.1f s | %.1f MiB | %.2f %% over %.0f s | %.2f s | %.0f MiB | %s |\n", x.Scenario, x.Jobs, x.Items, x.Instances,
-			x.ConvergeSecs, x.RSSMiBPerInst, x.CPUPctPerInst, x.WindowSecs, x.StatusSecs, x.EtcdDBMiB, restart)
+		fmt.Fprintf(&b, "| %s | %d x %d | %d | %.1f s | %.1f MiB | %.2f %% over %.0f s | %s | %.0f MiB | %s |\n", x.Scenario, x.Jobs, x.Items, x.Instances,
+			x.ConvergeSecs, x.RSSMiBPerInst, x.CPUPctPerInst, x.WindowSecs, status, x.EtcdDBMiB, restart)
 	}
 	return b.String()
 }
