@@ -162,15 +162,19 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	next := steps.Never // what else wakes it: doc.go, "What wakes a job"
 	v, ok := e.opts.Node.View(j.name)
 	if !ok {
+		e.due.forget(j)
 		return next
 	}
 	if _, up := e.opts.Node.Session(); !up {
+		e.due.forget(j)
 		return next // a new session wakes every job
 	}
 	if !j.runnable(ctx, v) {
+		e.due.forget(j)
 		return next
 	}
 	if !j.clockAllows(v.Job) {
+		e.due.forget(j)
 		return now.Add(clockRetry)
 	}
 	r := &pass{v: v, now: now}
@@ -312,10 +316,13 @@ func (j *jobLoop) claimAhead(v coord.JobView, now, next time.Time) (ahead, wake 
 		return ahead, wake, 0
 	}
 	due, others := j.e.due.file(j, f, len(v.Map.ItemsOf(j.e.opts.Node.ID())))
+	lead := j.e.lead(due)
 	for _, l := range others {
-		l.poke() // their lead was chosen for fewer runs
+		// Their lead was chosen for fewer runs: they wake earlier (a
+		// reconcile then, not now).
+		j.e.sched.WakeAt(l.slot, f.Add(-lead))
 	}
-	if lead := j.e.lead(due); f.Sub(now) <= lead {
+	if f.Sub(now) <= lead {
 		ahead, wake = f, earliest(wake, f)
 	} else {
 		wake = earliest(wake, f.Add(-lead))

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 )
@@ -65,32 +66,57 @@ var maxStartsPerCPU = 2
 // readyLatency keeps, for this instance's last runs, how long it took from
 // the reconcile that decided on the run (its read of the items) to the
 // work being ready to start (claimed, and its process waiting behind its
-// gate), per run due at the same instant here: the lead of claims ahead
-// of the fire is derived from it.
+// gate): the lead of claims ahead of the fire is derived from it.
 //
 // Runs due together are made ready by the same claims, forks and
-// registrations, in turn: the last of n is ready about n times later than
-// a run alone. So each sample is the latency divided by the runs due at
-// its fire (one, but for a storm), and the lead of a fire of n runs is n
-// times the slowest recent sample: a midnight of a thousand jobs is
-// prepared a thousand runs' time ahead, and the runs start at the fire
-// rather than in the order their forks came.
+// registrations, in turn: the last of n is ready about n runs' time after
+// the first. So the samples of runs due alone at their fire are kept
+// apart from those of runs due with others, which are kept per run due
+// (the latency divided by the runs due at its fire), and the lead of a
+// fire of n runs is that of one run plus n - 1 times the slowest recent
+// per-run sample: a midnight of a thousand jobs is prepared a thousand
+// runs' time ahead, and its runs start at the fire rather than in the
+// order their forks came, while a lone run after a storm keeps a lone
+// run's lead.
 type readyLatency struct {
 	mu     sync.Mutex
-	recent [32]time.Duration // per run due at the sample's fire
+	alone  latencyRing // runs due alone at their fire
+	perRun latencyRing // runs due with others: latency / runs due
+}
+
+// latencyRing is the last samples of a kind.
+type latencyRing struct {
+	recent [32]time.Duration
 	n      int
+}
+
+func (r *latencyRing) add(d time.Duration) {
+	r.recent[r.n%len(r.recent)] = d
+	r.n++
+}
+
+// slowest returns the slowest recent sample; false if none.
+func (r *latencyRing) slowest() (time.Duration, bool) {
+	if r.n == 0 {
+		return 0, false
+	}
+	return slices.Max(r.recent[:min(r.n, len(r.recent))]), true
 }
 
 func (c *readyLatency) observe(d time.Duration, due int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.recent[c.n%len(c.recent)] = d / time.Duration(max(due, 1))
-	c.n++
+	if due <= 1 {
+		c.alone.add(d)
+	} else {
+		c.perRun.add(d / time.Duration(due))
+	}
 }
 
-// Bounds of the lead: before any claim is measured it is defaultLead (per
-// run due); it is at most maxLead for a fire of one run, and at most
-// maxStormLead however many are due.
+// Bounds of the lead: before any claim is measured it is defaultLead for
+// one run (and half that for each other run due with it); it is at most
+// maxLead for a fire of one run, and at most maxStormLead however many
+// are due.
 const (
 	minLead      = 10 * time.Millisecond
 	maxLead      = 250 * time.Millisecond
@@ -101,21 +127,28 @@ const (
 )
 
 // lead is how long before a fire of due runs here its items are read and
-// claimed and their work prepared: twice the slowest recent time this took
-// per run, times due, plus a margin.
+// claimed and their work prepared: for one run, twice the slowest recent
+// time this took plus a margin; for more, twice the slowest recent time
+// per run for each other run on top.
 func (c *readyLatency) lead(due int) time.Duration {
-	due = max(due, 1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	perRun := time.Duration(0)
-	if c.n == 0 {
-		perRun = defaultLead / 2
+	base := defaultLead
+	alone, ok := c.alone.slowest()
+	if ok {
+		base = 2*alone + margin
 	}
-	for _, d := range c.recent[:min(c.n, len(c.recent))] {
-		perRun = max(perRun, d)
+	if due <= 1 {
+		return min(max(base, minLead), maxLead)
 	}
-	n := time.Duration(due)
-	return min(max(2*perRun*n+margin, minLead), maxLead*n, maxStormLead)
+	per, ok := c.perRun.slowest()
+	if !ok {
+		per = defaultLead / 2
+		if alone > 0 {
+			per = alone
+		}
+	}
+	return min(max(base+2*per*time.Duration(due-1), minLead), maxLead*time.Duration(due), maxStormLead)
 }
 
 // dueCalendar counts, by fire instant, the runs this instance expects:

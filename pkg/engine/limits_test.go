@@ -7,28 +7,35 @@ import (
 )
 
 // The lead of a fire grows with the runs due at it, from the slowest
-// recent time a run took to be ready per run due at its own fire.
+// recent time a run due with others took to be ready per run due; a run
+// due alone keeps a lone run's lead.
 func TestLeadGrowsWithTheRunsDue(t *testing.T) {
 	t.Parallel()
-	var fresh readyLatency
-	storm := readyLatency{}
-	storm.observe(900*time.Millisecond, 1000) // the last of a storm of 1,000: 0.9 ms a run
-	alone := readyLatency{}
-	alone.observe(30*time.Millisecond, 1)
+	with := func(samples ...[2]int) *readyLatency { // (ms, due) pairs
+		var r readyLatency
+		for _, s := range samples {
+			r.observe(time.Duration(s[0])*time.Millisecond, s[1])
+		}
+		return &r
+	}
+	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
 	for _, tc := range []struct {
 		name string
 		r    *readyLatency
 		due  int
 		want time.Duration
 	}{
-		{"nothing measured, one run", &fresh, 1, defaultLead + margin},
-		{"nothing measured, a storm: the bound", &fresh, 1000, maxStormLead},
-		{"one run of 30 ms", &alone, 1, 2*30*time.Millisecond + margin},
-		{"no run due counts as one", &alone, 0, 2*30*time.Millisecond + margin},
-		{"the floor", func() *readyLatency { var r readyLatency; r.observe(time.Millisecond, 1); return &r }(), 1, minLead},
-		{"one run: at most maxLead", func() *readyLatency { var r readyLatency; r.observe(time.Second, 1); return &r }(), 1, maxLead},
-		{"a storm of 1,000 after one: 2 x 0.9 ms x 1,000", &storm, 1000, 1800*time.Millisecond + margin},
-		{"ten runs after a storm", &storm, 10, 18*time.Millisecond + margin},
+		{"nothing measured, one run", with(), 1, defaultLead},
+		{"nothing measured, no run due counts as one", with(), 0, defaultLead},
+		{"nothing measured, two runs", with(), 2, defaultLead + defaultLead},
+		{"nothing measured, a storm: the bound", with(), 1000, maxStormLead},
+		{"one run of 30 ms", with([2]int{30, 1}), 1, 2*ms(30) + margin},
+		{"the floor", with([2]int{1, 1}), 1, minLead},
+		{"one run: at most maxLead", with([2]int{1000, 1}), 1, maxLead},
+		{"a storm measured: 0.9 ms a run", with([2]int{3, 1}, [2]int{900, 1000}), 1000, 2*ms(3) + margin + 999*2*ms(0.9)},
+		{"a lone run after a storm keeps its own lead", with([2]int{30, 1}, [2]int{900, 1000}), 1, 2*ms(30) + margin},
+		{"a storm after lone runs only: each run as slow as one alone", with([2]int{3, 1}), 100, 2*ms(3) + margin + 99*2*ms(3)},
+		{"at most maxLead a run", with([2]int{200, 1}, [2]int{1000, 2}), 2, 2 * maxLead},
 	} {
 		if got := tc.r.lead(tc.due); got != tc.want {
 			t.Errorf("%s: lead(%d) = %s, want %s", tc.name, tc.due, got, tc.want)

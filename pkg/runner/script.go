@@ -178,30 +178,38 @@ func (s Script) Run(ctx context.Context, c Context) (res Result) {
 			return res
 		}
 	}
-	started, err := s.Starts.take(ctx, c.Fire)
+	due := c.Fire // the start queue's order: when the run came due
+	if c.StartAt.After(due) {
+		due = c.StartAt
+	}
+	forked, err := s.Starts.take(ctx, due)
+	if err == nil && ctx.Err() != nil {
+		forked()
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		res.Err = fmt.Errorf("%w before it started: %v", ErrKilled, err)
 		r.out.closeWriters()
 		r.out.wait(time.Second)
 		return res
 	}
-	defer started()
+	defer forked()
 	runID, endRun := newRun()
 	defer endRun()
 	r.cmd.Env = append(r.cmd.Env, RunEnv+"="+runID)
 	cg, cgErr := s.Cgroups.prepare(r.cmd, runID)
 	defer cg.kill()
 	r.cg = cg
-	if err := r.start(c, cgErr); err != nil {
+	err = r.start(c, cgErr)
+	forked() // the fork is done: the next may start (the watchdog's registration may wait for its restart)
+	if err != nil {
 		res.Err = err
 		return res
 	}
 	defer r.finish()
-	if r.gate == nil {
-		started()
-	} else {
+	if r.gate != nil {
 		var why error
-		if res.Prepared, why = r.openGate(ctx, c, runID, started); why != nil {
+		if res.Prepared, why = r.openGate(ctx, c, runID); why != nil {
 			r.kill()
 			cg.kill()
 			r.out.wait(time.Second)
@@ -328,7 +336,7 @@ func (r *scriptRun) start(c Context, cgErr error) error {
 // must not run), then lets the script through its gate at its time
 // (prepared ahead, with a StartAt), if still wanted then. It returns when
 // the run was ready, and why the script was not let through, if it was not.
-func (r *scriptRun) openGate(ctx context.Context, c Context, runID string, registered func()) (prepared time.Time, why error) {
+func (r *scriptRun) openGate(ctx context.Context, c Context, runID string) (prepared time.Time, why error) {
 	wd := r.s.Watchdog
 	st, err := procStart(r.pgid)
 	if err == nil {
@@ -344,7 +352,6 @@ func (r *scriptRun) openGate(ctx context.Context, c Context, runID string, regis
 		why = errors.New("the session's fence deadline passed")
 	}
 	prepared = time.Now()
-	registered() // its start is done: the next may start
 	if why == nil {
 		// Prepared (ahead, with a StartAt): released at its time, if
 		// still wanted then.

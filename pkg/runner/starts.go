@@ -7,15 +7,16 @@ import (
 	"time"
 )
 
-// Starts bounds how many scripts this process starts at once, and lets
-// them start in fire-time order. Starting a script (its pipes, the fork
-// and exec of its gate, its registration with the watchdog) is paid by
-// this process and the machine's cores, not by the script: a storm of a
-// thousand runs due at the same second that all forked at once would
-// share the cores a thousand ways, and each start would take as long as
-// the last. Bounded, the earliest fires start first and a storm degrades
-// evenly, in fire order. A start waits for a slot; the script's run
-// itself (after its gate is registered) holds none.
+// Starts bounds how many scripts this process forks at once, and lets
+// them start in the order they came due (their fire, or the time they
+// were prepared for). Forking a script (the fork and exec of its gate or
+// its command) is paid by this process and the machine's cores, not by
+// the script: a storm of a thousand runs due at the same second that all
+// forked at once would share the cores a thousand ways, and each start
+// would take as long as the last. Bounded, the earliest start first and
+// a storm degrades evenly, in their order. Only the fork holds a slot:
+// not the watchdog's registration (which waits for the watchdog's restart
+// if it died) nor the run.
 //
 // A nil *Starts bounds nothing.
 type Starts struct {
@@ -33,7 +34,7 @@ func NewStarts(n int) *Starts {
 	return &Starts{free: n}
 }
 
-// take waits for a slot, first come the waiters of the earliest fire, and
+// take waits for a slot, first come the waiters due earliest, and
 // returns its release (idempotent), or ctx's cause if ctx ended first.
 func (s *Starts) take(ctx context.Context, fire time.Time) (func(), error) {
 	if s == nil {
