@@ -645,13 +645,15 @@ func markdown(r report, goals []goal) string {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %.4g | %.4g | %.4g | %s |\n", x.Name, x.Trials, x.Metrics["p50-ms"], x.Metrics["p99-ms"], x.Metrics["max-ms"], strings.Join(other, ", "))
 	}
-	b.WriteString("\n| delay | samples | p50 ms | p99 ms | max ms | floor p50 / p99 ms (fork+exec+bash, no shardd) | how |\n|---|---|---|---|---|---|---|\n")
-	for _, x := range r.Delays {
-		if x.Error != "" {
-			fmt.Fprintf(&b, "| %s | %d | **%s** | | | | %s |\n", x.Scenario, x.Samples, x.Error, x.Command)
-			continue
+	if len(r.Delays) > 0 {
+		b.WriteString("\n| delay | samples | p50 ms | p99 ms | max ms | floor p50 / p99 ms (fork+exec+bash, no shardd) | how |\n|---|---|---|---|---|---|---|\n")
+		for _, x := range r.Delays {
+			if x.Error != "" {
+				fmt.Fprintf(&b, "| %s | %d | **%s** | | | | %s |\n", x.Scenario, x.Samples, x.Error, x.Command)
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %d | %.2f | %.2f | %.2f | %.2f / %.2f | %s |\n", x.Scenario, x.Samples, x.P50ms, x.P99ms, x.MaxMs, x.FloorP50ms, x.FloorP99ms, x.Command)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %.2f | %.2f | %.2f | %.2f / %.2f | %s |\n", x.Scenario, x.Samples, x.P50ms, x.P99ms, x.MaxMs, x.FloorP50ms, x.FloorP99ms, x.Command)
 	}
 	b.WriteString("\n| resources | jobs x items | instances | maps converged in | RSS per instance | CPU per instance (idle) | `shardd status` | etcd DB | kill -9 + restart: items run again |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, x := range r.Resources {

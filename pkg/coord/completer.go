@@ -10,7 +10,9 @@ import (
 
 // completer groups the outcomes of runs into shared Txns by group commit:
 // an outcome that comes while no Txn of outcomes is in flight is written at
-// once; those that come while one is are written together by the next.
+// once; those that come while one is are written together by the next
+// (and, for a backlog of a full Txn or more, by up to flushesInflight at
+// once).
 // Each keeps its own guard (its claim's fence); when a shared Txn's guards
 // fail, each outcome is written on its own, so that one taken-over item
 // does not fail the others.
@@ -25,12 +27,12 @@ import (
 // (Node.writeOutcomes), so that its grouping is tested on its own.
 type completer struct {
 	// write writes a batch's outcomes and sends each one's error on its
-	// done channel. One write is in flight at a time.
+	// done channel. Up to flushesInflight writes are in flight at once.
 	write func(batch []*completion)
 
-	mu      sync.Mutex
-	busy    bool // a flush is writing
-	pending []*completion
+	mu       sync.Mutex
+	flushing int // flushes writing, at most flushesInflight
+	pending  []*completion
 	// siblings counts, by fence, the runs of a shared claim whose outcome
 	// has not come yet.
 	siblings map[int64]int
@@ -63,11 +65,11 @@ func (c *completer) expect(fence int64, count int) {
 // kick starts a flush of what is pending, if none is in progress.
 func (c *completer) kick() {
 	c.mu.Lock()
-	if c.busy || len(c.pending) == 0 {
+	if c.flushing > 0 || len(c.pending) == 0 {
 		c.mu.Unlock()
 		return
 	}
-	c.busy = true
+	c.flushing++
 	c.mu.Unlock()
 	c.drain()
 }
@@ -77,6 +79,12 @@ type completion struct {
 	fence int64
 	done  chan error // buffered(1)
 }
+
+// flushesInflight bounds the outcome Txns on their way at once: at a
+// storm of thousands of runs, one at a time made their outcomes wait for
+// each other for seconds (measured: 3,300 outcomes an instance, 104 Txns
+// in turn), and the next fire's claims wait for the outcomes.
+const flushesInflight = 4
 
 // completionsPerTxn bounds a shared Txn: up to 4 writes per outcome
 // (record, history, marker, and a failure's last-failure key) within
@@ -101,9 +109,11 @@ func (c *completer) do(ctx context.Context, rec keyspace.ItemRecord, fence int64
 			delete(c.siblings, fence)
 		}
 	}
-	flusher := !c.busy && waiting == 0
+	// One flush at a time groups best; another starts only for a backlog
+	// of a full Txn or more (a storm's outcomes), up to flushesInflight.
+	flusher := waiting == 0 && (c.flushing == 0 || (len(c.pending) >= completionsPerTxn && c.flushing < flushesInflight))
 	if flusher {
-		c.busy = true
+		c.flushing++
 	}
 	c.mu.Unlock()
 	switch {
@@ -139,7 +149,7 @@ func (c *completer) flushOne() (more bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.pending) == 0 {
-		c.busy = false
+		c.flushing--
 		return false
 	}
 	return true

@@ -100,14 +100,14 @@ func TestCompleterWritesALoneOutcomeAtOnce(t *testing.T) {
 	}
 }
 
-// Outcomes that come while a write is in flight are written together by the
-// next one, at most completionsPerTxn to a Txn.
+// Outcomes that come while a write is in flight, fewer than a Txn holds,
+// are written together by the next one.
 func TestCompleterGroupsOutcomesThatComeDuringAWrite(t *testing.T) {
 	t.Parallel()
 	b := &batches{hold: make(chan struct{})}
 	c := &completer{write: b.write}
 	ctx := context.Background()
-	const late = completionsPerTxn + 8
+	const late = completionsPerTxn - 1
 	errs := make(chan error, late+1)
 	go func() { errs <- c.do(ctx, outcomeOf(0), 1) }() // the first: written alone, held
 	waitFlushing(t, c)
@@ -121,8 +121,60 @@ func TestCompleterGroupsOutcomesThatComeDuringAWrite(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, want := b.sizes(), []int{1, completionsPerTxn, late - completionsPerTxn}; !equalInts(got, want) {
-		t.Errorf("batches %v, want %v: the outcomes that came during the first write in as few Txns as fit", got, want)
+	if got, want := b.sizes(), []int{1, late}; !equalInts(got, want) {
+		t.Errorf("batches %v, want %v: the outcomes that came during the first write in one Txn", got, want)
+	}
+}
+
+// A backlog of a full Txn or more (a storm's outcomes) is written by more
+// than one write at once, at most flushesInflight, each of at most
+// completionsPerTxn; every outcome is written once.
+func TestCompleterWritesABacklogInParallel(t *testing.T) {
+	t.Parallel()
+	var inflight, most atomic.Int32
+	b := &batches{hold: make(chan struct{})}
+	c := &completer{write: func(batch []*completion) {
+		n := inflight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		b.write(batch)
+		inflight.Add(-1)
+	}}
+	ctx := context.Background()
+	const n = 6 * completionsPerTxn
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- c.do(ctx, outcomeOf(i), int64(1+i)) }()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for inflight.Load() < flushesInflight && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(b.hold)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := most.Load(); m < 2 || m > flushesInflight {
+		t.Errorf("at most %d writes at once, want 2 to %d", m, flushesInflight)
+	}
+	seen := map[int]bool{}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, g := range b.got {
+		if len(g) > completionsPerTxn {
+			t.Errorf("a write of %d outcomes, more than %d", len(g), completionsPerTxn)
+		}
+		for _, item := range g {
+			if seen[item] {
+				t.Errorf("item %d written twice", item)
+			}
+			seen[item] = true
+		}
+	}
+	if len(seen) != n {
+		t.Errorf("%d outcomes written, want %d", len(seen), n)
 	}
 }
 
@@ -132,7 +184,7 @@ func waitFlushing(t *testing.T, c *completer) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c.mu.Lock()
-		busy, pending := c.busy, len(c.pending)
+		busy, pending := c.flushing > 0, len(c.pending)
 		c.mu.Unlock()
 		if busy && pending == 0 {
 			return

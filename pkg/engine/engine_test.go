@@ -74,12 +74,18 @@ func startInstance(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...
 // startEngine is startInstance that also returns the engine.
 func startEngine(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...func(*Options)) (*coord.Node, *Engine, func()) {
 	t.Helper()
+	return startEngineTTL(t, cli, id, yaml, 2*time.Second, opts...)
+}
+
+// startEngineTTL is startEngine with a session TTL of ttl.
+func startEngineTTL(t testing.TB, cli *clientv3.Client, id, yaml string, ttl time.Duration, opts ...func(*Options)) (*coord.Node, *Engine, func()) {
+	t.Helper()
 	c, err := config.Parse("jobs.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	node, err := coord.New(coord.Options{Client: cli, ID: id, TTL: 2 * time.Second, Logger: log}, c.Jobs)
+	node, err := coord.New(coord.Options{Client: cli, ID: id, TTL: ttl, Logger: log}, c.Jobs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +95,7 @@ func startEngine(t testing.TB, cli *clientv3.Client, id, yaml string, opts ...fu
 	}
 	// No safety net: every test of the engine's package shows that the
 	// events it is about wake the job by themselves (sweep.go).
-	o := Options{Node: node, Logger: log, TTL: 2 * time.Second, Watchdog: wd, Sweep: -1}
+	o := Options{Node: node, Logger: log, TTL: ttl, Watchdog: wd, Sweep: -1}
 	for _, f := range opts {
 		f(&o)
 	}
