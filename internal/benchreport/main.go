@@ -32,8 +32,6 @@ import (
 	"sync"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
@@ -522,7 +520,14 @@ func measure(bin string, sc scenario) (resourceResult, error) {
 		last := len(procs) - 1
 		restarted := exec.Command(filepath.Join(bin, "shardd"), argsOf(last)...)
 		restarted.Stderr = io.Discard
-		secs, err := restartTime(cli, fmt.Sprintf("i%d", last), procs[last], restarted)
+		get := func(key string) ([]byte, bool) {
+			resp, err := cli.Get(context.Background(), key)
+			if err != nil || len(resp.Kvs) == 0 {
+				return nil, false
+			}
+			return resp.Kvs[0].Value, true
+		}
+		secs, err := restartTime(get, fmt.Sprintf("i%d", last), procs[last], restarted)
 		if restarted.Process != nil {
 			procs[last] = restarted // stopped with the others
 		}
@@ -540,8 +545,7 @@ const probeJobs = 30
 // restartTime kills proc (instance id) with SIGKILL, starts again, and
 // returns how long until every item of the probe jobs that id owned then
 // has a run that started after the kill.
-func restartTime(cli *clientv3.Client, id string, proc, again *exec.Cmd) (float64, error) {
-	ctx := context.Background()
+func restartTime(get func(key string) ([]byte, bool), id string, proc, again *exec.Cmd) (float64, error) {
 	keys := keyspace.NewKeys("/shardd")
 	type item struct {
 		job  string
@@ -550,12 +554,12 @@ func restartTime(cli *clientv3.Client, id string, proc, again *exec.Cmd) (float6
 	var owned []item
 	for i := range probeJobs {
 		job := fmt.Sprintf("probe-%02d", i)
-		resp, err := cli.Get(ctx, keys.Shards(job))
-		if err != nil || len(resp.Kvs) == 0 {
-			return 0, fmt.Errorf("the map of %s: %v", job, err)
+		val, ok := get(keys.Shards(job))
+		if !ok {
+			return 0, fmt.Errorf("the map of %s: not read", job)
 		}
 		var m keyspace.ShardMap
-		if err := json.Unmarshal(resp.Kvs[0].Value, &m); err != nil {
+		if err := json.Unmarshal(val, &m); err != nil {
 			return 0, err
 		}
 		for _, it := range m.ItemsOf(id) {
@@ -574,9 +578,9 @@ func restartTime(cli *clientv3.Client, id string, proc, again *exec.Cmd) (float6
 	for time.Since(killed) < 2*time.Minute {
 		left := 0
 		for _, it := range owned {
-			resp, err := cli.Get(ctx, keys.Item(it.job, it.item))
+			val, ok := get(keys.Item(it.job, it.item))
 			var rec keyspace.ItemRecord
-			if err != nil || len(resp.Kvs) == 0 || json.Unmarshal(resp.Kvs[0].Value, &rec) != nil || !rec.Start.After(killed) {
+			if !ok || json.Unmarshal(val, &rec) != nil || !rec.Start.After(killed) {
 				left++
 			}
 		}

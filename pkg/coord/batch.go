@@ -67,9 +67,17 @@ type txnBatcher struct {
 	timeout     time.Duration // each batch's bound
 	maxInflight int
 
+	// base bounds the batches sent: cancelled by close (the node's Run
+	// returned), which waits for the drains, so that no goroutine of
+	// the batcher outlives its node.
+	base   context.Context
+	cancel context.CancelFunc
+	drains sync.WaitGroup
+
 	mu       sync.Mutex
 	pending  []*batchedTxn
 	inflight int
+	closed   bool // after close, each request is sent alone, at once
 
 	// requests counts the requests made, commits the Txns sent, for tests
 	// and benchmarks.
@@ -111,7 +119,19 @@ type txnAnswer struct {
 }
 
 func newTxnBatcher(cli *clientv3.Client, timeout time.Duration) *txnBatcher {
-	return &txnBatcher{cli: cli, timeout: timeout, maxInflight: batchesInflight}
+	base, cancel := context.WithCancel(context.Background())
+	return &txnBatcher{cli: cli, timeout: timeout, maxInflight: batchesInflight, base: base, cancel: cancel}
+}
+
+// close ends the batches on their way (their requests get the error) and
+// waits for the batcher's goroutines; later requests go alone, each with
+// its caller's context.
+func (b *txnBatcher) close() {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.cancel()
+	b.drains.Wait()
 }
 
 // Txn is clientv3's Txn(ctx).If(ifs...).Then(then...).Else(els...).Commit(),
@@ -155,14 +175,23 @@ func (b *txnBatcher) Txn(ctx context.Context, ifs []clientv3.Cmp, then, els []cl
 		r.alone = true
 	}
 	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		b.commits.Add(1)
+		return b.cli.Txn(ctx).If(ifs...).Then(then...).Else(els...).Commit()
+	}
 	b.pending = append(b.pending, r)
 	start := b.inflight < b.maxInflight
 	if start {
 		b.inflight++
+		b.drains.Add(1)
 	}
 	b.mu.Unlock()
 	if start {
-		go b.drain()
+		go func() {
+			defer b.drains.Done()
+			b.drain()
+		}()
 	}
 	select {
 	case a := <-r.done:
@@ -302,7 +331,7 @@ func (b *txnBatcher) send(batch []*batchedTxn) {
 	if len(batch) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	ctx, cancel := context.WithTimeout(b.base, b.timeout)
 	defer cancel()
 	b.commits.Add(1)
 	if len(batch) == 1 {

@@ -267,6 +267,7 @@ func (n *Node) Run(ctx context.Context) error {
 	var prevLease clientv3.LeaseID
 	var dupSince time.Time
 	b := backoff{min: 200 * time.Millisecond, max: 5 * time.Second}
+	defer n.txns.close() // last: the deferred stops below may still send
 	hctx, stopHub := context.WithCancel(ctx)
 	hubDone := make(chan struct{})
 	go func() {
