@@ -204,31 +204,9 @@ func run(benchtime string, short bool, out string) error {
 	}
 	fmt.Printf("   p50 %.2f ms, p99 %.2f ms, max %.2f ms (fork+exec+bash floor: p50 %.2f ms, p99 %.2f ms)\n", d.P50ms, d.P99ms, d.MaxMs, d.FloorP50ms, d.FloorP99ms)
 	rep.Delays = append(rep.Delays, d)
-	for _, sc := range scenarios {
-		fmt.Printf("== resources: %s\n", sc.name)
-		r, err := measure(dir, sc)
-		if err != nil { // recorded, not fatal: a scenario beyond this machine is a result too
-			r.Error = err.Error()
-			fmt.Printf("   %v\n", err)
-		}
-		fmt.Printf("   converged in %.1fs; per instance: RSS %.1f MiB, CPU %.2f%%\n", r.ConvergeSecs, r.RSSMiBPerInst, r.CPUPctPerInst)
-		rep.Resources = append(rep.Resources, r)
-	}
+	rep.Resources = measureAll(dir, scenarios)
 
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return err
-	}
-	b, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(filepath.Join(out, "results.json"), b, 0o644); err != nil {
-		return err
-	}
-	md := markdown(rep, goals)
-	if err := os.WriteFile(filepath.Join(out, "results.md"), []byte(md), 0o644); err != nil {
-		return err
-	}
-	fmt.Println(md)
-	fmt.Printf("wrote %s and %s\n", filepath.Join(out, "results.json"), filepath.Join(out, "results.md"))
-	return nil
+	return writeReport(out, "results", rep, goals)
 }
 
 // runScale runs make bench-scale: the storms (BenchmarkStorm), then the
@@ -257,28 +235,43 @@ func runScale(benchtime string, short bool, out string) error {
 		scenarios[0].name, scenarios[0].jobs, scenarios[0].window = "10,000 one-item jobs over 3 instances (short form)", 10000, 5*time.Second
 		scenarios[1].name, scenarios[1].jobs = "2,000 jobs over 3 instances, one killed and started again (short form)", 2000
 	}
+	rep.Resources = measureAll(dir, scenarios)
+	return writeReport(out, "scale", rep, scaleGoals(short))
+}
+
+// measureAll measures each scenario in turn; a failed one is recorded in
+// its result, not fatal: a scenario beyond this machine is a result too.
+func measureAll(bin string, scenarios []scenario) []resourceResult {
+	var out []resourceResult
 	for _, sc := range scenarios {
 		fmt.Printf("== resources: %s\n", sc.name)
-		r, err := measure(dir, sc)
-		if err != nil { // recorded, not fatal: a scenario beyond this machine is a result too
+		r, err := measure(bin, sc)
+		if err != nil {
 			r.Error = err.Error()
 			fmt.Printf("   %v\n", err)
 		}
 		fmt.Printf("   converged in %.1fs; per instance: RSS %.1f MiB, CPU %.2f%%; restart %.1fs\n", r.ConvergeSecs, r.RSSMiBPerInst, r.CPUPctPerInst, r.RestartSecs)
-		rep.Resources = append(rep.Resources, r)
+		out = append(out, r)
 	}
+	return out
+}
+
+// writeReport writes rep as out/name.json and, with goals' table, as
+// out/name.md, and prints the markdown.
+func writeReport(out, name string, rep report, goals []goal) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
 	b, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(filepath.Join(out, "scale.json"), b, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(out, name+".json"), b, 0o644); err != nil {
 		return err
 	}
-	md := markdown(rep, scaleGoals(short))
-	if err := os.WriteFile(filepath.Join(out, "scale.md"), []byte(md), 0o644); err != nil {
+	md := markdown(rep, goals)
+	if err := os.WriteFile(filepath.Join(out, name+".md"), []byte(md), 0o644); err != nil {
 		return err
 	}
 	fmt.Println(md)
+	fmt.Printf("wrote %s.json and %s.md\n", filepath.Join(out, name), filepath.Join(out, name))
 	return nil
 }
 
