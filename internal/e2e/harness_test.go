@@ -271,8 +271,25 @@ func launchShardd(t *testing.T, name string, args []string, proxies []*faultprox
 		if t.Failed() {
 			t.Logf("log of %s (INFO and above, as text; the last %d lines):\n%s", name, failureLogLines, p.textLog(failureLogLines))
 		}
+		p.keepLog()
 	})
 	return p
+}
+
+// keepLog writes p's whole log (JSON lines) into SHARDD_E2E_KEEP, when
+// set, for a look after the run: <test>-<name>-<start>.log.
+func (p *proc) keepLog() {
+	d := os.Getenv("SHARDD_E2E_KEEP")
+	if d == "" {
+		return
+	}
+	p.mu.Lock()
+	raw := p.raw.String()
+	p.mu.Unlock()
+	file := fmt.Sprintf("%s-%s-%s.log", strings.ReplaceAll(p.t.Name(), "/", "_"), p.name, p.start.Format("150405.000"))
+	if err := os.WriteFile(filepath.Join(d, file), []byte(raw), 0o644); err != nil {
+		p.t.Logf("keep the log of %s: %v", p.name, err)
+	}
 }
 
 // cut black-holes every connection of p to etcd; heal restores them.

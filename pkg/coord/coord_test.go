@@ -20,6 +20,7 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/shard"
 )
 
 const testTTL = 2 * time.Second
@@ -466,6 +467,46 @@ func TestManyJobsSpreadLeadership(t *testing.T) {
 		return leaders["a"] >= 5 && leaders["b"] >= 5 && leaders["c"] >= 5
 	})
 	t.Logf("leaderships: %v", leaders)
+}
+
+// A member and its candidate key that come in one burst (one settle, one
+// read) make the leader write the map and then hand over to the preferred
+// candidate in the same reconcile: no later event would make it yield
+// (its own map write does not wake it), and it would lead until its next
+// reconcile interval.
+func TestLeaderYieldsAfterWritingTheMap(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	cli := srv.Client()
+	// A job that "b" is preferred to lead over "a".
+	name := ""
+	for i := 0; name == ""; i++ {
+		if j := fmt.Sprintf("yield-%d", i); shard.Pick(j, []string{"a", "b"}) == "b" {
+			name = j
+		}
+	}
+	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job(name, 2)))
+	etcdtest.Eventually(t, 10*time.Second, "a to lead", func() bool {
+		return agreed(t, cli, name, map[string][]int{"a": {0, 1}}, a) && etcdtest.LeaderOf(cli, name) == "a"
+	})
+	// "b" joins: its member key and its candidate key in one Txn.
+	ctx := context.Background()
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := keyspace.NewKeys("")
+	if _, err := cli.Txn(ctx).Then(
+		clientv3.OpPut(keys.Member(name, "b"), "", clientv3.WithLease(lease.ID)),
+		clientv3.OpPut(fmt.Sprintf("%s%x", keys.Leader(name), lease.ID), "b", clientv3.WithLease(lease.ID)),
+	).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
+	etcdtest.Eventually(t, 10*time.Second, "the map with b, and a handing over to b", func() bool {
+		m := etcdtest.StoredMap(cli, name)
+		return m != nil && len(m.Items["b"]) == 1 && etcdtest.LeaderOf(cli, name) == "b"
+	})
 }
 
 func TestShardMapJSON(t *testing.T) {

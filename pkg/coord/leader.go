@@ -174,7 +174,11 @@ func (l *leader) reconcile(ctx context.Context, st *state) error {
 	if l.n.opts.OnMapWritten != nil {
 		l.n.opts.OnMapWritten(l.job)
 	}
-	return nil
+	// The stored map is current now: hand over here, as a reconcile that
+	// found it current would. A burst that brought the preferred candidate
+	// with a member (one settle, one read) wakes the leader no more; its own
+	// write's event does not.
+	return l.yieldToPreferred(st)
 }
 
 // errYield ends a leadership so that the preferred candidate can lead.
@@ -184,8 +188,8 @@ var errYield = errors.New("coord: yielding leadership to the preferred instance"
 // the job's preferred leader. Without it the first instance to start would
 // lead every job; with it, leaderships spread over the instances (by
 // rendezvous hash of job and id), and move only when candidates come or go.
-// It is called only once the stored map is current, so a handover never
-// leaves a stale map behind.
+// It is called only once the stored map is current (found so, or just
+// written), so a handover never leaves a stale map behind.
 func (l *leader) yieldToPreferred(st *state) error {
 	if p := shard.Pick(l.job, st.candidates); p != "" && p != l.n.opts.ID {
 		return fmt.Errorf("%w %s", errYield, p)
