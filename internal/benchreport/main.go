@@ -358,92 +358,214 @@ func freeAddr() string {
 	return ln.Addr().String()
 }
 
-// measure runs n shardd instances with jobs idle jobs on a fresh etcd.
+// measure runs n shardd instances with jobs idle jobs on a fresh etcd:
+// the cold start to converged maps, shardd status, the idle window, and
+// with sc.restart a kill -9 and restart of one instance.
 func measure(bin string, sc scenario) (resourceResult, error) {
-	jobs, n, window, convergeTimeout := sc.jobs, sc.n, sc.window, sc.converge
-	r := resourceResult{Scenario: sc.name, Jobs: jobs, Items: sc.items, Instances: n, WindowSecs: window.Seconds()}
+	r := resourceResult{Scenario: sc.name, Jobs: sc.jobs, Items: sc.items, Instances: sc.n, WindowSecs: sc.window.Seconds()}
 	work, err := os.MkdirTemp("", "shardd-bench-res")
 	if err != nil {
 		return r, err
 	}
 	defer os.RemoveAll(work)
+	etcd, client, err := startEtcd(bin, work)
+	if err != nil {
+		return r, err
+	}
+	defer func() { etcd.Process.Kill(); etcd.Wait() }()
+	cfgPath, jobs, err := writeIdleJobs(work, sc)
+	if err != nil {
+		return r, err
+	}
+	cli, err := coord.NewClient(coord.ClientOptions{Endpoints: []string{client}})
+	if err != nil {
+		return r, err
+	}
+	defer cli.Close()
+
+	start := time.Now()
+	c := &cluster{bin: bin, cfgPath: cfgPath, client: client}
+	defer c.stop()
+	if err := c.start(sc.n); err != nil {
+		return r, err
+	}
+	if err := awaitConverged(cli, jobs, sc.n, sc.converge-time.Since(start)); err != nil {
+		r.RSSMiBPerInst = c.sum(rssMiB) / float64(sc.n)
+		return r, fmt.Errorf("%w (RSS per instance then %.0f MiB, %.0f CPU-seconds used)", err, r.RSSMiBPerInst, c.sum(cpuSeconds)/float64(sc.n))
+	}
+	r.ConvergeSecs = time.Since(start).Seconds()
+	r.StartEtcdCPUSecs = cpuSeconds(etcd.Process.Pid)
+	r.StartShardCPUSecs = c.sum(cpuSeconds) / float64(sc.n)
+
+	st := time.Now()
+	status := exec.Command(filepath.Join(bin, "shardd"), "status", "--etcd", client)
+	if out, err := status.CombinedOutput(); err != nil {
+		// A result, not the end of the scenario: the rest is measured.
+		r.StatusError = fmt.Sprintf("%v: %s", err, firstLine(out))
+	}
+	r.StatusSecs = time.Since(st).Seconds()
+
+	r.RSSMiBPerInst, r.CPUPctPerInst = c.idle(sc.window)
+	if st, err := cli.Status(context.Background(), strings.TrimPrefix(client, "http://")); err == nil {
+		r.EtcdDBMiB = float64(st.DbSize) / (1 << 20)
+	}
+	if sc.restart {
+		get := func(key string) ([]byte, bool) {
+			resp, err := cli.Get(context.Background(), key)
+			if err != nil || len(resp.Kvs) == 0 {
+				return nil, false
+			}
+			return resp.Kvs[0].Value, true
+		}
+		if r.RestartSecs, err = c.restartLast(get); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// startEtcd starts the test etcd binary with its data in work and returns
+// it with its client URL once it is ready.
+func startEtcd(bin, work string) (*exec.Cmd, string, error) {
 	client := "http://" + freeAddr()
 	etcd := exec.Command(filepath.Join(bin, "testetcd"), "--data-dir", filepath.Join(work, "etcd"), "--client-url", client, "--peer-url", "http://"+freeAddr())
 	etcdOut, _ := etcd.StdoutPipe()
 	if err := etcd.Start(); err != nil {
-		return r, err
+		return nil, "", err
 	}
-	defer func() { etcd.Process.Kill(); etcd.Wait() }()
 	if line, _ := bufio.NewReader(etcdOut).ReadString('\n'); !strings.HasPrefix(line, "ready") {
-		return r, fmt.Errorf("etcd did not start")
+		etcd.Process.Kill()
+		etcd.Wait()
+		return nil, "", fmt.Errorf("etcd did not start")
 	}
+	return etcd, client, nil
+}
 
+// writeIdleJobs writes the scenario's job file (sc.jobs jobs that never
+// fire, and with sc.restart the probe jobs firing every second) and
+// returns its path and the number of jobs whose maps must converge.
+func writeIdleJobs(work string, sc scenario) (path string, jobs int, err error) {
 	var cfg strings.Builder
 	cfg.WriteString("jobs:\n")
-	for i := 0; i < jobs; i++ {
+	for i := 0; i < sc.jobs; i++ {
 		fmt.Fprintf(&cfg, "  - name: job-%05d\n    cron: \"0 0 0 1 1 ?\"\n    shardingTotalCount: %d\n    script: [/bin/true]\n", i, sc.items)
 	}
+	jobs = sc.jobs
 	if sc.restart {
 		for i := range probeJobs {
 			fmt.Fprintf(&cfg, "  - name: probe-%02d\n    cron: \"@every 1s\"\n    shardingTotalCount: 3\n    script: [/bin/true]\n", i)
 		}
 		jobs += probeJobs // converged: theirs too
 	}
-	cfgPath := filepath.Join(work, "jobs.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
-		return r, err
-	}
-	var procs []*exec.Cmd
-	defer func() {
-		for _, p := range procs {
-			p.Process.Signal(os.Interrupt)
-			p.Wait()
-		}
-	}()
-	cli, err := coord.NewClient(coord.ClientOptions{Endpoints: []string{client}})
-	if err != nil {
-		return r, err
-	}
-	defer cli.Close()
-	start := time.Now()
-	var pprofs []string // the instances' profile servers, with -profiles
-	argsOf := func(i int) []string {
-		return []string{"run", "--config", cfgPath, "--etcd", client, "--name", fmt.Sprintf("i%d", i),
-			"--listen", "", "--log-level", "warn", "--data-dir", filepath.Join(filepath.Dir(cfgPath), fmt.Sprintf("data-i%d", i))}
-	}
+	path = filepath.Join(work, "jobs.yaml")
+	return path, jobs, os.WriteFile(path, []byte(cfg.String()), 0o644)
+}
+
+// cluster is the scenario's shardd instances, i0 to i(n-1), with their
+// profile servers when -profiles is set.
+type cluster struct {
+	bin, cfgPath, client string
+	procs                []*exec.Cmd
+	pprofs               []string
+	profiling            sync.WaitGroup
+}
+
+func (c *cluster) args(i int) []string {
+	return []string{"run", "--config", c.cfgPath, "--etcd", c.client, "--name", fmt.Sprintf("i%d", i),
+		"--listen", "", "--log-level", "warn", "--data-dir", filepath.Join(filepath.Dir(c.cfgPath), fmt.Sprintf("data-i%d", i))}
+}
+
+// start starts n instances; with -profiles it profiles i0's first 20 s.
+func (c *cluster) start(n int) error {
 	for i := 0; i < n; i++ {
-		args := argsOf(i)
+		args := c.args(i)
 		if profileDir != "" {
-			pprofs = append(pprofs, "http://"+freeAddr()+"/debug/pprof/")
-			args = append(args, "--pprof-listen", strings.TrimSuffix(strings.TrimPrefix(pprofs[i], "http://"), "/debug/pprof/"))
+			addr := freeAddr()
+			c.pprofs = append(c.pprofs, "http://"+addr+"/debug/pprof/")
+			args = append(args, "--pprof-listen", addr)
 		}
-		p := exec.Command(filepath.Join(bin, "shardd"), args...)
+		p := exec.Command(filepath.Join(c.bin, "shardd"), args...)
 		p.Stderr = io.Discard
 		if err := p.Start(); err != nil {
-			return r, err
+			return err
 		}
-		procs = append(procs, p)
+		c.procs = append(c.procs, p)
 	}
-	var profiling sync.WaitGroup
-	defer profiling.Wait()
-	if profileDir != "" {
-		if err := os.MkdirAll(profileDir, 0o755); err != nil {
-			return r, err
-		}
-		profiling.Go(func() {
-			for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
-				if c, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(pprofs[0], "http://"), "/debug/pprof/")); err == nil {
-					c.Close() // listening
-					break
-				}
+	if profileDir == "" {
+		return nil
+	}
+	if err := os.MkdirAll(profileDir, 0o755); err != nil {
+		return err
+	}
+	addr := strings.TrimSuffix(strings.TrimPrefix(c.pprofs[0], "http://"), "/debug/pprof/")
+	c.profiling.Go(func() {
+		for t0 := time.Now(); time.Since(t0) < 10*time.Second; time.Sleep(50 * time.Millisecond) {
+			if conn, err := net.Dial("tcp", addr); err == nil {
+				conn.Close() // listening
+				break
 			}
-			fetchProfile(pprofs[0]+"profile?seconds=20", "cpu-start-i0.pprof")
+		}
+		fetchProfile(c.pprofs[0]+"profile?seconds=20", "cpu-start-i0.pprof")
+	})
+	return nil
+}
+
+// sum adds f over the instances' processes.
+func (c *cluster) sum(f func(pid int) float64) float64 {
+	var s float64
+	for _, p := range c.procs {
+		s += f(p.Process.Pid)
+	}
+	return s
+}
+
+// idle lets leadership hand-overs settle, then measures window: the RSS
+// per instance at its end and the CPU per instance over it (and, with
+// -profiles, the window's CPU profile and the heaps and goroutines after it).
+func (c *cluster) idle(window time.Duration) (rssMiBPer, cpuPctPer float64) {
+	time.Sleep(5 * time.Second) // warm-up: leadership hand-overs settle
+	cpu0 := c.sum(cpuSeconds)
+	if profileDir != "" {
+		c.profiling.Go(func() {
+			fetchProfile(c.pprofs[0]+fmt.Sprintf("profile?seconds=%d", int(window.Seconds())), "cpu-idle-i0.pprof")
 		})
 	}
-	// Converged: every job's map lists all n instances. Followed on a
-	// watch from before the start: a read of every map at each look (as
-	// this did before) loaded etcd with 20 MB a look at 10,000 jobs, and
-	// slowed the start it measured.
+	time.Sleep(window)
+	for i, url := range c.pprofs {
+		fetchProfile(url+"heap?gc=1", fmt.Sprintf("heap-i%d.pprof", i))
+		fetchProfile(url+"goroutine", fmt.Sprintf("goroutine-i%d.pprof", i))
+	}
+	n := float64(len(c.procs))
+	return c.sum(rssMiB) / n, (c.sum(cpuSeconds) - cpu0) / window.Seconds() * 100 / n
+}
+
+// restartLast kills the last instance with -9, starts it again and
+// returns the time until its items run again (restartTime).
+func (c *cluster) restartLast(get func(key string) ([]byte, bool)) (float64, error) {
+	last := len(c.procs) - 1
+	restarted := exec.Command(filepath.Join(c.bin, "shardd"), c.args(last)...)
+	restarted.Stderr = io.Discard
+	secs, err := restartTime(get, fmt.Sprintf("i%d", last), c.procs[last], restarted)
+	if restarted.Process != nil {
+		c.procs[last] = restarted // stopped with the others
+	}
+	return secs, err
+}
+
+// stop interrupts every instance and waits for it and for the profiles.
+func (c *cluster) stop() {
+	for _, p := range c.procs {
+		p.Process.Signal(os.Interrupt)
+		p.Wait()
+	}
+	c.profiling.Wait()
+}
+
+// awaitConverged waits until every job's map lists all n instances,
+// followed on a watch from before the start: a read of every map at each
+// look (as this did before) loaded etcd with 20 MB a look at 10,000 jobs,
+// and slowed the start it measured.
+func awaitConverged(cli *coord.Client, jobs, n int, timeout time.Duration) error {
 	wctx, stopWatch := context.WithCancel(context.Background())
 	defer stopWatch()
 	full := make(chan struct{})
@@ -464,72 +586,10 @@ func measure(bin string, sc scenario) (resourceResult, error) {
 	}()
 	select {
 	case <-full:
-	case <-time.After(convergeTimeout - time.Since(start)):
-		var rss, cpu float64
-		for _, p := range procs {
-			rss += rssMiB(p.Process.Pid)
-			cpu += cpuSeconds(p.Process.Pid)
-		}
-		r.RSSMiBPerInst = rss / float64(n)
-		return r, fmt.Errorf("maps did not converge within %s (RSS per instance then %.0f MiB, %.0f CPU-seconds used)", convergeTimeout, r.RSSMiBPerInst, cpu/float64(n))
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("maps did not converge within %s", timeout)
 	}
-	r.ConvergeSecs = time.Since(start).Seconds()
-	r.StartEtcdCPUSecs = cpuSeconds(etcd.Process.Pid)
-	for _, p := range procs {
-		r.StartShardCPUSecs += cpuSeconds(p.Process.Pid) / float64(n)
-	}
-	st := time.Now()
-	status := exec.Command(filepath.Join(bin, "shardd"), "status", "--etcd", client)
-	if out, err := status.CombinedOutput(); err != nil {
-		// A result, not the end of the scenario: the rest is measured.
-		r.StatusError = fmt.Sprintf("%v: %s", err, firstLine(out))
-	}
-	r.StatusSecs = time.Since(st).Seconds()
-	time.Sleep(5 * time.Second) // warm-up: leadership hand-overs settle
-	cpu0 := make([]float64, n)
-	for i, p := range procs {
-		cpu0[i] = cpuSeconds(p.Process.Pid)
-	}
-	if profileDir != "" {
-		profiling.Go(func() {
-			fetchProfile(pprofs[0]+fmt.Sprintf("profile?seconds=%d", int(window.Seconds())), "cpu-idle-i0.pprof")
-		})
-	}
-	time.Sleep(window)
-	for i, url := range pprofs {
-		fetchProfile(url+"heap?gc=1", fmt.Sprintf("heap-i%d.pprof", i))
-		fetchProfile(url+"goroutine", fmt.Sprintf("goroutine-i%d.pprof", i))
-	}
-	var rss, cpu float64
-	for i, p := range procs {
-		rss += rssMiB(p.Process.Pid)
-		cpu += (cpuSeconds(p.Process.Pid) - cpu0[i]) / window.Seconds() * 100
-	}
-	r.RSSMiBPerInst, r.CPUPctPerInst = rss/float64(n), cpu/float64(n)
-	if st, err := cli.Status(context.Background(), strings.TrimPrefix(client, "http://")); err == nil {
-		r.EtcdDBMiB = float64(st.DbSize) / (1 << 20)
-	}
-	if sc.restart {
-		last := len(procs) - 1
-		restarted := exec.Command(filepath.Join(bin, "shardd"), argsOf(last)...)
-		restarted.Stderr = io.Discard
-		get := func(key string) ([]byte, bool) {
-			resp, err := cli.Get(context.Background(), key)
-			if err != nil || len(resp.Kvs) == 0 {
-				return nil, false
-			}
-			return resp.Kvs[0].Value, true
-		}
-		secs, err := restartTime(get, fmt.Sprintf("i%d", last), procs[last], restarted)
-		if restarted.Process != nil {
-			procs[last] = restarted // stopped with the others
-		}
-		if err != nil {
-			return r, err
-		}
-		r.RestartSecs = secs
-	}
-	return r, nil
 }
 
 // probeJobs are the jobs firing every second of a restart scenario.
