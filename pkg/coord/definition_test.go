@@ -284,10 +284,11 @@ func TestOverwriteAddedByReloadPublishes(t *testing.T) {
 	runsTotal(t, cli, 5, a, b)
 
 	a.SetJobs(reviewV(t, 3, "    overwrite: true\n")) // the operator forces a's definition
-	time.Sleep(2 * time.Second)
-	if rc, _ := registered(t, cli, "orders"); rc.Hash != reviewV(t, 3)[0].Hash() {
-		t.Errorf("overwrite: true added by a reload did not publish; registered by %s", rc.Writer)
-	}
+	want := reviewV(t, 3)[0].Hash()
+	etcdtest.Eventually(t, 5*time.Second, "a's forced definition (total 3) registered", func() bool {
+		rc, _ := registered(t, cli, "orders")
+		return rc.Hash == want
+	})
 }
 
 // A definition edited on one host is recorded in the audit log, as the
