@@ -235,14 +235,20 @@ func (b *txnBatcher) take() []*batchedTxn {
 	var batch, rest []*batchedTxn
 	ifs, ops, size := 0, 0, 0
 	var keys batchKeys
+	// scanned counts the live requests looked at. Withdrawn ones are
+	// dropped, not counted: a line of them (callers that gave up while etcd
+	// was slow) would end the drain with an empty batch and leave the live
+	// ones behind it unsent. Each is dropped once, so the scan stays bounded.
+	scanned := 0
 	for i, r := range b.pending {
 		if r.withdrawn {
 			continue
 		}
-		if i >= maxBatchScan || ops >= maxBatchOps {
+		if scanned >= maxBatchScan || ops >= maxBatchOps {
 			rest = append(rest, b.pending[i:]...)
 			break
 		}
+		scanned++
 		fits := len(batch) == 0 ||
 			(!r.alone && !batch[0].alone && r.readOnly == batch[0].readOnly && ifs+len(r.ifs) <= maxBatchOps &&
 				ops+len(r.then) <= maxBatchOps && size+r.size <= maxBatchBytes && !keys.conflict(r))

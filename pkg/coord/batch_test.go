@@ -454,3 +454,45 @@ func TestBatchedTxnOfARecoveryKeepsItsContext(t *testing.T) {
 		t.Errorf("batched recovering read: %v; want it let through as the direct one is", err)
 	}
 }
+
+// A live request behind more than maxBatchScan withdrawn ones (callers that
+// gave up while etcd was slow) is sent: take counted the withdrawn ones
+// against its scan bound, returned an empty batch and ended the drain with
+// the live request still pending, unsent until another request came or its
+// caller's ctx ended.
+func TestBatcherSendsPastWithdrawnRequests(t *testing.T) {
+	t.Parallel()
+	cli := etcdtest.Shared(t).Client()
+	ctx := context.Background()
+	b, sent, release := heldBatcher(t, cli)
+	go b.Txn(ctx, nil, []clientv3.Op{clientv3.OpPut("stall/first", "")}, nil)
+	<-sent
+	const dead = maxBatchScan + 10
+	cctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range dead {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b.Txn(cctx, nil, []clientv3.Op{clientv3.OpPut(fmt.Sprintf("stall/dead/%04d", i), "")}, nil)
+		}()
+	}
+	waitBatchPending(t, b, dead)
+	cancel()
+	wg.Wait() // every one of them withdrawn
+	lctx, lcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer lcancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Txn(lctx, nil, []clientv3.Op{clientv3.OpPut("stall/live", "")}, nil)
+		done <- err
+	}()
+	waitBatchPending(t, b, dead+1)
+	close(release)
+	if err := <-done; err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a live request behind %d withdrawn ones was never sent (drains: %v): %v", dead, b.idle(), err)
+		}
+		t.Fatal(err)
+	}
+}
