@@ -165,10 +165,24 @@ func (n *Node) claimShared(c Claim, member int64) []clientv3.Cmp {
 	return cmps
 }
 
-// claimsPerTxn bounds the items of one claim Txn: etcd's default
-// --max-txn-ops (128) bounds its guards (2 shared, 2 per item) and its
-// writes (2 per item).
-const claimsPerTxn = 60
+// claimChunkEnd is where the claim Txn that begins at claims[from] ends:
+// etcd's default --max-txn-ops (128, maxBatchOps) bounds its guards (2
+// shared; 2 per item, 3 for a claim that serves a trigger) and its writes
+// (2 per item).
+func claimChunkEnd(claims []Claim, from int) int {
+	cmps, ops, to := 2, 0, from
+	for ; to < len(claims); to++ {
+		c := 2
+		if claims[to].TriggerID != "" {
+			c++
+		}
+		if cmps+c > maxBatchOps || ops+2 > maxBatchOps {
+			break
+		}
+		cmps, ops = cmps+c, ops+2
+	}
+	return to
+}
 
 // ClaimResult is the outcome of one claim of ClaimAll.
 type ClaimResult struct {
@@ -186,8 +200,9 @@ func (n *Node) ClaimAll(ctx context.Context, claims []Claim) []ClaimResult {
 	if len(claims) == 0 {
 		return out
 	}
-	for from := 0; from < len(claims); from += claimsPerTxn {
-		chunk := claims[from:min(from+claimsPerTxn, len(claims))]
+	for from, to := 0, 0; from < len(claims); from = to {
+		to = claimChunkEnd(claims, from)
+		chunk := claims[from:to]
 		res := out[from : from+len(chunk)]
 		if len(chunk) == 1 {
 			res[0].Grant, res[0].Err = n.Claim(ctx, chunk[0])

@@ -500,3 +500,66 @@ func TestClaimsOfManyJobsShareTxns(t *testing.T) {
 	}
 	t.Logf("%d claims in %d Txns, %d fences", njobs, txns, len(fences))
 }
+
+// Claims that serve a trigger have 3 guards each (record, marker, the
+// trigger's CreateRevision): 50 of them are won in Txns etcd accepts. With
+// 60 claims a Txn whatever their guards, 42 or more made a Txn of over 128
+// Compares that etcd refused; the claims were read back, found lost, and
+// made again, forever: a trigger of 42+ items on one instance never ran.
+func TestClaimAllOfTriggerServingClaims(t *testing.T) {
+	t.Parallel()
+	const items = 50
+	n := ordersNode(t, items)
+	ctx := context.Background()
+	put, err := n.cli.Put(ctx, n.keys.Trigger("orders", "t1"), `{}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := put.Header.Revision
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	cs := claimsOf(t, n, items, fire)
+	for i := range cs {
+		cs[i].Source, cs[i].Trigger, cs[i].TriggerID = keyspace.SourceManual, rev, "t1"
+	}
+	won := 0
+	var first error
+	for _, r := range n.ClaimAll(ctx, cs) {
+		if r.Err == nil {
+			won++
+		} else if first == nil {
+			first = r.Err
+		}
+	}
+	if won != items {
+		t.Fatalf("%d of %d uncontested trigger claims won; first error: %v", won, items, first)
+	}
+}
+
+// A claim Txn holds as many claims as etcd's 128 guards and writes allow.
+func TestClaimChunkEnd(t *testing.T) {
+	t.Parallel()
+	many := func(n int, trigger string) []Claim {
+		cs := make([]Claim, n)
+		for i := range cs {
+			cs[i].TriggerID = trigger
+		}
+		return cs
+	}
+	for _, tc := range []struct {
+		name   string
+		claims []Claim
+		from   int
+		want   int
+	}{
+		{"none", nil, 0, 0},
+		{"fewer than a Txn holds", many(10, ""), 0, 10},
+		{"scheduled: 2 guards and 2 writes each, 2 shared guards", many(100, ""), 0, 63},
+		{"the rest after the first Txn", many(100, ""), 63, 100},
+		{"serving a trigger: 3 guards each", many(100, "t"), 0, 42},
+		{"mixed", append(many(40, "t"), many(40, "")...), 0, 40 + 3},
+	} {
+		if got := claimChunkEnd(tc.claims, tc.from); got != tc.want {
+			t.Errorf("%s: claimChunkEnd(%d claims, %d) = %d, want %d", tc.name, len(tc.claims), tc.from, got, tc.want)
+		}
+	}
+}
