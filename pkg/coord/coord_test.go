@@ -509,6 +509,43 @@ func TestLeaderYieldsAfterWritingTheMap(t *testing.T) {
 	})
 }
 
+// A leader does not hand over to a preferred candidate that is not a
+// member: one that is leaving (Leave deletes its member key first, and
+// withdraws its candidate key in answer to that) would drop the leadership
+// it was handed, and the job would be without a leader meanwhile.
+func TestLeaderDoesNotYieldToALeavingCandidate(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	cli := srv.Client()
+	name := ""
+	for i := 0; name == ""; i++ {
+		if j := fmt.Sprintf("leaving-%d", i); shard.Pick(j, []string{"a", "b"}) == "b" {
+			name = j
+		}
+	}
+	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job(name, 2)))
+	etcdtest.Eventually(t, 10*time.Second, "a to lead", func() bool {
+		return agreed(t, cli, name, map[string][]int{"a": {0, 1}}, a) && etcdtest.LeaderOf(cli, name) == "a"
+	})
+	// "b" campaigns without a member key: it is leaving.
+	ctx := context.Background()
+	lease, err := cli.Grant(ctx, 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
+	keys := keyspace.NewKeys("")
+	if _, err := cli.Put(ctx, fmt.Sprintf("%s%x", keys.Leader(name), lease.ID), "b", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	// The candidate key wakes a (after the 100 ms settle); a handover would
+	// show at once, as b's key is then the oldest.
+	time.Sleep(time.Second)
+	if l := etcdtest.LeaderOf(cli, name); l != "a" {
+		t.Fatalf("leader %q after a candidate without a member key came; want a to keep leading", l)
+	}
+}
+
 func TestShardMapJSON(t *testing.T) {
 	t.Parallel()
 	m := &keyspace.ShardMap{Epoch: 3, Total: 3, Strategy: "AVG_ALLOCATION", Instances: []string{"a", "b"}, Items: map[string][]int{"a": {0, 1}, "b": {2}}}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -190,8 +191,18 @@ var errYield = errors.New("coord: yielding leadership to the preferred instance"
 // rendezvous hash of job and id), and move only when candidates come or go.
 // It is called only once the stored map is current (found so, or just
 // written), so a handover never leaves a stale map behind.
+//
+// Only a candidate that is also a member counts: one that is leaving
+// (Leave deletes its member key first, then withdraws its candidate key in
+// answer to the same event) would be handed a leadership it then drops.
 func (l *leader) yieldToPreferred(st *state) error {
-	if p := shard.Pick(l.job, st.candidates); p != "" && p != l.n.opts.ID {
+	var staying []string
+	for _, c := range st.candidates {
+		if _, member := slices.BinarySearch(st.members, c); member {
+			staying = append(staying, c)
+		}
+	}
+	if p := shard.Pick(l.job, staying); p != "" && p != l.n.opts.ID {
 		return fmt.Errorf("%w %s", errYield, p)
 	}
 	return nil
