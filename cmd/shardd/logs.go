@@ -129,7 +129,7 @@ func (f *logsFlags) findRun(ctx context.Context, adm *admin.Client, job string, 
 			if ok {
 				what = fmt.Sprintf("items 0-%d", n-1)
 			}
-			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has %s: give --item N (the latest run of item N), or --run FENCE from `shardd history %s`", job, what, job)}
+			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has %s: give --item N (the latest run of item N), or --run FENCE-ITEM (the FENCE and ITEM columns of `shardd history %s`)", job, what, job)}
 		}
 		runItem, recs = 0, keepItem(recs, 0)
 	}

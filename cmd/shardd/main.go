@@ -70,7 +70,7 @@ func commands() []command {
 		{"enable", "undo disable", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdEnable},
 		{"history", "show a job's recent executions", "JOB [--item N] [-o json] [--etcd URL,...]", cmdHistory},
 		{"audit", "show who triggered, killed, disabled, enabled or removed what, and definition changes", "[--job JOB] [--actor WHO] [-n 50] [-o json] [--etcd URL,...]", cmdAudit},
-		{"logs", "print a run's output from its run log, through the API of the instance that ran it", "JOB [--item N] [--run FENCE] [-f] [--raw] [--api-token-file FILE] [--etcd URL,...]", cmdLogs},
+		{"logs", "print a run's output from its run log, through the API of the instance that ran it", "JOB [--item N] [--run FENCE[-ITEM]] [-f] [--raw] [--api-token-file FILE] [--etcd URL,...]", cmdLogs},
 		{"remove", "delete what etcd keeps of a job no instance defines any more", "JOB [--etcd URL,...]", cmdRemove},
 		{"validate", "check job definitions and report every problem", "[--config] PATH", cmdValidate},
 		{"plan", "preview how a strategy spreads a job's items over instances", "--strategy S --job NAME --total N --instances a,b,c [-o json] | --config PATH --instances a,b,c", cmdPlan},
