@@ -469,6 +469,29 @@ func TestManyJobsSpreadLeadership(t *testing.T) {
 	t.Logf("leaderships: %v", leaders)
 }
 
+// aLeadsWhereBIsPreferred starts node "a" alone with a job that "b" is
+// preferred to lead, waits until a leads it, and returns the job's name
+// and a lease of 60 s for the test's fake "b" (revoked at cleanup).
+func aLeadsWhereBIsPreferred(t *testing.T, cli *clientv3.Client, srv *etcdtest.Server, prefix string) (string, clientv3.LeaseID) {
+	t.Helper()
+	name := ""
+	for i := 0; name == ""; i++ {
+		if j := fmt.Sprintf("%s-%d", prefix, i); shard.Pick(j, []string{"a", "b"}) == "b" {
+			name = j
+		}
+	}
+	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job(name, 2)))
+	etcdtest.Eventually(t, 10*time.Second, "a to lead", func() bool {
+		return agreed(t, cli, name, map[string][]int{"a": {0, 1}}, a) && etcdtest.LeaderOf(cli, name) == "a"
+	})
+	lease, err := cli.Grant(context.Background(), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
+	return name, lease.ID
+}
+
 // A member and its candidate key that come in one burst (one settle, one
 // read) make the leader write the map and then hand over to the preferred
 // candidate in the same reconcile: no later event would make it yield
@@ -478,31 +501,15 @@ func TestLeaderYieldsAfterWritingTheMap(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Shared(t)
 	cli := srv.Client()
-	// A job that "b" is preferred to lead over "a".
-	name := ""
-	for i := 0; name == ""; i++ {
-		if j := fmt.Sprintf("yield-%d", i); shard.Pick(j, []string{"a", "b"}) == "b" {
-			name = j
-		}
-	}
-	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job(name, 2)))
-	etcdtest.Eventually(t, 10*time.Second, "a to lead", func() bool {
-		return agreed(t, cli, name, map[string][]int{"a": {0, 1}}, a) && etcdtest.LeaderOf(cli, name) == "a"
-	})
+	name, lease := aLeadsWhereBIsPreferred(t, cli, srv, "yield")
 	// "b" joins: its member key and its candidate key in one Txn.
-	ctx := context.Background()
-	lease, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
 	keys := keyspace.NewKeys("")
-	if _, err := cli.Txn(ctx).Then(
-		clientv3.OpPut(keys.Member(name, "b"), "", clientv3.WithLease(lease.ID)),
-		clientv3.OpPut(fmt.Sprintf("%s%x", keys.Leader(name), lease.ID), "b", clientv3.WithLease(lease.ID)),
+	if _, err := cli.Txn(context.Background()).Then(
+		clientv3.OpPut(keys.Member(name, "b"), "", clientv3.WithLease(lease)),
+		clientv3.OpPut(fmt.Sprintf("%s%x", keys.Leader(name), lease), "b", clientv3.WithLease(lease)),
 	).Commit(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
 	etcdtest.Eventually(t, 10*time.Second, "the map with b, and a handing over to b", func() bool {
 		m := etcdtest.StoredMap(cli, name)
 		return m != nil && len(m.Items["b"]) == 1 && etcdtest.LeaderOf(cli, name) == "b"
@@ -517,25 +524,10 @@ func TestLeaderDoesNotYieldToALeavingCandidate(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Shared(t)
 	cli := srv.Client()
-	name := ""
-	for i := 0; name == ""; i++ {
-		if j := fmt.Sprintf("leaving-%d", i); shard.Pick(j, []string{"a", "b"}) == "b" {
-			name = j
-		}
-	}
-	a := startNode(t, srv, "a", jobs(t, "jobs:\n"+job(name, 2)))
-	etcdtest.Eventually(t, 10*time.Second, "a to lead", func() bool {
-		return agreed(t, cli, name, map[string][]int{"a": {0, 1}}, a) && etcdtest.LeaderOf(cli, name) == "a"
-	})
+	name, lease := aLeadsWhereBIsPreferred(t, cli, srv, "leaving")
 	// "b" campaigns without a member key: it is leaving.
-	ctx := context.Background()
-	lease, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Revoke(context.Background(), lease.ID) })
 	keys := keyspace.NewKeys("")
-	if _, err := cli.Put(ctx, fmt.Sprintf("%s%x", keys.Leader(name), lease.ID), "b", clientv3.WithLease(lease.ID)); err != nil {
+	if _, err := cli.Put(context.Background(), fmt.Sprintf("%s%x", keys.Leader(name), lease), "b", clientv3.WithLease(lease)); err != nil {
 		t.Fatal(err)
 	}
 	// The candidate key wakes a (after the 100 ms settle); a handover would
