@@ -54,11 +54,14 @@ type state struct {
 	shards    *keyspace.ShardMap // nil when missing or malformed
 	shardsRev int64              // ModRevision of the shards key, 0 when missing
 	shardsBad error
-	// candidates are the ids campaigning for the job, the leader included.
-	candidates []string
+	// candidates are the keys campaigning for the job, the leader's
+	// included, oldest first.
+	candidates []candidateKey
 }
 
-// read gets everything the reconcile needs in one transaction.
+// read gets everything the reconcile needs in one transaction. A
+// candidate's full look (elect.go) is this read too: it judges its
+// election from the candidates, and leads on the rest.
 func (l *leader) read(ctx context.Context) (*state, error) {
 	k := l.n.keys
 	rctx, cancel := context.WithTimeout(ctx, l.n.opts.TTL)
@@ -74,9 +77,7 @@ func (l *leader) read(ctx context.Context) (*state, error) {
 		return nil, fmt.Errorf("read job state: %w", err)
 	}
 	st := &state{rev: resp.Header.Revision, disabled: map[string]bool{}}
-	for _, kv := range resp.Responses[4].GetResponseRange().Kvs {
-		st.candidates = append(st.candidates, string(kv.Value))
-	}
+	st.candidates = candidateKeys(resp.Responses[4].GetResponseRange().Kvs)
 	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		st.members = append(st.members, keyspace.LastSegment(string(kv.Key)))
 	}
@@ -198,8 +199,8 @@ var errYield = errors.New("coord: yielding leadership to the preferred instance"
 func (l *leader) yieldToPreferred(st *state) error {
 	var staying []string
 	for _, c := range st.candidates {
-		if _, member := slices.BinarySearch(st.members, c); member {
-			staying = append(staying, c)
+		if _, member := slices.BinarySearch(st.members, c.id); member {
+			staying = append(staying, c.id)
 		}
 	}
 	if p := shard.Pick(l.job, staying); p != "" && p != l.n.opts.ID {

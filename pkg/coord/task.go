@@ -23,9 +23,10 @@ import (
 //
 //	registering --pacer slot, registerJob ok--> candidate
 //	registering --registerJob failed--> registering, after a backoff
-//	candidate --put (or find) the election key, no older key, checkElected ok--> leading
-//	candidate --an older key--> candidate, woken by a deletion under the election prefix or a resync
-//	candidate --checkElected failed (etcd #11051)--> candidate with a new key, after a backoff
+//	candidate --put (or find) the election key, look: no older key, its own there--> leading
+//	candidate --older keys--> candidate, woken when the last of them is deleted (then the look
+//	    is the leader's first read too) or by a resync
+//	candidate --its own key gone or changed (etcd #11051)--> candidate with a new key, after a backoff
 //	leading --read, reconcile; next at the reconcile interval or when woken--> leading
 //	leading --errNotLeader, errYield--> resign, candidate
 //	candidate --Leave called (its member key's deletion wakes it)--> idle, its key withdrawn
@@ -51,8 +52,13 @@ type jobTask struct {
 	unsub      []func()
 	key        string // the election key, "" until put
 	rev        int64  // its CreateRevision
+	older      olderKeys
 	e          *concurrency.Election
 	l          *leader
+	// pending is the state a full look read, for the first reconcile;
+	// reread asks for a read after it (events may have been missed).
+	pending *state
+	reread  bool
 }
 
 type taskPhase int
@@ -133,7 +139,8 @@ func (t *jobTask) register(ctx context.Context) time.Time {
 
 // campaign puts (or finds) this session's candidate key and leads once no
 // candidate key is older: concurrency.Election's keys and rule, waiting on
-// the hub instead of a watcher of its own (see elect.go).
+// the hub instead of a watcher of its own, for the older keys only (see
+// elect.go).
 func (t *jobTask) campaign(ctx context.Context) time.Time {
 	n, job := t.n, t.local.Name
 	if n.isLeaving() {
@@ -148,10 +155,11 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	prefix, member := n.keys.Leader(job), n.keys.Member(job, n.opts.ID)
 	if t.key == "" {
 		if t.unsub == nil {
-			// Subscribe first: a deletion after the put wakes the task.
-			// So does the deletion of this instance's member key (Leave).
+			// Subscribe first: a deletion after the put wakes the task,
+			// when it is of a key the task waits for. So does the
+			// deletion of this instance's member key (Leave).
 			t.unsub = append(t.unsub, n.hub.subscribe(job, prefix, func(ev *clientv3.Event) {
-				if ev.Type == clientv3.EventTypeDelete {
+				if ev.Type == clientv3.EventTypeDelete && t.older.deleted(string(ev.Kv.Key)) {
 					t.wake()
 				}
 			}, t.wake), n.hub.subscribe(job, member, func(ev *clientv3.Event) {
@@ -160,6 +168,7 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 				}
 			}, t.wake))
 		}
+		t.older.forget()
 		key, rev, err := n.candidate(ctx, t.s, job)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -169,36 +178,52 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 		}
 		t.key, t.rev = key, rev
 	}
-	older, err := n.olderCandidates(ctx, prefix, t.rev)
+	// Every older key the last look found has gone: this candidate most
+	// likely leads now, so the look is the leader's first read as well.
+	full := t.older.cleared()
+	t.older.forget()
+	l := &leader{n: n, job: job, local: t.local, key: t.key, rev: t.rev}
+	var st *state
+	var found []candidateKey
+	var err error
+	if full {
+		if st, err = l.read(ctx); err == nil {
+			found = st.candidates
+		}
+	} else {
+		found, err = n.lookElection(ctx, prefix, t.rev)
+	}
 	switch {
 	case ctx.Err() != nil:
 		return steps.Never
 	case err != nil:
-		n.log.Debug("election: look for older candidates; retrying", "job", job, "err", err)
+		n.log.Debug("election: look at the candidates; retrying", "job", job, "err", err)
 		return time.Now().Add(200 * time.Millisecond)
-	case older:
-		return steps.Never // woken by a deletion under the prefix, or a resync
 	}
-	e := concurrency.ResumeElection(t.s.conc, n.keys.Election(job), t.key, t.rev)
-	// Campaign can succeed after the lease expired (etcd #11051): check
-	// the session and that the election key is still ours.
-	if err := n.checkElected(ctx, t.s, e); err != nil {
-		if ctx.Err() != nil {
-			return steps.Never
-		}
+	older, err := judgeElection(found, t.key, t.rev, t.s.lease)
+	if err == nil && t.s.ctx.Err() != nil {
+		err = t.s.Err()
+	}
+	switch {
+	case err != nil:
 		n.log.Warn("campaign won on a stale session; campaigning again", "job", job, "err", err)
 		t.key = "" // put (or find) it again
 		return time.Now().Add(t.b.next())
+	case len(older) > 0:
+		t.older.set(older)
+		n.log.Debug("election: waiting for older candidates", "job", job, "older", len(older))
+		return steps.Never // woken when the last of them is deleted, or by a resync
 	}
 	t.b.reset()
-	n.log.Info("leading job", "job", job, "leader_rev", e.Rev())
+	e := concurrency.ResumeElection(t.s.conc, n.keys.Election(job), t.key, t.rev)
+	n.log.Info("leading job", "job", job, "leader_rev", e.Rev(), "read_with_election", st != nil)
 	t.setLeading(true)
 	t.unsubscribe()
-	t.e, t.l = e, &leader{n: n, job: job, local: t.local, key: e.Key(), rev: e.Rev()}
+	t.e, t.l = e, l
 	// Subscribe first, then read (the next step): every change after the
 	// read wakes the reconcile. A new candidate may be the preferred
 	// leader, so the election prefix counts too.
-	l, shards, members := t.l, n.keys.Shards(job), n.keys.Members(job)
+	shards, members := n.keys.Shards(job), n.keys.Members(job)
 	for _, p := range []string{members, n.keys.Disabled(job), n.keys.Config(job), shards, prefix} {
 		t.unsub = append(t.unsub, n.hub.subscribe(job, p, func(ev *clientv3.Event) {
 			switch {
@@ -211,14 +236,26 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 			}
 		}, t.wake))
 	}
+	if st != nil {
+		// The full look read the state before these subscriptions: the
+		// first reconcile goes on it (the map is written one round trip
+		// after the election), and reads again after a settle if the
+		// watch has delivered events since, of which some may have been
+		// this job's.
+		t.pending, t.reread = st, n.hub.deliveredRev() > st.rev
+	}
 	t.phase = leading
 	return time.Now()
 }
 
-// lead is one reconcile of the leader: read the job's state, write the map
-// it should have.
+// lead is one reconcile of the leader: read the job's state (unless the
+// election's full look just did), write the map it should have.
 func (t *jobTask) lead(ctx context.Context) time.Time {
-	st, err := t.l.read(ctx)
+	st, reread, err := t.pending, t.reread, error(nil)
+	t.pending, t.reread = nil, false
+	if st == nil {
+		st, err = t.l.read(ctx)
+	}
 	if err == nil {
 		err = t.l.reconcile(ctx, st)
 	}
@@ -233,6 +270,9 @@ func (t *jobTask) lead(ctx context.Context) time.Time {
 		return time.Now().Add(t.b.next())
 	}
 	t.b.reset()
+	if reread {
+		return time.Now().Add(leaderSettle)
+	}
 	interval := t.l.interval
 	if interval <= 0 { // no definition this version reads yet
 		interval = config.DefaultReconcileIntervalMinutes
@@ -260,7 +300,8 @@ func (t *jobTask) endLeadership(why error) {
 		n.log.Info("stopped leading job", "job", job)
 	}
 	t.unsubscribe()
-	t.e, t.l, t.key, t.rev = nil, nil, "", 0
+	t.e, t.l, t.key, t.rev, t.pending = nil, nil, "", 0, nil
+	t.older.forget()
 	t.phase = candidate
 }
 
