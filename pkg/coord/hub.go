@@ -43,7 +43,10 @@ type hub struct {
 	// sort next to each other, so that one watcher carries both.
 	prefix, end string
 	keys        keyspace.Keys
-	onErr       func(msg string, err error)
+	onErr       func(msg string, err error, attrs ...any)
+	// ended rate-limits the warning that the watch ended: during a quorum
+	// loss it ends about once a second (WithRequireLeader).
+	ended *repeats
 	// onRewind is called with every put of a rewind record (rewind.go);
 	// onAdvance with every revision through which events were delivered.
 	onRewind  func(*clientv3.Event)
@@ -80,8 +83,8 @@ type subscription struct {
 	resync func()
 }
 
-func newHub(cli *clientv3.Client, keys keyspace.Keys, onErr func(string, error)) *hub {
-	return &hub{cli: cli, prefix: keys.Jobs(), end: keys.RewindsEnd(), keys: keys, onErr: onErr, ready: make(chan struct{}), subs: map[string][]*subscription{}}
+func newHub(cli *clientv3.Client, keys keyspace.Keys, onErr func(string, error, ...any)) *hub {
+	return &hub{cli: cli, prefix: keys.Jobs(), end: keys.RewindsEnd(), keys: keys, onErr: onErr, ended: newRepeats(30*time.Second, time.Now), ready: make(chan struct{}), subs: map[string][]*subscription{}}
 }
 
 // subscribe calls event for every event on a key of job starting with
@@ -150,7 +153,12 @@ func (h *hub) runFrom(ctx context.Context, rev int64) {
 					h.onErr("jobs watch: revision compacted; re-reading", err)
 					rev = 0
 				} else if ctx.Err() == nil && !errors.Is(err, ErrRewound) {
-					h.onErr("jobs watch ended; resuming", err)
+					const msg = "jobs watch ended; resuming"
+					if ok, held := h.ended.say(msg); ok && held > 0 {
+						h.onErr(msg, err, "repeated", held, "within", "30s")
+					} else if ok {
+						h.onErr(msg, err)
+					}
 				}
 				break
 			}

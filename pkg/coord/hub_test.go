@@ -49,7 +49,7 @@ func (r *recorder) snapshot() ([]string, []int64, int) {
 
 func startHub(t *testing.T, cli *clientv3.Client, keys keyspace.Keys, from int64) *hub {
 	t.Helper()
-	h := newHub(cli, keys, func(msg string, err error) { t.Logf("hub: %s: %v", msg, err) })
+	h := newHub(cli, keys, func(msg string, err error, attrs ...any) { t.Logf("hub: %s: %v %v", msg, err, attrs) })
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -138,7 +138,7 @@ func TestHubResyncsAfterCompaction(t *testing.T) {
 	}
 
 	var r recorder
-	h := newHub(cli, keys, func(string, error) {})
+	h := newHub(cli, keys, func(string, error, ...any) {})
 	h.subscribe("a", keys.Shards("a"), r.event, r.resync)
 	hctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

@@ -155,7 +155,9 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 	}
 	n.completions.write = n.writeOutcomes
 	n.txns = newTxnBatcher(opts.Client, opts.TTL)
-	n.hub = newHub(opts.Client, n.keys, func(msg string, err error) { n.log.Warn(msg, n.why(err)...) })
+	n.hub = newHub(opts.Client, n.keys, func(msg string, err error, attrs ...any) {
+		n.log.Warn(msg, append(n.why(err), attrs...)...)
+	})
 	n.hub.onRewind = n.onRewindRecord
 	n.hub.onAdvance = n.revs.sawCommitted
 	n.revs.mu.Lock()
