@@ -108,6 +108,24 @@ func (f *etcdFlags) list() []string {
 	return out
 }
 
+// checkEndpoint refuses an endpoint without its scheme: the etcd client
+// would take 127.0.0.1:2379 for plain HTTP and, at a TLS etcd, wait for the
+// dial timeout before asking whether etcd runs there.
+func checkEndpoint(ep string) error {
+	for _, scheme := range []string{"https://", "http://", "unix://", "unixs://"} {
+		if strings.HasPrefix(ep, scheme) {
+			if len(ep) == len(scheme) {
+				return usageError("--etcd %s: no address after the scheme", ep)
+			}
+			return nil
+		}
+	}
+	if strings.Contains(ep, "://") {
+		return usageError("--etcd %s: the scheme is https://, http://, unix:// or unixs://", ep)
+	}
+	return usageError("--etcd %s: give the scheme: https://%s for an etcd with TLS (the embedded one), http://%s without", ep, ep, ep)
+}
+
 // clientOptions returns the options of a client of endpoints; no
 // endpoints means the embedded etcd of the data directory (dir, see
 // etcdFlags.dir), at the URL it recorded (default https://127.0.0.1:2379).
@@ -120,6 +138,11 @@ func (f *etcdFlags) list() []string {
 // implicitly in the working directory, which someone else may have planted.
 func (f *etcdFlags) clientOptions(endpoints []string, dir string, own bool) (coord.ClientOptions, error) {
 	embedded := len(endpoints) == 0
+	for _, ep := range endpoints {
+		if err := checkEndpoint(ep); err != nil {
+			return coord.ClientOptions{}, err
+		}
+	}
 	if f.passwordFile != "" {
 		if f.password != "" {
 			return coord.ClientOptions{}, usageError("--etcd-password and --etcd-password-file: give one")

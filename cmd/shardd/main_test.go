@@ -343,6 +343,27 @@ func TestClientOptionsFindTheEmbeddedCertificate(t *testing.T) {
 		{"--etcd http: never a certificate", etcdFlags{}, []string{"http://127.0.0.1:2379"}, withCerts, "http://127.0.0.1:2379", false, ""},
 		{"explicit TLS flags win", etcdFlags{ca: "/etc/ca.pem"}, []string{"https://127.0.0.1:2379"}, withCerts, "https://127.0.0.1:2379", false, ""},
 	}
+	for _, tt := range []struct {
+		endpoints []string
+		wantErr   string // "" for none
+	}{
+		{[]string{"127.0.0.1:25371"}, "--etcd 127.0.0.1:25371: give the scheme: https://127.0.0.1:25371"},
+		{[]string{"https://127.0.0.1:2379", "etcd2:2379"}, "--etcd etcd2:2379: give the scheme"},
+		{[]string{"tcp://etcd1:2379"}, "--etcd tcp://etcd1:2379: the scheme is https://"},
+		{[]string{"https://"}, "--etcd https://: no address after the scheme"},
+		{[]string{"http://127.0.0.1:2379", "unix:///run/etcd.sock"}, ""},
+	} {
+		_, err := (&etcdFlags{}).clientOptions(tt.endpoints, without, true)
+		var ee *exitError
+		switch {
+		case tt.wantErr == "" && err != nil:
+			t.Errorf("%v: %v", tt.endpoints, err)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("%v: err %v, want %q", tt.endpoints, err, tt.wantErr)
+		case tt.wantErr != "" && (!errors.As(err, &ee) || ee.code != exitUsage):
+			t.Errorf("%v: err %v is not a usage error", tt.endpoints, err)
+		}
+	}
 	for _, tt := range tests {
 		o, err := tt.f.clientOptions(tt.endpoints, tt.dir, true)
 		switch {

@@ -30,7 +30,7 @@ type opsFlags struct {
 }
 
 func (o *opsFlags) register(fs *flag.FlagSet) {
-	o.ef.register(fs, "etcd endpoint `URLs`, comma-separated (default: the embedded etcd of --data-dir, at the URL it recorded; "+defaultEmbedURL+" unless --embed-client-url chose another)")
+	o.ef.register(fs, "etcd endpoint `URLs` with their scheme (https://host:2379), comma-separated (default: the embedded etcd of --data-dir, at the URL it recorded; "+defaultEmbedURL+" unless --embed-client-url chose another)")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Second, "give up on etcd after this long")
 }
 

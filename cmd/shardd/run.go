@@ -178,7 +178,7 @@ func parseRunFlags(e *env, args []string) (*runFlags, error) {
 	fs.StringVar(&f.tls.clientCA, "tls-client-ca", "", "CA bundle `file`: with it, the HTTP server requires client certificates it signed")
 	fs.StringVar(&f.runLogDir, "run-log-dir", "", "`directory` of this instance's run logs, each run's whole output (default <data-dir>/runs/<name>; \"none\" keeps only the history's tail)")
 	fs.StringVar(&f.apiCA, "api-ca", "", "CA bundle `file` that verifies the other instances' API certificates, when this one proxies a run log request to them (default: --tls-client-ca's, else the system's roots)")
-	f.etcd.register(fs, "etcd endpoint `URLs`, comma-separated; empty runs an embedded single-node etcd in --data-dir")
+	f.etcd.register(fs, "etcd endpoint `URLs` with their scheme (https://host:2379), comma-separated; empty runs an embedded single-node etcd in --data-dir")
 	f.log.register(fs)
 	if err := applyEnv(e, fs); err != nil {
 		return nil, err
