@@ -146,6 +146,16 @@ func TestValidate(t *testing.T) {
 		t.Errorf("validate PATH: %d %q %q", code, out, errOut)
 	}
 
+	// A hook's secret that is not set: refused, unless --no-env (CI lint).
+	hook := filepath.Join(t.TempDir(), "hook.yaml")
+	os.WriteFile(hook, []byte("jobs:\n  - name: ping\n    cron: \"@every 1m\"\n    http:\n      url: http://127.0.0.1:9/\n      headers:\n        Authorization: Bearer ${SHARDD_TEST_UNSET_TOKEN}\n"), 0o644)
+	if code, _, errOut := shardd(t, "validate", hook); code != exitFailure || !strings.Contains(errOut, "${SHARDD_TEST_UNSET_TOKEN} is not set") {
+		t.Errorf("validate of a hook whose secret is not set: %d %q", code, errOut)
+	}
+	if code, out, errOut := shardd(t, "validate", "--no-env", hook); code != 0 || !strings.Contains(out, "1 job(s) in 1 file(s), valid") {
+		t.Errorf("validate --no-env: %d %q %q", code, out, errOut)
+	}
+
 	// A config without jobs is not valid for run.
 	empty := filepath.Join(t.TempDir(), "empty.yaml")
 	os.WriteFile(empty, []byte("jobs: []\n"), 0o644)

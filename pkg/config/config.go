@@ -363,11 +363,22 @@ func DefaultJob() Job {
 // Load reads path, a YAML file or a directory of them, and validates every
 // job. The error, if any, joins every problem found (see Error).
 func Load(path string) (*Config, error) {
+	return load(path, &loader{})
+}
+
+// LoadWithoutEnv is Load without the check that the environment variables
+// http.headers name (${API_TOKEN}) are set: for linting job files where the
+// hooks' secrets are not (`shardd validate --no-env` in CI). A daemon loads
+// with Load: a hook would otherwise send an empty secret.
+func LoadWithoutEnv(path string) (*Config, error) {
+	return load(path, &loader{noEnv: true})
+}
+
+func load(path string, l *loader) (*Config, error) {
 	files, err := configFiles(path)
 	if err != nil {
 		return nil, err
 	}
-	var l loader
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
