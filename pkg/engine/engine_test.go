@@ -205,7 +205,7 @@ func TestOnFailureAndListeners(t *testing.T) {
     onFailure:
       webhook: ` + hook.URL + `
       format: slack
-      command: ` + etcdtest.YAMLQuote(`echo "$SHARDD_ITEM $SHARDD_EXIT_CODE" >> `+filepath.Join(dir, "failures")) + `
+      command: ` + etcdtest.YAMLQuote(`echo "$SHARDD_ITEM $SHARDD_EXIT_CODE $SHARDD_RESULT" >> `+filepath.Join(dir, "failures")) + `
     listeners:
       before: ` + etcdtest.YAMLQuote(`echo "before $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
       after: ` + etcdtest.YAMLQuote(`echo "after $SHARDD_ITEMS" >> `+filepath.Join(dir, "listeners")) + `
@@ -215,7 +215,7 @@ func TestOnFailureAndListeners(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		b, _ := os.ReadFile(filepath.Join(dir, "failures"))
-		return len(posts) >= 2 && strings.Contains(string(b), "0 7") && strings.Contains(string(b), "1 7")
+		return len(posts) >= 2 && strings.Contains(string(b), "0 7 FAILED") && strings.Contains(string(b), "1 7 FAILED")
 	})
 	mu.Lock()
 	text, _ := posts[0]["text"].(string)
@@ -231,6 +231,52 @@ func TestOnFailureAndListeners(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if !strings.HasPrefix(lines[0], "before") {
 		t.Errorf("listener order: %q", lines)
+	}
+}
+
+// onFailure of a run that timed out is told what history records:
+// KILLED, reason timeout, not FAILED.
+func TestOnFailureOfATimeout(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	dir := t.TempDir()
+	var mu sync.Mutex
+	var posts []map[string]any
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		posts = append(posts, body)
+		mu.Unlock()
+	}))
+	defer hook.Close()
+	yaml := `jobs:
+  - name: slowpoke
+    cron: "@every 2s"
+    script: "sleep 10"
+    timeout: 300ms
+    onFailure:
+      webhook: ` + hook.URL + `
+      command: ` + etcdtest.YAMLQuote(`echo "$SHARDD_RESULT/$SHARDD_REASON $SHARDD_EXIT_CODE" >> `+filepath.Join(dir, "failures")) + `
+`
+	instance(t, srv, "a", yaml)
+	etcdtest.Eventually(t, 15*time.Second, "the timeout to be reported", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		b, _ := os.ReadFile(filepath.Join(dir, "failures"))
+		return len(posts) >= 1 && len(b) > 0
+	})
+	b, _ := os.ReadFile(filepath.Join(dir, "failures"))
+	if line := strings.SplitN(string(b), "\n", 2)[0]; line != "KILLED/timeout -1" {
+		t.Errorf("onFailure command saw %q, want KILLED/timeout -1", line)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if posts[0]["result"] != "KILLED" || posts[0]["reason"] != "timeout" {
+		t.Errorf("webhook body result %v, reason %v; want KILLED, timeout", posts[0]["result"], posts[0]["reason"])
+	}
+	if text, _ := posts[0]["text"].(string); !strings.Contains(text, "was KILLED (timeout) on a") {
+		t.Errorf("webhook text = %q", text)
 	}
 }
 

@@ -70,7 +70,7 @@ func (j *jobLoop) execute(ctx context.Context, v coord.JobView, s start) bool {
 		e.runs.Add(1)
 		go func() {
 			defer e.runs.Done()
-			e.notifyFailure(job, rc, res)
+			e.notifyFailure(job, rc, out)
 		}()
 	}
 	return true

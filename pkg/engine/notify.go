@@ -11,34 +11,43 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
 )
 
 // hookTimeout bounds a failure notification or a listener.
 const hookTimeout = 30 * time.Second
 
-// notifyFailure tells the job's onFailure targets about a failed run.
-func (e *Engine) notifyFailure(job *config.Job, rc runner.Context, res runner.Result) {
+// notifyFailure tells the job's onFailure targets about a run that
+// failed or timed out, as its outcome out records it (the result and reason
+// history shows: FAILED, or KILLED with reason timeout).
+func (e *Engine) notifyFailure(job *config.Job, rc runner.Context, out coord.Outcome) {
 	of := job.OnFailure
 	if of == nil {
 		return
 	}
 	log := e.log.With("job", job.Name, "item", rc.Item, "fire", rc.Fire)
-	summary := fmt.Sprintf("shardd: job %s item %d (fire %s, attempt %d) failed on %s: %v", job.Name, rc.Item, rc.Fire.Format(time.RFC3339), rc.Attempt, rc.Instance, res.Err)
+	how := "failed"
+	if out.State != keyspace.StateFailed {
+		how = fmt.Sprintf("was %s (%s)", out.State, out.Reason)
+	}
+	summary := fmt.Sprintf("shardd: job %s item %d (fire %s, attempt %d) %s on %s: %s", job.Name, rc.Item, rc.Fire.Format(time.RFC3339), rc.Attempt, how, rc.Instance, out.Err)
 	ctx, cancel := context.WithTimeout(e.killCtx, hookTimeout) // a forced stop (or the grace end) stops it
 	defer cancel()
 	if of.Webhook != "" {
-		if err := postWebhook(ctx, of.Webhook, of.Format, summary, rc, res); err != nil {
+		if err := postWebhook(ctx, of.Webhook, of.Format, summary, rc, out); err != nil {
 			log.Warn("onFailure webhook", "err", err)
 		}
 	}
 	if of.Command != nil {
 		s := runner.Script{Argv: of.Command.Argv, Shell: of.Command.Shell, Timeout: hookTimeout, Env: map[string]string{
-			"SHARDD_RESULT":      "FAILED",
-			"SHARDD_EXIT_CODE":   strconv.Itoa(res.ExitCode),
-			"SHARDD_HTTP_STATUS": strconv.Itoa(res.HTTPStatus),
-			"SHARDD_ERROR":       fmt.Sprint(res.Err),
-			"SHARDD_OUTPUT":      res.Output,
+			"SHARDD_RESULT":      out.State,
+			"SHARDD_REASON":      out.Reason,
+			"SHARDD_EXIT_CODE":   strconv.Itoa(out.ExitCode),
+			"SHARDD_HTTP_STATUS": strconv.Itoa(out.HTTPStatus),
+			"SHARDD_ERROR":       out.Err,
+			"SHARDD_OUTPUT":      out.Output,
 		}}
 		if r := s.Run(ctx, rc); !r.OK {
 			log.Warn("onFailure command", "err", r.Err, "output", r.Output)
@@ -47,7 +56,7 @@ func (e *Engine) notifyFailure(job *config.Job, rc runner.Context, res runner.Re
 }
 
 // webhookBody shapes a failure for a chat's incoming webhook.
-func webhookBody(format, summary string, rc runner.Context, res runner.Result) any {
+func webhookBody(format, summary string, rc runner.Context, out coord.Outcome) any {
 	switch format {
 	case "slack":
 		return map[string]string{"text": summary}
@@ -55,13 +64,13 @@ func webhookBody(format, summary string, rc runner.Context, res runner.Result) a
 		return map[string]any{"msgtype": "text", "text": map[string]string{"content": summary}}
 	}
 	return map[string]any{
-		"text": summary, "context": rc, "exitCode": res.ExitCode, "httpStatus": res.HTTPStatus, "error": fmt.Sprint(res.Err),
-		"output": res.Output, "start": res.Start, "end": res.End,
+		"text": summary, "context": rc, "result": out.State, "reason": out.Reason, "exitCode": out.ExitCode, "httpStatus": out.HTTPStatus,
+		"error": out.Err, "output": out.Output, "start": out.Start, "end": out.End,
 	}
 }
 
-func postWebhook(ctx context.Context, url, format, summary string, rc runner.Context, res runner.Result) error {
-	body, err := json.Marshal(webhookBody(format, summary, rc, res))
+func postWebhook(ctx context.Context, url, format, summary string, rc runner.Context, out coord.Outcome) error {
+	body, err := json.Marshal(webhookBody(format, summary, rc, out))
 	if err != nil {
 		return err
 	}
