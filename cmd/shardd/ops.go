@@ -213,7 +213,15 @@ func cmdTrigger(e *env, args []string) error {
 	if *param != "" {
 		how += fmt.Sprintf(" with parameter %q", *param)
 	}
-	msg := fmt.Sprintf("triggered %s of job %s %s (trigger %s, revision %d); its owners run it now, see `shardd history %s`", what, job, how, tr.ID, tr.Rev, job)
+	when := "its owners run it now"
+	switch {
+	case len(tr.Busy) == 0:
+	case len(tr.Busy) == len(tr.Runs) && len(tr.Runs) == 1:
+		when = "it is running now: the trigger runs after that run ends"
+	default:
+		when = fmt.Sprintf("its owners run it now, except item(s) %s, running now: each runs it after that run ends", joinInts(tr.Busy))
+	}
+	msg := fmt.Sprintf("triggered %s of job %s %s (trigger %s, revision %d); %s, see `shardd history %s`", what, job, how, tr.ID, tr.Rev, when, job)
 	switch {
 	case len(tr.Children) == 0:
 	case *noPropagate:

@@ -173,13 +173,20 @@ func TestTriggerQueuedBehindARunIsServedByTheItemsNewOwner(t *testing.T) {
 	a := instance(t, srv, "a", yaml)
 	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
 	etcdtest.Eventually(t, 15*time.Second, "a's map", func() bool { v, _ := a.View("j"); return v.Map != nil && len(v.Map.Instances) == 1 })
-	if _, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow5"}); err != nil {
+	tr1, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "slow5"})
+	if err != nil {
 		t.Fatal(err)
+	}
+	if len(tr1.Busy) != 0 {
+		t.Errorf("the first trigger says items %v are running; nothing was", tr1.Busy)
 	}
 	etcdtest.Eventually(t, 10*time.Second, "both items running the first trigger", func() bool { return len(servedBy(dir, "slow5")) == 2 })
 	tr2, err := admin.New(cli, keys).Trigger(ctx, admin.TriggerRequest{Job: "j", Param: "T2"})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(tr2.Busy, []int{0, 1}) {
+		t.Errorf("a trigger while both items run says items %v are busy, want [0 1] (it is queued behind them)", tr2.Busy)
 	}
 	b := instance(t, srv, "b", yaml)
 	etcdtest.Eventually(t, 10*time.Second, "item 1 moved to b", func() bool {

@@ -30,6 +30,9 @@ type Triggered struct {
 	// they are disabled.
 	Runs     []int `json:"runs"`
 	Disabled []int `json:"disabled,omitempty"`
+	// Busy are the items of Runs that were running when the trigger was
+	// put: each runs it after its current run ends.
+	Busy []int `json:"busy,omitempty"`
 	// Children are the jobs that run after the job's fires (dependsOn);
 	// NoPropagate says this trigger's runs will not trigger them.
 	Children []string `json:"children,omitempty"`
@@ -150,7 +153,8 @@ func (c *Client) Trigger(ctx context.Context, r TriggerRequest) (Triggered, erro
 	val, _ := json.Marshal(tr)
 	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(c.keys.Trigger(job, tr.ID)), "=", 0))
 	resp, err := c.cli.Txn(ctx).If(cmps...).
-		Then(clientv3.OpPut(c.keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID)), clientv3.OpGet(c.keys.Children(job))).Commit()
+		Then(clientv3.OpPut(c.keys.Trigger(job, tr.ID), string(val), clientv3.WithLease(lease.ID)), clientv3.OpGet(c.keys.Children(job)),
+			clientv3.OpGet(c.keys.Running(job), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
 	if err != nil {
 		return Triggered{}, fmt.Errorf("trigger job %q: %w", job, err)
 	}
@@ -163,6 +167,17 @@ func (c *Client) Trigger(ctx context.Context, r TriggerRequest) (Triggered, erro
 		var idx keyspace.ParentsOf
 		if json.Unmarshal(kvs[0].Value, &idx) == nil {
 			res.Children = slices.Sorted(maps.Keys(idx))
+		}
+	}
+	running := map[int]bool{}
+	for _, kv := range resp.Responses[2].GetResponseRange().Kvs {
+		if item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
+			running[item] = true
+		}
+	}
+	for _, item := range res.Runs {
+		if running[item] {
+			res.Busy = append(res.Busy, item)
 		}
 	}
 	return res, nil
