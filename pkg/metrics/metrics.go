@@ -40,7 +40,7 @@ const (
 func New(reg prometheus.Registerer, version string) *Metrics {
 	m := &Metrics{
 		Runs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "shardd_runs_total", Help: "Item executions finished on this instance, by job, result (success, failure, killed) and source (NORMAL, MISFIRE, FAILOVER, MANUAL).",
+			Name: "shardd_runs_total", Help: "Item executions finished on this instance, by job, result (success; failure: FAILED or timed out; killed: any other KILLED) and source (NORMAL, MISFIRE, FAILOVER, MANUAL).",
 		}, []string{"shardd_job", "result", "source"}),
 		RunDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "shardd_run_duration_seconds", Help: "Duration of item executions on this instance, retries included.",
