@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
@@ -296,15 +297,31 @@ func TestHistoryTable(t *testing.T) {
 		{Item: 1, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(5 * time.Second), State: "KILLED", Reason: "timeout", ExitCode: -1, Error: "killed: timeout after 5s"},
 		{Item: 2, Fire: t0, Instance: "b", Attempt: 1, Source: "MANUAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503, Error: "HTTP 503"},
 		{Item: 3, Fire: t0, Instance: "b", State: "SKIPPED", Reason: "disabled", ExitCode: -1, Skipped: 2},
+		{Item: 4, Fire: t0, Instance: "b", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: 127, Error: "exit status 127", Output: "/bin/sh: 1: /opt/jobs/etl.sh: not found\n"},
+		{Item: 5, Fire: t0, Instance: "b", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: 1, Error: "exit status 1", Output: "col\tumn \x1b[31mred\x1b[0m ünïcödé " + strings.Repeat("é", 80)},
 	})
 	out := b.String()
-	for _, want := range []string{"RESULT", "CODE", "FENCE", " 4711 ", "FAILED  ", "exit 3", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled"} {
+	for _, want := range []string{"RESULT", "CODE", "FENCE", " 4711 ", "FAILED  ", "exit 3", "boom", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled", "/opt/jobs/etl.sh: not found"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("history lacks %q:\n%s", want, out)
 		}
 	}
 	if strings.Contains(out, "exit 503") || strings.Contains(out, "exit -1") {
 		t.Errorf("an HTTP status or a missing exit code shown as an exit code:\n%s", out)
+	}
+	if strings.Contains(out, "exit status") {
+		t.Errorf("the error column repeats the exit code instead of the output's last line:\n%s", out)
+	}
+	// Every row has as many columns as the header: no tab or escape in a
+	// cell, no cut rune.
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	row := lines[len(lines)-1]
+	if strings.ContainsAny(row, "\t\x1b") || !utf8.ValidString(row) || !strings.HasSuffix(row, "é...") {
+		t.Errorf("last row not one clean line cut at 60 runes: %q", row)
+	}
+	header := lines[0]
+	if want, got := utf8.RuneCountInString(header[:strings.Index(header, "ERROR/OUTPUT")]), utf8.RuneCountInString(row[:strings.Index(row, "col")]); got != want {
+		t.Errorf("last row's output starts at column %d, the header's at %d:\n%s", got, want, out)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
@@ -375,6 +376,31 @@ func cmdHistory(e *env, args []string) error {
 // reason (KILLED/timeout, SKIPPED/disabled) and a streaming run's
 // iterations; CODE is a script's exit code
 // ("exit 1") or a hook's HTTP status ("http 503").
+// historyCell is the ERROR/OUTPUT cell of r: its error or, when the error
+// only repeats the exit code (exit status 3) or there is none, the last
+// line of its output (the script's "db timeout for AMER", or "...: not
+// found" for exit 127). It is one line of at most 60 characters, with no
+// tab or control character to break the table's columns.
+func historyCell(r keyspace.ItemRecord) string {
+	out := strings.TrimSpace(r.Output)
+	if i := strings.LastIndexByte(out, '\n'); i >= 0 {
+		out = strings.TrimSpace(out[i+1:])
+	}
+	if r.Error != "" && (out == "" || r.Error != "exit status "+strconv.Itoa(r.ExitCode)) {
+		out = r.Error
+	}
+	out = strings.Map(func(c rune) rune {
+		if unicode.IsControl(c) {
+			return ' '
+		}
+		return c
+	}, out)
+	if rs := []rune(out); len(rs) > 60 {
+		out = string(rs[:57]) + "..."
+	}
+	return out
+}
+
 func writeHistory(w io.Writer, recs []keyspace.ItemRecord) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ITEM\tFIRE\tINSTANCE\tFENCE\tATTEMPT\tSOURCE\tSTART\tDURATION\tRESULT\tCODE\tSKIPPED\tERROR/OUTPUT")
@@ -401,16 +427,7 @@ func writeHistory(w io.Writer, recs []keyspace.ItemRecord) error {
 		case r.ExitCode >= 0:
 			code = "exit " + strconv.Itoa(r.ExitCode)
 		}
-		out := strings.TrimSpace(r.Output)
-		if i := strings.LastIndexByte(out, '\n'); i >= 0 {
-			out = out[i+1:]
-		}
-		if r.Error != "" {
-			out = r.Error
-		}
-		if len(out) > 60 {
-			out = out[:57] + "..."
-		}
+		out := historyCell(r)
 		source := dash(r.Source)
 		switch {
 		case r.Upstream != nil: // the parent fire an UPSTREAM run (or its record) serves
