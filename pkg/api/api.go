@@ -389,12 +389,11 @@ func (a *api) record(r *http.Request, e keyspace.AuditEntry, err error) {
 	a.o.Logger.Info("audit", attrs...)
 }
 
-// readyz is 200 while the instance holds an etcd session and etcd takes
-// its writes, 503 otherwise (etcd went back in time, its NOSPACE alarm).
-// A failed reload does not make it unready (the last good configuration
-// keeps running) but is always said, whatever the status.
-// readyz says whether the instance can work. It is open to anyone, so it
-// quotes nothing of the configuration: a problem's message quotes the
+// readyz says whether the instance can work: 200 while it holds an etcd
+// session and etcd takes its writes, 503 otherwise (etcd went back in time,
+// its NOSPACE alarm). A failed reload does not make it unready (the last
+// good configuration keeps running) but is always said, whatever the
+// status. It is open to anyone, so it quotes nothing of the configuration: a problem's message quotes the
 // field's value (a webhook URL and its secret path, a wrong-typed value),
 // and file names say where the jobs are. It counts the problems of a
 // failed reload and names the jobs they are in; /api/v1/config/problems,
