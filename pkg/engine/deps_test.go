@@ -252,6 +252,34 @@ func TestUnnotedOutcomesAreNotedByTheNextOwner(t *testing.T) {
 	}
 }
 
+// Disabling an item of a parent warns that its children will record
+// upstream-failed for each fire; disabling an item of a job without
+// children does not.
+func TestDisablingAParentItemWarnsOfItsChildren(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	a := instance(t, srv, "a", depsJobs(t.TempDir()))
+	cli, keys, ctx := srv.Client(), keyspace.NewKeys(""), context.Background()
+	etcdtest.Eventually(t, 15*time.Second, "the parent's children index", func() bool {
+		v, _ := a.View("parent")
+		return len(v.Children["child"].Parents) == 1
+	})
+	res, err := admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "parent", Item: 0}, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.Message, "warning: jobs run after parent's fires (child)") || !strings.Contains(res.Message, "upstream-failed") {
+		t.Errorf("disabling a parent's item: %q, want a warning naming the child", res.Message)
+	}
+	res, err = admin.New(cli, keys).SetDisabled(ctx, admin.Target{Job: "child", Item: 0}, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(res.Message, "warning") {
+		t.Errorf("disabling an item of a job without children warns: %q", res.Message)
+	}
+}
+
 // A disabled child does not run its parents' fires, then or when enabled:
 // the upstream triggers that reach it are dropped, as its own fires are
 // recorded skipped.

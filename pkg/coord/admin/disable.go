@@ -2,8 +2,10 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -11,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
 // Target names what disable and enable act on: a whole job, one item of it
@@ -86,6 +89,7 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 		key, was = c.keys.DisabledJob(t.Job), f.jobOff
 	}
 	res := Disabling{Target: t, Changed: was != on, Disabled: on}
+	var children []string
 	if res.Changed {
 		// Guarded by what was checked: the definition the item was checked
 		// against, and the mark as it was read.
@@ -99,12 +103,20 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 		if on {
 			op = clientv3.OpPut(key, time.Now().UTC().Format(time.RFC3339))
 		}
-		resp, err := c.cli.Txn(ctx).If(guards...).Then(op).Commit()
+		// The job's children, at the same revision: an item disabled
+		// makes every fire of a parent fail for them.
+		resp, err := c.cli.Txn(ctx).If(guards...).Then(op, clientv3.OpGet(c.keys.Children(t.Job))).Commit()
 		if err != nil {
 			return Disabling{}, fmt.Errorf("update %s: %w", key, err)
 		}
 		if !resp.Succeeded {
 			return Disabling{}, opErr(ErrRefused, "job %q changed meanwhile (its definition, or the mark); nothing changed, try again", t.Job)
+		}
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+			var idx keyspace.ParentsOf
+			if json.Unmarshal(kvs[0].Value, &idx) == nil {
+				children = slices.Sorted(maps.Keys(idx))
+			}
 		}
 	}
 	verb := map[bool]string{true: "disabled", false: "enabled"}[on]
@@ -117,6 +129,9 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 			return id != t.Instance && !f.offInst[id]
 		}) {
 			res.Message += fmt.Sprintf("; warning: no enabled instance is left to run job %s, so its fires are not run until one is (shardd enable %s --instance %s)", t.Job, t.Job, t.Instance)
+		}
+		if on && t.Item >= 0 && len(children) > 0 {
+			res.Message += fmt.Sprintf("; warning: jobs run after %s's fires (%s); while item %d is disabled it is recorded SKIPPED/disabled at each fire, so no fire succeeds and they record upstream-failed for each (disable them too if that is noise)", t.Job, strings.Join(children, ", "), t.Item)
 		}
 	} else {
 		res.Message = fmt.Sprintf("%s was already %s; nothing changed", t, verb)
