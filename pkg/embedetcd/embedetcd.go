@@ -114,7 +114,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		}
 	}()
 	cfg.LogOutputs = []string{o.LogFile}
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newLogger(lf, o.LogLevel))
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(newLogger(lf, o.LogLevel, &lf.stopping))
 
 	inCluster := o.InitialCluster != ""
 	if err := o.checkMember(cfg.Dir, pu); err != nil {
@@ -403,6 +403,7 @@ func (e *Server) Err() <-chan error { return e.errc }
 
 // Close stops the server and waits for it.
 func (e *Server) Close() {
+	e.log.stopping.Store(true)
 	e.e.Close()
 	e.log.Close()
 	e.unlock()

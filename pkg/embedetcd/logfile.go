@@ -1,9 +1,14 @@
 package embedetcd
 
 import (
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,6 +40,10 @@ type logFile struct {
 	f      *os.File
 	size   int64
 	closed bool
+
+	// stopping is set when the server is closed on purpose: etcd then logs
+	// its listeners' ends as errors, which they are not (stopCore).
+	stopping atomic.Bool
 }
 
 // openLogFile opens (creating, 0600, never through a symbolic link) the
@@ -127,9 +136,58 @@ func (l *logFile) Close() error {
 // newLogger is the logger etcd builds for itself (logutil's default
 // config: its JSON encoder, sampling, stack traces at error; etcd.log reads
 // as before) at level, writing to w.
-func newLogger(w zapcore.WriteSyncer, level string) *zap.Logger {
+//
+// While stopping is set, etcd's errors that only say a listener closed are
+// written at info, without their stack trace: a clean stop leaves no error
+// lines in etcd.log.
+func newLogger(w zapcore.WriteSyncer, level string, stopping *atomic.Bool) *zap.Logger {
 	c := logutil.DefaultZapLoggerConfig
-	core := zapcore.NewCore(zapcore.NewJSONEncoder(c.EncoderConfig), w, zap.NewAtomicLevelAt(logutil.ConvertToZapLevel(level)))
+	var core zapcore.Core = stopCore{zapcore.NewCore(zapcore.NewJSONEncoder(c.EncoderConfig), w, zap.NewAtomicLevelAt(logutil.ConvertToZapLevel(level))), stopping}
 	core = zapcore.NewSamplerWithOptions(core, time.Second, c.Sampling.Initial, c.Sampling.Thereafter)
 	return zap.New(core, zap.AddCaller(), zap.AddStacktrace(zapcore.ErrorLevel), zap.ErrorOutput(w))
+}
+
+// stopCore writes, while stopping, an error entry whose error field says a
+// listener closed ("http: Server closed", "mux: server closed", "use of
+// closed network connection") at info level, without its stack: etcd's Close logs each of
+// its servers' ends so ("setting up serving from embedded etcd failed.").
+type stopCore struct {
+	zapcore.Core
+	stopping *atomic.Bool
+}
+
+func (c stopCore) With(fields []zapcore.Field) zapcore.Core {
+	return stopCore{c.Core.With(fields), c.stopping}
+}
+
+func (c stopCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.Enabled(ent.Level) {
+		return ce.AddCore(ent, c)
+	}
+	return ce
+}
+
+func (c stopCore) Write(ent zapcore.Entry, fields []zapcore.Field) error {
+	if ent.Level >= zapcore.ErrorLevel && c.stopping.Load() && closedListener(fields) {
+		ent.Level, ent.Stack = zapcore.InfoLevel, ""
+	}
+	return c.Core.Write(ent, fields)
+}
+
+// closedText matches the texts of those errors once they crossed a
+// goroutine as text: net's, http's and cmux's ("mux: server closed").
+func closedText(s string) bool {
+	return strings.Contains(s, "use of closed network connection") || strings.HasSuffix(strings.ToLower(s), "server closed")
+}
+
+// closedListener reports whether fields hold an error that says a server
+// or listener was closed.
+func closedListener(fields []zapcore.Field) bool {
+	for _, f := range fields {
+		if err, ok := f.Interface.(error); ok && f.Type == zapcore.ErrorType &&
+			(errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) || closedText(err.Error())) {
+			return true
+		}
+	}
+	return false
 }

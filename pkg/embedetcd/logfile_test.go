@@ -42,6 +42,13 @@ func TestEachServerWritesItsOwnLog(t *testing.T) {
 		if strings.Contains(string(b), other) {
 			t.Errorf("member m%d's etcd.log has the other member's lines (%s)", i, other)
 		}
+		// A clean stop is no error: etcd's "setting up serving ... failed"
+		// for its closed listeners is written at info.
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, `"level":"error"`) {
+				t.Errorf("member m%d's etcd.log has an error line after a clean stop: %.300s", i, line)
+			}
+		}
 	}
 	// Closed: a late line of etcd's is dropped, not written or an error.
 	if n, err := srvs[0].log.Write([]byte("late\n")); n != 5 || err != nil {
