@@ -72,6 +72,9 @@ type hub struct {
 	// revision (with a resync); stopWatch ends the watch in progress.
 	fresh     atomic.Bool
 	stopWatch func()
+	// resyncs counts the resyncs of every subscriber (resyncAll), counted
+	// before their callbacks run.
+	resyncs atomic.Int64
 }
 
 // subscription is one subscriber's interest in the keys of one job under
@@ -228,6 +231,7 @@ func (h *hub) deliver(ev *clientv3.Event) {
 func (h *hub) resyncAll() {
 	h.delivering.Lock()
 	defer h.delivering.Unlock()
+	h.resyncs.Add(1)
 	h.mu.Lock()
 	var all []*subscription
 	for _, subs := range h.subs {

@@ -59,6 +59,11 @@ type jobTask struct {
 	// reread asks for a read after it (events may have been missed).
 	pending *state
 	reread  bool
+	// pendingResyncs is the hub's resync count before pending was read;
+	// changed says a leader subscription saw an event or a resync since it
+	// was made.
+	pendingResyncs int64
+	changed        atomic.Bool
 }
 
 type taskPhase int
@@ -186,6 +191,7 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	var st *state
 	var found []candidateKey
 	var err error
+	resyncs := n.hub.resyncs.Load() // before the read (see the subscriptions below)
 	if full {
 		if st, err = l.read(ctx); err == nil {
 			found = st.candidates
@@ -223,27 +229,37 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	// Subscribe first, then read (the next step): every change after the
 	// read wakes the reconcile. A new candidate may be the preferred
 	// leader, so the election prefix counts too.
+	//
+	// The full look read the state before these subscriptions. The first
+	// reconcile goes on it (the map is written one round trip after the
+	// election) unless something may be missing from it: the watch had
+	// delivered events past its revision when the subscriptions were made
+	// (they are made between two deliveries, so every later event reaches
+	// them): it goes on it, then reads again after a settle; an event
+	// reached a subscription since (changed), or the hub resynced since the
+	// read (resyncs; events were lost): it reads.
 	shards, members := n.keys.Shards(job), n.keys.Members(job)
-	for _, p := range []string{members, n.keys.Disabled(job), n.keys.Config(job), shards, prefix} {
-		t.unsub = append(t.unsub, n.hub.subscribe(job, p, func(ev *clientv3.Event) {
-			switch {
-			case p == shards && ev.Kv.ModRevision == l.wrote.Load():
-				// Its own map write, coming back: nothing changed.
-			case p == members && ev.Type == clientv3.EventTypeDelete:
-				t.wake() // a member gone: its items wait for the new map, at once
-			default:
-				t.settle()
-			}
-		}, t.wake))
-	}
-	if st != nil {
-		// The full look read the state before these subscriptions: the
-		// first reconcile goes on it (the map is written one round trip
-		// after the election), and reads again after a settle if the
-		// watch has delivered events since, of which some may have been
-		// this job's.
-		t.pending, t.reread = st, n.hub.deliveredRev() > st.rev
-	}
+	t.changed.Store(false)
+	resync := func() { t.changed.Store(true); t.wake() }
+	n.hub.settled(func() {
+		for _, p := range []string{members, n.keys.Disabled(job), n.keys.Config(job), shards, prefix} {
+			t.unsub = append(t.unsub, n.hub.subscribe(job, p, func(ev *clientv3.Event) {
+				switch {
+				case p == shards && ev.Kv.ModRevision == l.wrote.Load():
+					// Its own map write, coming back: nothing changed.
+				case p == members && ev.Type == clientv3.EventTypeDelete:
+					t.changed.Store(true)
+					t.wake() // a member gone: its items wait for the new map, at once
+				default:
+					t.changed.Store(true)
+					t.settle()
+				}
+			}, resync))
+		}
+		if st != nil {
+			t.pending, t.pendingResyncs, t.reread = st, resyncs, n.hub.deliveredRev() > st.rev
+		}
+	})
 	t.phase = leading
 	return time.Now()
 }
@@ -253,6 +269,9 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 func (t *jobTask) lead(ctx context.Context) time.Time {
 	st, reread, err := t.pending, t.reread, error(nil)
 	t.pending, t.reread = nil, false
+	if st != nil && (t.changed.Load() || t.n.hub.resyncs.Load() != t.pendingResyncs) {
+		st, reread = nil, false // the full look's read may lack a change (see campaign)
+	}
 	if st == nil {
 		st, err = t.l.read(ctx)
 	}
