@@ -171,7 +171,7 @@ func parseRunFlags(e *env, args []string) (*runFlags, error) {
 	fs.StringVar(&f.pprofAddr, "pprof-listen", "", "loopback `address` to serve Go's profiles on (/debug/pprof/), for performance work; empty: off")
 	fs.BoolVar(&f.pprofAny, "pprof-listen-any", false, "let --pprof-listen be an address beyond loopback (in a container, to publish its port): the profiles, and the command line, go to whoever reaches it, without a token")
 	fs.StringVar(&f.embedPeer, "embed-peer-url", defaultEmbedPeer, "peer `URL` of the embedded etcd (without --etcd); https")
-	fs.StringVar(&f.embedCluster, "embed-cluster", "", "run the embedded etcd as one member of a cluster of shardd hosts: `NAME=PEER_URL,...`, every member (3 or 5), this one under its --name; its peer URL is this host's --embed-peer-url. Each host's --data-dir/tls holds the same ca.crt and ca.key (see docs/deployment.md)")
+	fs.StringVar(&f.embedCluster, "embed-cluster", "", "run the embedded etcd as one member of a cluster of shardd hosts: `NAME=PEER_URL,...`, every member (3 or 5), this one under its --name, at its entry's peer URL (--embed-peer-url, if given, must be the same). Each host's --data-dir/tls holds the same ca.crt and ca.key (see docs/deployment.md)")
 	fs.BoolVar(&f.embedJoin, "embed-join", false, "with --embed-cluster: join a cluster that runs already (after etcdctl member add), instead of starting a new one")
 	fs.StringVar(&f.tls.cert, "tls-cert", "", "certificate `file` (PEM) of the HTTP server: serve --listen over TLS")
 	fs.StringVar(&f.tls.key, "tls-key", "", "private key `file` (PEM) of --tls-cert")

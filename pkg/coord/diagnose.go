@@ -58,7 +58,11 @@ func Diagnose(ctx context.Context, endpoint string, o ClientOptions) string {
 	var unknown x509.UnknownAuthorityError
 	switch {
 	case errors.As(err, &unknown):
-		return fmt.Sprintf("the certificate of %s is not signed by the CA %s (a different cluster, or the wrong --data-dir / --etcd-ca?): %v", u.Host, orSystem(o.CAFile), err)
+		hint := "a different cluster, or the wrong --data-dir / --etcd-ca?"
+		if o.CAFile == "" {
+			hint = "a --data-dir's certificate is used only when --etcd is that data dir's etcd alone; for other or several endpoints, as an embedded cluster's members, give --etcd-ca, --etcd-cert and --etcd-key: the ca.crt, client.crt and client.key in a member's DATA_DIR/tls/"
+		}
+		return fmt.Sprintf("the certificate of %s is not signed by the CA %s (%s): %v", u.Host, orSystem(o.CAFile), hint, err)
 	case strings.Contains(err.Error(), "certificate required"), strings.Contains(err.Error(), "bad certificate"), strings.Contains(err.Error(), "unknown certificate authority"):
 		if o.CertFile == "" {
 			return fmt.Sprintf("%s requires a client certificate and none was given: pass the --data-dir its shardd run was started with, or --etcd-cert and --etcd-key: %v", u.Host, err)
