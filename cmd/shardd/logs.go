@@ -136,7 +136,11 @@ func (f *logsFlags) findRun(ctx context.Context, adm *admin.Client, job string, 
 	if len(recs) == 0 {
 		switch {
 		case fence > 0:
-			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item; an older run's log stays on the instance that ran it): `shardd history %s` lists its runs", job, runName(fence, runItem), keyspace.HistoryPerItem, job)}
+			where := ""
+			if found := f.localLogs(job, fence, runItem); len(found) > 0 {
+				where = "; this host has its log: " + strings.Join(found, ", ")
+			}
+			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item, and a run cut by a crash has no record of its own: its re-run has; the log of such a run stays on the instance that ran it%s): `shardd history %s` lists its runs", job, runName(fence, runItem), keyspace.HistoryPerItem, where, job)}
 		default:
 			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("item %d of job %s has no recorded run yet: `shardd history %s` lists the job's runs", runItem, job, job)}
 		}
@@ -151,6 +155,19 @@ func (f *logsFlags) findRun(ctx context.Context, adm *admin.Client, job string, 
 		}
 	}
 	return recs[0], nil
+}
+
+// localLogs lists the log files of job's run (fence, item; -1: any item)
+// in this host's data dir, of any instance: a run etcd does not record can
+// still have one.
+func (f *logsFlags) localLogs(job string, fence int64, item int) []string {
+	dataDir, _ := f.ops.ef.dataDirOrDefault()
+	name := runName(fence, item)
+	if item < 0 {
+		name += "-*"
+	}
+	found, _ := filepath.Glob(filepath.Join(dataDir, "runs", "*", job, name+".log"))
+	return found
 }
 
 // loggedRun is the run whose log shardd logs prints, and the instance

@@ -235,6 +235,9 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 	if recs := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(recs) != 4 || !strings.Contains(out, " out quick 0\n") || !strings.Contains(recs[3], " shardd end ") {
 		t.Errorf("logs --run FENCE --raw: exit %d\n%s", code, out)
 	}
+	cutDir := t.TempDir()
+	os.MkdirAll(filepath.Join(cutDir, "runs", "gone", "quick"), 0o700)
+	os.WriteFile(filepath.Join(cutDir, "runs", "gone", "quick", "999998-1.log"), nil, 0o600)
 	for _, tc := range []struct {
 		name string
 		env  []string
@@ -245,6 +248,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 		{"several items, no --item (SHARDD_ITEM is the job's, not the command's)", append(tokenEnv, "SHARDD_ITEM=1"), []string{"logs", "quick"}, "job quick has items 0-1: give --item N"},
 		{"an item out of range", tokenEnv, []string{"logs", "quick", "--item", "5"}, "no item 5"},
 		{"a run not recorded", tokenEnv, []string{"logs", "quick", "--run", "999999"}, "no recorded run 999999"},
+		{"a run not recorded whose log this host has (a run cut by a crash)", tokenEnv, []string{"logs", "quick", "--run", "999998-1", "--data-dir", cutDir}, "this host has its log: " + filepath.Join(cutDir, "runs", "gone", "quick", "999998-1.log")},
 		{"no token", nil, []string{"logs", "quick", "--item", "0"}, "--api-token-file"},
 	} {
 		code, out, errOut := logsCLI(t, e, tc.env, tc.args...)
