@@ -69,19 +69,33 @@ type testNode struct {
 // startNode runs a node whose etcd connection goes through its own proxy.
 func startNode(t testing.TB, srv *etcdtest.Server, id string, js []*config.Job) *testNode {
 	t.Helper()
+	return startNodeWith(t, srv, id, js, nil)
+}
+
+// startNodeWith is startNode with the node's log handler wrapped by wrap
+// (if not nil) and beforeRun called with the node before it runs.
+func startNodeWith(t testing.TB, srv *etcdtest.Server, id string, js []*config.Job, wrap func(slog.Handler) slog.Handler, beforeRun ...func(*Node)) *testNode {
+	t.Helper()
 	p, err := faultproxy.Start(srv.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
 	cli := srv.Client("http://" + p.Addr())
 	lb := &logBuffer{}
+	var h slog.Handler = slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})
+	if wrap != nil {
+		h = wrap(h)
+	}
 	n, err := New(Options{
 		Client: cli, ID: id, TTL: testTTL,
 		Info:   keyspace.InstanceInfo{Node: id, Host: "test", PID: 1},
-		Logger: slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger: slog.New(h),
 	}, js)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range beforeRun {
+		f(n)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	tn := &testNode{Node: n, proxy: p, cli: cli, log: lb, cancel: cancel, done: make(chan error, 1)}

@@ -12,7 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/internal/etcdtest"
-	"github.com/shardd/shardd/internal/faultproxy"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
@@ -47,36 +46,10 @@ func (h gateHandler) WithGroup(n string) slog.Handler {
 	return gateHandler{h.Handler.WithGroup(n), h.g}
 }
 
+// startGatedNode is startNode with its log held at g's message.
 func startGatedNode(t *testing.T, srv *etcdtest.Server, id string, js []*config.Job, g *gate, beforeRun ...func(*Node)) *testNode {
 	t.Helper()
-	p, err := faultproxy.Start(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli := srv.Client("http://" + p.Addr())
-	lb := &logBuffer{}
-	n, err := New(Options{
-		Client: cli, ID: id, TTL: testTTL,
-		Info:   keyspace.InstanceInfo{Node: id, Host: "test", PID: 1},
-		Logger: slog.New(gateHandler{slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug}), g}),
-	}, js)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range beforeRun {
-		f(n)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tn := &testNode{Node: n, proxy: p, cli: cli, log: lb, cancel: cancel, done: make(chan error, 1)}
-	go func() { tn.done <- n.Run(ctx) }()
-	t.Cleanup(func() {
-		tn.stop(t)
-		p.Close()
-		if t.Failed() {
-			t.Logf("log of %s:\n%s", id, lb.String())
-		}
-	})
-	return tn
+	return startNodeWith(t, srv, id, js, func(h slog.Handler) slog.Handler { return gateHandler{h, g} }, beforeRun...)
 }
 
 func waitCh(t *testing.T, c <-chan struct{}, what string) {

@@ -183,20 +183,31 @@ func TestMisfireCoalesces(t *testing.T) {
 	}
 }
 
+// webhookRecorder serves a webhook that keeps the JSON bodies posted to it;
+// posts returns them so far.
+func webhookRecorder(t *testing.T) (hook *httptest.Server, posts func() []map[string]any) {
+	var mu sync.Mutex
+	var got []map[string]any
+	hook = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		json.NewDecoder(r.Body).Decode(&body)
+		mu.Lock()
+		got = append(got, body)
+		mu.Unlock()
+	}))
+	t.Cleanup(hook.Close)
+	return hook, func() []map[string]any {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
 func TestOnFailureAndListeners(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
-	var mu sync.Mutex
-	var posts []map[string]any
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]any
-		json.NewDecoder(r.Body).Decode(&body)
-		mu.Lock()
-		posts = append(posts, body)
-		mu.Unlock()
-	}))
-	defer hook.Close()
+	hook, posts := webhookRecorder(t)
 	yaml := `jobs:
   - name: flaky
     cron: "@every 1s"
@@ -212,14 +223,10 @@ func TestOnFailureAndListeners(t *testing.T) {
 `
 	instance(t, srv, "a", yaml)
 	etcdtest.Eventually(t, 15*time.Second, "a failure to be reported", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
 		b, _ := os.ReadFile(filepath.Join(dir, "failures"))
-		return len(posts) >= 2 && strings.Contains(string(b), "0 7 FAILED") && strings.Contains(string(b), "1 7 FAILED")
+		return len(posts()) >= 2 && strings.Contains(string(b), "0 7 FAILED") && strings.Contains(string(b), "1 7 FAILED")
 	})
-	mu.Lock()
-	text, _ := posts[0]["text"].(string)
-	mu.Unlock()
+	text, _ := posts()[0]["text"].(string)
 	if !strings.Contains(text, "job flaky item") || !strings.Contains(text, "failed on a") {
 		t.Errorf("slack text = %q", text)
 	}
@@ -240,16 +247,7 @@ func TestOnFailureOfATimeout(t *testing.T) {
 	t.Parallel()
 	srv := etcdtest.Shared(t)
 	dir := t.TempDir()
-	var mu sync.Mutex
-	var posts []map[string]any
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var body map[string]any
-		json.NewDecoder(r.Body).Decode(&body)
-		mu.Lock()
-		posts = append(posts, body)
-		mu.Unlock()
-	}))
-	defer hook.Close()
+	hook, posts := webhookRecorder(t)
 	yaml := `jobs:
   - name: slowpoke
     cron: "@every 2s"
@@ -261,21 +259,18 @@ func TestOnFailureOfATimeout(t *testing.T) {
 `
 	instance(t, srv, "a", yaml)
 	etcdtest.Eventually(t, 15*time.Second, "the timeout to be reported", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
 		b, _ := os.ReadFile(filepath.Join(dir, "failures"))
-		return len(posts) >= 1 && len(b) > 0
+		return len(posts()) >= 1 && len(b) > 0
 	})
 	b, _ := os.ReadFile(filepath.Join(dir, "failures"))
 	if line := strings.SplitN(string(b), "\n", 2)[0]; line != "KILLED/timeout -1" {
 		t.Errorf("onFailure command saw %q, want KILLED/timeout -1", line)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if posts[0]["result"] != "KILLED" || posts[0]["reason"] != "timeout" {
-		t.Errorf("webhook body result %v, reason %v; want KILLED, timeout", posts[0]["result"], posts[0]["reason"])
+	first := posts()[0]
+	if first["result"] != "KILLED" || first["reason"] != "timeout" {
+		t.Errorf("webhook body result %v, reason %v; want KILLED, timeout", first["result"], first["reason"])
 	}
-	if text, _ := posts[0]["text"].(string); !strings.Contains(text, "was KILLED (timeout) on a") {
+	if text, _ := first["text"].(string); !strings.Contains(text, "was KILLED (timeout) on a") {
 		t.Errorf("webhook text = %q", text)
 	}
 }
