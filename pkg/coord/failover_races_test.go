@@ -52,6 +52,25 @@ func startGatedNode(t *testing.T, srv *etcdtest.Server, id string, js []*config.
 	return startNodeWith(t, srv, id, js, func(h slog.Handler) slog.Handler { return gateHandler{h, g} }, beforeRun...)
 }
 
+// ghostLeaderAndMember puts, under leases of their own, a leader key of
+// another process for job name (ghost) and a member x (its lease lx).
+func ghostLeaderAndMember(t *testing.T, cli *clientv3.Client, name string) (ghost string, lx clientv3.LeaseID) {
+	t.Helper()
+	ctx, keys := context.Background(), keyspace.NewKeys("")
+	ghost = keys.Leader(name) + "ghost"
+	for key, lease := range map[string]*clientv3.LeaseID{ghost: new(clientv3.LeaseID), keys.Member(name, "x"): &lx} {
+		g, err := cli.Grant(ctx, 60)
+		if err != nil {
+			t.Fatal(err)
+		}
+		*lease = g.ID
+		if _, err := cli.Put(ctx, key, "ghost", clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ghost, lx
+}
+
 func waitCh(t *testing.T, c <-chan struct{}, what string) {
 	t.Helper()
 	select {
@@ -79,21 +98,7 @@ func TestFullLookSeesAnEventInFlight(t *testing.T) {
 	keys := keyspace.NewKeys("")
 	ctx := context.Background()
 	const name = "inflight"
-	lg, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ghost := keys.Leader(name) + "ghost" // the leader: another process
-	if _, err := cli.Put(ctx, ghost, "ghost", clientv3.WithLease(lg.ID)); err != nil {
-		t.Fatal(err)
-	}
-	lx, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctx, keys.Member(name, "x"), "", clientv3.WithLease(lx.ID)); err != nil {
-		t.Fatal(err)
-	}
+	ghost, lx := ghostLeaderAndMember(t, cli, name)
 	g := &gate{msg: "leading job", hit: make(chan struct{}), release: make(chan struct{})}
 	a := startGatedNode(t, srv, "a", jobs(t, "jobs:\n"+job(name, 4)), g)
 	etcdtest.Eventually(t, 10*time.Second, "a to wait for the ghost", func() bool {
@@ -120,7 +125,7 @@ func TestFullLookSeesAnEventInFlight(t *testing.T) {
 	cli.Delete(ctx, ghost) // the leader resigns: a's full look reads at R
 	waitCh(t, g.hit, "a to be elected on its full look")
 	before := a.hub.deliveredRev()
-	if _, err := cli.Revoke(ctx, lx.ID); err != nil { // x crashes, at R+1
+	if _, err := cli.Revoke(ctx, lx); err != nil { // x crashes, at R+1
 		t.Fatal(err)
 	}
 	waitCh(t, matched, "the hub to match x's departure")
@@ -162,24 +167,9 @@ func TestFullLookSeesAnEventInFlight(t *testing.T) {
 func TestFullLookReadsAgainAfterAResync(t *testing.T) {
 	srv := etcdtest.Start(t)
 	cli := srv.Client()
-	keys := keyspace.NewKeys("")
 	ctx := context.Background()
 	const name = "resyncpending"
-	lg, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ghost := keys.Leader(name) + "ghost"
-	if _, err := cli.Put(ctx, ghost, "ghost", clientv3.WithLease(lg.ID)); err != nil {
-		t.Fatal(err)
-	}
-	lx, err := cli.Grant(ctx, 60)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cli.Put(ctx, keys.Member(name, "x"), "", clientv3.WithLease(lx.ID)); err != nil {
-		t.Fatal(err)
-	}
+	ghost, lx := ghostLeaderAndMember(t, cli, name)
 	g := &gate{msg: "leading job", hit: make(chan struct{}), release: make(chan struct{})}
 	var armed atomic.Int64 // hold advance(rev) for rev >= armed
 	advHeld, advRelease := make(chan struct{}), make(chan struct{})
@@ -207,7 +197,7 @@ func TestFullLookReadsAgainAfterAResync(t *testing.T) {
 	before := a.hub.deliveredRev()
 	a.hub.restart() // as after a compaction or a rewind
 	time.Sleep(20 * time.Millisecond)
-	r, err := cli.Revoke(ctx, lx.ID) // x crashes while the hub restarts
+	r, err := cli.Revoke(ctx, lx) // x crashes while the hub restarts
 	if err != nil {
 		t.Fatal(err)
 	}
