@@ -49,7 +49,7 @@ func writeLedgerConfig(t *testing.T, dir string) string {
 // The guarantees under faults, per due fire: 3 instances run a 6-item job
 // every second, a 3-item job every 10s whose runs take 4s, and a 2-item job
 // at fixed times (:07 and :37 of every minute), failover on. Faults: the
-// owner of a 10s item is killed -9 mid-run, the owner of another is paused
+// instance running a 10s item is killed -9 mid-run, the one running another is paused
 // (SIGSTOP) mid-run for 2 x TTL, and the owner of a calendar item is killed
 // 1s before its fire. The ledger the jobs write must show no overlap (G1),
 // no duplicate (G2), every due fire started within TTL + 2s (stretched to
@@ -78,6 +78,20 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 		}
 		return procs[m.Owner(item)]
 	}
+	// running is the instance the ledger shows running job/item now: a
+	// fault meant to cut a run hits the process that runs it, not the one
+	// a map read a moment later names (a map may move between the two).
+	running := func(job string, item int) *proc {
+		var p *proc
+		etcdtest.Eventually(t, 3*time.Second, job+"/"+strconv.Itoa(item)+" running", func() bool {
+			p = nil
+			if name := openRun(t, filepath.Join(dir, "ledger"), job, item); name != "" {
+				p = procs[name]
+			}
+			return p != nil
+		})
+		return p
+	}
 	// at waits until offset past the next multiple of period.
 	at := func(period, offset time.Duration) {
 		next := time.Now().Truncate(period).Add(period + offset)
@@ -90,10 +104,10 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 
 	// 1. kill -9 the owner of ten/0 one second into its 4s run.
 	at(10*time.Second, time.Second)
-	victim := owner("ten", 0)
+	victim := running("ten", 0)
 	victim.stop(syscall.SIGKILL)
 	failures = append(failures, ledger.Failure{At: time.Now(), Instance: victim.name})
-	t.Logf("killed %s (owner of ten/0) mid-run at %s", victim.name, time.Now().Format(time.RFC3339Nano))
+	t.Logf("killed %s (running ten/0) mid-run at %s", victim.name, time.Now().Format(time.RFC3339Nano))
 	survivors := []*proc{}
 	for _, p := range procs {
 		if p != victim {
@@ -104,10 +118,10 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 
 	// 2. pause the owner of a ten item mid-run for 2 x TTL.
 	at(10*time.Second, 1500*time.Millisecond)
-	paused := owner("ten", 1)
+	paused := running("ten", 1)
 	paused.signal(syscall.SIGSTOP)
 	failures = append(failures, ledger.Failure{At: time.Now(), Instance: paused.name})
-	t.Logf("paused %s (owner of ten/1) mid-run at %s", paused.name, time.Now().Format(time.RFC3339Nano))
+	t.Logf("paused %s (running ten/1) mid-run at %s", paused.name, time.Now().Format(time.RFC3339Nano))
 	time.Sleep(2 * ttl)
 	paused.signal(syscall.SIGCONT)
 	t.Logf("resumed %s at %s", paused.name, time.Now().Format(time.RFC3339Nano))
@@ -174,6 +188,38 @@ func TestExecutionGuaranteesUnderFaults(t *testing.T) {
 	if !calendarFire {
 		t.Errorf("the calendar fire %s after its owner was killed never ran", next.Format(time.RFC3339))
 	}
+}
+
+// openRun returns the instance of job/item's last start in the ledger at
+// path when that run has not ended, else "".
+func openRun(t *testing.T, path, job string, item int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	events, err := ledger.Parse(f)
+	if err != nil { // a line being written: read again
+		return ""
+	}
+	var last *ledger.Event
+	ended := false
+	for i := range events {
+		ev := &events[i]
+		if ev.Job != job || ev.Item != item {
+			continue
+		}
+		switch ev.Kind {
+		case "start":
+			last, ended = ev, false
+		case "end":
+			ended = ended || last != nil && ev.Fire.Equal(last.Fire) && ev.Attempt == last.Attempt
+		}
+	}
+	if last == nil || ended {
+		return ""
+	}
+	return last.Instance
 }
 
 // faultWindows are the spans during which a fault may delay a due fire:
