@@ -358,6 +358,9 @@ func (p *logPrinter) copyLines(next func() ([]byte, error)) error {
 			p.bad++
 		} else if rec.Tag == "shardd" && strings.HasPrefix(string(rec.Text), "end ") {
 			p.end = string(rec.Text)
+			if e, ok := runlog.ParseEnd(p.end); ok {
+				p.end = e.Brief() // the times and the last line are in what was printed
+			}
 		} else if rec.Tag == "shardd" && strings.HasPrefix(string(rec.Text), runlog.StoppedPrefix) {
 			p.stopped = string(rec.Text)
 		}

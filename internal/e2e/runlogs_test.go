@@ -141,7 +141,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 			continue
 		}
 		item := tc.want[len(tc.want)-1:]
-		for _, w := range []string{" shardd run job=quick item=" + item, " out " + tc.want + "\n", " err warn " + item + "\n", " shardd end state=DONE exit=0\n"} {
+		for _, w := range []string{" shardd run job=quick item=" + item, " out " + tc.want + "\n", " err warn " + item + "\n", " shardd end state=DONE exit=0 "} {
 			if !strings.Contains(got, w) {
 				t.Errorf("run %s: log lacks %q:\n%s", tc.run, w, got)
 			}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
@@ -120,7 +119,7 @@ func (j *jobLoop) runContext(v coord.JobView, s start, g *coord.Grant) runner.Co
 	rc := runner.Context{
 		Job: job.Name, Item: s.item, ItemParameter: job.ShardingItemParameters[s.item], Total: job.ShardingTotalCount,
 		JobParameter: job.JobParameter, Fire: a.fire, Fence: g.Fence, Attempt: a.attempt, Instance: j.e.opts.Node.ID(), Source: a.source,
-		Skipped: a.skipped, StartAt: a.startAt, TriggerParameter: a.param,
+		Skipped: a.skipped, StartAt: a.startAt, TriggerParameter: a.param, TriggeredBy: a.by,
 		Release: func() error {
 			if j.pastFenceDeadline(g) {
 				return errFenced
@@ -267,7 +266,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 		out.Start = first
 	}
 	if t.lg != nil {
-		j.closeRunLog(t.lg, rc.Item, out)
+		j.closeRunLog(t.lg, rc.Item, out, t.spans)
 	}
 	return res, out
 }
@@ -281,6 +280,7 @@ type tries struct {
 	job     *config.Job
 	lg      *runlog.Log
 	started time.Time
+	spans   []runlog.Try // each try that started
 }
 
 // try runs the work for rc, again while it fails in a way worth retrying,
@@ -310,6 +310,9 @@ func (t *tries) once(ctx context.Context, rc runner.Context) runner.Result {
 	res := t.run(ctx, rc)
 	if t.started.IsZero() {
 		t.started = res.Started
+	}
+	if !res.Started.IsZero() {
+		t.spans = append(t.spans, runlog.Try{Start: res.Start, Finish: res.End})
 	}
 	return res
 }
@@ -393,6 +396,7 @@ func (j *jobLoop) openRunLog(job *config.Job, rc runner.Context) *runlog.Log {
 	r := job.LogRetention
 	lg, err := j.e.opts.RunLogs.Create(runlog.Header{
 		Job: rc.Job, Item: rc.Item, Fence: rc.Fence, Fire: rc.Fire, Attempt: rc.Attempt, Source: rc.Source, Instance: rc.Instance, StartAt: rc.StartAt,
+		By: rc.TriggeredBy, Param: rc.TriggerParameter,
 	}, runlog.Retention{MaxAge: time.Duration(r.MaxAge), MaxBytesPerRun: int64(r.MaxBytesPerRun), MaxTotalBytes: int64(r.MaxTotalBytes)})
 	if err != nil {
 		j.log.Warn("run without a run log; its output's tail is in its history", "item", rc.Item, "err", err)
@@ -401,23 +405,17 @@ func (j *jobLoop) openRunLog(job *config.Job, rc runner.Context) *runlog.Log {
 	return lg
 }
 
-// closeRunLog writes how the run ended and closes its log.
-func (j *jobLoop) closeRunLog(lg *runlog.Log, item int, out coord.Outcome) {
-	end := fmt.Sprintf("end state=%s", out.State)
-	if out.Reason != "" {
-		end += " reason=" + string(out.Reason)
-	}
-	if out.ExitCode >= 0 {
-		end += fmt.Sprintf(" exit=%d", out.ExitCode)
-	}
-	if out.HTTPStatus > 0 {
-		end += fmt.Sprintf(" status=%d", out.HTTPStatus)
-	}
-	if out.Err != "" {
-		end += " err=" + strconv.Quote(out.Err)
+// closeRunLog writes how the run ended (its end record, from which the
+// run's history is read once etcd's record of it has rotated out) and
+// closes its log; tries are the spans of the tries that started.
+func (j *jobLoop) closeRunLog(lg *runlog.Log, item int, out coord.Outcome, tries []runlog.Try) {
+	end := runlog.End{State: out.State, Reason: string(out.Reason), ExitCode: out.ExitCode, HTTPStatus: out.HTTPStatus, Err: out.Err,
+		Start: out.Start, Finish: out.End, Last: lg.LastLine()}
+	if len(tries) > 1 {
+		end.Tries = tries
 	}
 	werr := lg.Err() // why it stopped (a full disk), or its write error
-	err := lg.Close(end)
+	err := lg.Close(end.String())
 	if err == nil || (werr != nil && err.Error() == werr.Error()) {
 		err = werr
 	}

@@ -123,6 +123,7 @@
 package runlog
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -351,6 +352,8 @@ type Header struct {
 	// StartAt is when a run prepared ahead of its fire is let go (zero:
 	// at once): its header is written before then.
 	StartAt time.Time
+	// By names who triggered a manual run; Param is its one-off parameter.
+	By, Param string
 }
 
 // Create opens the log of the run h for writing (appending, when the run
@@ -392,6 +395,12 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339), h.Attempt, oneLine(h.Source), oneLine(h.Instance))
 	if !h.StartAt.IsZero() {
 		head = fmt.Appendf(head, " starts_at=%s", h.StartAt.UTC().Format(time.RFC3339Nano))
+	}
+	if h.By != "" {
+		head = fmt.Appendf(head, " by=%s", strconv.Quote(cutRunes(h.By, 256)))
+	}
+	if h.Param != "" {
+		head = fmt.Appendf(head, " param=%s", strconv.Quote(cutRunes(h.Param, 1024)))
 	}
 	if hrec := append(carried, record(nil, l.stamp(), "shardd", head)...); !l.write(hrec) {
 		l.owed = append(hrec, l.owed...) // the header first, when it finds room
@@ -482,6 +491,7 @@ type Log struct {
 	batch        []byte    // records of one Write
 	batchOut     int64     // output bytes in batch
 	partial      [2][]byte // each stream's unfinished line
+	last         [2][]byte // each stream's last non-blank line (its first maxLast bytes)
 	unsaid       int64     // bytes written since the last free-space check
 	stopped      string    // why writing stopped for lack of space; "" while it goes on
 	owed         []byte    // shardd records that found no room: the closing records begin with them
@@ -537,6 +547,7 @@ func (w stream) Write(p []byte) (int, error) {
 			break
 		}
 		l.add(ts, tags[w.n], *buf)
+		l.keepLast(w.n, *buf)
 		*buf = (*buf)[:0]
 		p = p[i+1:]
 	}
@@ -545,6 +556,32 @@ func (w stream) Write(p []byte) (int, error) {
 		l.batch = nil
 	}
 	return n, nil
+}
+
+// keepLast remembers line as stream n's last, unless it is blank. l.mu is
+// held.
+func (l *Log) keepLast(n int, line []byte) {
+	if len(bytes.TrimSpace(line)) > 0 {
+		l.last[n] = append(l.last[n][:0], line[:min(len(line), maxLast)]...)
+	}
+}
+
+// LastLine returns the last non-blank line the run wrote on stderr, else
+// on stdout (a line without its newline yet counts), cut to 512 bytes:
+// what a failed run's history shows.
+func (l *Log) LastLine() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range []int{1, 0} {
+		line := l.last[n]
+		if len(bytes.TrimSpace(l.partial[n])) > 0 {
+			line = l.partial[n][:min(len(l.partial[n]), maxLast)]
+		}
+		if len(line) > 0 {
+			return cutRunes(strings.ToValidUTF8(strings.TrimSpace(string(line)), "\uFFFD"), maxLast)
+		}
+	}
+	return ""
 }
 
 // add puts a record of output in the batch if the log has room for it;

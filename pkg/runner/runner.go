@@ -42,6 +42,8 @@ type Context struct {
 	// TriggerParameter is the one-off parameter an operator gave a manual
 	// run (`shardd trigger --param`); "" otherwise.
 	TriggerParameter string `json:"triggerParameter,omitempty"`
+	// TriggeredBy names who triggered a manual run (for its run log).
+	TriggeredBy string `json:"-"`
 	// Iteration counts the iterations of a streaming (dataflow) run, from
 	// 1; 0 for a run that is not streaming.
 	Iteration int `json:"iteration,omitempty"`
