@@ -15,6 +15,8 @@ import (
 
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
+	"github.com/shardd/shardd/pkg/history"
+	"github.com/shardd/shardd/pkg/runlog"
 )
 
 // shardd runs the command line args and returns exit code, stdout and stderr.
@@ -292,16 +294,24 @@ func TestEnvName(t *testing.T) {
 func TestHistoryTable(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	var b bytes.Buffer
-	writeHistory(&b, []keyspace.ItemRecord{
+	var rows []history.Run
+	for _, rec := range []keyspace.ItemRecord{
 		{Item: 0, Fire: t0, Instance: "a", Fence: 4711, Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(time.Second), State: "FAILED", ExitCode: 3, Error: "exit status 3", Output: "boom\n"},
 		{Item: 1, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(5 * time.Second), State: "KILLED", Reason: "timeout", ExitCode: -1, Error: "killed: timeout after 5s"},
 		{Item: 2, Fire: t0, Instance: "b", Attempt: 1, Source: "MANUAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503, Error: "HTTP 503"},
 		{Item: 3, Fire: t0, Instance: "b", State: "SKIPPED", Reason: "disabled", ExitCode: -1, Skipped: 2},
 		{Item: 4, Fire: t0, Instance: "b", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: 127, Error: "exit status 127", Output: "/bin/sh: 1: /opt/jobs/etl.sh: not found\n"},
 		{Item: 5, Fire: t0, Instance: "b", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: 1, Error: "exit status 1", Output: "col\tumn \x1b[31mred\x1b[0m ünïcödé " + strings.Repeat("é", 80)},
-	})
+	} {
+		rows = append(rows, history.FromRecord(rec))
+	}
+	// A run from its log alone, retried: its stderr's last line, its tries.
+	retried := history.Run{ItemRecord: keyspace.ItemRecord{Item: 6, Fire: t0, Instance: "c", Fence: 4800, Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(3 * time.Second),
+		State: "FAILED", ExitCode: 3, Error: "exit status 3"}, LastLine: "db timeout for AMER", Tries: []runlog.Try{{Start: t0, Finish: t0.Add(time.Second)}, {Start: t0.Add(2 * time.Second), Finish: t0.Add(3 * time.Second)}}}
+	rows = append(rows[:5], retried, rows[5])
+	writeHistory(&b, rows)
 	out := b.String()
-	for _, want := range []string{"RESULT", "CODE", "FENCE", " 4711 ", "FAILED  ", "exit 3", "boom", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled", "/opt/jobs/etl.sh: not found"} {
+	for _, want := range []string{"FAILED (2 tries)", "db timeout for AMER", "RESULT", "CODE", "FENCE", " 4711 ", "FAILED  ", "exit 3", "boom", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled", "/opt/jobs/etl.sh: not found"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("history lacks %q:\n%s", want, out)
 		}

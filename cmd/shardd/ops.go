@@ -6,7 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
+	"net/url"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -14,10 +18,12 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
 )
 
 // opsFlags are the flags of the commands that talk to a cluster through etcd.
@@ -340,15 +346,40 @@ func cmdHistory(e *env, args []string) error {
 	fs := newFlagSet(e, "history")
 	var o opsFlags
 	o.register(fs)
+	var af apiFlags
+	af.register(fs)
 	var item itemFlag
 	fs.Var(&item, "item", "only this `item`")
+	since := fs.String("since", "", "only runs since this `time`: RFC 3339 (2026-12-04T02:00:00Z), a date (2026-12-04), or a duration back from now (10m, 36h, 7d)")
+	result := fs.String("result", "", "only runs with this `result`: "+strings.Join(history.Results, ", "))
+	limit := fs.Int("limit", history.DefaultLimit, fmt.Sprintf("at most this many runs (`N`, up to %d), newest first", history.MaxLimit))
+	before := fs.String("before", "", "the page below this `cursor` (the one the previous page ends with)")
 	output := fs.String("o", "table", "output `format`: table or json")
+	if err := applyEnv(e, fs, apiFlagNames...); err != nil {
+		return err
+	}
 	job, err := o.parseJob(e, fs, args)
 	if err != nil {
 		return err
 	}
 	if *output != "table" && *output != "json" {
 		return usageError("-o must be table or json, got %q", *output)
+	}
+	v := url.Values{"since": {*since}, "result": {*result}, "before": {*before}, "limit": {strconv.Itoa(*limit)}}
+	if item.set {
+		v.Set("item", strconv.Itoa(item.n))
+	}
+	q, err := history.ParseQuery(v, time.Now())
+	if err != nil {
+		return usageError("--%v", err)
+	}
+	token, err := cliToken(af.tokenFile)
+	if err != nil {
+		return &exitError{exitFailure, fmt.Errorf("--api-token-file: %w", err)}
+	}
+	tlsCfg, err := clientTLS(af.ca, af.cert, af.key, "--api-ca", "--api-cert")
+	if err != nil {
+		return err
 	}
 	adm, ctx, done, err := o.connect()
 	if err != nil {
@@ -359,17 +390,45 @@ func cmdHistory(e *env, args []string) error {
 	if err != nil {
 		return o.opError(err)
 	}
+	peers, err := adm.Instances(ctx)
+	if err != nil {
+		return o.opError(err)
+	}
+	client := &http.Client{Transport: apiTransport(tlsCfg, o.timeout), Timeout: o.timeout}
+	fetch := func(ctx context.Context, in keyspace.InstanceInfo, q history.Query) ([]history.Run, error) {
+		return api.FetchRuns(ctx, client, in, token, "", job, q)
+	}
+	ans := history.Gather(ctx, recs, peers, fetch, q)
 	if *output == "json" {
-		if recs == nil {
-			recs = []keyspace.ItemRecord{}
+		err = writeJSON(e.stdout, ans.Runs)
+	} else if len(ans.Runs) == 0 {
+		what := "yet"
+		if *since != "" || *result != "" || *before != "" {
+			what = "that match --since, --result and --before"
 		}
-		return writeJSON(e.stdout, recs)
+		fmt.Fprintf(e.stdout, "job %s has no executions recorded %s\n", job, what)
+	} else {
+		err = writeHistory(e.stdout, ans.Runs)
 	}
-	if len(recs) == 0 {
-		fmt.Fprintf(e.stdout, "job %s has no executions recorded yet\n", job)
-		return nil
+	if ans.Next != "" {
+		fmt.Fprintf(e.stderr, "shardd history: %d runs shown, newest first; older ones: --before %s\n", len(ans.Runs), ans.Next)
 	}
-	return writeHistory(e.stdout, recs)
+	for _, id := range slices.Sorted(maps.Keys(ans.Unreachable)) {
+		fmt.Fprintf(e.stderr, "shardd history: instance %s not reached, its runs older than etcd's records (the last %d of each item) are missing: %s%s\n",
+			id, keyspace.HistoryPerItem, ans.Unreachable[id], apiHint(ans.Unreachable[id]))
+	}
+	return err
+}
+
+// apiHint says which flag fixes an API's refusal: a token, or the CA.
+func apiHint(why string) string {
+	switch {
+	case strings.Contains(why, "401"):
+		return " (--api-token-file names a file with a read token)"
+	case strings.Contains(why, "certificate"):
+		return " (--api-ca names the CA of the instances' API certificates)"
+	}
+	return ""
 }
 
 // writeHistory prints records as a table. RESULT is the state with its
@@ -381,10 +440,13 @@ func cmdHistory(e *env, args []string) error {
 // line of its output (the script's "db timeout for AMER", or "...: not
 // found" for exit 127). It is one line of at most 60 characters, with no
 // tab or control character to break the table's columns.
-func historyCell(r keyspace.ItemRecord) string {
+func historyCell(r history.Run) string {
 	out := strings.TrimSpace(r.Output)
 	if i := strings.LastIndexByte(out, '\n'); i >= 0 {
 		out = strings.TrimSpace(out[i+1:])
+	}
+	if r.LastLine != "" { // from the run log: stderr's last line, else stdout's
+		out = strings.TrimSpace(r.LastLine)
 	}
 	if r.Error != "" && (out == "" || r.Error != "exit status "+strconv.Itoa(r.ExitCode)) {
 		out = r.Error
@@ -401,7 +463,7 @@ func historyCell(r keyspace.ItemRecord) string {
 	return out
 }
 
-func writeHistory(w io.Writer, recs []keyspace.ItemRecord) error {
+func writeHistory(w io.Writer, recs []history.Run) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ITEM\tFIRE\tINSTANCE\tFENCE\tATTEMPT\tSOURCE\tSTART\tDURATION\tRESULT\tCODE\tSKIPPED\tERROR/OUTPUT")
 	for _, r := range recs {
@@ -419,6 +481,9 @@ func writeHistory(w io.Writer, recs []keyspace.ItemRecord) error {
 		}
 		if r.Iterations > 0 { // a streaming run
 			result += fmt.Sprintf(" (%d iterations)", r.Iterations)
+		}
+		if len(r.Tries) > 1 { // START is the first try's
+			result += fmt.Sprintf(" (%d tries)", len(r.Tries))
 		}
 		code := "-"
 		switch {

@@ -6,7 +6,8 @@
 //	GET  /metrics                          Prometheus metrics
 //	GET  /api/v1/jobs                      every job: status, leader, epoch, items
 //	GET  /api/v1/jobs/{job}                one job, with this instance's view of it
-//	GET  /api/v1/jobs/{job}/history        recent executions (?item=N for one item)
+//	GET  /api/v1/jobs/{job}/history        etcd's recent records of the job's runs (?item=N for one item)
+//	GET  /api/v1/jobs/{job}/runs           the merged history, paged: etcd's records and every instance's run logs (see history.go)
 //	GET  /api/v1/instances                 live instances
 //	GET  /api/v1/config/problems           the last reload's problems, if it was rejected
 //	GET  /api/v1/jobs/{job}/runs/{run}/log a run's log (see Run logs below)
@@ -96,6 +97,7 @@ type Instance interface {
 type Admin interface {
 	Status(ctx context.Context) (*admin.ClusterStatus, error)
 	History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
+	Instances(ctx context.Context) ([]keyspace.InstanceInfo, error)
 	Trigger(ctx context.Context, r admin.TriggerRequest) (admin.Triggered, error)
 	Kill(ctx context.Context, r admin.KillRequest) (admin.Killing, error)
 	WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]admin.KillResult, error)
@@ -169,6 +171,7 @@ func Handler(o Options) http.Handler {
 		{"DELETE", "/api/v1/jobs/{job}", a.write(a.remove)},
 		{"GET", "/api/v1/jobs/{job}/history", a.read(a.history)},
 		{"GET", "/api/v1/instances", a.read(a.instances)},
+		{"GET", "/api/v1/jobs/{job}/runs", a.read(a.runs)},
 		{"GET", "/api/v1/jobs/{job}/runs/{run}/log", a.read(a.runLog)},
 		{"POST", "/api/v1/jobs/{job}/trigger", a.write(a.trigger)},
 		{"POST", "/api/v1/jobs/{job}/kill", a.write(a.kill)},

@@ -71,6 +71,9 @@ func (f *fakeCluster) check(job string, item int) error {
 	}
 	return nil
 }
+func (f *fakeCluster) Instances(ctx context.Context) ([]keyspace.InstanceInfo, error) {
+	return []keyspace.InstanceInfo{{ID: "a"}}, nil
+}
 func (f *fakeCluster) History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
 	if err := f.check(job, item); err != nil {
 		return nil, err

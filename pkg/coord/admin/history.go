@@ -2,9 +2,11 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -12,17 +14,46 @@ import (
 )
 
 // Records reads job's history from etcd, oldest first, whatever the job's
-// state (History checks the job and the item first).
+// state (History checks the job and the item first). A RUNNING record
+// gets its run's fence (keyspace.RunFence), as the records written after
+// it have theirs.
 func (c *Client) Records(ctx context.Context, job string) ([]keyspace.ItemRecord, error) {
 	resp, err := c.cli.Get(ctx, c.keys.HistoryPrefix(job), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read history of job %q: %w", job, err)
 	}
-	values := make([][]byte, len(resp.Kvs))
-	for i, kv := range resp.Kvs {
-		values[i] = kv.Value
+	recs := make([]keyspace.ItemRecord, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var rec keyspace.ItemRecord
+		if json.Unmarshal(kv.Value, &rec) != nil {
+			continue // as ParseHistory: a value that does not decode is left out
+		}
+		rec.Fence = keyspace.RunFence(&rec, kv.ModRevision)
+		recs = append(recs, rec)
 	}
-	return keyspace.ParseHistory(values), nil
+	keyspace.SortHistory(recs)
+	return recs, nil
+}
+
+// Instances returns the live instances' registrations, by id; one that
+// does not decode is left out.
+func (c *Client) Instances(ctx context.Context) ([]keyspace.InstanceInfo, error) {
+	resp, err := c.cli.Get(ctx, c.keys.Instances(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read the live instances: %w", err)
+	}
+	out := make([]keyspace.InstanceInfo, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var info keyspace.InstanceInfo
+		if json.Unmarshal(kv.Value, &info) != nil {
+			continue
+		}
+		if info.ID == "" {
+			info.ID = strings.TrimPrefix(string(kv.Key), c.keys.Instances())
+		}
+		out = append(out, info)
+	}
+	return out, nil
 }
 
 // History reads a job's history (Records), only item's when item
