@@ -13,10 +13,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +26,7 @@ import (
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/trust"
 )
@@ -52,7 +55,11 @@ func cmdLogs(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	rec, err := f.findRun(ctx, adm, job, runItem, fence)
+	client := &http.Client{Transport: apiTransport(tlsCfg, f.ops.timeout), Timeout: f.ops.timeout}
+	fetch := func(ctx context.Context, in keyspace.InstanceInfo, q history.Query) ([]history.Run, error) {
+		return api.FetchRuns(ctx, client, in, token, "", job, q)
+	}
+	rec, err := f.findRun(ctx, adm, fetch, job, runItem, fence)
 	if err != nil {
 		return err
 	}
@@ -114,10 +121,24 @@ func (f *logsFlags) run(job string) (fence int64, item int, err error) {
 
 // findRun returns the record of the run of job's item (-1: not named)
 // with fence (0: the latest run), or says why there is not one run.
-func (f *logsFlags) findRun(ctx context.Context, adm *admin.Client, job string, runItem int, fence int64) (keyspace.ItemRecord, error) {
+// A run etcd no longer records is looked for in the live instances' run
+// logs (fetch).
+func (f *logsFlags) findRun(ctx context.Context, adm *admin.Client, fetch history.Fetch, job string, runItem int, fence int64) (keyspace.ItemRecord, error) {
 	recs, err := adm.FindRuns(ctx, job, runItem, fence)
 	if err != nil {
 		return keyspace.ItemRecord{}, f.ops.opError(err)
+	}
+	var unreached map[string]string
+	if len(recs) == 0 && fence > 0 { // rotated out of etcd: do the instances' logs know it?
+		peers, err := adm.Instances(ctx)
+		if err != nil {
+			return keyspace.ItemRecord{}, f.ops.opError(err)
+		}
+		ans := history.Gather(ctx, nil, peers, fetch, history.Query{Item: runItem, Fence: fence})
+		for _, r := range ans.Runs {
+			recs = append(recs, r.ItemRecord)
+		}
+		unreached = ans.Unreachable
 	}
 	if fence == 0 && runItem < 0 { // the latest run: of which item?
 		n, ok, err := adm.ItemCount(ctx, job)
@@ -140,7 +161,10 @@ func (f *logsFlags) findRun(ctx context.Context, adm *admin.Client, job string, 
 			if found := f.localLogs(job, fence, runItem); len(found) > 0 {
 				where = "; this host has its log: " + strings.Join(found, ", ")
 			}
-			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has no recorded run %s (etcd keeps the last %d runs of each item, and a run cut by a crash has no record of its own: its re-run has; the log of such a run stays on the instance that ran it%s): `shardd history %s` lists its runs", job, runName(fence, runItem), keyspace.HistoryPerItem, where, job)}
+			for _, id := range slices.Sorted(maps.Keys(unreached)) {
+				where += fmt.Sprintf("; instance %s, whose logs were not read: %s%s", id, unreached[id], apiHint(unreached[id]))
+			}
+			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("job %s has no run %s that etcd records (the last %d runs of each item) or a live instance's run logs know (kept for the job's logRetention; the log of a run stays on the instance that ran it%s): `shardd history %s` lists its runs", job, runName(fence, runItem), keyspace.HistoryPerItem, where, job)}
 		default:
 			return keyspace.ItemRecord{}, &exitError{exitFailure, fmt.Errorf("item %d of job %s has no recorded run yet: `shardd history %s` lists the job's runs", runItem, job, job)}
 		}

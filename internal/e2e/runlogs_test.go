@@ -247,7 +247,7 @@ func TestRunLogsThroughTheAPI(t *testing.T) {
 		{"unknown job", tokenEnv, []string{"logs", "quik"}, "did you mean quick?"},
 		{"several items, no --item (SHARDD_ITEM is the job's, not the command's)", append(tokenEnv, "SHARDD_ITEM=1"), []string{"logs", "quick"}, "job quick has items 0-1: give --item N"},
 		{"an item out of range", tokenEnv, []string{"logs", "quick", "--item", "5"}, "no item 5"},
-		{"a run not recorded", tokenEnv, []string{"logs", "quick", "--run", "999999"}, "no recorded run 999999"},
+		{"a run not recorded", tokenEnv, []string{"logs", "quick", "--run", "999999"}, "has no run 999999 that etcd records"},
 		{"a run not recorded whose log this host has (a run cut by a crash)", tokenEnv, []string{"logs", "quick", "--run", "999998-1", "--data-dir", cutDir}, "this host has its log: " + filepath.Join(cutDir, "runs", "gone", "quick", "999998-1.log")},
 		{"no token", nil, []string{"logs", "quick", "--item", "0"}, "--api-token-file"},
 	} {

@@ -82,6 +82,7 @@ type Query struct {
 	Result string    // "": any; else a state (DONE, FAILED, KILLED, SKIPPED, RUNNING, UNKNOWN)
 	Limit  int       // the page's size; 0: DefaultLimit
 	Before *Cursor   // nil: from the newest; else only rows below it
+	Fence  int64     // 0: any; else only the runs of that claim (shardd logs --run)
 }
 
 // Results are the states a query may ask for.
@@ -166,6 +167,8 @@ func (q Query) Match(r *Run) bool {
 		return false
 	case q.Before != nil && r.Cursor().compare(*q.Before) <= 0:
 		return false
+	case q.Fence > 0 && r.Fence != q.Fence:
+		return false
 	}
 	return true
 }
@@ -185,6 +188,9 @@ func (q Query) Values() url.Values {
 	v.Set("limit", strconv.Itoa(q.limit()))
 	if q.Before != nil {
 		v.Set("before", q.Before.String())
+	}
+	if q.Fence > 0 {
+		v.Set("fence", strconv.FormatInt(q.Fence, 10))
 	}
 	return v
 }
@@ -228,6 +234,13 @@ func ParseQuery(v url.Values, now time.Time) (Query, error) {
 			return q, fmt.Errorf("before: %w", err)
 		}
 		q.Before = &c
+	}
+	if s := v.Get("fence"); s != "" {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n <= 0 {
+			return q, fmt.Errorf("fence must be a positive integer (a claim's etcd revision), got %q", s)
+		}
+		q.Fence = n
 	}
 	return q, nil
 }
@@ -341,6 +354,9 @@ func Page(rows []Run, q Query) (page []Run, next *Cursor) {
 // It reads logs newest modified first, and stops once no log older can
 // hold a row of the page: a run starts before its log was last modified.
 func Local(store *runlog.Store, job string, q Query) ([]Run, error) {
+	if q.Fence > 0 { // one claim's runs: their logs are named by it
+		return localOfFence(store, job, q)
+	}
 	n := q.limit() + 1
 	var rows []Run
 	// floor is the start of the n-th newest row so far (zero: fewer).
@@ -363,6 +379,29 @@ func Local(store *runlog.Store, job string, q Query) ([]Run, error) {
 	})
 	slices.SortFunc(rows, func(a, b Run) int { return a.Cursor().compare(b.Cursor()) })
 	return rows, err
+}
+
+// localOfFence answers a query of one claim's runs from their logs.
+func localOfFence(store *runlog.Store, job string, q Query) ([]Run, error) {
+	ids, err := store.Runs(job, q.Fence)
+	if err != nil {
+		return nil, err
+	}
+	var rows []Run
+	for _, id := range ids {
+		if q.Item >= 0 && int(id.Item) != q.Item {
+			continue
+		}
+		s, err := store.Summary(job, id)
+		if err != nil {
+			continue // removed meanwhile, or refused (Runs lists only logs that pass)
+		}
+		if r := FromSummary(s); q.Match(&r) {
+			rows = append(rows, r)
+		}
+	}
+	rows, _ = Page(rows, Query{Item: -1, Limit: q.limit() + 1})
+	return rows, nil
 }
 
 // Answer is a page of a job's merged history.
