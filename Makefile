@@ -92,9 +92,9 @@ chaos-scale: ## the chaos suite with CHAOS_JOBS (default 2000) more one-item job
 	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_SCALE_OUT) SHARDD_CHAOS_JOBS=$(CHAOS_JOBS) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
-e2e-long: ## the long fault runs: dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum, etcd restored from a snapshot and wiped
+e2e-long: ## the long runs: history as long as the run logs (an every-2-s job for 10 min, paged against a ledger), dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum, etcd restored from a snapshot and wiped
 	SHARDD_E2E_LONG=1 $(GO) test ./pkg/engine -run '^TestDeps' -count=1 -v -timeout 10m
-	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum|TestEtcdRestoredOrWiped)$$' -count=1 -v -timeout 30m
+	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum|TestEtcdRestoredOrWiped|TestHistoryAsLongAsTheRunLogs)$$' -count=1 -v -timeout 45m
 
 e2e-compose: ## docker-compose.yml and docker-compose.embedded.yml on a real Docker engine (installs and starts one, builds stand-in base images without a registry): spread, docker kill, network cuts, etcd leader cut, Prometheus targets, per-fire ledger
 	bash internal/e2e/compose.sh

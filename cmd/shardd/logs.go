@@ -57,7 +57,7 @@ func cmdLogs(e *env, args []string) error {
 	defer done()
 	client := &http.Client{Transport: apiTransport(tlsCfg, f.ops.timeout), Timeout: f.ops.timeout}
 	fetch := func(ctx context.Context, in keyspace.InstanceInfo, q history.Query) ([]history.Run, error) {
-		return api.FetchRuns(ctx, client, in, token, "", job, q)
+		return api.FetchRuns(ctx, client, in, token, hostname(), "", job, q)
 	}
 	rec, err := f.findRun(ctx, adm, fetch, job, runItem, fence)
 	if err != nil {

@@ -396,7 +396,7 @@ func cmdHistory(e *env, args []string) error {
 	}
 	client := &http.Client{Transport: apiTransport(tlsCfg, o.timeout), Timeout: o.timeout}
 	fetch := func(ctx context.Context, in keyspace.InstanceInfo, q history.Query) ([]history.Run, error) {
-		return api.FetchRuns(ctx, client, in, token, "", job, q)
+		return api.FetchRuns(ctx, client, in, token, hostname(), "", job, q)
 	}
 	ans := history.Gather(ctx, recs, peers, fetch, q)
 	if *output == "json" {

@@ -230,7 +230,8 @@ func TestChaos(t *testing.T) {
 	historyChecked, historyMismatches := 0, 0
 	for _, job := range []string{"tick", "tock", "hook", "ten", "minute", "calendar"} {
 		var recs []keyspace.ItemRecord
-		if err := json.Unmarshal([]byte(shardd(t, members[0], "history", job, "-o", "json")), &recs); err != nil {
+		_, hist, _ := logsCLI(t, members[0], nil, "history", job, "-o", "json", "--limit", "1000")
+		if err := json.Unmarshal([]byte(hist), &recs); err != nil {
 			t.Fatal(err)
 		}
 		for _, rec := range recs {

@@ -71,7 +71,11 @@ func (a *api) runs(w http.ResponseWriter, r *http.Request) {
 		if in.ID == self {
 			return a.localRuns(job, q)
 		}
-		return FetchRuns(ctx, a.peerClient(), in, secret, self, job, q)
+		host := ""
+		if a.o.RunLogs != nil {
+			host = a.o.RunLogs.Host
+		}
+		return FetchRuns(ctx, a.peerClient(), in, secret, host, self, job, q)
 	}
 	writeJSON(w, http.StatusOK, history.Gather(r.Context(), recs, peers, fetch, q))
 }
@@ -106,11 +110,15 @@ func (a *api) peerClient() *http.Client {
 }
 
 // FetchRuns asks instance in's API for its own rows of job's history for
-// q (local=1), with the read token secret ("" for none); from, when set,
-// names the asking instance (X-Shardd-Hop).
-func FetchRuns(ctx context.Context, client *http.Client, in keyspace.InstanceInfo, secret, from, job string, q history.Query) ([]history.Run, error) {
+// q (local=1), with the read token secret ("" for none), from host here
+// (an API on another host's loopback is not asked: it would be this
+// host's); from, when set, names the asking instance (X-Shardd-Hop).
+func FetchRuns(ctx context.Context, client *http.Client, in keyspace.InstanceInfo, secret, here, from, job string, q history.Query) ([]history.Run, error) {
 	if in.API == "" {
-		return nil, fmt.Errorf("it serves no API (shardd run --api-addr)")
+		return nil, fmt.Errorf("it serves no API (shardd run --listen \"\")")
+	}
+	if LoopbackOfAnotherHost(in, here) {
+		return nil, fmt.Errorf("its API listens on %s, a loopback address of host %s, which only that host reaches", in.API, in.Host)
 	}
 	scheme := "http"
 	if in.APITLS {
