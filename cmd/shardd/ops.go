@@ -386,7 +386,7 @@ func cmdHistory(e *env, args []string) error {
 		return err
 	}
 	defer done()
-	recs, err := adm.History(ctx, job, item.value())
+	recs, err := adm.RecentRuns(ctx, job, item.value())
 	if err != nil {
 		return o.opError(err)
 	}

@@ -98,6 +98,7 @@ type Admin interface {
 	Status(ctx context.Context) (*admin.ClusterStatus, error)
 	History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
 	Instances(ctx context.Context) ([]keyspace.InstanceInfo, error)
+	RecentRuns(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
 	Trigger(ctx context.Context, r admin.TriggerRequest) (admin.Triggered, error)
 	Kill(ctx context.Context, r admin.KillRequest) (admin.Killing, error)
 	WaitKill(ctx context.Context, job string, k keyspace.Kill) ([]admin.KillResult, error)

@@ -71,6 +71,9 @@ func (f *fakeCluster) check(job string, item int) error {
 	}
 	return nil
 }
+func (f *fakeCluster) RecentRuns(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+	return f.History(ctx, job, item)
+}
 func (f *fakeCluster) Instances(ctx context.Context) ([]keyspace.InstanceInfo, error) {
 	return []keyspace.InstanceInfo{{ID: "a"}}, nil
 }

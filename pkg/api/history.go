@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"time"
@@ -23,14 +24,14 @@ import (
 	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/history"
+	"github.com/shardd/shardd/pkg/runlog"
 )
 
 // maxRunsAnswer bounds the answer of one instance read by the merge.
 const maxRunsAnswer = 64 << 20
 
 func (a *api) runs(w http.ResponseWriter, r *http.Request) {
-	self := a.o.Instance.ID()
-	w.Header().Set(ServedByHeader, self)
+	w.Header().Set(ServedByHeader, a.o.Instance.ID())
 	job, ok := jobName(w, r)
 	if !ok {
 		return
@@ -45,8 +46,9 @@ func (a *api) runs(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "local must be 1 (this instance's runs alone) or 0, got %q", local)
 		return
 	}
+	h := NewHistories(a.o)
 	if local == "1" || r.Header.Get(HopHeader) != "" {
-		rows, err := a.localRuns(job, q)
+		rows, err := h.Local(job, q)
 		if err != nil {
 			writeError(w, http.StatusInternalServerError, "%v", err)
 			return
@@ -56,57 +58,79 @@ func (a *api) runs(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := a.ctx(r)
 	defer cancel()
-	recs, err := a.o.Admin.History(ctx, job, q.Item)
+	ans, err := h.Merged(ctx, job, q, a.auth.ReadSecret(auth.CallerOf(r.Context())))
 	if err != nil {
 		writeError(w, opStatus(err), "%v", err)
 		return
 	}
-	peers, err := a.o.Admin.Instances(ctx)
-	if err != nil {
-		writeError(w, opStatus(err), "%v", err)
-		return
-	}
-	secret := a.auth.ReadSecret(auth.CallerOf(r.Context()))
-	fetch := func(ctx context.Context, in keyspace.InstanceInfo, q history.Query) ([]history.Run, error) {
-		if in.ID == self {
-			return a.localRuns(job, q)
-		}
-		host := ""
-		if a.o.RunLogs != nil {
-			host = a.o.RunLogs.Host
-		}
-		return FetchRuns(ctx, a.peerClient(), in, secret, host, self, job, q)
-	}
-	writeJSON(w, http.StatusOK, history.Gather(r.Context(), recs, peers, fetch, q))
+	writeJSON(w, http.StatusOK, ans)
 }
 
-// localRuns is this instance's rows of job for q, from its run logs (none
+// Histories answers history queries (package history) on an instance:
+// from its own run logs, and merged over the cluster.
+type Histories struct {
+	admin  Admin
+	self   string
+	host   string
+	store  *runlog.Store
+	client *http.Client
+	logger *slog.Logger
+}
+
+// NewHistories returns the histories of the API's instance, as o
+// configures its API: its admin client, run logs and their transport.
+func NewHistories(o Options) *Histories {
+	h := &Histories{admin: o.Admin, self: o.Instance.ID(), logger: o.Logger, client: &http.Client{Transport: defaultProxy, Timeout: o.Timeout}}
+	if h.logger == nil {
+		h.logger = slog.Default()
+	}
+	if h.client.Timeout == 0 {
+		h.client.Timeout = 5 * time.Second
+	}
+	if rl := o.RunLogs; rl != nil {
+		h.store, h.host = rl.Store, rl.Host
+		if rl.Transport != nil {
+			h.client.Transport = rl.Transport
+		}
+	}
+	return h
+}
+
+// Local is this instance's rows of job for q, from its run logs (none
 // when it keeps none).
-func (a *api) localRuns(job string, q history.Query) ([]history.Run, error) {
+func (h *Histories) Local(job string, q history.Query) ([]history.Run, error) {
 	rows := []history.Run{}
-	if a.o.RunLogs == nil || a.o.RunLogs.Store == nil {
+	if h.store == nil {
 		return rows, nil
 	}
-	got, err := history.Local(a.o.RunLogs.Store, job, q)
-	if len(got) > 0 {
-		rows = got
-	}
+	got, err := history.Local(h.store, job, q)
 	if err != nil && len(got) == 0 {
 		return nil, err
 	}
 	if err != nil {
-		a.o.Logger.Warn("history: some run logs could not be read", "job", job, "err", err)
+		h.logger.Warn("history: some run logs could not be read", "job", job, "err", err)
 	}
-	return rows, nil
+	return append(rows, got...), nil
 }
 
-// peerClient reaches the other instances' APIs.
-func (a *api) peerClient() *http.Client {
-	t := http.RoundTripper(defaultProxy)
-	if a.o.RunLogs != nil && a.o.RunLogs.Transport != nil {
-		t = a.o.RunLogs.Transport
+// Merged answers q over the cluster: etcd's records, this instance's rows
+// and every other live instance's, asked with the read token secret.
+func (h *Histories) Merged(ctx context.Context, job string, q history.Query, secret string) (history.Answer, error) {
+	recs, err := h.admin.RecentRuns(ctx, job, q.Item)
+	if err != nil {
+		return history.Answer{}, err
 	}
-	return &http.Client{Transport: t, Timeout: a.o.Timeout}
+	peers, err := h.admin.Instances(ctx)
+	if err != nil {
+		return history.Answer{}, err
+	}
+	fetch := func(ctx context.Context, in keyspace.InstanceInfo, q history.Query) ([]history.Run, error) {
+		if in.ID == h.self {
+			return h.Local(job, q)
+		}
+		return FetchRuns(ctx, h.client, in, secret, h.host, h.self, job, q)
+	}
+	return history.Gather(ctx, recs, peers, fetch, q), nil
 }
 
 // FetchRuns asks instance in's API for its own rows of job's history for

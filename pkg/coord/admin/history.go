@@ -74,3 +74,23 @@ func (c *Client) History(ctx context.Context, job string, item int) ([]keyspace.
 	}
 	return slices.DeleteFunc(recs, func(r keyspace.ItemRecord) bool { return r.Item != item }), nil
 }
+
+// RecentRuns is what etcd says of job's recent runs: its history
+// (History), and the runs in progress, whose records are their items' own
+// until they end (the history keys get them then).
+func (c *Client) RecentRuns(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+	recs, err := c.History(ctx, job, item)
+	if err != nil {
+		return nil, err
+	}
+	runs, err := c.JobRuns(ctx, []string{job})
+	if err != nil {
+		return nil, err
+	}
+	for i, rec := range runs[job].Records {
+		if rec.State == keyspace.StateRunning && (item < 0 || i == item) {
+			recs = append(recs, rec)
+		}
+	}
+	return recs, nil
+}
