@@ -341,12 +341,16 @@ func (d *daemon) serveAPI(ln net.Listener, c etcdClient, node *coord.Node, rl *r
 	// client of this node's connection, whose status reads stay shown
 	// while the node refuses etcd's answers (etcd went back in time).
 	adm := admin.New(c.cli, node.Keys()).WithShown(node.ShownContext)
-	ui := console.New(console.Options{Instance: node.ID(), Admin: adm, Auth: authority, Endpoints: c.opts.Endpoints, Version: version.String(), Logger: log})
-	srv := newHTTPServer(api.Handler(api.Options{
+	apiOpts := api.Options{
 		Instance: node, Admin: adm, Metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), ConfigError: rl.Err,
-		Auth: authority, UI: ui, Loopback: isLoopback(ln.Addr()), Logger: log.With("instance", node.ID()), OnWrite: func() { console.Invalidate(ui) },
+		Auth: authority, Loopback: isLoopback(ln.Addr()), Logger: log.With("instance", node.ID()),
 		RunLogs: &api.RunLogs{Store: runLogs, Runs: adm, Transport: d.in.peers, Host: hostname()},
-	}), tlsCfg, log)
+	}
+	// The console's history is the API's: merged over the instances.
+	ui := console.New(console.Options{Instance: node.ID(), Admin: adm, Auth: authority, Endpoints: c.opts.Endpoints, Version: version.String(), Logger: log,
+		History: api.NewHistories(apiOpts).Merged})
+	apiOpts.UI, apiOpts.OnWrite = ui, func() { console.Invalidate(ui) }
+	srv := newHTTPServer(api.Handler(apiOpts), tlsCfg, log)
 	d.a.serve(func() error { return serve(srv, ln) }, func() {
 		sctx, scancel := context.WithTimeout(context.Background(), time.Second)
 		defer scancel()

@@ -74,6 +74,7 @@ import (
 	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
 )
 
 // Admin is what the console reads of the cluster; *admin.Client
@@ -92,6 +93,10 @@ type Options struct {
 	Instance string
 	Admin    Admin
 	Auth     *auth.Authority
+	// History answers a page of a job's history merged over the cluster
+	// (api.Histories.Merged), asking the other instances with the read
+	// token secret; nil: etcd's records alone (Admin.History).
+	History func(ctx context.Context, job string, q history.Query, secret string) (history.Answer, error)
 	// Endpoints are the etcd endpoints this instance uses; Version its
 	// version.
 	Endpoints []string

@@ -18,6 +18,8 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
+	"github.com/shardd/shardd/pkg/runlog"
 	sched "github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -600,5 +602,43 @@ func TestPastFiresAroundTheClocksGoingBack(t *testing.T) {
 	want := []string{"2026-10-25 03:00:00", "2026-10-25T02:00:00+01:00", "2026-10-25T02:00:00+02:00", "2026-10-25 01:00:00"}
 	if strings.Join(got, ", ") != strings.Join(want, ", ") {
 		t.Errorf("pastFires = %q, want %q", got, want)
+	}
+}
+
+// The job page shows the history the console's History answers (the
+// cluster's, merged): the page, the link to the next one with the
+// filters kept, the instances not reached, a row from a log alone with
+// its last line and its tries; the read token of the session goes along.
+func TestJobPageShowsTheMergedHistory(t *testing.T) {
+	f := &fakeCluster{n: 3}
+	var asked []history.Query
+	var secrets []string
+	t0 := time.Now().Add(-time.Hour)
+	fromLog := history.Run{ItemRecord: keyspace.ItemRecord{Job: "job-00001", Item: 1, Fence: 42, Attempt: 1, Fire: t0, Start: t0, End: t0.Add(3 * time.Second),
+		State: keyspace.StateFailed, ExitCode: 3, Error: "exit status 3", Instance: "b"}, LastLine: "no route to db-1", Log: "42-1",
+		Tries: []runlog.Try{{Start: t0, Finish: t0.Add(time.Second)}, {Start: t0.Add(2 * time.Second), Finish: t0.Add(3 * time.Second)}}}
+	h := New(Options{Instance: f.ID(), Admin: f, Warm: -1, Logger: quiet,
+		Auth: auth.New([]auth.Token{{Name: "bob", Role: auth.RoleRead, Secret: readSecret}}, 0, false),
+		History: func(ctx context.Context, job string, q history.Query, secret string) (history.Answer, error) {
+			asked, secrets = append(asked, q), append(secrets, secret)
+			return history.Answer{Runs: []history.Run{fromLog}, Next: fromLog.Cursor().String(), Unreachable: map[string]string{"c": "its API at http://h3:8080 did not answer"}}, nil
+		}})
+	bob := login(t, h, readSecret)
+	code, body, _ := get(h, "/jobs/job-00001?result=FAILED&since=7d&item=1", bob)
+	if code != 200 {
+		t.Fatalf("GET job page: %d\n%s", code, body)
+	}
+	for _, want := range []string{"no route to db-1", "FAILED (2 tries)", `href="/jobs/job-00001?run=42-1#log"`, "Instance c was not reached", `id="older"`, "before=" + url.QueryEscape(fromLog.Cursor().String()), "result=FAILED"} {
+		if !strings.Contains(body, want) && !strings.Contains(body, strings.ReplaceAll(want, "&", "&amp;")) {
+			t.Errorf("no %q in the page", want)
+		}
+	}
+	if len(asked) != 1 || asked[0].Item != 1 || asked[0].Result != "FAILED" || time.Since(asked[0].Since) < 7*24*time.Hour-time.Minute || secrets[0] != readSecret {
+		t.Errorf("History asked %+v with %q", asked, secrets)
+	}
+	// The next page's link asks below the cursor.
+	get(h, "/jobs/job-00001?before="+url.QueryEscape(fromLog.Cursor().String()), bob)
+	if len(asked) != 2 || asked[1].Before == nil || asked[1].Before.Fence != 42 {
+		t.Errorf("the older page asked %+v", asked[len(asked)-1])
 	}
 }

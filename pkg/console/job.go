@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"html/template"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -11,9 +14,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shardd/shardd/pkg/auth"
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
 	"github.com/shardd/shardd/pkg/runlog"
 	sched "github.com/shardd/shardd/pkg/schedule"
 )
@@ -24,9 +29,11 @@ type jobData struct {
 	Failover  bool
 	Items     []itemRow
 	Instances []instanceFor
-	History   []keyspace.ItemRecord
-	// Filters of the history.
-	Item, Result, Source, Since string
+	History   []history.Run
+	// Filters of the history, and where its page begins (a cursor).
+	Item, Result, Source, Since, Before string
+	// Older is the link to the next page, "" on the last one.
+	Older template.URL
 	Results, Sources            []string
 	HistoryNote                 string
 	// Run is the run whose log is shown ("FENCE-ITEM"), "" for none.
@@ -110,8 +117,8 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 		return "", err
 	}
 	q := r.URL.Query()
-	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"),
-		Results: []string{"", keyspace.StateDone, keyspace.StateFailed, keyspace.StateKilled, keyspace.StateSkipped, keyspace.StateRunning},
+	d := jobData{Job: js, Item: q.Get("item"), Result: q.Get("result"), Source: q.Get("source"), Since: q.Get("since"), Before: q.Get("before"),
+		Results: append([]string{""}, history.Results...),
 		Sources: []string{"", keyspace.SourceNormal, keyspace.SourceMisfire, keyspace.SourceFailover, keyspace.SourceManual, keyspace.SourceUpstream}}
 	if run := q.Get("run"); run != "" {
 		if _, _, ok := runlog.ParseRun(run); ok {
@@ -136,7 +143,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	}
 	jr := runs[name]
 	d.Items, d.Instances = itemRows(js, jr), instancesFor(js)
-	c.history(ctx, &d, jr, v.Now)
+	c.history(ctx, &d, jr, v.Now, v.Caller)
 	v.Title, v.Nav, v.Data = name, "jobs", d
 	return "job", nil
 }
@@ -204,46 +211,67 @@ func instancesFor(js admin.JobStatus) []instanceFor {
 	return out
 }
 
-// history fills d's history from the item's filter (d.Item, d.Result,
-// d.Source, d.Since), with the runs in progress (jr); a filter that does
-// not parse is said in d.HistoryNote and dropped.
-func (c *console) history(ctx context.Context, d *jobData, jr admin.JobRuns, now time.Time) {
-	item := -1
+// history fills d's history, a page of it, from the filters (d.Item,
+// d.Result, d.Source, d.Since, d.Before), with the runs in progress (jr);
+// a filter that does not parse is said in d.HistoryNote and dropped.
+// The other instances are asked with a read token for caller.
+func (c *console) history(ctx context.Context, d *jobData, jr admin.JobRuns, now time.Time, caller *auth.Caller) {
+	q := history.Query{Item: -1, Result: d.Result}
 	if d.Item != "" {
 		if n, err := strconv.Atoi(d.Item); err == nil && n >= 0 {
-			item = n
+			q.Item = n
 		} else {
 			d.HistoryNote = "item must be a number; showing every item"
 			d.Item = ""
 		}
 	}
-	hist, err := c.o.Admin.History(ctx, d.Job.Name, item)
+	if d.Since != "" {
+		if t, err := history.ParseSince(d.Since, now); err == nil {
+			q.Since = t
+		} else {
+			d.HistoryNote, d.Since = "since must be a duration like 1h, 30m or 7d, or a date; showing all", ""
+		}
+	}
+	if d.Before != "" {
+		if cur, err := history.ParseCursor(d.Before); err == nil {
+			q.Before = &cur
+		} else {
+			d.HistoryNote, d.Before = "before: "+err.Error()+"; showing the newest", ""
+		}
+	}
+	var ans history.Answer
+	var err error
+	if c.o.History != nil {
+		ans, err = c.o.History(ctx, d.Job.Name, q, c.o.Auth.ReadSecret(caller))
+	} else { // etcd's records alone
+		var recs []keyspace.ItemRecord
+		recs, err = c.o.Admin.History(ctx, d.Job.Name, q.Item)
+		for _, rec := range jr.Records { // runs in progress: history has them when they end
+			if rec.State == keyspace.StateRunning {
+				recs = append(recs, rec)
+			}
+		}
+		ans = history.Gather(ctx, recs, nil, nil, q)
+	}
 	if err != nil {
 		d.HistoryNote = err.Error()
 	}
-	var since time.Time
-	if d.Since != "" {
-		if dur, err := time.ParseDuration(d.Since); err == nil && dur > 0 {
-			since = now.Add(-dur)
-		} else {
-			d.HistoryNote, d.Since = "since must be a duration like 1h or 30m; showing all", ""
+	for _, id := range slices.Sorted(maps.Keys(ans.Unreachable)) {
+		d.HistoryNote += fmt.Sprintf(" Instance %s was not reached (its runs older than etcd's last %d per item are missing): %s.", id, keyspace.HistoryPerItem, ans.Unreachable[id])
+	}
+	d.HistoryNote = strings.TrimSpace(d.HistoryNote)
+	for _, r := range ans.Runs {
+		if d.Source == "" || r.Source == d.Source {
+			d.History = append(d.History, r)
 		}
 	}
-	for _, rec := range jr.Records { // runs in progress: history has them when they end
-		if rec.State == keyspace.StateRunning && (d.Item == "" || strconv.Itoa(rec.Item) == d.Item) {
-			hist = append(hist, rec)
+	if ans.Next != "" {
+		v := url.Values{"before": {ans.Next}}
+		for k, val := range map[string]string{"item": d.Item, "result": d.Result, "source": d.Source, "since": d.Since} {
+			if val != "" {
+				v.Set(k, val)
+			}
 		}
+		d.Older = template.URL("/jobs/" + url.PathEscape(d.Job.Name) + "?" + v.Encode() + "#hist-h") // escaped here
 	}
-	for _, rec := range hist {
-		if (d.Result != "" && rec.State != d.Result) || (d.Source != "" && rec.Source != d.Source) || (!since.IsZero() && rec.Fire.Before(since)) {
-			continue
-		}
-		d.History = append(d.History, rec)
-	}
-	slices.SortStableFunc(d.History, func(a, b keyspace.ItemRecord) int {
-		if c := b.Fire.Compare(a.Fire); c != 0 {
-			return c
-		}
-		return a.Item - b.Item
-	})
 }

@@ -27,6 +27,12 @@ type apiCluster struct {
 	audit    []keyspace.AuditEntry
 }
 
+func (a *apiCluster) Instances(ctx context.Context) ([]keyspace.InstanceInfo, error) {
+	return []keyspace.InstanceInfo{{ID: a.ID()}}, nil
+}
+func (a *apiCluster) RecentRuns(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
+	return a.History(ctx, job, item)
+}
 func (a *apiCluster) Up() bool                              { return true }
 func (a *apiCluster) Impaired() error                       { return nil }
 func (a *apiCluster) View(job string) (coord.JobView, bool) { return coord.JobView{}, false }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
 )
 
 // parsePages parses each page with the layout; a bad template is a bug
@@ -35,13 +36,14 @@ func parsePages() map[string]*template.Template {
 		"logURL": func(job, run string) string {
 			return "/jobs/" + url.PathEscape(job) + "?run=" + url.QueryEscape(run) + "#log"
 		},
-		"runID":  func(r keyspace.ItemRecord) string { return strconv.FormatInt(r.Fence, 10) + "-" + strconv.Itoa(r.Item) },
-		"result": result,
-		"failed": failed,
-		"lower":  strings.ToLower,
-		"code":   code,
-		"tail":   tail,
-		"deref":  func(r *keyspace.ItemRecord) keyspace.ItemRecord { return *r },
+		"runID":   func(r keyspace.ItemRecord) string { return strconv.FormatInt(r.Fence, 10) + "-" + strconv.Itoa(r.Item) },
+		"result":  result,
+		"failed":  failed,
+		"lower":   strings.ToLower,
+		"code":    code,
+		"tail":    tail,
+		"runTail": runTail,
+		"deref":   func(r *keyspace.ItemRecord) keyspace.ItemRecord { return *r },
 	}
 	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	pages := map[string]*template.Template{}
@@ -73,10 +75,19 @@ func code(r keyspace.ItemRecord) string {
 // tail is what says most about how a run ended: a failed run's last line
 // of output (its own words, "upstream timeout"), else its error (a kill's
 // "killed by ..."), else its output's last line; cut.
-func tail(r keyspace.ItemRecord) string {
+func tail(r keyspace.ItemRecord) string { return tailOf(r, "") }
+
+// runTail is tail of a history row: its log's last line (stderr's, else
+// stdout's) stands for its output's.
+func runTail(r history.Run) string { return tailOf(r.ItemRecord, r.LastLine) }
+
+func tailOf(r keyspace.ItemRecord, last string) string {
 	out := strings.TrimSpace(r.Output)
 	if i := strings.LastIndexByte(out, '\n'); i >= 0 {
 		out = out[i+1:]
+	}
+	if last != "" {
+		out = strings.TrimSpace(last)
 	}
 	if r.Error != "" && (out == "" || r.State != keyspace.StateFailed) {
 		out = r.Error
