@@ -33,9 +33,9 @@ type jobData struct {
 	// Filters of the history, and where its page begins (a cursor).
 	Item, Result, Source, Since, Before string
 	// Older is the link to the next page, "" on the last one.
-	Older template.URL
-	Results, Sources            []string
-	HistoryNote                 string
+	Older            template.URL
+	Results, Sources []string
+	HistoryNote      string
 	// Run is the run whose log is shown ("FENCE-ITEM"), "" for none.
 	Run string
 	// Description and Definition (indented JSON) say what the job is;
