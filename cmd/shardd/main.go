@@ -63,12 +63,12 @@ const (
 func commands() []command {
 	return []command{
 		{"run", "run the daemon: join the cluster and run the jobs", "--config PATH [--etcd URL,...] [--name ID] [--data-dir DIR] [--listen ADDR] [--ttl 10s] [--prefix /shardd]", cmdRun},
-		{"status", "show jobs, leaders, shard maps and instances from etcd", "[--etcd URL,...] [-o json]", cmdStatus},
+		{"status", "show jobs, their health (failing, late, running), leaders, shard maps and instances from etcd", "[--failing] [--running] [--etcd URL,...] [-o json]", cmdStatus},
 		{"trigger", "run a job's items once now, on their owners (with a one-off parameter, or again for a past fire)", "JOB [--item N] [--param TEXT] [--fire TIME] [--etcd URL,...]", cmdTrigger},
 		{"kill", "stop a job's runs in progress (recorded KILLED/operator, not failed over)", "JOB [--item N [--fence F]] [--wait 10s] [--etcd URL,...]", cmdKill},
 		{"disable", "disable a job, one item, or one instance for a job", "JOB [--item N | --instance ID [--force]] [--etcd URL,...]", cmdDisable},
 		{"enable", "undo disable", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdEnable},
-		{"history", "show a job's recent executions", "JOB [--item N] [-o json] [--etcd URL,...]", cmdHistory},
+		{"history", "show a job's executions, newest first, from etcd and the instances' run logs", "JOB [--item N] [--since 7d] [--result FAILED] [--limit N] [--before CURSOR] [-o json] [--etcd URL,...]", cmdHistory},
 		{"audit", "show who triggered, killed, disabled, enabled or removed what, and definition changes", "[--job JOB] [--actor WHO] [-n 50] [-o json] [--etcd URL,...]", cmdAudit},
 		{"logs", "print a run's output from its run log, through the API of the instance that ran it", "JOB [--item N] [--run FENCE[-ITEM]] [-f] [--raw] [--api-token-file FILE] [--etcd URL,...]", cmdLogs},
 		{"remove", "delete what etcd keeps of a job no instance defines any more", "JOB [--etcd URL,...]", cmdRemove},

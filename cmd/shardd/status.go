@@ -3,12 +3,15 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/shardd/shardd/pkg/coord/admin"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
 )
 
 func cmdStatus(e *env, args []string) error {
@@ -16,6 +19,8 @@ func cmdStatus(e *env, args []string) error {
 	var o opsFlags
 	o.register(fs)
 	output := fs.String("o", "table", "output `format`: table or json")
+	failing := fs.Bool("failing", false, "only the jobs whose health is FAILING (an item's last run failed) or LATE (a due fire went unrecorded)")
+	running := fs.Bool("running", false, "only the jobs that run items now, with where and since when")
 	if err := applyEnv(e, fs, etcdFlagNames...); err != nil {
 		return err
 	}
@@ -33,6 +38,12 @@ func cmdStatus(e *env, args []string) error {
 	st, err := adm.Status(ctx)
 	if err != nil {
 		return o.opError(err)
+	}
+	if *failing || *running {
+		st.Jobs = slices.DeleteFunc(st.Jobs, func(j admin.JobStatus) bool {
+			h := j.Health
+			return h == nil || (*failing && h.State == admin.HealthOK) || (*running && len(h.Running) == 0)
+		})
 	}
 	if *output == "json" {
 		st.Endpoints = o.copts.Endpoints
@@ -58,7 +69,7 @@ func writeEtcdHealth(w io.Writer, st *admin.ClusterStatus) {
 
 func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "JOB\tSTATUS\tLEADER\tEPOCH\tSTRATEGY\tITEMS\tELIGIBLE\tDEFINITION\tCONFLICTS")
+	fmt.Fprintln(tw, "JOB\tSTATUS\tHEALTH\tLEADER\tEPOCH\tSTRATEGY\tITEMS\tELIGIBLE\tDEFINITION\tCONFLICTS")
 	for _, j := range st.Jobs {
 		def, conflicts := "-", "-"
 		if d := j.Definition; d != nil {
@@ -67,7 +78,7 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 				conflicts = strings.Join(d.Conflicts, ",")
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", j.Name, j.Status, dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", j.Name, j.Status, j.Health.Brief(j.Total), dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total,
 			dash(strings.Join(j.Eligible, ",")), def, conflicts)
 	}
 	tw.Flush()
@@ -79,6 +90,7 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 		for _, p := range j.Problems {
 			fmt.Fprintf(w, "  problem: %s\n", p)
 		}
+		writeHealth(w, j.Health, time.Now())
 		if len(j.DependsOn) > 0 {
 			how := "runs after each of its fires whose every item succeeded"
 			if len(j.DependsOn) > 1 {
@@ -117,6 +129,52 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.ID, in.Host, in.PID, dash(in.Version), in.Started.Format(time.RFC3339), dash(in.API), dash(strings.Join(in.Jobs, ",")))
 	}
 	return tw.Flush()
+}
+
+// writeHealth says what the job runs now, which items fail and since
+// when, which are late, and when it last succeeded.
+func writeHealth(w io.Writer, h *admin.Health, now time.Time) {
+	if h == nil {
+		return
+	}
+	ago := func(t time.Time) string {
+		return fmt.Sprintf("%s (%s ago)", t.Format(time.RFC3339), now.Sub(t).Round(time.Second))
+	}
+	for _, r := range h.Running {
+		since := ""
+		if !r.Since.IsZero() {
+			since = ", since " + ago(r.Since)
+		}
+		fence := ""
+		if r.Fence > 0 {
+			fence = fmt.Sprintf(", fence %d (shardd logs --run %d-%d -f)", r.Fence, r.Fence, r.Item)
+		}
+		fmt.Fprintf(w, "  running: item %d on %s%s%s\n", r.Item, r.Instance, since, fence)
+	}
+	for _, f := range h.Failing {
+		what := f.Last.State
+		if f.Last.Reason != "" {
+			what += "/" + f.Last.Reason
+		}
+		runs := "its last run"
+		if f.InARow > 1 {
+			runs = fmt.Sprintf("its last %d runs", f.InARow)
+		}
+		since := ""
+		if !f.Since.IsZero() {
+			since = " since " + ago(f.Since)
+		}
+		fmt.Fprintf(w, "  failing: item %d, %s %s%s: %s\n", f.Item, runs, what, since, historyCell(history.FromRecord(f.Last)))
+	}
+	for _, l := range h.Late {
+		fmt.Fprintf(w, "  late: item %d, its fire of %s has not run nor been recorded skipped\n", l.Item, ago(l.Due))
+	}
+	switch {
+	case !h.LastSuccess.IsZero():
+		fmt.Fprintf(w, "  last success: %s\n", ago(h.LastSuccess))
+	case len(h.Failing) > 0:
+		fmt.Fprintf(w, "  last success: none in etcd's records (the last %d runs of each item; shardd history --result DONE reads the run logs)\n", keyspace.HistoryPerItem)
+	}
 }
 
 func dash(s string) string {

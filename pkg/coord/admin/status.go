@@ -49,6 +49,8 @@ type ClusterStatus struct {
 	// Rewinds are what instances saw of etcd going back in time (a restore,
 	// a wipe), from the last day or not yet recovered from.
 	Rewinds []keyspace.RewindRecord `json:"rewinds,omitempty"`
+	// now is when the status was read: what health judges lateness by.
+	now time.Time
 }
 
 // JobStatus is one job as etcd has it.
@@ -73,8 +75,10 @@ type JobStatus struct {
 	Problems      []string     `json:"problems,omitempty"`
 	// DependsOn are the job's parents (dependsOn), Children the jobs that
 	// depend on it: the dependency graph.
-	DependsOn      []string `json:"dependsOn,omitempty"`
-	Children       []string `json:"children,omitempty"`
+	DependsOn []string `json:"dependsOn,omitempty"`
+	Children  []string `json:"children,omitempty"`
+	// Health says how its runs go (see health.go).
+	Health         *Health `json:"health,omitempty"`
 	itemParameters map[int]string
 }
 
@@ -184,7 +188,7 @@ func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterSta
 	}
 	rev := resp.Header.Revision
 	cs := &ClusterStatus{Prefix: c.keys.Prefix(), Revision: rev, Jobs: []JobStatus{}, Instances: []InstanceStatus{},
-		Rewinds: recentRewinds(resp.Responses[2].GetResponseRange().Kvs, time.Now()), Alarms: c.readAlarms(ctx)}
+		Rewinds: recentRewinds(resp.Responses[2].GetResponseRange().Kvs, time.Now()), Alarms: c.readAlarms(ctx), now: time.Now()}
 	alive := cs.addInstances(resp.Responses[0].GetResponseRange().Kvs)
 	byJob := c.groupJobKeys(resp.Responses[1].GetResponseRange().Kvs)
 	names := make([]string, 0, len(byJob))
@@ -199,6 +203,9 @@ func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterSta
 	decoded := decodeJobKeys(c.keys, names, perJob)
 	for i, name := range names {
 		cs.Jobs = append(cs.Jobs, cs.jobStatus(name, byJob[name], perJob[i], decoded[i], alive))
+	}
+	if err := c.readStreaks(ctx, cs, rev); err != nil {
+		return nil, err
 	}
 	if jobsPrefix == c.keys.Jobs() {
 		linkChildren(cs.Jobs)
@@ -322,6 +329,18 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 	case js.Status == StatusNoInstances:
 		js.Problems = append(js.Problems, "every instance that defines the job is disabled for it")
 	}
+	jr := decodeJobRuns(r[3].GetResponseRange().Kvs, r[4].GetResponseRange().Kvs, r[5].GetResponseRange().Kvs)
+	total := 0
+	if m != nil {
+		total = m.Total
+	} else if d.def != nil {
+		total = d.def.ShardingTotalCount
+	}
+	var registered time.Time
+	if js.Definition != nil {
+		registered = js.Definition.Written
+	}
+	js.Health = jobHealth(jr, d.def, registered, js.DisabledItems, jk.jobOff || configDisabled, total, cs.now)
 	if m != nil {
 		js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
 		for item := 0; item < m.Total; item++ {
@@ -371,17 +390,18 @@ func decodeJobKeys(keys keyspace.Keys, names []string, perJob [][]*etcdserverpb.
 }
 
 // statusOpsPerJob are the reads of one job in readJobKeys: its map, its
-// definition and its leader.
-const statusOpsPerJob = 3
+// definition, its leader, and for its health its items' records, running
+// markers and last failure.
+const statusOpsPerJob = 6
 
 // statusReaders is how many read Txns readJobKeys has in flight.
 const statusReaders = 8
 
-// readJobKeys reads each job's map, definition and leader at rev, many jobs
-// per Txn (within etcd's default --max-txn-ops of 128) and statusReaders
-// Txns at a time: a cluster of 10,000 jobs takes about 240 Txns, not
-// 10,000 round trips. It returns the three responses of each job, in the
-// order of names.
+// readJobKeys reads each job's map, definition, leader and runs at rev,
+// many jobs per Txn (within etcd's default --max-txn-ops of 128) and
+// statusReaders Txns at a time: a cluster of 10,000 jobs takes about 480
+// Txns, not 10,000 round trips. It returns the statusOpsPerJob responses
+// of each job, in the order of names.
 func (c *Client) readJobKeys(ctx context.Context, names []string, rev int64) ([][]*etcdserverpb.ResponseOp, error) {
 	const perTxn = 128 / statusOpsPerJob
 	out := make([][]*etcdserverpb.ResponseOp, len(names))
@@ -396,7 +416,10 @@ func (c *Client) readJobKeys(ctx context.Context, names []string, rev int64) ([]
 			ops = append(ops,
 				clientv3.OpGet(c.keys.Shards(name), clientv3.WithRev(rev)),
 				clientv3.OpGet(c.keys.Config(name), clientv3.WithRev(rev)),
-				clientv3.OpGet(c.keys.Leader(name), append(clientv3.WithFirstCreate(), clientv3.WithRev(rev))...))
+				clientv3.OpGet(c.keys.Leader(name), append(clientv3.WithFirstCreate(), clientv3.WithRev(rev))...),
+				clientv3.OpGet(c.keys.Items(name), clientv3.WithPrefix(), clientv3.WithRev(rev)),
+				clientv3.OpGet(c.keys.Running(name), clientv3.WithPrefix(), clientv3.WithRev(rev)),
+				clientv3.OpGet(c.keys.LastFailure(name), clientv3.WithRev(rev)))
 		}
 		sem <- struct{}{}
 		wg.Add(1)
@@ -538,31 +561,40 @@ func (c *Client) JobRuns(ctx context.Context, jobs []string) (map[string]JobRuns
 				return
 			}
 			for i, job := range chunk {
-				jr := JobRuns{Records: map[int]keyspace.ItemRecord{}, Running: map[int]string{}}
-				for _, kv := range resp.Responses[3*i].GetResponseRange().Kvs {
-					var rec keyspace.ItemRecord
-					if n, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil && json.Unmarshal(kv.Value, &rec) == nil {
-						rec.Fence = keyspace.RunFence(&rec, kv.ModRevision)
-						jr.Records[n] = rec
-					}
-				}
-				for _, kv := range resp.Responses[3*i+1].GetResponseRange().Kvs {
-					if n, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
-						jr.Running[n] = string(kv.Value)
-					}
-				}
-				if kvs := resp.Responses[3*i+2].GetResponseRange().Kvs; len(kvs) > 0 {
-					var rec keyspace.ItemRecord
-					if json.Unmarshal(kvs[0].Value, &rec) == nil {
-						jr.LastFailure = &rec
-					}
-				}
+				r := resp.Responses
+				jr := decodeJobRuns(r[3*i].GetResponseRange().Kvs, r[3*i+1].GetResponseRange().Kvs, r[3*i+2].GetResponseRange().Kvs)
 				out[job] = jr
 			}
 		}()
 	}
 	wg.Wait()
 	return out, first
+}
+
+// decodeJobRuns decodes a job's item records, running markers and last
+// failure (the keys under Items, Running and LastFailure). A RUNNING
+// record's Fence is set to its claim's revision.
+func decodeJobRuns(items, running, lastFailure []*mvccpb.KeyValue) JobRuns {
+	jr := JobRuns{Records: map[int]keyspace.ItemRecord{}, Running: map[int]string{}}
+	for _, kv := range items {
+		var rec keyspace.ItemRecord
+		if n, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil && json.Unmarshal(kv.Value, &rec) == nil {
+			rec.Fence = keyspace.RunFence(&rec, kv.ModRevision)
+			jr.Records[n] = rec
+		}
+	}
+	for _, kv := range running {
+		if n, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
+			jr.Running[n] = string(kv.Value)
+		}
+	}
+	if len(lastFailure) > 0 {
+		var rec keyspace.ItemRecord
+		if json.Unmarshal(lastFailure[0].Value, &rec) == nil {
+			jr.LastFailure = &rec
+		}
+	}
+	return jr
 }
 
 // linkChildren fills each job's Children from the others' DependsOn, and
