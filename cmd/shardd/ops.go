@@ -450,6 +450,11 @@ func historyCell(r history.Run) string {
 	}
 	if r.Error != "" && (out == "" || r.Error != "exit status "+strconv.Itoa(r.ExitCode)) {
 		out = r.Error
+		if r.HTTPStatus > 0 { // "POST https://...: status 503: queue full": the status and the answer's start
+			if i := strings.Index(out, "status "+strconv.Itoa(r.HTTPStatus)); i >= 0 {
+				out = out[i:]
+			}
+		}
 	}
 	out = strings.Map(func(c rune) rune {
 		if unicode.IsControl(c) {

@@ -89,8 +89,13 @@ func tailOf(r keyspace.ItemRecord, last string) string {
 	if last != "" {
 		out = strings.TrimSpace(last)
 	}
-	if r.Error != "" && (out == "" || r.State != keyspace.StateFailed) {
+	if r.Error != "" && (out == "" || r.State != keyspace.StateFailed || r.HTTPStatus > 0) {
 		out = r.Error
+		if r.HTTPStatus > 0 { // "POST https://...: status 503: queue full": the status and the answer's start
+			if i := strings.Index(out, "status "+strconv.Itoa(r.HTTPStatus)); i >= 0 {
+				out = out[i:]
+			}
+		}
 	}
 	if len(out) > 120 {
 		out = strings.ToValidUTF8(out[:117], "") + "..."

@@ -259,6 +259,19 @@ func (h *HTTP) request(ctx context.Context, c Context) (*http.Request, *redactor
 	return req, newRedactor(secrets), nil
 }
 
+// bodyStart is the start of a refused answer's body for its error: ": "
+// and its first 200 characters on one line, "" for an empty body.
+func bodyStart(text string) string {
+	text = strings.Join(strings.Fields(strings.ToValidUTF8(text, "\uFFFD")), " ")
+	if text == "" {
+		return ""
+	}
+	if r := []rune(text); len(r) > 200 {
+		text = string(r[:197]) + "..."
+	}
+	return ": " + text
+}
+
 // answer completes res from the hook's answer resp: its status, and the
 // tail of its body with the secrets taken out.
 func (h *HTTP) answer(ctx context.Context, c Context, resp *http.Response, secret *redactor, res Result) Result {
@@ -283,7 +296,7 @@ func (h *HTTP) answer(ctx context.Context, c Context, resp *http.Response, secre
 		ok = slices.Contains(h.SuccessCodes, resp.StatusCode)
 	}
 	if !ok {
-		res.Err = fmt.Errorf("%s %s: status %d", h.Method, h.URL, resp.StatusCode)
+		res.Err = fmt.Errorf("%s %s: status %d%s", h.Method, h.URL, resp.StatusCode, bodyStart(text))
 		if loc := resp.Header.Get("Location"); resp.StatusCode/100 == 3 && loc != "" {
 			res.Err = fmt.Errorf("%w, a redirect to %s (not followed: set followRedirects: true to follow redirects to the same origin)", res.Err, cut(loc, 256))
 		}

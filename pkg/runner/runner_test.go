@@ -261,15 +261,16 @@ func TestHTTPHook(t *testing.T) {
 	if res := hook("/missing").Run(context.Background(), ctxFixture); res.OK || res.Retryable || res.HTTPStatus != 404 {
 		t.Errorf("404: %+v", res)
 	}
-	if res := hook("/broken").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.HTTPStatus != 502 {
-		t.Errorf("502 must be retryable: %+v", res)
+	if res := hook("/broken").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.HTTPStatus != 502 || !strings.HasSuffix(res.Err.Error(), ": status 502: boom") {
+		t.Errorf("502 must be retryable, its error ending with the status and the body's start: %+v", res)
 	}
 	if res := hook("/slow").Run(context.Background(), ctxFixture); res.OK || !res.Retryable || res.Duration() > 1500*time.Millisecond {
 		t.Errorf("timeout: %+v", res)
 	}
 	// A hook that echoes its request: the ${VAR} secret is not recorded.
-	if res := hook("/echo").Run(context.Background(), ctxFixture); res.OK || strings.Contains(res.Output, "s3cret") || !strings.Contains(res.Output, "you sent Bearer [redacted]") {
-		t.Errorf("echoed secret: output %q", res.Output)
+	if res := hook("/echo").Run(context.Background(), ctxFixture); res.OK || strings.Contains(res.Output, "s3cret") || !strings.Contains(res.Output, "you sent Bearer [redacted]") ||
+		strings.Contains(res.Err.Error(), "s3cret") || !strings.HasSuffix(res.Err.Error(), "status 500: you sent Bearer [redacted]") {
+		t.Errorf("echoed secret: output %q, error %v", res.Output, res.Err)
 	}
 	h, _ := NewHTTP(HTTP{URL: "http://127.0.0.1:1/", Method: "POST", Timeout: time.Second}, TLSFiles{})
 	if res := h.Run(context.Background(), ctxFixture); res.OK || !res.Retryable {
