@@ -298,6 +298,12 @@ func (d *daemon) newReloader(hup <-chan os.Signal, node *coord.Node, eng *engine
 		jobs.Store(&c.Jobs)
 		node.SetJobs(c.Jobs)
 		eng.Resync()
+	}, rejected: func(err error) {
+		why := ""
+		if err != nil {
+			why = time.Now().UTC().Format(time.RFC3339) + ": " + api.ProblemCount(err)
+		}
+		node.SetReloadRejected(why) // for shardd status and the console
 	}}
 	return rl, func() []*config.Job { return *jobs.Load() }
 }

@@ -25,6 +25,8 @@ type reloader struct {
 	log      *slog.Logger
 	metrics  *metrics.Metrics
 	apply    func(*config.Config)
+	// rejected, if set, is told each reload's error: nil when it was applied.
+	rejected func(error)
 	hup      <-chan os.Signal // SIGHUP, caught for the whole process
 	root     bool             // shardd runs as root: unsafe job files are refused (see trust.go)
 
@@ -69,6 +71,9 @@ func (r *reloader) reload(why string) {
 	r.digest = d
 	r.lastErr = err
 	r.mu.Unlock()
+	if r.rejected != nil {
+		r.rejected(err)
+	}
 	if err != nil {
 		for _, p := range config.Errors(err) {
 			r.log.Error("configuration reload rejected; the previous configuration keeps running", "trigger", why, "err", p)

@@ -128,7 +128,15 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 	for _, in := range st.Instances {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.ID, in.Host, in.PID, dash(in.Version), in.Started.Format(time.RFC3339), dash(in.API), dash(strings.Join(in.Jobs, ",")))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, in := range st.Instances {
+		if in.ReloadRejected != "" {
+			fmt.Fprintf(w, "instance %s is DEGRADED: its last configuration reload was rejected (%s); it runs its previous configuration (its log, and GET /api/v1/config/problems on its API, say what is wrong)\n", in.ID, in.ReloadRejected)
+		}
+	}
+	return nil
 }
 
 // writeHealth says what the job runs now, which items fail and since

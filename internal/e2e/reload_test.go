@@ -118,6 +118,20 @@ func TestHotReload(t *testing.T) {
 	if _, body := httpGet(t, "http://"+addr+"/metrics"); !strings.Contains(body, "shardd_config_last_reload_successful 0") {
 		t.Error("the reload failure is not in the metrics")
 	}
+	// shardd status says so too, from the instances' keys, quoting nothing.
+	etcdtest.Eventually(t, 5*time.Second, "status to show the rejection", func() bool {
+		_, out, _ := logsCLI(t, e, nil, "status")
+		return strings.Contains(out, "instance a is DEGRADED: its last configuration reload was rejected") && strings.Contains(out, "2 problems (job one: 2)") &&
+			strings.Contains(out, "instance b is DEGRADED") && !strings.Contains(out, "shardingTotalCount")
+	})
+	// A good file again: the mark goes.
+	os.WriteFile(cfg, []byte("jobs:\n  - name: one\n    cron: \"@every 1s\"\n    script: [/bin/true]\n"), 0o644)
+	b.signal(syscall.SIGHUP)
+	a.signal(syscall.SIGHUP)
+	etcdtest.Eventually(t, 10*time.Second, "status to drop the mark", func() bool {
+		_, out, _ := logsCLI(t, e, nil, "status")
+		return !strings.Contains(out, "DEGRADED")
+	})
 }
 
 // SIGHUP never kills shardd: one sent during start-up reloads once the

@@ -409,7 +409,7 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	note := ""
 	if reload != nil {
-		note = "; the last configuration reload failed, the previous configuration runs: " + problemCount(reload) + "; GET /api/v1/config/problems lists them"
+		note = "; degraded: the last configuration reload was rejected, the previous configuration runs: " + ProblemCount(reload) + "; GET /api/v1/config/problems lists them"
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if err := a.o.Instance.Impaired(); err != nil {
@@ -425,10 +425,10 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "ok%s\n", note)
 }
 
-// problemCount says how many problems err holds and how many are in each
+// ProblemCount says how many problems err holds and how many are in each
 // job, naming a job only by a valid name (an invalid one is text of the
 // file like any other): "3 problems (job billing: 2; 1 elsewhere)".
-func problemCount(err error) string {
+func ProblemCount(err error) string {
 	all := config.Errors(err)
 	byJob := map[string]int{}
 	var jobs []string

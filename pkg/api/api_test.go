@@ -284,13 +284,13 @@ func TestReadyz(t *testing.T) {
 		t.Errorf("up: %d", code)
 	}
 	cfgErr = errors.New(`jobs.yaml:3: job "x": shardingTotalCount must be >= 1, got 0`)
-	if code, body := do(t, h, "GET", "/readyz", ""); code != 200 || !strings.Contains(body, "last configuration reload failed") || !strings.Contains(body, "1 problem") ||
+	if code, body := do(t, h, "GET", "/readyz", ""); code != 200 || !strings.Contains(body, "degraded: the last configuration reload was rejected") || !strings.Contains(body, "1 problem") ||
 		strings.Contains(body, "shardingTotalCount") || strings.Contains(body, "jobs.yaml") {
 		t.Errorf("failed reload: %d %s, want the problems counted, none quoted", code, body)
 	}
 	// Both: the session's absence decides the status, the reload is said.
 	fc.up = false
-	if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, "no etcd session") || !strings.Contains(body, "reload failed") {
+	if code, body := do(t, h, "GET", "/readyz", ""); code != 503 || !strings.Contains(body, "no etcd session") || !strings.Contains(body, "reload was rejected") {
 		t.Errorf("down and a failed reload: %d %s, want 503 naming both", code, body)
 	}
 	// A session is not enough when etcd takes no write, or went back in time.

@@ -70,6 +70,8 @@ type Node struct {
 
 	mu      sync.Mutex
 	jobs    map[string]*config.Job // local definitions
+	// reloadRejected is what the instance key says of a rejected reload.
+	reloadRejected string
 	views   map[string]*JobView
 	up      bool
 	session *session         // current session, nil when down
@@ -250,6 +252,19 @@ func (n *Node) conflicts() []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// SetReloadRejected publishes in the instance's key that its last
+// configuration reload was rejected, and why (counts and job names, no
+// text of the files); "" after one that was applied.
+func (n *Node) SetReloadRejected(why string) {
+	n.mu.Lock()
+	changed := n.reloadRejected != why
+	n.reloadRejected = why
+	n.mu.Unlock()
+	if changed {
+		n.republish()
+	}
 }
 
 // republish asks the session loop to rewrite the instance key.
@@ -515,6 +530,9 @@ func (n *Node) register(s *session) error {
 	info.Jobs = n.Jobs()
 	info.Conflicts = n.conflicts()
 	info.Started = n.started
+	n.mu.Lock()
+	info.ReloadRejected = n.reloadRejected
+	n.mu.Unlock()
 	val, err := json.Marshal(info)
 	if err != nil {
 		return err

@@ -17,4 +17,9 @@ type InstanceInfo struct {
 	Conflicts []string `json:"conflicts,omitempty"`
 	// APITLS says the API serves TLS: its URL is https://API.
 	APITLS bool `json:"apiTLS,omitempty"`
+	// ReloadRejected says that the instance's last configuration reload
+	// was rejected, and what it found (how many problems, in which jobs;
+	// nothing quoted of its files): it runs its previous configuration.
+	// Empty after a reload that was applied.
+	ReloadRejected string `json:"reloadRejected,omitempty"`
 }
