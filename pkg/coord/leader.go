@@ -172,7 +172,9 @@ func (l *leader) reconcile(ctx context.Context, st *state) error {
 		return fmt.Errorf("shard map changed while writing; retrying")
 	}
 	l.wrote.Store(resp.Header.Revision)
-	log.Info("wrote shard map", "epoch", desired.Epoch, "instances", desired.Instances, "total", desired.Total, "strategy", desired.Strategy)
+	// The one INFO line of a new map, by the leader that wrote it; every
+	// instance's view of it is at DEBUG ("shard map").
+	log.Info("wrote shard map", "epoch", desired.Epoch, "instances", desired.Instances, "total", desired.Total, "strategy", desired.Strategy, "items", desired.Items)
 	if l.n.opts.OnMapWritten != nil {
 		l.n.opts.OnMapWritten(l.job)
 	}

@@ -211,7 +211,9 @@ func (n *Node) observeMap(job string, kv *mvccpb.KeyValue) {
 	if !changed {
 		return
 	}
-	n.log.Info("shard map", "job", job, "epoch", m.Epoch, "items", m.ItemsOf(n.opts.ID), "instances", m.Instances, "leader", m.Leader)
+	// At DEBUG: the leader that wrote the map said so at INFO ("wrote
+	// shard map"), once for the cluster, not once per instance.
+	n.log.Debug("shard map", "job", job, "epoch", m.Epoch, "items", m.ItemsOf(n.opts.ID), "instances", m.Instances, "leader", m.Leader)
 	if n.opts.OnMap != nil {
 		n.opts.OnMap(job, m)
 	}
