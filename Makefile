@@ -17,6 +17,7 @@ CHAOS_OUT    ?= $(CURDIR)/bench/chaos-summary.json
 CHAOS_JOBS   ?= 2000
 CHAOS_SCALE_OUT ?= $(CURDIR)/bench/chaos-scale-summary.json
 SOAK_DURATION ?= 1h
+HISTORY_DURATION ?= 10m
 SOAK_OUT      ?= $(CURDIR)/bench/soak.json
 RACE_PKGS     ?= ./...
 RACE_TIMEOUT  ?= 30m
@@ -92,9 +93,9 @@ chaos-scale: ## the chaos suite with CHAOS_JOBS (default 2000) more one-item job
 	SHARDD_CHAOS_ROUNDS=$(CHAOS_ROUNDS) SHARDD_CHAOS_SEED=$(CHAOS_SEED) SHARDD_CHAOS_OUT=$(CHAOS_SCALE_OUT) SHARDD_CHAOS_JOBS=$(CHAOS_JOBS) \
 	  $(GO) test ./internal/e2e -run '^TestChaos$$' -count=1 -v -timeout 3h
 
-e2e-long: ## the long runs: history as long as the run logs (an every-2-s job for 10 min, paged against a ledger), dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum, etcd restored from a snapshot and wiped
+e2e-long: ## the long runs: history as long as the run logs (an every-2-s job for HISTORY_DURATION, default 10m, paged against a ledger), dependency fault tests, dependencies under kill -9 (per-fire ledger of parent and child), a join during streaming, an embedded etcd cluster losing a member and its quorum, etcd restored from a snapshot and wiped
 	SHARDD_E2E_LONG=1 $(GO) test ./pkg/engine -run '^TestDeps' -count=1 -v -timeout 10m
-	SHARDD_E2E_LONG=1 $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum|TestEtcdRestoredOrWiped|TestHistoryAsLongAsTheRunLogs)$$' -count=1 -v -timeout 45m
+	SHARDD_E2E_LONG=1 SHARDD_HISTORY_DURATION=$(HISTORY_DURATION) $(GO) test ./internal/e2e -run '^(TestDependenciesUnderFaults|TestStreamingJoin|TestEmbeddedClusterQuorum|TestEtcdRestoredOrWiped|TestHistoryAsLongAsTheRunLogs)$$' -count=1 -v -timeout 45m
 
 e2e-compose: ## docker-compose.yml and docker-compose.embedded.yml on a real Docker engine (installs and starts one, builds stand-in base images without a registry): spread, docker kill, network cuts, etcd leader cut, Prometheus targets, per-fire ledger
 	bash internal/e2e/compose.sh

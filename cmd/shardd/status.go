@@ -62,9 +62,52 @@ func cmdStatus(e *env, args []string) error {
 // writeEtcdHealth says what keeps etcd from taking shardd's writes, and
 // what instances saw of its history going back.
 func writeEtcdHealth(w io.Writer, st *admin.ClusterStatus) {
+	if h := st.Etcd; h != nil && h.Error == "" {
+		leader := "none"
+		for _, m := range h.Members {
+			if m.Leader {
+				leader = m.Name
+			}
+		}
+		tolerance := fmt.Sprintf("tolerates %d more failure(s)", h.FaultTolerance)
+		if h.FaultTolerance < 0 {
+			tolerance = "NO QUORUM"
+		}
+		fmt.Fprintf(w, "etcd: %d voting member(s), %d up (quorum %d): %s; leader %s\n", h.Voters, h.Up, h.Quorum, tolerance, leader)
+		if len(h.Members) > 1 || h.Up < h.Voters {
+			for _, m := range h.Members {
+				state := "up"
+				switch {
+				case !m.Up:
+					state = "DOWN"
+				case m.Leader:
+					state = "up, leader"
+				}
+				if m.Learner {
+					state += ", learner"
+				}
+				db := ""
+				if m.Up {
+					db = fmt.Sprintf(", db %s (%s in use), etcd %s", byteSize(m.DBSize), byteSize(m.DBSizeInUse), m.Version)
+				}
+				fmt.Fprintf(w, "  member %s (%s): %s%s, %s\n", m.Name, m.ID, state, db, strings.Join(m.ClientURLs, ","))
+			}
+		}
+	}
 	for _, p := range st.EtcdProblems() {
 		fmt.Fprintln(w, p)
 	}
+}
+
+// byteSize is n bytes in KiB, MiB or GiB.
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	}
+	return fmt.Sprintf("%d KiB", n>>10)
 }
 
 func writeStatus(w io.Writer, st *admin.ClusterStatus) error {

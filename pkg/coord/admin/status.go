@@ -49,6 +49,9 @@ type ClusterStatus struct {
 	// Rewinds are what instances saw of etcd going back in time (a restore,
 	// a wipe), from the last day or not yet recovered from.
 	Rewinds []keyspace.RewindRecord `json:"rewinds,omitempty"`
+	// Etcd is the etcd cluster's health: its members, the leader, their
+	// databases' sizes, the fault tolerance left.
+	Etcd *EtcdHealth `json:"etcd,omitempty"`
 	// now is when the status was read: what health judges lateness by.
 	now time.Time
 }
@@ -127,7 +130,7 @@ func (c *Client) JobStatus(ctx context.Context, job string) (*ClusterStatus, err
 // EtcdProblems says, a line each, what keeps etcd from taking shardd's
 // writes (its alarms) and what instances saw of its history going back.
 func (st *ClusterStatus) EtcdProblems() []string {
-	var out []string
+	out := st.Etcd.Problems()
 	for _, a := range st.Alarms {
 		out = append(out, fmt.Sprintf("etcd alarm: %s: etcd refuses every write; no run starts or is recorded until it is compacted, defragmented and disarmed (docs/operations.md)", a))
 	}
@@ -178,6 +181,15 @@ func (c *Client) readAlarms(ctx context.Context) []string {
 
 // readStatus reads the instances and the jobs with keys under jobsPrefix.
 func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterStatus, error) {
+	// The etcd members' health, beside the rest, for the whole status only
+	// (a job's page need not wait for a member that is down).
+	var etcd *EtcdHealth
+	members := make(chan struct{})
+	if jobsPrefix == c.keys.Jobs() {
+		go func() { defer close(members); etcd = c.EtcdHealth(ctx) }()
+	} else {
+		close(members)
+	}
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(c.keys.Instances(), clientv3.WithPrefix()),
 		clientv3.OpGet(jobsPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly()),
@@ -207,6 +219,8 @@ func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterSta
 	if err := c.readStreaks(ctx, cs, rev); err != nil {
 		return nil, err
 	}
+	<-members
+	cs.Etcd = etcd
 	if jobsPrefix == c.keys.Jobs() {
 		linkChildren(cs.Jobs)
 	} else {
