@@ -87,12 +87,13 @@ func etcdLeader(t *testing.T, ms []member) string {
 	return ""
 }
 
-// startMember starts shardd on member m of the embedded cluster spec.
-func startMember(t *testing.T, m member, spec, cfg string) *proc {
+// startMember starts shardd on member m of the embedded cluster spec,
+// with extra flags (a later flag wins).
+func startMember(t *testing.T, m member, spec, cfg string, extra ...string) *proc {
 	t.Helper()
-	return launchShardd(t, m.name, []string{"run", "--config", cfg, "--name", m.name, "--data-dir", m.dir,
+	return launchShardd(t, m.name, append([]string{"run", "--config", cfg, "--name", m.name, "--data-dir", m.dir,
 		"--embed-client-url", m.client, "--embed-peer-url", m.peer, "--embed-cluster", spec,
-		"--ttl", ttl.String(), "--shutdown-grace", memberGrace.String(), "--listen", "", "--log-format", "json", "--run-log-dir", filepath.Join(m.dir, "runs")}, nil)
+		"--ttl", ttl.String(), "--shutdown-grace", memberGrace.String(), "--listen", "", "--log-format", "json", "--run-log-dir", filepath.Join(m.dir, "runs")}, extra...), nil)
 }
 
 // memberGrace is the embedded cluster's hosts' --shutdown-grace.
@@ -124,8 +125,13 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 	}
 	ms, spec := embeddedCluster(t)
 	procs := make([]*proc, 3)
+	api := etcdtest.FreeAddr(t) // n1's console
 	for i, m := range ms {
-		procs[i] = startMember(t, m, spec, cfg)
+		var extra []string
+		if i == 0 {
+			extra = []string{"--listen", api}
+		}
+		procs[i] = startMember(t, m, spec, cfg, extra...)
 	}
 	up := func(p *proc) bool { return len(p.find(msg("session up"))) > 0 }
 	etcdtest.Eventually(t, 60*time.Second, "the 3 members to form the cluster and their shardd sessions up", func() bool {
@@ -163,7 +169,16 @@ func TestEmbeddedClusterQuorum(t *testing.T) {
 	failures = append(failures, ledger.Failure{At: time.Now(), Instance: ms[v].name})
 	faults = append(faults, ledger.Window{From: time.Now(), To: time.Now().Add(bound)})
 	t.Logf("killed %s (etcd leader: %s) at %s", ms[v].name, leader, time.Now().Format(time.RFC3339Nano))
-	time.Sleep(12 * time.Second)
+	// shardd status (from n1's data dir) and the console say the member is
+	// down and that the cluster tolerates no more failures.
+	etcdtest.Eventually(t, 10*time.Second, "status and the console to show "+ms[v].name+" down", func() bool {
+		out, _ := exec.Command(bin.shardd, "status", "--data-dir", ms[0].dir).CombinedOutput()
+		_, page := httpGet(t, "http://"+api+"/instances")
+		return strings.Contains(string(out), "etcd: 3 voting member(s), 2 up (quorum 2): tolerates 0 more failure(s)") &&
+			strings.Contains(string(out), "member "+ms[v].name+" (") && strings.Contains(string(out), "DOWN") &&
+			strings.Contains(page, "tolerates 0 more failure(s)") && strings.Contains(page, ">DOWN<") && strings.Contains(page, "etcd member "+ms[v].name+" (")
+	})
+	time.Sleep(10 * time.Second)
 
 	// 2. it restarts on its data dir and rejoins.
 	procs[v] = startMember(t, ms[v], spec, cfg)

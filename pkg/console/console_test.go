@@ -35,7 +35,11 @@ type fakeCluster struct {
 func (f *fakeCluster) ID() string { return "a" }
 
 func (f *fakeCluster) status(names ...string) *admin.ClusterStatus {
-	st := &admin.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []admin.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}}}
+	st := &admin.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []admin.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}},
+		Etcd: &admin.EtcdHealth{Voters: 3, Up: 2, Quorum: 2, FaultTolerance: 0, Members: []admin.EtcdMember{
+			{ID: "8e9e05c52164694d", Name: "n1", Up: true, Leader: true, DBSize: 3 << 20, DBSizeInUse: 1 << 20, Version: "3.7.3", ClientURLs: []string{"https://10.0.0.1:2379"}},
+			{ID: "91bc3c398fb3c146", Name: "n2", Up: true, DBSize: 3 << 20, DBSizeInUse: 1 << 20, Version: "3.7.3"},
+			{ID: "fd422379fda50e48", Name: "n3", Error: "context deadline exceeded"}}}}
 	// As config.Job.JSON writes it.
 	def := []byte(`{"name":"%s","cron":"0 */5 * * * ?","timeZone":"UTC","shardingTotalCount":2,"strategy":"AVG_ALLOCATION","failover":true,"misfire":true,"monitorExecution":true,"disabled":false,"overwrite":false,"maxTimeDiffSeconds":-1,"reconcileIntervalMinutes":10,"timeout":"0s","retries":0,"retryBackoff":"1s","maxConcurrency":0,"script":{"command":{"shell":"true"}},"logRetention":{"maxAge":"168h0m0s","maxBytesPerRun":"16MiB","maxTotalBytes":"256MiB"}}`)
 	for _, name := range names {
@@ -210,7 +214,7 @@ func TestPages(t *testing.T) {
 		{"/jobs/jbo-00001", 404, []string{`(did you mean job-00001?)`, `href="/jobs/job-00001"`}},
 		{"/jobs/job-00003", 200, []string{"disabled: its fires do not run (next would be"}},
 		{"/jobs/job-00002", 200, []string{`id="definition"`, "&#34;cron&#34;: &#34;0 */5 * * * ?&#34;", `<datalist id="past-fires">`}},
-		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>"}},
+		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>", "3 voting member(s), 2 up, quorum 2", "tolerates 0 more failure(s)", "up, leader", "3.0 MiB (1.0 MiB)", ">DOWN<", "etcd member n3 (fd422379fda50e48) is down: context deadline exceeded", "one more down and it loses its quorum"}},
 		{"/audit", 200, []string{"token:alice", "item 0 of job job-00001"}},
 		{"/no/such/page", 404, []string{"no page /no/such/page"}},
 	}

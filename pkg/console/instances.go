@@ -8,6 +8,13 @@ import (
 	"github.com/shardd/shardd/pkg/coord/admin"
 )
 
+type instancesData struct {
+	Rows []instanceRow
+	// Etcd is the etcd cluster's members and fault tolerance (nil: not read).
+	Etcd     *admin.EtcdHealth
+	Problems []string
+}
+
 type instanceRow struct {
 	admin.InstanceStatus
 	Items   int
@@ -31,7 +38,7 @@ func (c *console) instances(r *http.Request, v *view) (string, error) {
 		rows = append(rows, instanceRow{InstanceStatus: in, Items: items[in.ID], Leading: leading[in.ID]})
 	}
 	slices.SortFunc(rows, func(a, b instanceRow) int { return strings.Compare(a.ID, b.ID) })
-	v.Data = rows
+	v.Data = instancesData{Rows: rows, Etcd: snap.st.Etcd, Problems: snap.st.Etcd.Problems()}
 	return "instances", nil
 }
 

@@ -36,12 +36,21 @@ func parsePages() map[string]*template.Template {
 		"logURL": func(job, run string) string {
 			return "/jobs/" + url.PathEscape(job) + "?run=" + url.QueryEscape(run) + "#log"
 		},
-		"runID":   func(r keyspace.ItemRecord) string { return strconv.FormatInt(r.Fence, 10) + "-" + strconv.Itoa(r.Item) },
-		"result":  result,
-		"failed":  failed,
-		"lower":   strings.ToLower,
-		"code":    code,
-		"tail":    tail,
+		"runID":  func(r keyspace.ItemRecord) string { return strconv.FormatInt(r.Fence, 10) + "-" + strconv.Itoa(r.Item) },
+		"result": result,
+		"failed": failed,
+		"lower":  strings.ToLower,
+		"code":   code,
+		"tail":   tail,
+		"bytes": func(n int64) string {
+			switch {
+			case n >= 1<<30:
+				return strconv.FormatFloat(float64(n)/(1<<30), 'f', 1, 64) + " GiB"
+			case n >= 1<<20:
+				return strconv.FormatFloat(float64(n)/(1<<20), 'f', 1, 64) + " MiB"
+			}
+			return strconv.FormatInt(n>>10, 10) + " KiB"
+		},
 		"runTail": runTail,
 		"deref":   func(r *keyspace.ItemRecord) keyspace.ItemRecord { return *r },
 	}
