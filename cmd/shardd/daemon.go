@@ -29,6 +29,7 @@ import (
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/engine"
+	"github.com/shardd/shardd/pkg/history"
 	"github.com/shardd/shardd/pkg/metrics"
 	"github.com/shardd/shardd/pkg/runlog"
 	"github.com/shardd/shardd/pkg/runner"
@@ -52,7 +53,7 @@ func newDaemon(ctx context.Context, e *env, f *runFlags) (*daemon, error) {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, version.String())
 	m.Reloaded(true, time.Now())
-	return &daemon{f: f, in: in, log: log, reg: reg, m: m, a: actors{ctx: ctx}}, nil
+	return &daemon{f: f, in: in, log: log, reg: reg, m: m, a: actors{ctx: ctx}, hours: history.NewHours()}, nil
 }
 
 // daemon is one `shardd run` being built: its flags, what it read before
@@ -65,6 +66,8 @@ type daemon struct {
 	reg *prometheus.Registry
 	m   *metrics.Metrics
 	a   actors
+	// hours counts this instance's runs per hour, for the console's chart.
+	hours *history.Hours
 }
 
 // etcdTarget is the etcd shardd run talks to, and its data directory.
@@ -283,8 +286,23 @@ func (d *daemon) newEngine(node *coord.Node, wd *runner.Watchdog, cgroups *runne
 		RunLogs:   runLogs,
 		OnStart:   func(job string) { m.Running.WithLabelValues(job).Inc() },
 		OnSkipped: func(job string, n int) { m.SkippedFires.WithLabelValues(job).Add(float64(n)) },
-		Observe:   func(r engine.Run) { observeRun(m, r) },
+		Observe: func(r engine.Run) {
+			observeRun(m, r)
+			end := r.Result.End
+			if end.IsZero() {
+				end = time.Now()
+			}
+			d.hours.Add(end, !r.Result.OK && !r.Killed)
+		},
 	})
+	if runLogs != nil { // the hours before this process began, from its run logs
+		began := time.Now()
+		go func() {
+			if err := d.hours.Seed(runLogs, began); err != nil {
+				d.log.Warn("runs per hour: the run logs could not be counted; the console's chart starts now", "err", err)
+			}
+		}()
+	}
 	d.reg.MustRegister(metrics.NewStateCollector(func() metrics.State { return nodeState(node) }))
 	return eng
 }
@@ -350,11 +368,13 @@ func (d *daemon) serveAPI(ln net.Listener, c etcdClient, node *coord.Node, rl *r
 	apiOpts := api.Options{
 		Instance: node, Admin: adm, Metrics: promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{Registry: d.reg}), ConfigError: rl.Err,
 		Auth: authority, Loopback: isLoopback(ln.Addr()), Logger: log.With("instance", node.ID()),
-		RunLogs: &api.RunLogs{Store: runLogs, Runs: adm, Transport: d.in.peers, Host: hostname()},
+		RunLogs: &api.RunLogs{Store: runLogs, Runs: adm, Transport: d.in.peers, Host: hostname()}, Hours: d.hours,
 	}
-	// The console's history is the API's: merged over the instances.
+	// The console's history and chart are the API's: merged over the
+	// instances.
+	histories := api.NewHistories(apiOpts)
 	ui := console.New(console.Options{Instance: node.ID(), Admin: adm, Auth: authority, Endpoints: c.opts.Endpoints, Version: version.String(), Logger: log,
-		History: api.NewHistories(apiOpts).Merged})
+		History: histories.Merged, Hours: histories.MergedHours})
 	apiOpts.UI, apiOpts.OnWrite = ui, func() { console.Invalidate(ui) }
 	srv := newHTTPServer(api.Handler(apiOpts), tlsCfg, log)
 	d.a.serve(func() error { return serve(srv, ln) }, func() {

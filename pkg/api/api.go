@@ -9,6 +9,7 @@
 //	GET  /api/v1/jobs/{job}/history        etcd's recent records of the job's runs (?item=N for one item)
 //	GET  /api/v1/jobs/{job}/runs           the merged history, paged: etcd's records and every instance's run logs (see history.go)
 //	GET  /api/v1/instances                 live instances
+//	GET  /api/v1/stats/hours               runs and failures per hour over the last day, summed over the instances
 //	GET  /api/v1/config/problems           the last reload's problems, if it was rejected
 //	GET  /api/v1/jobs/{job}/runs/{run}/log a run's log (see Run logs below)
 //	POST /api/v1/jobs/{job}/trigger        run now (?item=N for one item)
@@ -78,6 +79,7 @@ import (
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/history"
 )
 
 // Instance is the instance serving the API: whether it can work, and its
@@ -139,6 +141,8 @@ type Options struct {
 	Timeout time.Duration
 	// RunLogs serves run logs (nil: none here, none looked for elsewhere).
 	RunLogs *RunLogs
+	// Hours counts this instance's runs per hour (nil: none counted).
+	Hours *history.Hours
 }
 
 // Handler returns the HTTP handler.
@@ -177,6 +181,7 @@ func Handler(o Options) http.Handler {
 		{"POST", "/api/v1/jobs/{job}/trigger", a.write(a.trigger)},
 		{"POST", "/api/v1/jobs/{job}/kill", a.write(a.kill)},
 		{"GET", "/api/v1/audit", a.read(a.audit)},
+		{"GET", "/api/v1/stats/hours", a.read(a.hours)},
 		{"GET", "/api/v1/config/problems", a.read(a.problems)},
 		{"POST", "/api/v1/jobs/{job}/disable", a.write(a.disable(true))},
 		{"POST", "/api/v1/jobs/{job}/enable", a.write(a.disable(false))},

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/shardd/shardd/pkg/auth"
@@ -69,6 +70,7 @@ func (a *api) runs(w http.ResponseWriter, r *http.Request) {
 // Histories answers history queries (package history) on an instance:
 // from its own run logs, and merged over the cluster.
 type Histories struct {
+	hours  *history.Hours
 	admin  Admin
 	self   string
 	host   string
@@ -80,7 +82,7 @@ type Histories struct {
 // NewHistories returns the histories of the API's instance, as o
 // configures its API: its admin client, run logs and their transport.
 func NewHistories(o Options) *Histories {
-	h := &Histories{admin: o.Admin, self: o.Instance.ID(), logger: o.Logger, client: &http.Client{Transport: defaultProxy, Timeout: o.Timeout}}
+	h := &Histories{admin: o.Admin, self: o.Instance.ID(), logger: o.Logger, hours: o.Hours, client: &http.Client{Transport: defaultProxy, Timeout: o.Timeout}}
 	if h.logger == nil {
 		h.logger = slog.Default()
 	}
@@ -138,22 +140,30 @@ func (h *Histories) Merged(ctx context.Context, job string, q history.Query, sec
 // (an API on another host's loopback is not asked: it would be this
 // host's); from, when set, names the asking instance (X-Shardd-Hop).
 func FetchRuns(ctx context.Context, client *http.Client, in keyspace.InstanceInfo, secret, here, from, job string, q history.Query) ([]history.Run, error) {
+	v := q.Values()
+	v.Set("local", "1")
+	var rows []history.Run
+	err := getPeer(ctx, client, in, secret, here, from, "/api/v1/jobs/"+job+"/runs", v, &rows)
+	return rows, err
+}
+
+// getPeer GETs path?v of instance in's API into out (JSON), as FetchRuns
+// describes.
+func getPeer(ctx context.Context, client *http.Client, in keyspace.InstanceInfo, secret, here, from, path string, v url.Values, out any) error {
 	if in.API == "" {
-		return nil, fmt.Errorf("it serves no API (shardd run --listen \"\")")
+		return fmt.Errorf("it serves no API (shardd run --listen \"\")")
 	}
 	if LoopbackOfAnotherHost(in, here) {
-		return nil, fmt.Errorf("its API listens on %s, a loopback address of host %s, which only that host reaches", in.API, in.Host)
+		return fmt.Errorf("its API listens on %s, a loopback address of host %s, which only that host reaches", in.API, in.Host)
 	}
 	scheme := "http"
 	if in.APITLS {
 		scheme = "https"
 	}
-	v := q.Values()
-	v.Set("local", "1")
-	u := url.URL{Scheme: scheme, Host: APIHost(in), Path: "/api/v1/jobs/" + job + "/runs", RawQuery: v.Encode()}
+	u := url.URL{Scheme: scheme, Host: APIHost(in), Path: path, RawQuery: v.Encode()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if secret != "" {
 		req.Header.Set("Authorization", "Bearer "+secret)
@@ -163,7 +173,7 @@ func FetchRuns(ctx context.Context, client *http.Client, in keyspace.InstanceInf
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("its API at %s did not answer: %w", scheme+"://"+u.Host, err)
+		return fmt.Errorf("its API at %s did not answer: %w", scheme+"://"+u.Host, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -171,11 +181,75 @@ func FetchRuns(ctx context.Context, client *http.Client, in keyspace.InstanceInf
 			Error string `json:"error"`
 		}
 		json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&ae)
-		return nil, fmt.Errorf("its API at %s answered %s: %s", scheme+"://"+u.Host, resp.Status, ae.Error)
+		return fmt.Errorf("its API at %s answered %s: %s", scheme+"://"+u.Host, resp.Status, ae.Error)
 	}
-	var rows []history.Run
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRunsAnswer)).Decode(&rows); err != nil {
-		return nil, fmt.Errorf("its API at %s: a malformed answer: %w", scheme+"://"+u.Host, err)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxRunsAnswer)).Decode(out); err != nil {
+		return fmt.Errorf("its API at %s: a malformed answer: %w", scheme+"://"+u.Host, err)
 	}
-	return rows, nil
+	return nil
+}
+
+// hours serves GET /api/v1/stats/hours: the cluster's runs and failures
+// per hour over the last day, or this instance's (local=1, or asked by
+// another instance).
+func (a *api) hours(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(ServedByHeader, a.o.Instance.ID())
+	h := NewHistories(a.o)
+	if r.URL.Query().Get("local") == "1" || r.Header.Get(HopHeader) != "" {
+		writeJSON(w, http.StatusOK, h.LocalHours())
+		return
+	}
+	ctx, cancel := a.ctx(r)
+	defer cancel()
+	ans, err := h.MergedHours(ctx, a.auth.ReadSecret(auth.CallerOf(r.Context())))
+	if err != nil {
+		writeError(w, opStatus(err), "%v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ans)
+}
+
+// LocalHours is this instance's day of hours.
+func (h *Histories) LocalHours() history.HoursAnswer {
+	if h.hours == nil {
+		return history.HoursAnswer{Hours: history.SumHours(), Complete: false}
+	}
+	day, complete := h.hours.Day(time.Now())
+	return history.HoursAnswer{Hours: day, Complete: complete}
+}
+
+// MergedHours sums the day of hours of every live instance.
+func (h *Histories) MergedHours(ctx context.Context, secret string) (history.HoursAnswer, error) {
+	peers, err := h.admin.Instances(ctx)
+	if err != nil {
+		return history.HoursAnswer{}, err
+	}
+	answers := make([]history.HoursAnswer, len(peers))
+	errs := make([]error, len(peers))
+	var wg sync.WaitGroup
+	for i, in := range peers {
+		if in.ID == h.self {
+			answers[i] = h.LocalHours()
+			continue
+		}
+		wg.Go(func() {
+			errs[i] = getPeer(ctx, h.client, in, secret, h.host, h.self, "/api/v1/stats/hours", url.Values{"local": {"1"}}, &answers[i])
+		})
+	}
+	wg.Wait()
+	out := history.HoursAnswer{Complete: true}
+	var days [][]history.Hour
+	for i, err := range errs {
+		if err != nil {
+			if out.Unreachable == nil {
+				out.Unreachable = map[string]string{}
+			}
+			out.Unreachable[peers[i].ID], out.Complete = err.Error(), false
+			continue
+		}
+		days = append(days, answers[i].Hours)
+		out.Complete = out.Complete && answers[i].Complete
+	}
+	out.Hours = history.SumHours(days...)
+	return out, nil
 }

@@ -97,6 +97,9 @@ type Options struct {
 	// (api.Histories.Merged), asking the other instances with the read
 	// token secret; nil: etcd's records alone (Admin.History).
 	History func(ctx context.Context, job string, q history.Query, secret string) (history.Answer, error)
+	// Hours answers the runs and failures per hour over the last day,
+	// summed over the instances (api.Histories.MergedHours); nil: no chart.
+	Hours func(ctx context.Context, secret string) (history.HoursAnswer, error)
 	// Endpoints are the etcd endpoints this instance uses; Version its
 	// version.
 	Endpoints []string

@@ -43,6 +43,8 @@ type jobData struct {
 	Description string
 	Definition  string
 	PastFires   []string
+	// Timeline draws the history's runs (SVG).
+	Timeline template.HTML
 }
 
 // errorData is an error page's way on.
@@ -144,6 +146,7 @@ func (c *console) job(r *http.Request, v *view) (string, error) {
 	jr := runs[name]
 	d.Items, d.Instances = itemRows(js, jr), instancesFor(js)
 	c.history(ctx, &d, jr, v.Now, v.Caller)
+	d.Timeline = timelineSVG(name, d.History, js.Total, v.Now)
 	v.Title, v.Nav, v.Data = name, "jobs", d
 	return "job", nil
 }

@@ -1,6 +1,9 @@
 package console
 
 import (
+	"fmt"
+	"html/template"
+	"maps"
 	"net/http"
 	"slices"
 	"time"
@@ -23,6 +26,12 @@ type overviewData struct {
 	Failures   []keyspace.ItemRecord
 	// Etcd are what keeps etcd from taking writes, and its history going back.
 	Etcd []string
+	// Chart is the runs and failures per hour over the last day (SVG),
+	// ChartNote what it lacks (instances not reached, hours not counted).
+	Chart     template.HTML
+	ChartNote string
+	// Unhealthy are the jobs whose health is not OK: failing or late.
+	Unhealthy []admin.JobStatus
 }
 
 func (c *console) overview(r *http.Request, v *view) (string, error) {
@@ -57,6 +66,28 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 	slices.SortFunc(d.Failures, func(a, b keyspace.ItemRecord) int { return b.End.Compare(a.End) })
 	if len(d.Failures) > 20 {
 		d.Failures = d.Failures[:20]
+	}
+	for _, j := range snap.st.Jobs {
+		if j.Health != nil && j.Health.State != admin.HealthOK && len(d.Unhealthy) < 50 {
+			d.Unhealthy = append(d.Unhealthy, j)
+		}
+	}
+	if c.o.Hours != nil {
+		ctx, cancel := c.ctx(r)
+		ans, err := c.o.Hours(ctx, c.o.Auth.ReadSecret(v.Caller))
+		cancel()
+		switch {
+		case err != nil:
+			d.ChartNote = "runs per hour: " + err.Error()
+		default:
+			d.Chart = hoursSVG(ans.Hours)
+			for _, id := range slices.Sorted(maps.Keys(ans.Unreachable)) {
+				d.ChartNote += fmt.Sprintf(" Instance %s is not counted: %s.", id, ans.Unreachable[id])
+			}
+			if !ans.Complete && len(ans.Unreachable) == 0 {
+				d.ChartNote += " The hours before an instance started are counted from its run logs; some were not (yet)."
+			}
+		}
 	}
 	v.Data = d
 	return "overview", nil

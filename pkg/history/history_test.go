@@ -249,3 +249,68 @@ func TestGatherNamesTheInstancesItCouldNotAsk(t *testing.T) {
 		t.Errorf("unreachable: %v", ans.Unreachable)
 	}
 }
+
+func TestHoursCountTheLastDay(t *testing.T) {
+	h := NewHours()
+	now := time.Date(2026, 12, 4, 10, 30, 0, 0, time.UTC)
+	h.Add(now.Add(-time.Minute), false)
+	h.Add(now.Add(-2*time.Minute), true)
+	h.Add(now.Add(-3*time.Hour), false)
+	h.Add(now.Add(-25*time.Hour), true) // a day before: not in the day
+	day, complete := h.Day(now)
+	if len(day) != Day || !day[Day-1].Start.Equal(time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)) || complete {
+		t.Fatalf("day: %d hours, the last at %s, complete %v", len(day), day[Day-1].Start, complete)
+	}
+	if last := day[Day-1]; last.Runs != 2 || last.Failures != 1 {
+		t.Errorf("this hour: %+v", last)
+	}
+	if three := day[Day-4]; three.Runs != 1 || three.Failures != 0 {
+		t.Errorf("3 hours ago: %+v", three)
+	}
+	total := 0
+	for _, hr := range day {
+		total += hr.Runs
+	}
+	if total != 3 {
+		t.Errorf("%d runs in the day, want 3", total)
+	}
+	// Two instances asked across an hour's start sum hour by hour.
+	other := NewHours()
+	other.Add(now.Add(40*time.Minute), true) // 11:10, the next hour
+	d2, _ := other.Day(now.Add(40 * time.Minute))
+	sum := SumHours(day, d2)
+	if len(sum) != Day || sum[Day-1].Runs != 1 || sum[Day-2].Runs != 2 || !sum[Day-1].Start.Equal(time.Date(2026, 12, 4, 11, 0, 0, 0, time.UTC)) {
+		t.Errorf("sum: last %+v, before %+v", sum[Day-1], sum[Day-2])
+	}
+}
+
+// Seed counts the runs of the logs that ended before the process began,
+// in the last day, by their end record.
+func TestHoursSeedFromTheRunLogs(t *testing.T) {
+	store, err := runlog.New(filepath.Join(t.TempDir(), "runs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	for i, state := range []string{"DONE", "FAILED", "DONE"} {
+		l, err := store.Create(runlog.Header{Job: []string{"a", "b", "a"}[i], Item: 0, Fence: int64(10 + i), Fire: time.Now(), Attempt: 1, Source: "NORMAL", Instance: "x"}, runlog.Retention{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close(runlog.End{State: state, ExitCode: 0, Finish: time.Now()}.String())
+	}
+	open, _ := store.Create(runlog.Header{Job: "a", Item: 1, Fence: 20, Fire: time.Now(), Attempt: 1, Source: "NORMAL", Instance: "x"}, runlog.Retention{})
+	defer open.Close("")
+	h := NewHours()
+	if err := h.Seed(store, time.Now().Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	day, complete := h.Day(time.Now())
+	var sum Hour
+	for _, hr := range day {
+		sum.Runs, sum.Failures = sum.Runs+hr.Runs, sum.Failures+hr.Failures
+	}
+	if sum.Runs != 3 || sum.Failures != 1 || !complete {
+		t.Errorf("seeded: %+v, complete %v; want 3 runs, 1 failure (the run in progress is Added when it ends)", sum, complete)
+	}
+}

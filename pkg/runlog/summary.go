@@ -337,3 +337,13 @@ func (id RunID) compare(o RunID) int {
 	}
 	return int(id.Item) - int(o.Item)
 }
+
+// Jobs lists the jobs that have a directory in the store (job names only).
+func (s *Store) Jobs() ([]string, error) {
+	jobs, err := listDirs(s.root, s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("run logs: %w", err)
+	}
+	slices.Sort(jobs)
+	return jobs, nil
+}
