@@ -68,14 +68,14 @@ type Node struct {
 	// leadership.
 	steps *steps.Scheduler
 
-	mu      sync.Mutex
-	jobs    map[string]*config.Job // local definitions
+	mu   sync.Mutex
+	jobs map[string]*config.Job // local definitions
 	// reloadRejected is what the instance key says of a rejected reload.
 	reloadRejected string
-	views   map[string]*JobView
-	up      bool
-	session *session         // current session, nil when down
-	members map[string]int64 // job -> CreateRevision of this session's member key
+	views          map[string]*JobView
+	up             bool
+	session        *session         // current session, nil when down
+	members        map[string]int64 // job -> CreateRevision of this session's member key
 	// registered maps each job to the hash of the local definition this
 	// process last registered (see publishDecision: overwrite acts once).
 	registered map[string]string
