@@ -207,7 +207,7 @@ func TestPages(t *testing.T) {
 		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `data-url="/api/v1/jobs/job-00001/kill?item=0&amp;fence=90&amp;instance=a&amp;wait=5s"`, "Kill the run of item 0 on a (fence 90)?", `id="run-now"`, `id="rerun"`, "KILLED/operator", "killed by token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
 		{"/jobs/job-00002?run=91-1", 200, []string{`data-src="/api/v1/jobs/job-00002/runs/91-1/log"`, "Log of run 91-1"}},
 		{"/jobs/job-00002?result=KILLED", 200, []string{"KILLED/operator"}},
-		{"/jobs/job-00002", 200, []string{`id="health"`, "FAILING", "item 1 failed its last 4 runs (since 2026-12-04 01:00:00Z)", "item 0 is late: its fire of 2026-12-04 01:55:00Z has not run", "last success: -"}},
+		{"/jobs/job-00002", 200, []string{`id="health"`, "FAILING", "item 1 failed its last 4 runs (since 2026-12-04 01:00:00Z)", "item 0 is late: its fire of 2026-12-04 01:55:00Z has not run", "no success in etcd's records"}},
 		{"/jobs/job-00002?item=x", 200, []string{"item must be a number"}},
 		{"/jobs/job-00002?run=../../x", 200, []string{"is not a run (FENCE-ITEM"}},
 		{"/jobs/nope", 404, []string{`no job &#34;nope&#34;`, `href="/jobs?q=nope"`}},

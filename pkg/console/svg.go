@@ -76,17 +76,16 @@ func timelineSVG(job string, runs []history.Run, total int, now time.Time) templ
 	if len(drawn) == 0 {
 		return ""
 	}
+	drawn = append(drawn, cutAttempts(drawn)...)
 	from := now
 	for _, r := range drawn {
 		if r.At().Before(from) {
 			from = r.At()
 		}
 	}
-	span := now.Sub(from)
-	if span < time.Minute {
-		span = time.Minute
-		from = now.Add(-span)
-	}
+	// A little room before the oldest run; at least 10 s across.
+	span := max(now.Sub(from)*21/20, 10*time.Second)
+	from = now.Add(-span)
 	byInstance := total > maxTimelineRows
 	var rows []string // the row labels, in order
 	rowOf := map[string]int{}
@@ -161,6 +160,10 @@ func timelineSVG(job string, runs []history.Run, total int, now time.Time) templ
 		if r.Source == keyspace.SourceFailover {
 			class += " failover"
 		}
+		rerunOf := ""
+		if r.Source == "cut" { // drawn for a failover re-run (cutAttempts)
+			rerunOf = fmt.Sprintf(` data-attempt="%d"`, r.Attempt)
+		}
 		title := runTitle(r)
 		link := ""
 		if r.Fence > 0 {
@@ -175,8 +178,8 @@ func timelineSVG(job string, runs []history.Run, total int, now time.Time) templ
 				class, r.Fence, r.Item, x0, y, x0, y+tlBar, esc(title))
 		case cut(r): // a bar whose end is a zigzag
 			x1 := x0 + w
-			fmt.Fprintf(&b, `<polygon class="run %s" data-run="%d-%d" points="%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f"><title>%s</title></polygon>`,
-				class, r.Fence, r.Item, x0, y, x1, y, x1-3, y+tlBar/4, x1, y+tlBar/2, x1-3, y+3*tlBar/4, x1, y+tlBar, x0, y+tlBar, esc(title))
+			fmt.Fprintf(&b, `<polygon class="run %s" data-run="%d-%d" data-item="%d"%s points="%.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f %.1f,%.1f"><title>%s</title></polygon>`,
+				class, r.Fence, r.Item, r.Item, rerunOf, x0, y, x1, y, x1-3, y+tlBar/4, x1, y+tlBar/2, x1-3, y+3*tlBar/4, x1, y+tlBar, x0, y+tlBar, esc(title))
 		default:
 			fmt.Fprintf(&b, `<rect class="run %s" data-run="%d-%d" x="%.1f" y="%.1f" width="%.1f" height="%d" rx="2"><title>%s</title></rect>`,
 				class, r.Fence, r.Item, x0, y, w, tlBar, esc(title))
@@ -189,8 +192,43 @@ func timelineSVG(job string, runs []history.Run, total int, now time.Time) templ
 	return template.HTML(b.String()) // built of numbers and escaped text
 }
 
+// cutAttempts are the runs that the failover re-runs among runs stand for
+// and runs lack: a run cut by its instance's death has no record of its
+// own once its re-run claimed the item (the re-run's record, attempt+1,
+// replaces it), and its log is on the dead instance. Each is drawn from
+// its fire to its re-run's start, cut.
+func cutAttempts(runs []history.Run) []history.Run {
+	type attemptKey struct {
+		item    int
+		fire    int64
+		attempt int
+	}
+	have := map[attemptKey]bool{}
+	for _, r := range runs {
+		have[attemptKey{r.Item, r.Fire.UnixNano(), r.Attempt}] = true
+	}
+	var out []history.Run
+	for _, r := range runs {
+		k := attemptKey{r.Item, r.Fire.UnixNano(), r.Attempt - 1}
+		if r.Source != keyspace.SourceFailover || r.Attempt < 2 || have[k] || r.Start.IsZero() {
+			continue
+		}
+		have[k] = true
+		c := history.Run{ItemRecord: keyspace.ItemRecord{Job: r.Job, Item: r.Item, Fire: r.Fire, Attempt: r.Attempt - 1, Start: r.Fire, End: r.Start,
+			State: history.StateUnknown, Source: "cut", Error: fmt.Sprintf("cut by its instance's failure; from its fire to its re-run (attempt %d, run %d-%d), which etcd records instead", r.Attempt, r.Fence, r.Item)}}
+		if c.Start.After(c.End) {
+			c.Start = c.End
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // runTitle is a run's tooltip.
 func runTitle(r *history.Run) string {
+	if r.Source == "cut" {
+		return fmt.Sprintf("item %d, fire %s, attempt %d: %s", r.Item, r.Fire.UTC().Format(time.RFC3339), r.Attempt, r.Error)
+	}
 	s := fmt.Sprintf("item %d, fire %s, on %s, attempt %d, %s: %s", r.Item, r.Fire.UTC().Format(time.RFC3339), r.Instance, r.Attempt, r.Source, result(r.ItemRecord))
 	if !r.Start.IsZero() && !r.End.IsZero() {
 		s += fmt.Sprintf(" in %s", r.End.Sub(r.Start).Round(time.Millisecond))

@@ -87,6 +87,20 @@ func TestTimelineShowsACutRunAndItsFailover(t *testing.T) {
 	} else if x, w := atof(e["x"]), atof(e["width"]); x+w < tlLabel+tlWidth-1 {
 		t.Errorf("the run in progress ends at x=%.1f, want now (%d)", x+w, tlLabel+tlWidth)
 	}
+	// A failover re-run whose cut attempt etcd no longer has (the re-run's
+	// claim replaced its record): the cut attempt is drawn, from its fire
+	// to the re-run's start.
+	lone := run(0, 20, "DONE", "", "FAILOVER", -20, -16)
+	lone.Attempt, lone.Fire = 2, at(-25)
+	var cutOf map[string]string
+	for _, e := range svgElements(t, string(timelineSVG("ten", []history.Run{lone}, 3, now))) {
+		if e[""] == "polygon" {
+			cutOf = e
+		}
+	}
+	if cutOf == nil || !strings.Contains(cutOf["class"], "cut") || cutOf["data-item"] != "0" || cutOf["data-attempt"] != "1" {
+		t.Errorf("the cut attempt of a lone failover re-run: %v", cutOf)
+	}
 	if timelineSVG("ten", nil, 3, now) != "" {
 		t.Error("a timeline of no run")
 	}
