@@ -17,7 +17,7 @@ import (
 func cmdPlan(e *env, args []string) error {
 	fs := newFlagSet(e, "plan")
 	var (
-		strategy  = fs.String("strategy", shard.Default, "sharding `strategy`: "+strings.Join(shard.Names(), ", "))
+		strategy  = fs.String("strategy", "", "sharding `strategy`: "+strings.Join(shard.Names(), ", ")+"; default as a job that names none: ROUND_ROBIN for one item, AVG_ALLOCATION for several")
 		job       = fs.String("job", "", "job `name` (ODEVITY and ROUND_ROBIN hash it)")
 		total     = fs.Int("total", 1, "shardingTotalCount: the number of items")
 		instances = fs.String("instances", "", "comma-separated instance `ids`, in the order the leader would use (sorted)")
@@ -53,6 +53,9 @@ func cmdPlan(e *env, args []string) error {
 	}
 	if *job == "" {
 		return usageError("--job is required (or --config)")
+	}
+	if *strategy == "" {
+		*strategy = shard.DefaultFor(*total)
 	}
 	s, err := shard.Lookup(*strategy)
 	if err != nil {

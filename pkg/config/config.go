@@ -349,7 +349,7 @@ func DefaultJob() Job {
 	return Job{
 		TimeZone:                 DefaultTimeZone,
 		ShardingTotalCount:       1,
-		Strategy:                 shard.Default,
+		// Strategy "": none named; validateSharding picks (shard.DefaultFor).
 		Misfire:                  true,
 		MonitorExecution:         true,
 		MaxTimeDiffSeconds:       DefaultMaxTimeDiffSeconds,

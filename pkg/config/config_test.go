@@ -488,3 +488,32 @@ func TestDependenciesAndDataflow(t *testing.T) {
 		t.Error("a job without dataflow got one")
 	}
 }
+
+// A job that names no strategy gets AVG_ALLOCATION when it has several
+// items and ROUND_ROBIN when it has one (one-item jobs spread by name);
+// a named strategy is kept, from the job or from the file's defaults.
+func TestDefaultStrategyByItemCount(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "jobs.yaml")
+	os.WriteFile(path, []byte(`jobs:
+  - {name: one, script: "true"}
+  - {name: four, shardingTotalCount: 4, script: "true"}
+  - {name: named, strategy: AVG_ALLOCATION, script: "true"}
+`), 0o644)
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, j := range c.Jobs {
+		got[j.Name] = j.Strategy + "/" + j.Shard.Name()
+	}
+	want := map[string]string{"one": "ROUND_ROBIN/ROUND_ROBIN", "four": "AVG_ALLOCATION/AVG_ALLOCATION", "named": "AVG_ALLOCATION/AVG_ALLOCATION"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("strategies %v, want %v", got, want)
+	}
+	os.WriteFile(path, []byte("defaults:\n  strategy: AVG_ALLOCATION\njobs:\n  - {name: one, script: \"true\"}\n"), 0o644)
+	if c, err := Load(path); err != nil || c.Jobs[0].Strategy != "AVG_ALLOCATION" {
+		t.Errorf("a strategy from defaults: %v, %v", c, err)
+	}
+}

@@ -82,6 +82,9 @@ func validateSchedule(j *Job, bad badFunc) {
 // validateSharding checks strategy, shardingTotalCount and the items of
 // shardingItemParameters, and sets j.Shard.
 func validateSharding(j *Job, bad badFunc) {
+	if j.Strategy == "" {
+		j.Strategy = shard.DefaultFor(j.ShardingTotalCount)
+	}
 	strategy, err := shard.Lookup(j.Strategy)
 	if err != nil {
 		bad("strategy", "unknown strategy %s", strings.TrimPrefix(err.Error(), shard.ErrUnknown.Error()+": "))

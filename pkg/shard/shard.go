@@ -55,8 +55,20 @@ const (
 	Busyover = "BUSYOVER"
 )
 
-// Default is the strategy used when a job names none.
+// Default is the strategy of a job of several items that names none:
+// ElasticJob's default.
 const Default = AvgAllocation
+
+// DefaultFor is the strategy of a job of total items that names none:
+// AVG_ALLOCATION for several items; ROUND_ROBIN for one, so that a fleet of
+// one-item jobs spreads over the instances by the jobs' names, rather than
+// AVG_ALLOCATION's piling every one on the first instance.
+func DefaultFor(total int) string {
+	if total == 1 {
+		return RoundRobin
+	}
+	return Default
+}
 
 // ErrUnknown is returned by Lookup for a name that is no strategy.
 var ErrUnknown = errors.New("shard: unknown strategy")
