@@ -347,8 +347,8 @@ const (
 // DefaultJob returns a job with every built-in default set.
 func DefaultJob() Job {
 	return Job{
-		TimeZone:                 DefaultTimeZone,
-		ShardingTotalCount:       1,
+		TimeZone:           DefaultTimeZone,
+		ShardingTotalCount: 1,
 		// Strategy "": none named; validateSharding picks (shard.DefaultFor).
 		Misfire:                  true,
 		MonitorExecution:         true,
