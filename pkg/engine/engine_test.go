@@ -395,10 +395,14 @@ func TestHTTPRetries(t *testing.T) {
 	var mu sync.Mutex
 	calls := 0
 	var retries []int // the retry number each call's context says
+	var firstCall time.Time
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
 		calls++
+		if calls == 1 {
+			firstCall = time.Now()
+		}
 		var rc runner.Context
 		json.NewDecoder(r.Body).Decode(&rc)
 		retries = append(retries, rc.Retry)
@@ -428,5 +432,10 @@ func TestHTTPRetries(t *testing.T) {
 	}
 	if !slices.Equal(retries, []int{0, 1, 2}) {
 		t.Errorf("the calls said retry %v, want [0 1 2]", retries)
+	}
+	// The record spans the tries: it starts with the first (before its
+	// call) and lasts through both backoffs (100 ms, 200 ms).
+	if r := recs[0]; r.Start.After(firstCall) || r.End.Sub(r.Start) < 300*time.Millisecond {
+		t.Errorf("record from %s to %s; the first call at %s: want the record to start at the first try", r.Start, r.End, firstCall)
 	}
 }

@@ -265,6 +265,9 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 	if stream {
 		out.Start = first
 	}
+	if len(t.spans) > 1 && !stream { // retried: the record spans every try, from the first's start
+		out.Start = t.spans[0].Start
+	}
 	if t.lg != nil {
 		j.closeRunLog(t.lg, rc.Item, out, t.spans)
 	}
