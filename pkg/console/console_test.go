@@ -214,7 +214,7 @@ func TestPages(t *testing.T) {
 		{"/jobs/jbo-00001", 404, []string{`(did you mean job-00001?)`, `href="/jobs/job-00001"`}},
 		{"/jobs/job-00003", 200, []string{"disabled: its fires do not run (next would be"}},
 		{"/jobs/job-00002", 200, []string{`id="definition"`, "&#34;cron&#34;: &#34;0 */5 * * * ?&#34;", `<datalist id="past-fires">`}},
-		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>", "3 voting member(s), 2 up, quorum 2", "tolerates 0 more failure(s)", `<td>1: <a href="/jobs/job-00001">job-00001</a>/0</td>`, "up, leader", "3.0 MiB (1.0 MiB)", ">DOWN<", "etcd member n3 (fd422379fda50e48) is down: context deadline exceeded", "one more down and it loses its quorum"}},
+		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>", "3 voting member(s), 2 up, quorum 2", "tolerates 0 more failure(s)", `<td>1: <a href="/jobs/job-00001">job-00001</a>/0</td>`, "up, leader", "3.0 MiB (1.0 MiB)", ">DOWN<", "etcd member n3 (fd422379fda50e48) is down (it does not answer from here): context deadline exceeded", "one more down and it loses its quorum"}},
 		{"/audit", 200, []string{"token:alice", "item 0 of job job-00001"}},
 		{"/no/such/page", 404, []string{"no page /no/such/page"}},
 	}

@@ -52,7 +52,9 @@ type EtcdHealth struct {
 }
 
 // EtcdHealth reads the members of the etcd cluster and asks each for its
-// status, side by side, each within memberTimeout.
+// status, side by side, each within memberTimeout, at its client URLs: a
+// member that does not answer from here is down as far as this host can
+// tell (etcdctl endpoint health --cluster judges the same way).
 func (c *Client) EtcdHealth(ctx context.Context) *EtcdHealth {
 	lctx, cancel := context.WithTimeout(ctx, memberTimeout)
 	defer cancel()
@@ -121,7 +123,7 @@ func (h *EtcdHealth) Problems() []string {
 	var out []string
 	for _, m := range h.Members {
 		if !m.Up {
-			out = append(out, fmt.Sprintf("etcd member %s (%s) is down: %s", m.Name, m.ID, m.Error))
+			out = append(out, fmt.Sprintf("etcd member %s (%s) is down (it does not answer from here): %s", m.Name, m.ID, m.Error))
 		}
 	}
 	switch {
