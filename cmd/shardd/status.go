@@ -82,6 +82,8 @@ func writeEtcdHealth(w io.Writer, st *admin.ClusterStatus) {
 					state = "DOWN"
 				case m.Leader:
 					state = "up, leader"
+				case m.NoLeader:
+					state = "up, NO LEADER"
 				}
 				if m.Learner {
 					state += ", learner"

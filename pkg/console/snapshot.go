@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -174,13 +175,23 @@ func (c *console) read() (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	names := make([]string, len(st.Jobs))
-	for i, j := range st.Jobs {
-		names[i] = j.Name
+	// The items' records come with the status (at its revision, so that
+	// the rows and the health agree); read apart only when they did not.
+	runs := make(map[string]admin.JobRuns, len(st.Jobs))
+	var missing []string
+	for i := range st.Jobs {
+		if jr, ok := st.Jobs[i].Runs(); ok {
+			runs[st.Jobs[i].Name] = jr
+		} else {
+			missing = append(missing, st.Jobs[i].Name)
+		}
 	}
-	runs, err := c.o.Admin.JobRuns(ctx, names)
-	if err != nil {
-		return nil, err
+	if len(missing) > 0 {
+		more, err := c.o.Admin.JobRuns(ctx, missing)
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(runs, more)
 	}
 	snap := &snapshot{at: at, st: st, runs: runs, rows: make([]jobRow, len(st.Jobs))}
 	for i := range st.Jobs {

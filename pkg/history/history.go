@@ -26,10 +26,14 @@
 //
 // # Order
 //
-// Rows are ordered newest first by when they started (a run that did not
-// start, a skip: its fire), then by fence, item and attempt, descending:
-// a total order, so that a page's last row is a cursor (Cursor) that the
-// next page starts below, whichever instance it came from.
+// Rows are ordered newest first by their fire (a manual run's: when it was
+// triggered), then by fence, item and attempt, descending: a total order,
+// so that a page's last row is a cursor (Cursor) that the next page
+// starts below, whichever instance it came from. The key is the run's
+// own, the same in every record of it: the claim's RUNNING record, the
+// outcome, the log (a start time would not do: a run in progress is
+// recorded with its claim's time and ends with its work's, so it would
+// move between two pages and be on neither).
 package history
 
 import (
@@ -78,7 +82,7 @@ const (
 // Query chooses the rows of a job's history.
 type Query struct {
 	Item   int       // -1: every item
-	Since  time.Time // zero: no bound; else only rows at or after it
+	Since  time.Time // zero: no bound; else only rows that fired at or after it
 	Result string    // "": any; else a state (DONE, FAILED, KILLED, SKIPPED, RUNNING, UNKNOWN)
 	Limit  int       // the page's size; 0: DefaultLimit
 	Before *Cursor   // nil: from the newest; else only rows below it
@@ -121,12 +125,13 @@ func ParseCursor(s string) (Cursor, error) {
 	return Cursor{At: at, Fence: fence, Item: item, Attempt: attempt}, nil
 }
 
-// At is when a row is ordered: its start, else its fire.
+// At is when a row is ordered: its fire, else (a record without one) its
+// start.
 func (r *Run) At() time.Time {
-	if !r.Start.IsZero() {
-		return r.Start
+	if !r.Fire.IsZero() {
+		return r.Fire
 	}
-	return r.Fire
+	return r.Start
 }
 
 // Cursor is r's place in the order.
@@ -311,7 +316,14 @@ func Merge(recs []keyspace.ItemRecord, logs ...[]Run) []Run {
 	at := map[runKey]int{}
 	for _, rec := range recs {
 		if rec.Fence > 0 {
-			at[runKey{rec.Item, rec.Fence, rec.Attempt}] = len(out)
+			k := runKey{rec.Item, rec.Fence, rec.Attempt}
+			if i, ok := at[k]; ok { // two records of one run (read at two moments): the one that ended
+				if out[i].State == keyspace.StateRunning {
+					out[i] = FromRecord(rec)
+				}
+				continue
+			}
+			at[k] = len(out)
 		}
 		out = append(out, FromRecord(rec))
 	}
@@ -349,10 +361,17 @@ func Page(rows []Run, q Query) (page []Run, next *Cursor) {
 	return page, next
 }
 
+// clockSlack is how far back a log's modification time may be from its
+// run's fire and Local still find it: a wall clock stepped back during
+// the run (NTP, a VM resumed) by more than this hides the run from pages
+// whose cursor is below it.
+const clockSlack = 2 * time.Minute
+
 // Local answers q from store's logs of job: at most a page (and one row
 // more, so that the merge knows whether a next page exists), newest first.
 // It reads logs newest modified first, and stops once no log older can
-// hold a row of the page: a run starts before its log was last modified.
+// hold a row of the page: a run fires before its log is last modified
+// (clockSlack allowing for the clock).
 func Local(store *runlog.Store, job string, q Query) ([]Run, error) {
 	if q.Fence > 0 { // one claim's runs: their logs are named by it
 		return localOfFence(store, job, q)
@@ -362,7 +381,7 @@ func Local(store *runlog.Store, job string, q Query) ([]Run, error) {
 	// floor is the start of the n-th newest row so far (zero: fewer).
 	var floor time.Time
 	err := store.Scan(job, q.Item, func(s runlog.Summary) bool {
-		if !s.Writing && (!q.Since.IsZero() && s.Modified.Before(q.Since) || !floor.IsZero() && s.Modified.Before(floor)) {
+		if !s.Writing && (!q.Since.IsZero() && s.Modified.Before(q.Since.Add(-clockSlack)) || !floor.IsZero() && s.Modified.Before(floor.Add(-clockSlack))) {
 			return false
 		}
 		r := FromSummary(s)

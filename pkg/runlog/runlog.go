@@ -392,7 +392,7 @@ func (s *Store) Create(h Header, r Retention) (*Log, error) {
 	}
 	l.mu.Lock()
 	head := fmt.Appendf(nil, "run job=%s item=%d fence=%d fire=%s attempt=%d source=%s instance=%s",
-		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339), h.Attempt, oneLine(h.Source), oneLine(h.Instance))
+		h.Job, h.Item, h.Fence, h.Fire.UTC().Format(time.RFC3339Nano), h.Attempt, oneLine(h.Source), oneLine(h.Instance))
 	if !h.StartAt.IsZero() {
 		head = fmt.Appendf(head, " starts_at=%s", h.StartAt.UTC().Format(time.RFC3339Nano))
 	}

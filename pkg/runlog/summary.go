@@ -28,10 +28,15 @@ import (
 
 // End is how a run ended, as its log's end record says it:
 //
-//	end state=FAILED exit=3 err="exit status 3" start=... finish=... last="db timeout for AMER"
+//	end state=FAILED exit=3 start=... finish=... last="db timeout for AMER" err="exit status 3" tries=0+1000000,2000000+1500000
 //
-// with reason=, status= (a hook's HTTP status) and tries= (each try's
-// start/finish, when the run was retried) when there are some.
+// with reason= and status= (a hook's HTTP status) when there are some.
+// The fields come in order of importance, each bounded, so that the
+// record fits a shardd record (maxNote) whole: a cut (a log at its
+// maxBytesPerRun) loses the least of it. tries= gives each try, when the
+// run was retried, as START+DURATION in microseconds from start=: at most
+// maxTries of them (the first and the last halves), and tried= counts
+// them all when there were more.
 type End struct {
 	State  string
 	Reason string
@@ -42,8 +47,10 @@ type End struct {
 	// Start is when the first try started, Finish when the last one ended
 	// (zero when no try started).
 	Start, Finish time.Time
-	// Tries are each try's span, when the run was tried more than once.
+	// Tries are each try's span, when the run was tried more than once;
+	// Tried counts them (more than len(Tries) when some were left out).
 	Tries []Try
+	Tried int
 	// Last is the last line the run wrote on stderr, else on stdout.
 	Last string
 }
@@ -54,15 +61,20 @@ type Try struct {
 	Finish time.Time `json:"end"`
 }
 
-// maxLast bounds End.Last.
-const maxLast = 512
+// Bounds of an end record's fields, quoted.
+const (
+	maxLast     = 512 // End.Last, raw
+	maxLastText = 640
+	maxErrText  = 1024
+	maxTries    = 100
+)
 
 // String is the end record's text.
 func (e End) String() string {
 	var b strings.Builder
-	b.WriteString("end state=" + bare(e.State))
+	b.WriteString("end state=" + bare(cutRunes(e.State, 64)))
 	if e.Reason != "" {
-		b.WriteString(" reason=" + bare(e.Reason))
+		b.WriteString(" reason=" + bare(cutRunes(e.Reason, 64)))
 	}
 	if e.ExitCode >= 0 {
 		fmt.Fprintf(&b, " exit=%d", e.ExitCode)
@@ -70,32 +82,59 @@ func (e End) String() string {
 	if e.HTTPStatus > 0 {
 		fmt.Fprintf(&b, " status=%d", e.HTTPStatus)
 	}
-	if e.Err != "" {
-		b.WriteString(" err=" + strconv.Quote(e.Err))
-	}
 	if !e.Start.IsZero() {
 		b.WriteString(" start=" + e.Start.UTC().Format(time.RFC3339Nano))
 	}
 	if !e.Finish.IsZero() {
 		b.WriteString(" finish=" + e.Finish.UTC().Format(time.RFC3339Nano))
 	}
-	if len(e.Tries) > 1 {
-		spans := make([]string, len(e.Tries))
-		for i, t := range e.Tries {
-			spans[i] = t.Start.UTC().Format(time.RFC3339Nano) + "/" + t.Finish.UTC().Format(time.RFC3339Nano)
+	if e.Last != "" {
+		b.WriteString(" last=" + quoteCut(cutRunes(e.Last, maxLast), maxLastText))
+	}
+	if e.Err != "" {
+		b.WriteString(" err=" + quoteCut(e.Err, maxErrText))
+	}
+	if tries := e.Tries; len(tries) > 1 && !e.Start.IsZero() {
+		if len(tries) > maxTries {
+			fmt.Fprintf(&b, " tried=%d", max(e.Tried, len(tries)))
+			tries = append(slices.Clone(tries[:maxTries/2]), tries[len(tries)-maxTries/2:]...)
+		} else if e.Tried > len(tries) {
+			fmt.Fprintf(&b, " tried=%d", e.Tried)
+		}
+		spans := make([]string, len(tries))
+		for i, t := range tries {
+			spans[i] = strconv.FormatInt(t.Start.Sub(e.Start).Microseconds(), 10) + "+" + strconv.FormatInt(t.Finish.Sub(t.Start).Microseconds(), 10)
 		}
 		b.WriteString(" tries=" + strings.Join(spans, ","))
-	}
-	if e.Last != "" {
-		b.WriteString(" last=" + strconv.Quote(cutRunes(e.Last, maxLast)))
 	}
 	return b.String()
 }
 
-// Brief is the end record without its times and last line: how the run
-// ended, in a word or three.
+// quoteCut quotes s (Go syntax) in at most n bytes: cut, and marked, when
+// its quoting is longer.
+func quoteCut(s string, n int) string {
+	q := strconv.Quote(s)
+	if len(q) <= n {
+		return q
+	}
+	const mark = "...[cut]"
+	r := []rune(s)
+	lo, hi := 0, len(r) // the longest prefix whose quoting with the mark fits
+	for lo < hi {
+		mid := (lo + hi + 1) / 2
+		if len(strconv.Quote(string(r[:mid])+mark)) <= n {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return strconv.Quote(string(r[:lo]) + mark)
+}
+
+// Brief is the end record without its times, tries and last line: how
+// the run ended, in a word or three.
 func (e End) Brief() string {
-	e.Start, e.Finish, e.Tries, e.Last = time.Time{}, time.Time{}, nil, ""
+	e.Start, e.Finish, e.Tries, e.Tried, e.Last = time.Time{}, time.Time{}, nil, 0, ""
 	return e.String()
 }
 
@@ -138,12 +177,17 @@ func ParseEnd(text string) (End, bool) {
 	e.HTTPStatus, _ = strconv.Atoi(f["status"])
 	e.Start, _ = time.Parse(time.RFC3339Nano, f["start"])
 	e.Finish, _ = time.Parse(time.RFC3339Nano, f["finish"])
-	for span := range strings.SplitSeq(f["tries"], ",") {
-		s, fin, ok := strings.Cut(span, "/")
-		ts, err1 := time.Parse(time.RFC3339Nano, s)
-		tf, err2 := time.Parse(time.RFC3339Nano, fin)
-		if ok && err1 == nil && err2 == nil {
-			e.Tries = append(e.Tries, Try{Start: ts, Finish: tf})
+	e.Tried, _ = strconv.Atoi(f["tried"])
+	if f["tries"] != "" && !e.Start.IsZero() {
+		for span := range strings.SplitSeq(f["tries"], ",") {
+			off, dur, ok := strings.Cut(span, "+")
+			o, err1 := strconv.ParseInt(off, 10, 64)
+			d, err2 := strconv.ParseInt(dur, 10, 64)
+			if !ok || err1 != nil || err2 != nil {
+				continue
+			}
+			at := e.Start.Add(time.Duration(o) * time.Microsecond)
+			e.Tries = append(e.Tries, Try{Start: at, Finish: at.Add(time.Duration(d) * time.Microsecond)})
 		}
 	}
 	return e, true
@@ -261,22 +305,45 @@ func summarize(f *os.File, job string, id RunID) (Summary, error) {
 func (s *Summary) header(rec Record) {
 	f := fields(strings.TrimPrefix(string(rec.Text), "run "))
 	s.Began = rec.Time
-	s.Fire, _ = time.Parse(time.RFC3339, f["fire"])
+	s.Fire, _ = time.Parse(time.RFC3339Nano, f["fire"]) // whole seconds before 2026-12 (a manual run's fire to the second)
 	s.Attempt, _ = strconv.Atoi(f["attempt"])
 	s.Source, s.Instance, s.By, s.Param = f["source"], f["instance"], f["by"], f["param"]
 	s.StartAt, _ = time.Parse(time.RFC3339Nano, f["starts_at"])
 }
 
 // Summary reads the summary of run id of job's log, opened as Open does.
+// A log this store writes when the read begins, and whose end record the
+// read did not find, is Writing (the run goes on, or ends at this
+// moment); one whose closing records wait in memory for room on the disk
+// (see Space in the package doc) ends with them.
 func (s *Store) Summary(job string, id RunID) (Summary, error) {
 	r, err := s.Open(job, id)
 	if err != nil {
 		return Summary{}, err
 	}
 	defer r.Close()
+	writing := r.Writing()
 	sum, err := summarize(r.f, job, id)
-	sum.Writing = r.Writing()
-	return sum, err
+	if err != nil || sum.Ended {
+		return sum, err
+	}
+	sum.Writing = writing || r.Writing()
+	if !sum.Writing {
+		s.mu.Lock()
+		var kept []byte
+		if u := s.unwritten.m[runKey{job, id}]; u != nil {
+			kept = slices.Clone(u.recs)
+		}
+		s.mu.Unlock()
+		for line := range bytes.SplitSeq(kept, []byte("\n")) {
+			if rec, err := ParseRecord(line); err == nil && rec.Tag == "shardd" {
+				if e, ok := ParseEnd(string(rec.Text)); ok {
+					sum.End, sum.Ended = e, true
+				}
+			}
+		}
+	}
+	return sum, nil
 }
 
 // Scan calls each with the summary of each of job's logs (only item's,
@@ -288,6 +355,16 @@ func (s *Store) Scan(job string, item int, each func(Summary) bool) error {
 	if !isJobName(job) {
 		return fmt.Errorf("run logs of job %q: not a job name", job)
 	}
+	// No directory, no logs, and no index made for the name: a job name
+	// asked of the API makes nothing that stays.
+	dir, err := s.jobDir(job, false)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("run logs of job %q: %w", job, err)
+	}
+	dir.Close()
 	idx, err := s.loaded(job)
 	if err != nil {
 		return err

@@ -54,6 +54,10 @@ type Health struct {
 	// none that etcd still records); LastRun when its latest run ended.
 	LastSuccess time.Time `json:"lastSuccess,omitzero"`
 	LastRun     time.Time `json:"lastRun,omitzero"`
+	// maybe are the items whose record is a skip or a run in progress,
+	// of a job that has failed: their last finished run is in the
+	// history (addStreaks decides).
+	maybe []int
 }
 
 // RunningItem is an item running now.
@@ -91,6 +95,9 @@ type LateItem struct {
 func jobHealth(jr JobRuns, def *config.Job, registered time.Time, disabledItems []int, jobOff bool, total int, now time.Time) *Health {
 	h := &Health{State: HealthOK}
 	for _, item := range slices.Sorted(mapsKeys(jr.Records, jr.Running)) {
+		if total > 0 && item >= total {
+			continue // the record of an item the job no longer has
+		}
 		rec, ok := jr.Records[item]
 		if inst, running := jr.Running[item]; running {
 			ri := RunningItem{Item: item, Instance: inst}
@@ -98,19 +105,25 @@ func jobHealth(jr JobRuns, def *config.Job, registered time.Time, disabledItems 
 				ri.Since, ri.Fence, ri.Fire = rec.Start, rec.Fence, rec.Fire
 			}
 			h.Running = append(h.Running, ri)
-			continue
 		}
-		if !ok || rec.State == keyspace.StateRunning {
-			continue
-		}
-		if rec.End.After(h.LastRun) && rec.State != keyspace.StateSkipped {
-			h.LastRun = rec.End
-		}
-		if rec.State == keyspace.StateDone && rec.End.After(h.LastSuccess) {
-			h.LastSuccess = rec.End
-		}
-		if rec.Failed() {
-			h.Failing = append(h.Failing, FailingItem{Item: item, InARow: 1, Since: rec.Start, Last: rec})
+		switch {
+		case !ok:
+		case rec.State == keyspace.StateRunning || rec.State == keyspace.StateSkipped:
+			// How the last run ended is in the history: look when the
+			// job has failed at all.
+			if jr.LastFailure != nil {
+				h.maybe = append(h.maybe, item)
+			}
+		default:
+			if rec.End.After(h.LastRun) {
+				h.LastRun = rec.End
+			}
+			if rec.State == keyspace.StateDone && rec.End.After(h.LastSuccess) {
+				h.LastSuccess = rec.End
+			}
+			if rec.Failed() {
+				h.Failing = append(h.Failing, FailingItem{Item: item, InARow: 1, Since: rec.Start, Last: rec})
+			}
 		}
 	}
 	if def != nil && def.Schedule != nil && !jobOff && !def.Disabled {
@@ -127,13 +140,20 @@ func jobHealth(jr JobRuns, def *config.Job, registered time.Time, disabledItems 
 			}
 		}
 	}
+	h.judge()
+	return h
+}
+
+// judge sets h's state from its failing and late items.
+func (h *Health) judge() {
 	switch {
 	case len(h.Failing) > 0:
 		h.State = HealthFailing
 	case len(h.Late) > 0:
 		h.State = HealthLate
+	default:
+		h.State = HealthOK
 	}
-	return h
 }
 
 // mapsKeys is the set of keys of two maps of items.
@@ -152,21 +172,40 @@ func mapsKeys[A, B any](a map[int]A, b map[int]B) func(yield func(int) bool) {
 	}
 }
 
-// addStreaks completes h from job's history (oldest first): how many of
-// each failing item's runs failed in a row, since when, and the job's
-// last success.
+// addStreaks completes h from job's history (oldest first): whether the
+// items whose record is a skip or a run in progress failed their last
+// finished run, how many of each failing item's runs failed in a row and
+// since when, and the job's last success.
 func addStreaks(h *Health, hist []keyspace.ItemRecord) {
+	finished := func(r keyspace.ItemRecord) bool {
+		return r.State != keyspace.StateSkipped && r.State != keyspace.StateRunning
+	}
 	for _, rec := range hist {
 		if rec.State == keyspace.StateDone && rec.End.After(h.LastSuccess) {
 			h.LastSuccess = rec.End
 		}
+		if finished(rec) && rec.End.After(h.LastRun) {
+			h.LastRun = rec.End
+		}
 	}
+	for _, item := range h.maybe {
+		for j := len(hist) - 1; j >= 0; j-- {
+			if rec := hist[j]; rec.Item == item && finished(rec) {
+				if rec.Failed() {
+					h.Failing = append(h.Failing, FailingItem{Item: item, Last: rec})
+				}
+				break
+			}
+		}
+	}
+	h.maybe = nil
+	slices.SortFunc(h.Failing, func(a, b FailingItem) int { return a.Item - b.Item })
 	for i := range h.Failing {
 		f := &h.Failing[i]
 		f.InARow, f.Since = 0, time.Time{}
 		for j := len(hist) - 1; j >= 0; j-- {
 			rec := hist[j]
-			if rec.Item != f.Item || rec.State == keyspace.StateSkipped || rec.State == keyspace.StateRunning {
+			if rec.Item != f.Item || !finished(rec) {
 				continue
 			}
 			if !rec.Failed() {
@@ -179,6 +218,7 @@ func addStreaks(h *Health, hist []keyspace.ItemRecord) {
 			f.InARow, f.Since = 1, f.Last.Start
 		}
 	}
+	h.judge()
 }
 
 // readStreaks reads the history of the failing jobs of cs at rev, many
@@ -186,11 +226,13 @@ func addStreaks(h *Health, hist []keyspace.ItemRecord) {
 func (c *Client) readStreaks(ctx context.Context, cs *ClusterStatus, rev int64) error {
 	var failing []int
 	for i, j := range cs.Jobs {
-		if j.Health != nil && len(j.Health.Failing) > 0 {
+		if j.Health != nil && (len(j.Health.Failing) > 0 || len(j.Health.maybe) > 0) {
 			failing = append(failing, i)
 		}
 	}
-	const perTxn = 64
+	// A job's history is up to HistoryPerItem records of 4 KiB and more
+	// per item: a few jobs per Txn.
+	const perTxn = 8
 	for from := 0; from < len(failing); from += perTxn {
 		chunk := failing[from:min(from+perTxn, len(failing))]
 		ops := make([]clientv3.Op, len(chunk))

@@ -77,20 +77,39 @@ func (c *Client) History(ctx context.Context, job string, item int) ([]keyspace.
 
 // RecentRuns is what etcd says of job's recent runs: its history
 // (History), and the runs in progress, whose records are their items' own
-// until they end (the history keys get them then).
+// until they end (the history keys get them then), read in one request,
+// so that a run that ends meanwhile is in one of the two, not in neither.
 func (c *Client) RecentRuns(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
-	recs, err := c.History(ctx, job, item)
+	f, err := c.requireJob(ctx, job)
 	if err != nil {
 		return nil, err
 	}
-	runs, err := c.JobRuns(ctx, []string{job})
-	if err != nil {
-		return nil, err
+	if item >= 0 {
+		if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
+			return nil, err
+		}
 	}
-	for i, rec := range runs[job].Records {
-		if rec.State == keyspace.StateRunning && (item < 0 || i == item) {
+	resp, err := c.cli.Txn(ctx).Then(
+		clientv3.OpGet(c.keys.HistoryPrefix(job), clientv3.WithPrefix()),
+		clientv3.OpGet(c.keys.Items(job), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, fmt.Errorf("read history of job %q: %w", job, err)
+	}
+	var recs []keyspace.ItemRecord
+	for i, r := range resp.Responses {
+		for _, kv := range r.GetResponseRange().Kvs {
+			var rec keyspace.ItemRecord
+			if json.Unmarshal(kv.Value, &rec) != nil || (item >= 0 && rec.Item != item) {
+				continue
+			}
+			if i == 1 && rec.State != keyspace.StateRunning {
+				continue // an item's ended record is in its history too
+			}
+			rec.Fence = keyspace.RunFence(&rec, kv.ModRevision)
 			recs = append(recs, rec)
 		}
 	}
+	keyspace.SortHistory(recs)
 	return recs, nil
 }

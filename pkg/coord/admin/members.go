@@ -26,8 +26,11 @@ type EtcdMember struct {
 	// Up says the member answered a status read; Error why not.
 	Up    bool   `json:"up"`
 	Error string `json:"error,omitempty"`
-	// Leader says it is the raft leader (as the members that answered say).
-	Leader bool `json:"leader,omitempty"`
+	// Leader says it is the raft leader (as the members that answered say);
+	// NoLeader that it answered but knows no leader (cut off from the
+	// others, or an election goes on): it takes no writes.
+	Leader   bool `json:"leader,omitempty"`
+	NoLeader bool `json:"noLeader,omitempty"`
 	// DBSize is its database's size on disk, DBSizeInUse what of it holds
 	// data (the rest is freed by a defragmentation), in bytes.
 	DBSize      int64  `json:"dbSize,omitempty"`
@@ -39,8 +42,8 @@ type EtcdMember struct {
 type EtcdHealth struct {
 	Members []EtcdMember `json:"members"`
 	// Voters counts the voting members (learners do not vote), Up those of
-	// them that answered, Quorum how many must be up for etcd to take
-	// writes.
+	// them that answered and know a leader, Quorum how many must be up for
+	// etcd to take writes.
 	Voters int `json:"voters"`
 	Up     int `json:"up"`
 	Quorum int `json:"quorum"`
@@ -88,6 +91,8 @@ func (c *Client) EtcdHealth(ctx context.Context) *EtcdHealth {
 				h.Members[i].Up, h.Members[i].DBSize, h.Members[i].DBSizeInUse, h.Members[i].Version = true, st.DbSize, st.DbSizeInUse, st.Version
 				if st.Leader != 0 {
 					leader = st.Leader
+				} else {
+					h.Members[i].NoLeader = true
 				}
 				return
 			}
@@ -101,7 +106,7 @@ func (c *Client) EtcdHealth(ctx context.Context) *EtcdHealth {
 		h.Members[i].Leader = m.ID == leader
 		if !m.IsLearner {
 			h.Voters++
-			if h.Members[i].Up {
+			if h.Members[i].Up && !h.Members[i].NoLeader {
 				h.Up++
 			}
 		}
@@ -122,8 +127,11 @@ func (h *EtcdHealth) Problems() []string {
 	}
 	var out []string
 	for _, m := range h.Members {
-		if !m.Up {
+		switch {
+		case !m.Up:
 			out = append(out, fmt.Sprintf("etcd member %s (%s) is down (it does not answer from here): %s", m.Name, m.ID, m.Error))
+		case m.NoLeader:
+			out = append(out, fmt.Sprintf("etcd member %s (%s) answers but knows no leader: it is cut off from the others, or an election goes on", m.Name, m.ID))
 		}
 	}
 	switch {

@@ -83,6 +83,8 @@ type JobStatus struct {
 	// Health says how its runs go (see health.go).
 	Health         *Health `json:"health,omitempty"`
 	itemParameters map[int]string
+	// runs are its items' records and running markers, read with the rest.
+	runs *JobRuns
 }
 
 // DefinitionStatus identifies a job's registered definition.
@@ -355,6 +357,7 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 		registered = js.Definition.Written
 	}
 	js.Health = jobHealth(jr, d.def, registered, js.DisabledItems, jk.jobOff || configDisabled, total, cs.now)
+	js.runs = &jr
 	if m != nil {
 		js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
 		for item := 0; item < m.Total; item++ {
@@ -583,6 +586,16 @@ func (c *Client) JobRuns(ctx context.Context, jobs []string) (map[string]JobRuns
 	}
 	wg.Wait()
 	return out, first
+}
+
+// Runs returns the job's items' records and running markers as the status
+// read them (at its revision), and false for a JobStatus not read by
+// Status or JobStatus.
+func (js *JobStatus) Runs() (JobRuns, bool) {
+	if js.runs == nil {
+		return JobRuns{}, false
+	}
+	return *js.runs, true
 }
 
 // decodeJobRuns decodes a job's item records, running markers and last
