@@ -211,11 +211,13 @@ func writeHealth(w io.Writer, h *admin.Health, now time.Time) {
 		}
 		runs := "its last run"
 		if f.InARow > 1 {
-			runs = fmt.Sprintf("its last %d runs", f.InARow)
+			runs = fmt.Sprintf("its last %s runs", f.Runs())
 		}
 		since := ""
-		if !f.Since.IsZero() {
+		if !f.Since.IsZero() && !f.AtLeast {
 			since = " since " + ago(f.Since)
+		} else if f.AtLeast {
+			since = fmt.Sprintf(" (every run etcd keeps; before %s too: shardd history --result DONE reads the run logs)", f.Since.Format(time.RFC3339))
 		}
 		fmt.Fprintf(w, "  failing: item %d, %s %s%s: %s\n", f.Item, runs, what, since, historyCell(history.FromRecord(f.Last)))
 	}

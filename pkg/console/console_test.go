@@ -35,7 +35,7 @@ type fakeCluster struct {
 func (f *fakeCluster) ID() string { return "a" }
 
 func (f *fakeCluster) status(names ...string) *admin.ClusterStatus {
-	st := &admin.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []admin.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}}}},
+	st := &admin.ClusterStatus{Prefix: "/shardd", Revision: 42, Instances: []admin.InstanceStatus{{InstanceInfo: keyspace.InstanceInfo{ID: "a", Host: "h1", Version: "v1", Jobs: []string{"job-00000"}, ReloadRejected: "2026-12-04T01:00:00Z: 2 problems (job x: 2)"}}},
 		Etcd: &admin.EtcdHealth{Voters: 3, Up: 2, Quorum: 2, FaultTolerance: 0, Members: []admin.EtcdMember{
 			{ID: "8e9e05c52164694d", Name: "n1", Up: true, Leader: true, DBSize: 3 << 20, DBSizeInUse: 1 << 20, Version: "3.7.3", ClientURLs: []string{"https://10.0.0.1:2379"}},
 			{ID: "91bc3c398fb3c146", Name: "n2", Up: true, DBSize: 3 << 20, DBSizeInUse: 1 << 20, Version: "3.7.3"},
@@ -196,7 +196,7 @@ func TestPages(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"/", 200, []string{"120</strong> jobs", "1</strong> running now", "2</strong> failed in the last hour", "1</strong> disabled", "exit status 3", "upstream timeout: bank API 504"}},
+		{"/", 200, []string{"Instance <a href=\"/instances\">a</a> is DEGRADED: its last configuration reload was rejected (2026-12-04T01:00:00Z: 2 problems (job x: 2))", "1</strong> failing or late", "120</strong> jobs", "1</strong> running now", "2</strong> failed in the last hour", "1</strong> disabled", "exit status 3", "upstream timeout: bank API 504"}},
 		{"/jobs?filter=failed-last-hour", 200, []string{"2 job(s)", `href="/jobs/job-00002"`, `href="/jobs/job-00004"`}},
 		{"/jobs", 200, []string{"120 job(s), page 1 of 3", `href="/jobs/job-00000"`, "1 running", "(1 failing)", `rel="next"`, "Disable selected"}},
 		{"/jobs?page=3", 200, []string{"page 3 of 3", `href="/jobs/job-00119"`, `rel="prev"`}},
@@ -207,14 +207,15 @@ func TestPages(t *testing.T) {
 		{"/jobs/job-00001", 200, []string{"RUNNING on a", "failover on", "<code>0 */5 * * * ?</code> (UTC); next:", `id="kill-0"`, `data-url="/api/v1/jobs/job-00001/kill?item=0&amp;fence=90&amp;instance=a&amp;wait=5s"`, "Kill the run of item 0 on a (fence 90)?", `id="run-now"`, `id="rerun"`, "KILLED/operator", "killed by token:alice", "p&lt;1&gt;", `id="disable-item-1"`}},
 		{"/jobs/job-00002?run=91-1", 200, []string{`data-src="/api/v1/jobs/job-00002/runs/91-1/log"`, "Log of run 91-1"}},
 		{"/jobs/job-00002?result=KILLED", 200, []string{"KILLED/operator"}},
-		{"/jobs/job-00002", 200, []string{`id="health"`, "FAILING", "item 1 failed its last 4 runs (since 2026-12-04 01:00:00Z)", "item 0 is late: its fire of 2026-12-04 01:55:00Z has not run", "no success in etcd's records"}},
+		{"/jobs?filter=failing", 200, []string{`href="/jobs/job-00002"`, "FAILING 1/2"}},
+		{"/jobs/job-00002", 200, []string{`id="job-health">FAILING<`, "map OK", `id="health"`, "FAILING", "item 1 failed its last 4 runs (since 2026-12-04 01:00:00Z)", "item 0 is late: its fire of 2026-12-04 01:55:00Z has not run", "no success in etcd's records"}},
 		{"/jobs/job-00002?item=x", 200, []string{"item must be a number"}},
 		{"/jobs/job-00002?run=../../x", 200, []string{"is not a run (FENCE-ITEM"}},
 		{"/jobs/nope", 404, []string{`no job &#34;nope&#34;`, `href="/jobs?q=nope"`}},
 		{"/jobs/jbo-00001", 404, []string{`(did you mean job-00001?)`, `href="/jobs/job-00001"`}},
 		{"/jobs/job-00003", 200, []string{"disabled: its fires do not run (next would be"}},
 		{"/jobs/job-00002", 200, []string{`id="definition"`, "&#34;cron&#34;: &#34;0 */5 * * * ?&#34;", `<datalist id="past-fires">`}},
-		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>", "3 voting member(s), 2 up, quorum 2", "tolerates 0 more failure(s)", `<td>1: <a href="/jobs/job-00001">job-00001</a>/0</td>`, "up, leader", "3.0 MiB (1.0 MiB)", ">DOWN<", "etcd member n3 (fd422379fda50e48) is down (it does not answer from here): context deadline exceeded", "one more down and it loses its quorum"}},
+		{"/instances", 200, []string{"h1", "<td>240</td>", "<td>120</td>", `id="reload-rejected-a"`, "3 voting member(s), 2 up, quorum 2", "tolerates 0 more failure(s)", `<td>1: <a href="/jobs/job-00001">job-00001</a>/0</td>`, "up, leader", "3.0 MiB (1.0 MiB)", ">DOWN<", "etcd member n3 (fd422379fda50e48) is down (it does not answer from here): context deadline exceeded", "one more down and it loses its quorum"}},
 		{"/audit", 200, []string{"token:alice", "item 0 of job job-00001"}},
 		{"/no/such/page", 404, []string{"no page /no/such/page"}},
 	}

@@ -27,6 +27,8 @@ type jobsData struct {
 type jobListRow struct {
 	jobRow
 	Schedule schedule
+	// Health is how the job's runs go (nil: not known).
+	Health *admin.Health
 }
 
 func (c *console) jobs(r *http.Request, v *view) (string, error) {
@@ -50,14 +52,14 @@ func (c *console) jobs(r *http.Request, v *view) (string, error) {
 		}
 		ok := true
 		switch d.Filter {
-		case "ok":
-			ok = row.Status == admin.StatusOK
+		case "ok": // its map covers its instances, and its runs go well
+			ok = row.Status == admin.StatusOK && (row.job.Health == nil || row.job.Health.State == admin.HealthOK)
 		case "running":
 			ok = row.Running > 0
 		case "failed-last-hour":
 			ok = row.FailedAt.After(v.Now.Add(-time.Hour))
-		case "failing":
-			ok = row.Failing > 0
+		case "failing": // its health: an item's last run failed, or a due fire went unrecorded
+			ok = row.Failing > 0 || row.job.Health != nil && row.job.Health.State != admin.HealthOK
 		case "disabled":
 			ok = row.Status == admin.StatusDisabled
 		case "troubled":
@@ -72,7 +74,7 @@ func (c *console) jobs(r *http.Request, v *view) (string, error) {
 	d.Page = min(d.Page, d.Pages)
 	from := (d.Page - 1) * PageSize
 	for _, row := range match[from:min(from+PageSize, len(match))] {
-		d.Rows = append(d.Rows, jobListRow{jobRow: row, Schedule: scheduleOf(definition(row.def, row.Name), v.Now, 1)})
+		d.Rows = append(d.Rows, jobListRow{jobRow: row, Schedule: scheduleOf(definition(row.def, row.Name), v.Now, 1), Health: row.job.Health})
 	}
 	link := func(page int) string {
 		u := url.Values{}

@@ -18,6 +18,8 @@ type overviewData struct {
 	Revision   int64
 	Instances  int
 	Jobs       int
+	// FailingOrLate counts the jobs failing or late (their health).
+	FailingOrLate int
 	OK         int
 	Running    int
 	FailedHour int
@@ -26,6 +28,8 @@ type overviewData struct {
 	Failures   []keyspace.ItemRecord
 	// Etcd are what keeps etcd from taking writes, and its history going back.
 	Etcd []string
+	// Degraded are the instances whose last reload was rejected.
+	Degraded []admin.InstanceStatus
 	// Chart is the runs and failures per hour over the last day (SVG),
 	// ChartNote what it lacks (instances not reached, hours not counted).
 	Chart     template.HTML
@@ -43,9 +47,15 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 		Etcd: snap.st.EtcdProblems()}
 	hourAgo := v.Now.Add(-time.Hour)
 	for _, row := range snap.rows {
+		healthy := row.job.Health == nil || row.job.Health.State == admin.HealthOK
+		if !healthy {
+			d.FailingOrLate++
+		}
 		switch row.Status {
 		case admin.StatusOK:
-			d.OK++
+			if healthy {
+				d.OK++
+			}
 		case admin.StatusDisabled:
 			d.Disabled++
 		default:
@@ -66,6 +76,11 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 	slices.SortFunc(d.Failures, func(a, b keyspace.ItemRecord) int { return b.End.Compare(a.End) })
 	if len(d.Failures) > 20 {
 		d.Failures = d.Failures[:20]
+	}
+	for _, in := range snap.st.Instances {
+		if in.ReloadRejected != "" {
+			d.Degraded = append(d.Degraded, in)
+		}
 	}
 	for _, j := range snap.st.Jobs {
 		if j.Health != nil && j.Health.State != admin.HealthOK && len(d.Unhealthy) < 50 {

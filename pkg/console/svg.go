@@ -79,8 +79,10 @@ func timelineSVG(job string, runs []history.Run, total int, now time.Time) templ
 	drawn = append(drawn, cutAttempts(drawn)...)
 	from := now
 	for _, r := range drawn {
-		if r.At().Before(from) {
-			from = r.At()
+		for _, t := range []time.Time{r.At(), r.Start} {
+			if !t.IsZero() && t.Before(from) {
+				from = t
+			}
 		}
 	}
 	// A little room before the oldest run; at least 10 s across.
@@ -147,13 +149,17 @@ func timelineSVG(job string, runs []history.Run, total int, now time.Time) templ
 		r := &drawn[i]
 		row := rowOf[key(r)]
 		y := float64(tlAxis+row*tlRow) + float64(tlRow-tlBar)/2
-		x0 := x(r.At())
+		begin := r.Start // the bar starts when the run did (the order is by fire)
+		if begin.IsZero() {
+			begin = r.At()
+		}
+		x0 := x(begin)
 		end := r.End
 		if r.State == keyspace.StateRunning || end.IsZero() {
 			end = now
 		}
 		if cut(r) && r.End.IsZero() {
-			end = r.At().Add(span / 200) // unknown: a sliver, then the cut
+			end = begin.Add(span / 200) // unknown: a sliver, then the cut
 		}
 		w := max(x(end)-x0, 2)
 		class := resultClass(r)

@@ -53,8 +53,9 @@ import (
 )
 
 // StateUnknown is the state of a run whose log has no end record and that
-// etcd no longer records: its instance stopped during it (kill -9, a
-// crash), and the record of how it was settled has rotated out.
+// etcd does not record: its instance died during it (kill -9, a crash);
+// its failover re-run's claim took the item's record over, or the record
+// has rotated out.
 const StateUnknown = "UNKNOWN"
 
 // Run is one row of a job's history: etcd's record of the run and what its
@@ -294,7 +295,8 @@ func FromSummary(s runlog.Summary) Run {
 	default:
 		r.State = StateUnknown
 		r.Start = s.Began
-		r.Error = "its log has no end record: shardd stopped during the run (kill -9, a crash), and etcd's record of how it was settled has rotated out"
+		r.End = s.Modified // its log's last write: it ran at least until then
+		r.Error = "its log has no end record and etcd has no record of it: its instance died during the run (kill -9, a crash); a failover re-run, if any, is the next attempt of the same fire"
 	}
 	return r
 }

@@ -77,6 +77,9 @@ type FailingItem struct {
 	// started.
 	InARow int       `json:"inARow"`
 	Since  time.Time `json:"since,omitzero"`
+	// AtLeast says every run of the item etcd keeps failed: the streak
+	// began before them (InARow is a lower bound; the run logs have more).
+	AtLeast bool `json:"atLeast,omitempty"`
 	// Last is how its last run ended: result, code, error.
 	Last keyspace.ItemRecord `json:"last"`
 }
@@ -202,20 +205,22 @@ func addStreaks(h *Health, hist []keyspace.ItemRecord) {
 	slices.SortFunc(h.Failing, func(a, b FailingItem) int { return a.Item - b.Item })
 	for i := range h.Failing {
 		f := &h.Failing[i]
-		f.InARow, f.Since = 0, time.Time{}
+		f.InARow, f.Since, f.AtLeast = 0, time.Time{}, true
 		for j := len(hist) - 1; j >= 0; j-- {
 			rec := hist[j]
 			if rec.Item != f.Item || !finished(rec) {
 				continue
 			}
 			if !rec.Failed() {
+				f.AtLeast = false
 				break
 			}
 			f.InARow++
 			f.Since = rec.Start
 		}
+		f.AtLeast = f.AtLeast && f.InARow >= keyspace.HistoryPerItem
 		if f.InARow == 0 { // the record's history was not read yet: the record alone
-			f.InARow, f.Since = 1, f.Last.Start
+			f.InARow, f.Since, f.AtLeast = 1, f.Last.Start, false
 		}
 	}
 	h.judge()
@@ -253,6 +258,15 @@ func (c *Client) readStreaks(ctx context.Context, cs *ClusterStatus, rev int64) 
 		}
 	}
 	return nil
+}
+
+// Runs says how many runs in a row failed: "3", or "10+" when every run
+// etcd keeps failed.
+func (f FailingItem) Runs() string {
+	if f.AtLeast {
+		return strconv.Itoa(f.InARow) + "+"
+	}
+	return strconv.Itoa(f.InARow)
 }
 
 // Brief says h in a few words: "OK", "FAILING 2/3", "LATE 1/3", with

@@ -168,3 +168,21 @@ func TestStatusReadsHealth(t *testing.T) {
 		t.Errorf("brief %q", got)
 	}
 }
+
+// When every run etcd keeps of an item failed, the streak is a lower
+// bound: "10+".
+func TestAStreakAsLongAsTheHistoryIsALowerBound(t *testing.T) {
+	h := &Health{State: HealthFailing, Failing: []FailingItem{{Item: 0, InARow: 1}}}
+	var hist []keyspace.ItemRecord
+	for i := range keyspace.HistoryPerItem {
+		hist = append(hist, rec(0, "FAILED", h0.Add(time.Duration(i)*time.Minute)))
+	}
+	addStreaks(h, hist)
+	if f := h.Failing[0]; !f.AtLeast || f.Runs() != "10+" {
+		t.Errorf("every kept run failed: %+v, %q; want 10+", f, f.Runs())
+	}
+	addStreaks(h, append([]keyspace.ItemRecord{rec(0, "DONE", h0.Add(-time.Minute))}, hist[1:]...))
+	if f := h.Failing[0]; f.AtLeast || f.Runs() != "9" {
+		t.Errorf("9 failures after a success: %+v, %q", f, f.Runs())
+	}
+}

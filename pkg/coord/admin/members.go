@@ -15,7 +15,7 @@ import (
 
 // memberTimeout bounds the status read of one member: a member that does
 // not answer in it is down, as far as status can tell.
-const memberTimeout = 2 * time.Second
+const memberTimeout = time.Second
 
 // EtcdMember is one member of the etcd cluster.
 type EtcdMember struct {
