@@ -13,19 +13,19 @@ import (
 )
 
 type overviewData struct {
-	Endpoints  []string
-	Prefix     string
-	Revision   int64
-	Instances  int
-	Jobs       int
+	Endpoints []string
+	Prefix    string
+	Revision  int64
+	Instances int
+	Jobs      int
 	// FailingOrLate counts the jobs failing or late (their health).
 	FailingOrLate int
-	OK         int
-	Running    int
-	FailedHour int
-	Disabled   int
-	Troubled   int
-	Failures   []keyspace.ItemRecord
+	OK            int
+	Running       int
+	FailedHour    int
+	Disabled      int
+	Troubled      int
+	Failures      []keyspace.ItemRecord
 	// Etcd are what keeps etcd from taking writes, and its history going back.
 	Etcd []string
 	// Degraded are the instances whose last reload was rejected.
