@@ -307,7 +307,7 @@ func TestHistoryTable(t *testing.T) {
 	}
 	// A run from its log alone, retried: its stderr's last line, its tries.
 	retried := history.Run{ItemRecord: keyspace.ItemRecord{Item: 6, Fire: t0, Instance: "c", Fence: 4800, Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(3 * time.Second),
-		State: "FAILED", ExitCode: 3, Error: "exit status 3"}, LastLine: "db timeout for AMER", Tries: []runlog.Try{{Start: t0, Finish: t0.Add(time.Second)}, {Start: t0.Add(2 * time.Second), Finish: t0.Add(3 * time.Second)}}}
+		State: "FAILED", ExitCode: 3, Error: "exit status 3", LastLine: "db timeout for AMER"}, Tries: []runlog.Try{{Start: t0, Finish: t0.Add(time.Second)}, {Start: t0.Add(2 * time.Second), Finish: t0.Add(3 * time.Second)}}}
 	// A hook refused: its status and the answer's start, not its URL.
 	hook := history.FromRecord(keyspace.ItemRecord{Item: 7, Fire: t0, Instance: "c", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503,
 		Error: "POST https://hooks.example.com/a/very/long/path/that/fills/the/cell: status 503: queue full", Output: "queue full"})

@@ -625,7 +625,7 @@ func TestJobPageShowsTheMergedHistory(t *testing.T) {
 	var secrets []string
 	t0 := time.Now().Add(-time.Hour)
 	fromLog := history.Run{ItemRecord: keyspace.ItemRecord{Job: "job-00001", Item: 1, Fence: 42, Attempt: 1, Fire: t0, Start: t0, End: t0.Add(3 * time.Second),
-		State: keyspace.StateFailed, ExitCode: 3, Error: "exit status 3", Instance: "b"}, LastLine: "no route to db-1", Log: "42-1",
+		State: keyspace.StateFailed, ExitCode: 3, Error: "exit status 3", Instance: "b", LastLine: "no route to db-1"}, Log: "42-1",
 		Tries: []runlog.Try{{Start: t0, Finish: t0.Add(time.Second)}, {Start: t0.Add(2 * time.Second), Finish: t0.Add(3 * time.Second)}}}
 	h := New(Options{Instance: f.ID(), Admin: f, Warm: -1, Logger: quiet,
 		Auth: auth.New([]auth.Token{{Name: "bob", Role: auth.RoleRead, Secret: readSecret}}, 0, false),

@@ -84,7 +84,7 @@ func code(r keyspace.ItemRecord) string {
 // tail is what says most about how a run ended: a failed run's last line
 // of output (its own words, "upstream timeout"), else its error (a kill's
 // "killed by ..."), else its output's last line; cut.
-func tail(r keyspace.ItemRecord) string { return tailOf(r, "") }
+func tail(r keyspace.ItemRecord) string { return tailOf(r, r.LastLine) }
 
 // runTail is tail of a history row: its log's last line (stderr's, else
 // stdout's) stands for its output's.

@@ -24,6 +24,8 @@ type Outcome struct {
 	HTTPStatus int
 	Err        string
 	Output     string
+	// LastLine is the last line of stderr, else stdout (from the run log).
+	LastLine   string
 	Start, End time.Time
 	// KilledBy names who stopped a run killed by an operator.
 	KilledBy string
@@ -66,7 +68,7 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 func (g *Grant) Final(o Outcome) keyspace.ItemRecord {
 	rec := g.record
 	rec.State, rec.Reason, rec.ExitCode, rec.HTTPStatus, rec.Error, rec.Output = o.State, o.Reason, o.ExitCode, o.HTTPStatus, o.Err, o.Output
-	rec.KilledBy, rec.Iterations = o.KilledBy, o.Iterations
+	rec.KilledBy, rec.Iterations, rec.LastLine = o.KilledBy, o.Iterations, o.LastLine
 	if !o.Start.IsZero() {
 		rec.Start = o.Start.UTC()
 	}

@@ -269,6 +269,7 @@ func (j *jobLoop) work(g *coord.Grant, job *config.Job, rc runner.Context, mapRe
 		out.Start = t.spans[0].Start
 	}
 	if t.lg != nil {
+		out.LastLine = t.lg.LastLine()
 		j.closeRunLog(t.lg, rc.Item, out, t.spans)
 	}
 	return res, out
@@ -413,7 +414,7 @@ func (j *jobLoop) openRunLog(job *config.Job, rc runner.Context) *runlog.Log {
 // closes its log; tries are the spans of the tries that started.
 func (j *jobLoop) closeRunLog(lg *runlog.Log, item int, out coord.Outcome, tries []runlog.Try) {
 	end := runlog.End{State: out.State, Reason: string(out.Reason), ExitCode: out.ExitCode, HTTPStatus: out.HTTPStatus, Err: out.Err,
-		Start: out.Start, Finish: out.End, Last: lg.LastLine()}
+		Start: out.Start, Finish: out.End, Last: out.LastLine}
 	if len(tries) > 1 {
 		end.Tries = tries
 	}

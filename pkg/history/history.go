@@ -67,8 +67,6 @@ type Run struct {
 	// Log names the run's log (FENCE-ITEM, for shardd logs --run) when an
 	// instance has it.
 	Log string `json:"log,omitempty"`
-	// LastLine is the last line the run wrote on stderr, else on stdout.
-	LastLine string `json:"lastLine,omitempty"`
 	// Recorded says etcd has the run's record; false: the row is from the
 	// run's log alone.
 	Recorded bool `json:"recorded"`

@@ -129,6 +129,9 @@ type ItemRecord struct {
 	HTTPStatus int    `json:"httpStatus,omitempty"`
 	Error      string `json:"error,omitempty"`
 	Output     string `json:"output,omitempty"`
+	// LastLine is the last line the run wrote on stderr, else on stdout
+	// (at most 512 bytes): what says most about a failure.
+	LastLine string `json:"lastLine,omitempty"`
 	// Skipped counts the fires before Fire that were not run (misfire policy).
 	Skipped int `json:"skipped,omitempty"`
 	// Reason is why a KILLED run was stopped (Reason* constants) or why
