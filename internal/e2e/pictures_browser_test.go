@@ -19,9 +19,9 @@ import (
 
 // The console's pictures in a real browser: a 2-item job with failover on
 // two instances; the instance running item 1 is killed -9 mid-run. The
-// job's timeline shows that run cut (a jagged end: etcd keeps its re-run's
-// record, attempt 2, and its log died with its instance) and its failover
-// re-run on the survivor (dashed), on item 1's row; the overview's chart
+// job's timeline shows that run cut (a jagged end: KILLED/lost, the record
+// the failover claim wrote of it) and its failover re-run on the survivor
+// (dashed), on item 1's row; the overview's chart
 // counts this hour's runs and failures, and lists the failing job.
 // ledgerSoFar reads dir's ledger while its jobs write it: nil when a line
 // is being written (read again).
@@ -116,7 +116,7 @@ func TestTimelineAndChartInABrowser(t *testing.T) {
 	}
 	// The cut run's tooltip says how it ended.
 	title := browsertest.Run(t, ctx, chromedp.Evaluate[string](`document.querySelector('#timeline polygon.run.cut title').textContent`))
-	if !strings.Contains(title, "attempt 1: cut by its instance's failure") || !strings.Contains(title, "(attempt 2, run "+rerun+")") {
+	if !strings.Contains(title, "on b, attempt 1") || !strings.Contains(title, "KILLED/lost") || !strings.Contains(title, "run again as attempt 2 (FAILOVER)") {
 		t.Errorf("the cut run's title: %q", title)
 	}
 	browsertest.Do(t, ctx, chromedp.ScrollIntoView(chromedp.CSS("#hist-h")))

@@ -146,13 +146,44 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	if c.TriggerID != "" {
 		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(k.Trigger(c.Job, c.TriggerID)), "=", c.Trigger))
 	}
-	return claimParts{rec: rec, val: val,
-		cmps: cmps,
-		ops: []clientv3.Op{
-			clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
-			clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
-		},
-	}, nil
+	ops := []clientv3.Op{
+		clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
+		clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
+	}
+	if cut, ok := cutRecord(c, rec, n.opts.Now().UTC()); ok {
+		cv, err := json.Marshal(cut)
+		if err != nil {
+			return claimParts{}, err
+		}
+		ops = append(ops, clientv3.OpPut(k.History(c.Job, c.Item, cut.Seq%keyspace.HistoryPerItem), string(cv)))
+	}
+	return claimParts{rec: rec, val: val, cmps: cmps, ops: ops}, nil
+}
+
+// cutsARun reports whether claim c takes over from a run that was cut:
+// the item's record still says RUNNING, and (the claim's guard) its
+// running marker is gone with its instance's lease.
+func cutsARun(c Claim) bool {
+	return c.Prev.Record != nil && c.Prev.Record.State == keyspace.StateRunning
+}
+
+// cutRecord is the history record of the run the claim c (whose record is
+// next) takes over from, when that run was cut: KILLED, reason lost, under
+// its own fence and sequence (the slot its outcome would have written).
+// Without it, the claim's record replaces the cut run's, and nothing in
+// etcd would say the run began and was cut (its log is on the instance
+// that died).
+func cutRecord(c Claim, next keyspace.ItemRecord, now time.Time) (keyspace.ItemRecord, bool) {
+	if !cutsARun(c) {
+		return keyspace.ItemRecord{}, false
+	}
+	cut := *c.Prev.Record
+	cut.State, cut.Reason, cut.End, cut.Fence = keyspace.StateKilled, keyspace.ReasonLost, now, keyspace.RunFence(c.Prev.Record, c.Prev.Rev)
+	cut.Error = "its instance died or was cut off mid-run"
+	if next.Fire.Equal(cut.Fire) && next.Attempt > cut.Attempt {
+		cut.Error += fmt.Sprintf("; run again as attempt %d (%s)", next.Attempt, next.Source)
+	}
+	return cut, true
 }
 
 // claimShared are the guards every claim of c's job shares: the member
@@ -168,18 +199,21 @@ func (n *Node) claimShared(c Claim, member int64) []clientv3.Cmp {
 // claimChunkEnd is where the claim Txn that begins at claims[from] ends:
 // etcd's default --max-txn-ops (128, maxBatchOps) bounds its guards (2
 // shared; 2 per item, 3 for a claim that serves a trigger) and its writes
-// (2 per item).
+// (2 per item, 3 for one that takes over from a cut run).
 func claimChunkEnd(claims []Claim, from int) int {
 	cmps, ops, to := 2, 0, from
 	for ; to < len(claims); to++ {
-		c := 2
+		c, o := 2, 2
 		if claims[to].TriggerID != "" {
 			c++
 		}
-		if cmps+c > maxBatchOps || ops+2 > maxBatchOps {
+		if cutsARun(claims[to]) { // and the cut run's history record
+			o++
+		}
+		if cmps+c > maxBatchOps || ops+o > maxBatchOps {
 			break
 		}
-		cmps, ops = cmps+c, ops+2
+		cmps, ops = cmps+c, ops+o
 	}
 	return to
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -538,6 +539,12 @@ func TestClaimAllOfTriggerServingClaims(t *testing.T) {
 // A claim Txn holds as many claims as etcd's 128 guards and writes allow.
 func TestClaimChunkEnd(t *testing.T) {
 	t.Parallel()
+	cutting := func(cs []Claim) []Claim {
+		for i := range cs {
+			cs[i].Prev.Record = &keyspace.ItemRecord{State: keyspace.StateRunning}
+		}
+		return cs
+	}
 	many := func(n int, trigger string) []Claim {
 		cs := make([]Claim, n)
 		for i := range cs {
@@ -557,9 +564,75 @@ func TestClaimChunkEnd(t *testing.T) {
 		{"the rest after the first Txn", many(100, ""), 63, 100},
 		{"serving a trigger: 3 guards each", many(100, "t"), 0, 42},
 		{"mixed", append(many(40, "t"), many(40, "")...), 0, 40 + 3},
+		{"taking over from cut runs: 3 writes each", cutting(many(100, "")), 0, 42},
 	} {
 		if got := claimChunkEnd(tc.claims, tc.from); got != tc.want {
 			t.Errorf("%s: claimChunkEnd(%d claims, %d) = %d, want %d", tc.name, len(tc.claims), tc.from, got, tc.want)
 		}
+	}
+}
+
+// A claim that takes over from a cut run (its record still RUNNING, its
+// running marker gone with its instance's lease) writes the cut run's
+// record to the history, KILLED/lost under its own fence and slot, in the
+// same Txn: without it the new claim's record replaced the cut run's, and
+// etcd kept nothing of the run that began and was cut. Alone and in a
+// Txn of many claims alike.
+func TestAClaimOverACutRunRecordsTheCutRun(t *testing.T) {
+	t.Parallel()
+	n := ordersNode(t, 3)
+	ctx := context.Background()
+	fire := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	first := n.ClaimAll(ctx, claimsOf(t, n, 3, fire))
+	for _, r := range first {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	cut := first[0].Grant.Fence
+	// The instance dies: its running markers go with its lease (here, by
+	// hand); the item records still say RUNNING.
+	for item := range 3 {
+		if _, err := n.cli.Delete(ctx, n.keys.RunningItem("orders", item)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again := claimsOf(t, n, 3, fire)
+	for i := range again {
+		again[i].Attempt, again[i].Source = 2, keyspace.SourceFailover
+	}
+	single := again[2]
+	res := n.ClaimAll(ctx, again[:2]) // one Txn
+	res = append(res, ClaimResult{})
+	res[2].Grant, res[2].Err = n.Claim(ctx, single) // alone
+	for i, r := range res {
+		if r.Err != nil {
+			t.Fatalf("failover claim %d: %v", i, r.Err)
+		}
+	}
+	recs, err := n.History(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byItem := map[int]keyspace.ItemRecord{}
+	for _, rec := range recs {
+		byItem[rec.Item] = rec
+	}
+	for item := range 3 {
+		rec, ok := byItem[item]
+		if !ok || rec.State != keyspace.StateKilled || rec.Reason != keyspace.ReasonLost || rec.Fence != cut || rec.Attempt != 1 ||
+			!strings.Contains(rec.Error, "run again as attempt 2 (FAILOVER)") {
+			t.Errorf("item %d's history: %+v (present %v); want the cut run, KILLED/lost, fence %d, attempt 1", item, rec, ok, cut)
+		}
+	}
+	// The re-runs' outcomes land in the next slots: the cut run's record stays.
+	for _, r := range res {
+		if err := n.Complete(ctx, r.Grant, Outcome{State: keyspace.StateDone, Start: fire, End: fire}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, _ = n.History(ctx, "orders")
+	if len(recs) != 6 {
+		t.Errorf("%d history records, want 6: each item's cut run and its re-run", len(recs))
 	}
 }
