@@ -71,8 +71,16 @@ func TestTimelineAndChartInABrowser(t *testing.T) {
 	})
 	// Two fires run whole, then b dies one second into item 1's run.
 	time.Sleep(11 * time.Second)
-	etcdtest.Eventually(t, 10*time.Second, "item 1 running on b", func() bool {
-		return openRun(t, filepath.Join(dir, "ledger"), "work", 1) == "b"
+	// A run of item 1 on b that began less than a second ago: it has two
+	// seconds more to go when b dies.
+	etcdtest.Eventually(t, 15*time.Second, "item 1 starting on b", func() bool {
+		evs := ledgerSoFar(dir)
+		for i := len(evs) - 1; i >= 0; i-- {
+			if ev := evs[i]; ev.Job == "work" && ev.Item == 1 {
+				return ev.Kind == "start" && ev.Instance == "b" && time.Since(ev.At) < time.Second
+			}
+		}
+		return false
 	})
 	time.Sleep(time.Second)
 	b.stop(syscall.SIGKILL)
