@@ -278,7 +278,10 @@ func (r *scriptRun) prepare(c Context, tailBytes int) error {
 			return fmt.Errorf("gate pipe: %w", err)
 		}
 		r.files = append(r.files, gr, gw)
-		cmd = exec.Command("/bin/sh", append([]string{"-c", gateScript, "shardd-gate"}, argv...)...)
+		// $0 names the job: what the gate's shell says of a command it
+		// cannot exec ("shardd-JOB: 1: exec: /opt/x.sh: not found") is
+		// the job's, as the shell form's is.
+		cmd = exec.Command("/bin/sh", append([]string{"-c", gateScript, "shardd-" + c.Job}, argv...)...)
 		cmd.ExtraFiles = []*os.File{gr}
 		r.gate = gw
 	}

@@ -531,3 +531,14 @@ func TestScriptHoldsItsGroupIDUntilItsRunEnds(t *testing.T) {
 		t.Errorf("leader %d not reaped once its run ended", leader)
 	}
 }
+
+// A command the gate cannot exec is named in the job's words: the gate's
+// shell is $0 "shardd-JOB", not an internal name.
+func TestAMissingCommandIsTheJobs(t *testing.T) {
+	w := startWatchdog(t)
+	w.SetDeadline(time.Now().Add(time.Minute))
+	res := Script{Argv: []string{"/opt/jobs/sycn-orders.sh"}, Watchdog: w}.Run(context.Background(), ctxFixture)
+	if res.OK || res.ExitCode != 127 || !strings.Contains(res.Output, "shardd-orders:") || strings.Contains(res.Output, "shardd-gate") {
+		t.Errorf("a missing command: exit %d, output %q; want 127, named after the job", res.ExitCode, res.Output)
+	}
+}
