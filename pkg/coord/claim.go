@@ -150,7 +150,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 		clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
 		clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
 	}
-	if cut, ok := cutRecord(c, rec, n.opts.Now().UTC()); ok {
+	if cut, ok := cutRecord(c, rec); ok {
 		cv, err := json.Marshal(cut)
 		if err != nil {
 			return claimParts{}, err
@@ -173,13 +173,13 @@ func cutsARun(c Claim) bool {
 // Without it, the claim's record replaces the cut run's, and nothing in
 // etcd would say the run began and was cut (its log is on the instance
 // that died).
-func cutRecord(c Claim, next keyspace.ItemRecord, now time.Time) (keyspace.ItemRecord, bool) {
+func cutRecord(c Claim, next keyspace.ItemRecord) (keyspace.ItemRecord, bool) {
 	if !cutsARun(c) {
 		return keyspace.ItemRecord{}, false
 	}
 	cut := *c.Prev.Record
-	cut.State, cut.Reason, cut.End, cut.Fence = keyspace.StateKilled, keyspace.ReasonLost, now, keyspace.RunFence(c.Prev.Record, c.Prev.Rev)
-	cut.Error = "its instance died or was cut off mid-run"
+	cut.State, cut.Reason, cut.End, cut.Fence = keyspace.StateKilled, keyspace.ReasonLost, next.Start, keyspace.RunFence(c.Prev.Record, c.Prev.Rev)
+	cut.Error = "its instance's session ended before its outcome was recorded (it died or was cut off mid-run, or its last write did not land)"
 	if next.Fire.Equal(cut.Fire) && next.Attempt > cut.Attempt {
 		cut.Error += fmt.Sprintf("; run again as attempt %d (%s)", next.Attempt, next.Source)
 	}
@@ -196,24 +196,33 @@ func (n *Node) claimShared(c Claim, member int64) []clientv3.Cmp {
 	return cmps
 }
 
+// maxClaimTxnBytes bounds the records one claim Txn writes: well under
+// etcd's default --max-request-bytes (1.5 MiB).
+const maxClaimTxnBytes = 1 << 20
+
 // claimChunkEnd is where the claim Txn that begins at claims[from] ends:
 // etcd's default --max-txn-ops (128, maxBatchOps) bounds its guards (2
 // shared; 2 per item, 3 for a claim that serves a trigger) and its writes
-// (2 per item, 3 for one that takes over from a cut run).
+// (2 per item, 3 for one that takes over from a cut run), and
+// maxClaimTxnBytes their size (a manual run's parameter may be 16 KiB).
 func claimChunkEnd(claims []Claim, from int) int {
-	cmps, ops, to := 2, 0, from
+	cmps, ops, bytes, to := 2, 0, 0, from
 	for ; to < len(claims); to++ {
-		c, o := 2, 2
+		c, o, records := 2, 2, 1
 		if claims[to].TriggerID != "" {
 			c++
 		}
 		if cutsARun(claims[to]) { // and the cut run's history record
 			o++
+			records++
 		}
-		if cmps+c > maxBatchOps || ops+o > maxBatchOps {
+		// A record is about 1 KiB, and its parameter up to 6 bytes a
+		// character in JSON (a "<" is \u003c).
+		b := records * (1<<10 + 6*len(claims[to].Param))
+		if to > from && (cmps+c > maxBatchOps || ops+o > maxBatchOps || bytes+b > maxClaimTxnBytes) {
 			break
 		}
-		cmps, ops = cmps+c, ops+o
+		cmps, ops, bytes = cmps+c, ops+o, bytes+b
 	}
 	return to
 }
@@ -283,6 +292,12 @@ func (n *Node) claimTogether(ctx context.Context, chunk []Claim, res []ClaimResu
 	// of this job can be won: not one by one either) from an item's.
 	resp, err := n.txns.Txn(wctx, cmps, ops,
 		[]clientv3.Op{clientv3.OpGet(n.keys.Member(c0.Job, n.opts.ID)), clientv3.OpGet(n.keys.Shards(c0.Job))})
+	if err != nil && refused(err) {
+		// Refused whole (too large a request, too many operations): it did
+		// not apply; one by one, each its own request, they may.
+		n.log.Warn("claims refused together; claiming them one by one", "job", c0.Job, "items", len(chunk), "err", err)
+		return false
+	}
 	if err != nil {
 		// Unknown outcome: read each claim back, as Claim does.
 		n.log.Warn("claims' outcome unknown; reading them back", "job", c0.Job, "items", len(chunk), "err", err)

@@ -539,6 +539,12 @@ func TestClaimAllOfTriggerServingClaims(t *testing.T) {
 // A claim Txn holds as many claims as etcd's 128 guards and writes allow.
 func TestClaimChunkEnd(t *testing.T) {
 	t.Parallel()
+	param := func(cs []Claim, n int) []Claim {
+		for i := range cs {
+			cs[i].Param = strings.Repeat("p", n)
+		}
+		return cs
+	}
 	cutting := func(cs []Claim) []Claim {
 		for i := range cs {
 			cs[i].Prev.Record = &keyspace.ItemRecord{State: keyspace.StateRunning}
@@ -565,6 +571,8 @@ func TestClaimChunkEnd(t *testing.T) {
 		{"serving a trigger: 3 guards each", many(100, "t"), 0, 42},
 		{"mixed", append(many(40, "t"), many(40, "")...), 0, 40 + 3},
 		{"taking over from cut runs: 3 writes each", cutting(many(100, "")), 0, 42},
+		{"16 KiB parameters: bounded by bytes", param(many(100, ""), 16<<10), 0, 10},
+		{"one claim larger than the bound goes alone", param(many(3, ""), 1<<20), 0, 1},
 	} {
 		if got := claimChunkEnd(tc.claims, tc.from); got != tc.want {
 			t.Errorf("%s: claimChunkEnd(%d claims, %d) = %d, want %d", tc.name, len(tc.claims), tc.from, got, tc.want)

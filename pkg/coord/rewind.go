@@ -590,8 +590,17 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Item(job, item)), "=", curRev))
 			ops, outs = append(ops, o...), append(outs, p)
 		} else if kv := known[item]; kv != nil && ahead(decodeRecord(kv.Value), c) {
+			val := kv.Value
+			if r := decodeRecord(kv.Value); r != nil && r.State == keyspace.StateRunning && r.Fence == 0 {
+				// Put back, its revision is the repair's: the record keeps
+				// its claim's, which is its run's fence (keyspace.RunFence).
+				r.Fence = kv.ModRevision
+				if b, err := json.Marshal(r); err == nil {
+					val = b
+				}
+			}
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", curRev))
-			ops = append(ops, clientv3.OpPut(string(kv.Key), string(kv.Value)))
+			ops = append(ops, clientv3.OpPut(string(kv.Key), string(val)))
 		} else {
 			continue
 		}

@@ -29,10 +29,11 @@ type KillKey struct {
 }
 
 // RunFence is the fence of the run a record describes: its Fence, or, for
-// a RUNNING record (written before its fence was known), the record's
-// revision rev, which is its claim's.
+// a RUNNING record written before its fence was known (Fence 0), the
+// record's revision rev, which is its claim's. (A RUNNING record that the
+// rewind repair put back keeps its claim's revision as its Fence.)
 func RunFence(rec *ItemRecord, rev int64) int64 {
-	if rec.State == StateRunning {
+	if rec.State == StateRunning && rec.Fence == 0 {
 		return rev
 	}
 	return rec.Fence
