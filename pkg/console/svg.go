@@ -242,8 +242,11 @@ func runTitle(r *history.Run) string {
 	if r.Fence > 0 {
 		s += fmt.Sprintf(" (run %d-%d)", r.Fence, r.Item)
 	}
-	if t := runTail(*r); t != "" {
-		s += ": " + t
+	if r.Error != "" { // whole: a tooltip has room
+		s += ": " + r.Error
+	}
+	if r.LastLine != "" && r.LastLine != r.Error {
+		s += "; its last line: " + r.LastLine
 	}
 	return s
 }

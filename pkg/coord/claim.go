@@ -179,9 +179,9 @@ func cutRecord(c Claim, next keyspace.ItemRecord) (keyspace.ItemRecord, bool) {
 	}
 	cut := *c.Prev.Record
 	cut.State, cut.Reason, cut.End, cut.Fence = keyspace.StateKilled, keyspace.ReasonLost, next.Start, keyspace.RunFence(c.Prev.Record, c.Prev.Rev)
-	cut.Error = "its instance's session ended before its outcome was recorded (it died or was cut off mid-run, or its last write did not land)"
+	cut.Error = "its session ended before its outcome was recorded (its instance died or was cut off, or its last write was lost)"
 	if next.Fire.Equal(cut.Fire) && next.Attempt > cut.Attempt {
-		cut.Error += fmt.Sprintf("; run again as attempt %d (%s)", next.Attempt, next.Source)
+		cut.Error = fmt.Sprintf("run again as attempt %d (%s): %s", next.Attempt, next.Source, cut.Error)
 	}
 	return cut, true
 }

@@ -98,7 +98,7 @@ func TestReviewARunThatEndedDoneIsRecordedKilled(t *testing.T) {
 		t.Error("the late DONE outcome was written over the item its re-run holds")
 	}
 	for _, r := range recs {
-		if r.Fence == g.Fence && (r.State != keyspace.StateKilled || !strings.Contains(r.Error, "session ended before its outcome was recorded")) {
+		if r.Fence == g.Fence && (r.State != keyspace.StateKilled || !strings.Contains(r.Error, "its session ended before its outcome was recorded")) {
 			t.Errorf("history says the run of fence %d was %s/%s (%q); want KILLED/lost saying its outcome was not recorded", g.Fence, r.State, r.Reason, r.Error)
 		}
 	}
