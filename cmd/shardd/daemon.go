@@ -224,7 +224,7 @@ func (d *daemon) newNode(c etcdClient, ln net.Listener) (*coord.Node, error) {
 	}
 	return coord.New(coord.Options{
 		Client: c.cli, Revisions: c.revs, Prefix: f.etcd.prefix, ID: f.name, TTL: f.ttl, Logger: d.log,
-		Info:          keyspace.InstanceInfo{Node: f.name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: d.in.tls != nil},
+		Info:          keyspace.InstanceInfo{Node: f.name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: d.in.tls != nil, Labels: f.labels},
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },
 		Explain: func(ctx context.Context) string {

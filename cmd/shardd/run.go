@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -27,6 +28,7 @@ import (
 	"github.com/shardd/shardd/pkg/engine"
 	"github.com/shardd/shardd/pkg/metrics"
 	"github.com/shardd/shardd/pkg/runlog"
+	"github.com/shardd/shardd/pkg/selector"
 )
 
 // Defaults of `shardd run`.
@@ -151,6 +153,36 @@ type runFlags struct {
 	apiCA          string
 	etcd           etcdFlags
 	log            logFlags
+	labels         labelsFlag
+}
+
+// labelsFlag is --label KEY=VALUE, repeatable, or several joined by
+// commas (as SHARDD_LABEL gives them).
+type labelsFlag map[string]string
+
+func (l labelsFlag) String() string {
+	parts := make([]string, 0, len(l))
+	for _, k := range slices.Sorted(maps.Keys(l)) {
+		parts = append(parts, k+"="+l[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *labelsFlag) Set(s string) error {
+	if *l == nil {
+		*l = labelsFlag{}
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		k, v, err := selector.ParseLabel(strings.TrimSpace(part))
+		if err != nil {
+			return err
+		}
+		if old, ok := (*l)[k]; ok && old != v {
+			return fmt.Errorf("label %s given twice, as %q and %q", k, old, v)
+		}
+		(*l)[k] = v
+	}
+	return nil
 }
 
 // parseRunFlags parses and checks the command line of `shardd run`, with
@@ -179,6 +211,7 @@ func parseRunFlags(e *env, args []string) (*runFlags, error) {
 	fs.StringVar(&f.runLogDir, "run-log-dir", "", "`directory` of this instance's run logs, each run's whole output (default <data-dir>/runs/<name>; \"none\" keeps only the history's tail)")
 	fs.StringVar(&f.apiCA, "api-ca", "", "CA bundle `file` that verifies the other instances' API certificates, when this one proxies a run log request to them (default: --tls-client-ca's, else the system's roots)")
 	f.etcd.register(fs, "etcd endpoint `URLs` with their scheme (https://host:2379), comma-separated; empty runs an embedded single-node etcd in --data-dir")
+	fs.Var(&f.labels, "label", "a label of this instance, `KEY=VALUE` (repeatable, or comma-separated): shown by shardd status and the console")
 	f.log.register(fs)
 	if err := applyEnv(e, fs); err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -178,6 +179,32 @@ func TestPprofChecksHost(t *testing.T) {
 	}{{"10.0.0.1:6060", true}, {"[fd00::1]:6060", true}, {"localhost:6060", true}, {"shardd-1:6060", false}, {"rebound.example", false}} {
 		if got := api.AddressHosts.OK(tc.host); got != tc.ok {
 			t.Errorf("an address beyond loopback, Host %s: answered %v, want %v", tc.host, got, tc.ok)
+		}
+	}
+}
+
+// --label is repeatable, takes several joined by commas (as SHARDD_LABEL
+// gives them), and refuses a malformed label or one key given two values.
+func TestRunLabels(t *testing.T) {
+	parse := func(envLabel string, args ...string) (*runFlags, error) {
+		e := &env{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string {
+			if k == "SHARDD_LABEL" {
+				return envLabel
+			}
+			return ""
+		}}
+		return parseRunFlags(e, append([]string{"--config", "jobs.yaml"}, args...))
+	}
+	f, err := parse("", "--label", "role=db", "--label", "zone=a,gpu=")
+	if err != nil || f.labels.String() != "gpu=,role=db,zone=a" {
+		t.Fatalf("labels %v, %v", f.labels, err)
+	}
+	if f, err := parse("role=db,zone=b"); err != nil || f.labels["zone"] != "b" {
+		t.Errorf("SHARDD_LABEL: %v, %v", f, err)
+	}
+	for _, bad := range [][]string{{"--label", "role"}, {"--label", "role=a b"}, {"--label", "zone=a", "--label", "zone=b"}} {
+		if _, err := parse("", bad...); err == nil {
+			t.Errorf("%v: no error", bad)
 		}
 	}
 }

@@ -169,9 +169,10 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tHOST\tPID\tVERSION\tSTARTED\tAPI\tJOBS")
+	fmt.Fprintln(tw, "INSTANCE\tHOST\tPID\tVERSION\tSTARTED\tAPI\tLABELS\tJOBS")
 	for _, in := range st.Instances {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", in.ID, in.Host, in.PID, dash(in.Version), in.Started.Format(time.RFC3339), dash(in.API), dash(strings.Join(in.Jobs, ",")))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", in.ID, in.Host, in.PID, dash(in.Version), in.Started.Format(time.RFC3339), dash(in.API),
+			dash(labelsFlag(in.Labels).String()), dash(strings.Join(in.Jobs, ",")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -32,7 +32,7 @@ func TestStatusShowsHealth(t *testing.T) {
     cron: "@every 1s"
     script: 'true'
 `), 0o644)
-	startShardd(t, e, "a", cfg)
+	startShardd(t, e, "a", cfg, "--label", "role=db,zone=a")
 	var st admin.ClusterStatus
 	health := map[string]*admin.Health{}
 	etcdtest.Eventually(t, 20*time.Second, "the jobs' health", func() bool {
@@ -47,6 +47,9 @@ func TestStatusShowsHealth(t *testing.T) {
 		return h != nil && h.State == admin.HealthFailing && h.Failing[0].InARow >= 2 && health["long"] != nil && len(health["long"].Running) == 1 &&
 			health["fine"] != nil && !health["fine"].LastSuccess.IsZero()
 	})
+	if len(st.Instances) != 1 || st.Instances[0].Labels["role"] != "db" || st.Instances[0].Labels["zone"] != "a" {
+		t.Errorf("the instance's labels: %+v", st.Instances)
+	}
 	if h := health["fine"]; h.State != admin.HealthOK {
 		t.Errorf("fine: %+v", h)
 	}
@@ -54,7 +57,7 @@ func TestStatusShowsHealth(t *testing.T) {
 		t.Errorf("long's run: %+v", r)
 	}
 	code, out, _ := logsCLI(t, e, nil, "status")
-	for _, want := range []string{"HEALTH", "FAILING 1/1", "failing: item 0, its last ", "FAILED since", "db timeout for AMER", "running: item 0 on a, since ", "last success: "} {
+	for _, want := range []string{"HEALTH", "role=db,zone=a", "FAILING 1/1", "failing: item 0, its last ", "FAILED since", "db timeout for AMER", "running: item 0 on a, since ", "last success: "} {
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("status: no %q (exit %d):\n%s", want, code, out)
 		}

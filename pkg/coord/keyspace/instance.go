@@ -22,4 +22,7 @@ type InstanceInfo struct {
 	// nothing quoted of its files): it runs its previous configuration.
 	// Empty after a reload that was applied.
 	ReloadRejected string `json:"reloadRejected,omitempty"`
+	// Labels are the instance's (shardd run --label), for the selectors
+	// of applied jobs (docs/applied.md).
+	Labels map[string]string `json:"labels,omitempty"`
 }
