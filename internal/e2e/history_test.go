@@ -71,8 +71,16 @@ if [ "$SHARDD_ITEM" = 2 ]; then echo "no route to db-$SHARDD_ITEM" >&2; exit 3; 
 	})
 	time.Sleep(historyDuration(t))
 	shardd(t, e, "disable", "every2") // no run in progress while the ledger is read
-	etcdtest.Eventually(t, 10*time.Second, "the runs in progress to end", func() bool {
-		return openRun(t, filepath.Join(dir, "ledger"), "every2", 0) == "" && openRun(t, filepath.Join(dir, "ledger"), "every2", 1) == "" && openRun(t, filepath.Join(dir, "ledger"), "every2", 2) == ""
+	// Quiet: no run in progress, and none begun for two periods (a fire
+	// decided before the disable reached an instance still runs).
+	starts, quietSince := -1, time.Now()
+	etcdtest.Eventually(t, 20*time.Second, "the job to be quiet", func() bool {
+		n := len(ledgerSoFar(dir)) // any line: a start or an end (nil while one is being written)
+		if n != starts {
+			starts, quietSince = n, time.Now()
+		}
+		return time.Since(quietSince) > 4*time.Second && openRun(t, filepath.Join(dir, "ledger"), "every2", 0) == "" &&
+			openRun(t, filepath.Join(dir, "ledger"), "every2", 1) == "" && openRun(t, filepath.Join(dir, "ledger"), "every2", 2) == ""
 	})
 	events := readLedger(t, dir)
 	ran := map[string]ledger.Event{}
