@@ -175,6 +175,18 @@ func (n *Node) begin(ctx context.Context, job string, items []int, sched time.Ti
 	return resp.Succeeded, nil
 }
 
+// repairedClaim reports whether the item record value cur is the RUNNING
+// record of the run whose outcome is rec, claimed at revision rev, as a
+// rewind's repair puts it back: the claim's revision kept in its fence.
+func repairedClaim(cur []byte, rec keyspace.ItemRecord, rev int64) bool {
+	var c keyspace.ItemRecord
+	if json.Unmarshal(cur, &c) != nil {
+		return false
+	}
+	return c.State == keyspace.StateRunning && c.Fence == rev && rev > 0 && c.Instance == rec.Instance &&
+		c.Attempt == rec.Attempt && c.Fire.Equal(rec.Fire) && c.Seq == rec.Seq
+}
+
 // finish writes rec to the item and its history if the item record is still
 // at revision rev, and removes the running marker when clearRunning is set.
 func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, clearRunning bool) error {
@@ -222,6 +234,14 @@ func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, c
 			}
 			return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job,
 				n.revs.noteKeyRevision(key, rev, got))
+		}
+		if len(kvs) > 0 && repairedClaim(kvs[0].Value, rec, rev) {
+			// Our claim's record, put back by a rewind's repair at a
+			// revision of its own (it keeps the claim's as its fence): the
+			// run is ours, and nobody claimed it since (a claim rewrites
+			// the record). Its outcome is written over it, guarded by
+			// that revision.
+			return n.finish(ctx, rec, kvs[0].ModRevision, clearRunning)
 		}
 		// Our claim was taken over (after a fence): its record is not ours to write.
 		return fmt.Errorf("record %s of item %d of job %q: %w", rec.State, rec.Item, rec.Job, ErrClaimLost)

@@ -927,6 +927,48 @@ func TestOutcomeOfRunWhoseClaimWasWipedIsRecorded(t *testing.T) {
 	}
 }
 
+// The same, with b's own recovery first: b writes back the RUNNING record
+// it knew (at a revision of the repair's, keeping the claim's as its
+// fence), and only then does its run end. The outcome's guard (the claim's
+// revision) fails on that record: it is still b's claim, and its outcome
+// is written over it, not dropped as a claim taken over (which left item 1
+// RUNNING with no marker: its fire run again, G2).
+func TestOutcomeAfterItsOwnRepairIsRecorded(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	b := startRewindNode(t, srv, "b", testTTL, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	a.proxy.Blackhole()
+	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
+	b.proxy.Blackhole()
+	srv.Wipe()
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	b.proxy.Restore()
+	etcdtest.Eventually(t, 30*time.Second, "b's recovery, its record of item 1 written back", func() bool {
+		resp, err := cli.Get(ctx, b.keys.Item("orders", 1))
+		if err != nil || len(resp.Kvs) == 0 || b.Rewound() != nil {
+			return false
+		}
+		var rec keyspace.ItemRecord
+		return json.Unmarshal(resp.Kvs[0].Value, &rec) == nil && rec.State == keyspace.StateRunning && rec.Instance == "b"
+	})
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := b.Complete(cctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatalf("Complete of b's run after b wrote its claim back: %v", err)
+	}
+	rec, _ := readRecord(t, cli, b.keys.Item("orders", 1))
+	if rec.State != keyspace.StateDone || !rec.Fire.Equal(base) || rec.Instance != "b" || rec.Fence != g.Fence {
+		t.Errorf("item 1's record: %s fire %s by %s fence %d; want b's outcome, DONE, fence %d", rec.State, rec.Fire.Format(time.TimeOnly), rec.Instance, rec.Fence, g.Fence)
+	}
+}
+
 // A run whose job an operator removed while its instance was cut off (its
 // lease expired, so `shardd remove` found no live member, marker or
 // leader) ends with its record gone: the claim is lost, not a rewind. Taken
