@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strconv"
@@ -190,4 +191,17 @@ func (f *jobFacts) noInstancesWhy() string {
 		return "no live instance defines it"
 	}
 	return "every instance that defines it is disabled for it: " + strings.Join(f.members, ", ")
+}
+
+// requireItem checks that job exists and, when item >= 0, that it has
+// that item (a disabled job or item is no error here: reads show them).
+func (c *Client) requireItem(ctx context.Context, job string, item int) error {
+	f, err := c.requireJob(ctx, job)
+	if err != nil || item < 0 {
+		return err
+	}
+	if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
+		return err
+	}
+	return nil
 }

@@ -3,7 +3,6 @@ package admin
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -59,14 +58,8 @@ func (c *Client) Instances(ctx context.Context) ([]keyspace.InstanceInfo, error)
 // History reads a job's history (Records), only item's when item
 // >= 0, after checking that the job and the item exist.
 func (c *Client) History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
-	f, err := c.requireJob(ctx, job)
-	if err != nil {
+	if err := c.requireItem(ctx, job, item); err != nil {
 		return nil, err
-	}
-	if item >= 0 {
-		if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
-			return nil, err
-		}
 	}
 	recs, err := c.Records(ctx, job)
 	if err != nil || item < 0 {
@@ -80,14 +73,8 @@ func (c *Client) History(ctx context.Context, job string, item int) ([]keyspace.
 // until they end (the history keys get them then), read in one request,
 // so that a run that ends meanwhile is in one of the two, not in neither.
 func (c *Client) RecentRuns(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error) {
-	f, err := c.requireJob(ctx, job)
-	if err != nil {
+	if err := c.requireItem(ctx, job, item); err != nil {
 		return nil, err
-	}
-	if item >= 0 {
-		if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
-			return nil, err
-		}
 	}
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(c.keys.HistoryPrefix(job), clientv3.WithPrefix()),

@@ -3,7 +3,6 @@ package admin
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 
@@ -22,14 +21,8 @@ import (
 // one claim share it). An unknown job is ErrUnknownJob, naming the job
 // meant when it is near one; an item out of range is ErrBadTarget.
 func (c *Client) FindRuns(ctx context.Context, job string, item int, fence int64) ([]keyspace.ItemRecord, error) {
-	f, err := c.requireJob(ctx, job)
-	if err != nil {
+	if err := c.requireItem(ctx, job, item); err != nil {
 		return nil, err
-	}
-	if item >= 0 {
-		if err := f.checkItem(item); err != nil && !errors.Is(err, ErrRefused) {
-			return nil, err
-		}
 	}
 	resp, err := c.cli.Txn(ctx).Then(
 		clientv3.OpGet(c.keys.Items(job), clientv3.WithPrefix()),
