@@ -72,9 +72,9 @@ const (
 // String is the end record's text.
 func (e End) String() string {
 	var b strings.Builder
-	b.WriteString("end state=" + bare(cutRunes(e.State, 64)))
+	b.WriteString("end state=" + cutRunes(bare(e.State), 64))
 	if e.Reason != "" {
-		b.WriteString(" reason=" + bare(cutRunes(e.Reason, 64)))
+		b.WriteString(" reason=" + cutRunes(bare(e.Reason), 64))
 	}
 	if e.ExitCode >= 0 {
 		fmt.Fprintf(&b, " exit=%d", e.ExitCode)
@@ -138,7 +138,8 @@ func (e End) Brief() string {
 	return e.String()
 }
 
-// bare makes s one token: spaces and quotes become '_'.
+// bare makes s one token: spaces and quotes become '_', and bytes that are
+// not UTF-8 become U+FFFD (cut after, so a second pass changes nothing).
 func bare(s string) string {
 	return strings.Map(func(r rune) rune {
 		if r == ' ' || r == '"' || r < 0x20 {
