@@ -30,6 +30,7 @@ func TestDependencyDirection(t *testing.T) {
 		// Strategies are pure: standard library only.
 		{"pkg/shard", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in"}, nil},
 		{"pkg/schedule", []string{module + "/", "go.etcd.io", "gopkg.in"}, nil},
+		{"pkg/selector", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in"}, nil},
 		// The step scheduler under the engine and the runtime: standard
 		// library only.
 		{"pkg/steps", []string{module + "/", "go.etcd.io", "github.com", "gopkg.in", "golang.org"}, nil},
@@ -46,7 +47,7 @@ func TestDependencyDirection(t *testing.T) {
 			[]string{module + "/pkg/coord/keyspace"}},
 		// The keyspace is keys and values: no etcd, no I/O, nothing of
 		// shardd above the definitions it stores.
-		{"pkg/coord/keyspace", []string{module + "/", "go.etcd.io", "google.golang.org"}, []string{module + "/pkg/config", module + "/pkg/schedule", module + "/pkg/shard", module + "/pkg/runner"}},
+		{"pkg/coord/keyspace", []string{module + "/", "go.etcd.io", "google.golang.org"}, []string{module + "/pkg/config", module + "/pkg/schedule", module + "/pkg/selector", module + "/pkg/shard", module + "/pkg/runner"}},
 		// Authentication knows tokens, sessions and requests: nothing of
 		// the cluster, of etcd, or of the handlers it guards (see also
 		// TestAuthImports).

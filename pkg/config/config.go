@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/shardd/shardd/pkg/schedule"
+	"github.com/shardd/shardd/pkg/selector"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -113,6 +114,9 @@ type Job struct {
 	// while the work says it processed data and more may remain (see
 	// Dataflow). Nil or Streaming false: each run does its work once.
 	Dataflow *Dataflow `yaml:"dataflow" json:"dataflow,omitempty"`
+	// Instances chooses which instances run the job (see Instances); nil:
+	// every instance that has it (a file job) or accepts it (an applied one).
+	Instances *Instances `yaml:"instances" json:"instances,omitempty"`
 
 	// Set by Load from the fields above.
 	Schedule schedule.Schedule `yaml:"-" json:"-"` // nil when Cron is empty
@@ -219,6 +223,24 @@ type Dataflow struct {
 	// MoreExitCode is the exit status with which a script says it processed
 	// data and more may remain; 0 takes the default (100).
 	MoreExitCode int `yaml:"moreExitCode" json:"moreExitCode,omitempty"`
+}
+
+// Instances chooses the instances that run a job by their labels
+// (`shardd run --label role=db`).
+type Instances struct {
+	// Selector is a label selector in Kubernetes' syntax (package
+	// selector): "role=db,zone in (a,b)". Only instances whose labels match
+	// it become members of the job.
+	Selector string `yaml:"selector" json:"selector"`
+
+	// Parsed is Selector, set by the parsers.
+	Parsed selector.Selector `yaml:"-" json:"-"`
+}
+
+// Eligible reports whether an instance with labels may run j: j has no
+// selector, or its selector matches them.
+func (j *Job) Eligible(labels map[string]string) bool {
+	return j.Instances == nil || j.Instances.Parsed.Matches(labels)
 }
 
 // Bounds of the dependency graph: a parent fire triggers its children in
@@ -393,6 +415,15 @@ func load(path string, l *loader) (*Config, error) {
 // Parse loads one file's content; name is used in error messages.
 func Parse(name string, data []byte) (*Config, error) {
 	var l loader
+	l.file(name, data)
+	return l.finish([]string{name})
+}
+
+// ParseWithoutEnv is Parse without the check that the environment
+// variables http.headers name are set (see LoadWithoutEnv): for
+// definitions applied through etcd, whose secrets are the running hosts'.
+func ParseWithoutEnv(name string, data []byte) (*Config, error) {
+	l := loader{noEnv: true}
 	l.file(name, data)
 	return l.finish([]string{name})
 }

@@ -127,6 +127,8 @@ func TestLoadBad(t *testing.T) {
 		{"http-method", `http-method.bad.yaml:5: job "hook": http.method "FETCH" is not one of GET, POST, PUT, PATCH, DELETE`},
 		{"duplicate-key", `duplicate-key.bad.yaml:4: job "orders": cron is set twice (first at line 3)`},
 		{"missing-name", `missing-name.bad.yaml:2: job #1: name is required`},
+		{"selector", `selector.bad.yaml:5: job "orders": instances.selector: selector "role=db,zone in (a,b", at 21: want , or ) in the values`},
+		{"selector-empty", `selector-empty.bad.yaml:4: job "orders": instances.selector is empty`},
 		{"success-code", `success-code.bad.yaml:5: job "hook": http.successCodes: 999 is not an HTTP status`},
 		{"syntax", `syntax.bad.yaml:3: mapping values are not allowed in this context`},
 		{"onfailure-format", `onfailure-format.bad.yaml:6: job "orders": onFailure.format "teams" is not one of json, slack, dingtalk, wechat`},

@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/shardd/shardd/pkg/schedule"
+	"github.com/shardd/shardd/pkg/selector"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -53,6 +54,9 @@ func validate(s scope, j *Job, f *fields) bool {
 	}
 	if j.Listeners != nil {
 		validateListeners(j.Listeners, bad)
+	}
+	if j.Instances != nil {
+		validateInstances(j.Instances, bad)
 	}
 	return len(s.l.errs) == before
 }
@@ -227,6 +231,20 @@ func validateDataflow(j *Job, f *fields, bad badFunc) {
 	case j.Retries > 0 && d.Streaming && d.MoreExitCode == 1:
 		bad("dataflow.moreExitCode", "dataflow.moreExitCode 1 is the usual failure status: with retries it would be taken for more data; choose another (the default is %d)", DefaultDataflowMoreExitCode)
 	}
+}
+
+// validateInstances parses the selector into in.Parsed.
+func validateInstances(in *Instances, bad badFunc) {
+	if strings.TrimSpace(in.Selector) == "" {
+		bad("instances", "instances.selector is empty: give a label selector (role=db,zone in (a,b)), or leave instances out for every instance")
+		return
+	}
+	sel, err := selector.Parse(in.Selector)
+	if err != nil {
+		bad("instances.selector", "instances.selector: %v", err)
+		return
+	}
+	in.Parsed = sel
 }
 
 // validateWork checks that j does one kind of work, script or http, and

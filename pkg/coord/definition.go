@@ -21,6 +21,14 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) e
 	if err != nil {
 		return err
 	}
+	// Whether this instance may run the job is decided on the definition
+	// the registration just read, not on what the catalog or the files
+	// said before it (applied.go).
+	if v, ok := n.View(local.Name); ok {
+		if err := n.mayRun(v.Job, v.Source); err != nil {
+			return &notEligibleError{err}
+		}
+	}
 	if v, ok := n.View(local.Name); ok && v.Job != nil && (len(v.Job.DependsOn) > 0 || len(was) > 0) {
 		if err := n.indexChild(ctx, v.Job, was); err != nil {
 			return err
@@ -83,6 +91,14 @@ func publishDecision(local *config.Job, reg *keyspace.RegisteredConfig, state ke
 		return true, "registered job definition"
 	case keyspace.DefinitionGarbage:
 		return true, "replaced malformed registered job definition"
+	}
+	if reg.Applied() {
+		// An operator applied the job (docs/applied.md): no host's file
+		// publishes over it, overwrite or not; shardd delete gives the job
+		// back to the files.
+		return false, ""
+	}
+	switch state {
 	case keyspace.DefinitionUnreadable:
 		if local.Overwrite && first {
 			return true, "published job definition over one this version cannot read (overwrite: true)"
@@ -208,11 +224,13 @@ func (n *Node) registrationOps(local *config.Job, r registration, publish bool, 
 	key, lkey, hash := n.keys.Config(local.Name), n.keys.Loaded(local.Name, n.opts.ID), local.Hash()
 	var ops []clientv3.Op
 	if publish {
-		val, err := json.Marshal(n.newRegistered(local, r.reg))
+		rc := n.newRegistered(local, r.reg)
+		val, err := json.Marshal(rc)
 		if err != nil {
 			return nil, err
 		}
 		ops = append(ops, clientv3.OpPut(key, string(val)))
+		ops = append(ops, versionOps(n.keys, local.Name, rc, "publish", 0)...)
 		if r.state != keyspace.DefinitionMissing { // a change of the cluster's definition
 			ops = append(ops, auditOp(n.keys, &keyspace.AuditEntry{Actor: "instance:" + n.opts.ID, Action: "definition", Job: local.Name,
 				Target: "job " + local.Name, Detail: "hash " + hash, Outcome: keyspace.AuditOK, Message: why}))
@@ -229,6 +247,16 @@ func (n *Node) registrationOps(local *config.Job, r registration, publish bool, 
 	return append(ops, clientv3.OpGet(key)), nil
 }
 
+// versionOps are the writes of keyspace.Keys.VersionWrite.
+func versionOps(keys keyspace.Keys, job string, rc keyspace.RegisteredConfig, change string, of int64) []clientv3.Op {
+	key, val, from, end := keys.VersionWrite(job, rc, change, of)
+	ops := []clientv3.Op{clientv3.OpPut(key, val)}
+	if end != "" {
+		ops = append(ops, clientv3.OpDelete(from, clientv3.WithRange(end)))
+	}
+	return ops
+}
+
 // tookRegistration takes the definition a registration left registered
 // (kv, the config key after its Txn) into the job's view, and says what
 // happened.
@@ -243,22 +271,24 @@ func (n *Node) tookRegistration(local *config.Job, r registration, publish bool,
 		// including what it lacks of the one it replaces.
 		log.Warn(why+"; it replaces a newer definition this host's file did not have: check that nothing of it was lost",
 			"hash", local.Hash(), "generation", kv.ModRevision, "replaced_hash", r.reg.Hash, "replaced_writer", r.reg.Writer, "replaced_written", r.reg.Written)
-		n.takeDefinition(local.Name, local, kv.ModRevision)
+		n.takeDefinition(local.Name, local, kv.ModRevision, keyspace.SourceFile)
 	case publish:
 		log.Info(why, "hash", local.Hash(), "generation", kv.ModRevision)
-		n.takeDefinition(local.Name, local, kv.ModRevision)
+		n.takeDefinition(local.Name, local, kv.ModRevision, keyspace.SourceFile)
 	case r.state == keyspace.DefinitionUnreadable:
 		n.unreadableDefinition(local.Name, kv.ModRevision, r.regErr)
 	default:
-		n.takeDefinition(local.Name, r.registered, kv.ModRevision)
+		n.takeDefinition(local.Name, r.registered, kv.ModRevision, r.reg.Source)
 	}
 }
 
 // newRegistered returns the config value that publishes local over reg
 // (nil when there is none).
 func (n *Node) newRegistered(local *config.Job, reg *keyspace.RegisteredConfig) keyspace.RegisteredConfig {
-	rc := keyspace.RegisteredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC()}
+	rc := keyspace.RegisteredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC(),
+		Source: keyspace.SourceFile, By: "instance:" + n.opts.ID, Version: 1}
 	if reg != nil {
+		rc.Version = reg.Version + 1
 		rc.Superseded = slices.DeleteFunc(slices.Clone(reg.Superseded), func(h string) bool { return h == rc.Hash || h == reg.Hash })
 		if reg.Hash != "" {
 			rc.Superseded = append(rc.Superseded, reg.Hash)
@@ -270,12 +300,15 @@ func (n *Node) newRegistered(local *config.Job, reg *keyspace.RegisteredConfig) 
 	return rc
 }
 
-// takeDefinition makes def, registered at generation gen, the job's
-// effective definition if gen is newer than the one the view has; the
-// engine and the API read it from the view.
-func (n *Node) takeDefinition(job string, def *config.Job, gen int64) {
+// takeDefinition makes def, registered at generation gen from source,
+// the job's effective definition if gen is newer than the one the view
+// has; the engine and the API read it from the view. A change wakes the
+// job's task: whether this instance may run the job depends on it
+// (eligible).
+func (n *Node) takeDefinition(job string, def *config.Job, gen int64, source string) {
 	var changed, conflictChanged, conflict bool
 	var was string
+	var task *jobTask
 	n.updateView(job, func(v *JobView) {
 		if gen < v.Generation {
 			return // an older event than the view's
@@ -285,10 +318,16 @@ func (n *Node) takeDefinition(job string, def *config.Job, gen int64) {
 			was = v.Job.Hash()
 		}
 		changed = was != def.Hash()
+		if changed || v.Source != source {
+			task = v.task
+		}
 		conflict = def.Hash() != v.Local.Hash()
 		conflictChanged = conflict != v.Conflict
-		v.Job, v.Generation, v.Conflict = def, gen, conflict
+		v.Job, v.Generation, v.Conflict, v.Source = def, gen, conflict, source
 	})
+	if task != nil {
+		task.wake()
+	}
 	if conflictChanged {
 		n.republish() // the instance key lists conflicts, for shardd status
 		if conflict {
@@ -320,7 +359,7 @@ func (n *Node) followConfig(ctx context.Context, job string) (stop func()) {
 		case keyspace.DefinitionGarbage:
 			n.log.Error("ignoring malformed registered job definition; keeping the last good one", "job", job, "key", key, "err", err)
 		default:
-			n.takeDefinition(job, def, kv.ModRevision)
+			n.takeDefinition(job, def, kv.ModRevision, rc.Source)
 		}
 	}
 	return n.followKey(ctx, job, key, false, take, func(v *JobView) int64 { return v.Generation })

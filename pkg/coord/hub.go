@@ -51,6 +51,12 @@ type hub struct {
 	// onAdvance with every revision through which events were delivered.
 	onRewind  func(*clientv3.Event)
 	onAdvance func(rev int64)
+	// onPlacement is called with every event of a placement key, onConfig
+	// with the job of every event of a config key, onResync when events
+	// may have been lost (the applied catalog, applied.go).
+	onPlacement func(*clientv3.Event)
+	onConfig    func(job string)
+	onResync    func()
 
 	ready chan struct{}
 
@@ -210,10 +216,16 @@ func (h *hub) deliver(ev *clientv3.Event) {
 	key := string(ev.Kv.Key)
 	job := h.keys.JobOf(key)
 	if job == "" {
-		if h.onRewind != nil && ev.Type == clientv3.EventTypePut && strings.HasPrefix(key, h.keys.Rewinds()) {
+		switch {
+		case h.onRewind != nil && ev.Type == clientv3.EventTypePut && strings.HasPrefix(key, h.keys.Rewinds()):
 			h.onRewind(ev)
+		case h.onPlacement != nil && strings.HasPrefix(key, h.keys.Placements()):
+			h.onPlacement(ev)
 		}
 		return
+	}
+	if h.onConfig != nil && strings.HasSuffix(key, "/config") && key == h.keys.Config(job) {
+		h.onConfig(job)
 	}
 	h.mu.Lock()
 	var match []*subscription
@@ -240,6 +252,9 @@ func (h *hub) resyncAll() {
 	h.mu.Unlock()
 	for _, s := range all {
 		s.resync()
+	}
+	if h.onResync != nil {
+		h.onResync()
 	}
 }
 

@@ -223,12 +223,13 @@ func TestWatchersDoNotGrowWithJobs(t *testing.T) {
 	// No goroutine per job either: the jobs' tasks are stepped by each
 	// node's scheduler, and an idle one holds none (a goroutine per job
 	// was 80 more here). Left: per node, Run's session loop, the hub, the
-	// scheduler's loop, the membership log, the etcd checks (rewind.go) and
-	// the session's keepalive; and this test's own two.
+	// scheduler's loop, the membership log, the etcd checks (rewind.go),
+	// the applied catalog (applied.go) and the session's keepalive; and
+	// this test's own two.
 	var inCoord int
 	etcdtest.Eventually(t, 10*time.Second, "the nodes' goroutines to settle", func() bool {
 		inCoord = stacks.Count("shardd/pkg/coord.")
-		return inCoord <= 2*6+2
+		return inCoord <= 2*7+2
 	})
 	t.Logf("goroutines in coord for 2 nodes with %d jobs each: %d", count, inCoord)
 	led := map[string]int{}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -32,8 +33,12 @@ type Options struct {
 	Prefix string
 	// ID identifies the instance; two live instances may not share it.
 	ID string
-	// Info is published at the instance key; ID, Jobs and Started are filled in.
+	// Info is published at the instance key; ID, Jobs and Started are
+	// filled in. Its Labels are matched by the jobs' selectors.
 	Info keyspace.InstanceInfo
+	// Accept is what the instance accepts of applied definitions (none by
+	// default); it is published in the instance key.
+	Accept config.AcceptPolicy
 	// TTL of the session lease, >= MinTTL. Default 10s.
 	TTL time.Duration
 	// Logger; default slog.Default().
@@ -69,7 +74,18 @@ type Node struct {
 	steps *steps.Scheduler
 
 	mu   sync.Mutex
-	jobs map[string]*config.Job // local definitions
+	// jobs are the definitions this instance has tasks for: files are
+	// the host's, applied the applied ones it matches and accepts, placed
+	// every applied job (recomputeJobsLocked).
+	jobs    map[string]*config.Job
+	files   map[string]*config.Job
+	applied map[string]*config.Job
+	placed  map[string]bool
+	// refusals are the applied jobs whose selector matches this instance
+	// but which it does not accept, and why (the instance key says so).
+	refusals map[string]string
+	onJobs  atomic.Pointer[func()]
+	catalog *catalog
 	// reloadRejected is what the instance key says of a rejected reload.
 	reloadRejected string
 	views          map[string]*JobView
@@ -149,6 +165,10 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		itemCaches:  map[string]*itemCache{},
 		mapSubs:     map[string][]*func(){},
 		registered:  map[string]string{},
+		files:       map[string]*config.Job{},
+		applied:     map[string]*config.Job{},
+		placed:      map[string]bool{},
+		refusals:    map[string]string{},
 		changed:     make(chan struct{}, 1),
 		registering: newPacer(opts.TTL / 10),
 		probes:      make(chan struct{}, 1),
@@ -177,6 +197,7 @@ func New(opts Options, jobs []*config.Job) (*Node, error) {
 		}
 	}
 	n.revs.mu.Unlock()
+	n.catalog = newCatalog(n)
 	n.SetJobs(jobs)
 	return n, nil
 }
@@ -187,39 +208,74 @@ func (n *Node) ID() string { return n.opts.ID }
 // Keys returns the node's keyspace.
 func (n *Node) Keys() keyspace.Keys { return n.keys }
 
-// SetJobs replaces the local job definitions; a running node registers the
-// new set in its next step.
+// SetJobs replaces the local job definitions (the host's files); a
+// running node registers the new set in its next step.
 func (n *Node) SetJobs(jobs []*config.Job) {
 	n.mu.Lock()
-	old := n.jobs
-	n.jobs = make(map[string]*config.Job, len(jobs))
+	n.files = make(map[string]*config.Job, len(jobs))
 	for _, j := range jobs {
-		n.jobs[j.Name] = j
-		if o, ok := old[j.Name]; !ok || o.Hash() != j.Hash() || o.Overwrite != j.Overwrite {
-			// A changed or added definition is loaded anew: overwrite: true
-			// acts once more (publishDecision's first).
-			delete(n.registered, j.Name)
-		}
-		if v, ok := n.views[j.Name]; ok {
-			v.Local = j // the registration that follows says whether it conflicts
-		} else {
-			n.views[j.Name] = &JobView{Local: j, Job: j}
+		n.files[j.Name] = j
+	}
+	dropped := n.recomputeJobsLocked()
+	n.mu.Unlock()
+	n.droppedJobs(dropped)
+}
+
+// recomputeJobsLocked sets n.jobs, the jobs this instance has tasks for,
+// from the files and the applied catalog (applied.go): the file jobs that
+// are not applied, and the applied jobs this instance matches and
+// accepts. A file defining an applied job is behind it (docs/applied.md):
+// the applied definition stands for it, or nothing. It returns the jobs
+// dropped, for droppedJobs (without n.mu).
+func (n *Node) recomputeJobsLocked() (dropped []string) {
+	old := n.jobs
+	n.jobs = make(map[string]*config.Job, len(n.files)+len(n.applied))
+	for name, j := range n.files {
+		if !n.placed[name] {
+			n.jobs[name] = j
 		}
 	}
-	var dropped []string
+	for name, j := range n.applied {
+		n.jobs[name] = j
+	}
+	for name, j := range n.jobs {
+		if o, ok := old[name]; !ok || o.Hash() != j.Hash() || o.Overwrite != j.Overwrite {
+			// A changed or added definition is loaded anew: overwrite: true
+			// acts once more (publishDecision's first).
+			delete(n.registered, name)
+		}
+		if v, ok := n.views[name]; ok {
+			v.Local = j // the registration that follows says whether it conflicts
+		} else {
+			n.views[name] = &JobView{Local: j, Job: j}
+		}
+	}
 	for name := range n.views {
 		if _, ok := n.jobs[name]; !ok {
 			delete(n.views, name)
 			dropped = append(dropped, name)
 		}
 	}
-	n.mu.Unlock()
+	return dropped
+}
+
+// droppedJobs forgets what the node kept of jobs it no longer has, and
+// has the instance key and the engine follow the new set.
+func (n *Node) droppedJobs(dropped []string) {
 	for _, name := range dropped {
 		n.dropItemCache(name)
 		n.forgetRecords(name)
 	}
 	n.republish()
+	if f := n.onJobs.Load(); f != nil {
+		(*f)()
+	}
 }
+
+// OnJobs has fn called whenever the node's job set changes (a reload, an
+// applied job that this instance now runs or no longer does): the engine
+// follows it (Engine.Resync). fn must not block.
+func (n *Node) OnJobs(fn func()) { n.onJobs.Store(&fn) }
 
 // Up reports whether the instance holds a live session.
 func (n *Node) Up() bool {
@@ -311,6 +367,20 @@ func (n *Node) Run(ctx context.Context) error {
 	}()
 	defer func() { stopHub(); <-checksDone }()
 	if !n.hub.waitReady(ctx) {
+		return nil
+	}
+	catalogDone := make(chan struct{})
+	go func() {
+		defer close(catalogDone)
+		n.catalog.run(hctx)
+	}()
+	defer func() { stopHub(); <-catalogDone }()
+	// The first session starts with the applied jobs known, unless etcd
+	// keeps them from being read (tasks guard their membership anyway).
+	select {
+	case <-n.catalog.loaded:
+	case <-time.After(n.opts.TTL):
+	case <-ctx.Done():
 		return nil
 	}
 	n.rewindFloor.Store(n.hub.deliveredRev())
@@ -532,6 +602,11 @@ func (n *Node) register(s *session) error {
 	info.Started = n.started
 	n.mu.Lock()
 	info.ReloadRejected = n.reloadRejected
+	info.Accepts = n.opts.Accept
+	if len(n.refusals) > 0 {
+		info.Refused = maps.Clone(n.refusals)
+	}
+	info.AppliedOverFiles = n.appliedOverFilesLocked()
 	n.mu.Unlock()
 	val, err := json.Marshal(info)
 	if err != nil {

@@ -30,6 +30,10 @@ import (
 //	leading --read, reconcile; next at the reconcile interval or when woken--> leading
 //	leading --errNotLeader, errYield--> resign, candidate
 //	candidate --Leave called (its member key's deletion wakes it)--> idle, its key withdrawn
+//	registering --the registered definition may not run here (selector, AcceptPolicy)--> parked
+//	candidate, leading --the definition changed and may no longer run here--> parked: resign or
+//	    withdraw the key, delete the member key
+//	parked --the definition changed (its view wakes the task)--> registering
 //	any --removed (job left the config or changed, session ended)--> stopped: resign or
 //	    withdraw the key, unsubscribe; a job that left the config deletes its member key
 //
@@ -44,6 +48,7 @@ type jobTask struct {
 	done    chan struct{} // closed when stop has finished
 
 	phase      taskPhase
+	parked     error  // why the job may not run here, while registering; nil otherwise
 	ticket     ticket // the registration's place in the pacer's line
 	b          backoff
 	stopConfig func() // following the registered definition
@@ -104,9 +109,19 @@ func (t *jobTask) step(ctx context.Context) time.Time {
 	}
 	if t.stopConfig == nil {
 		// Follow the registered definition first, then register: every
-		// change after the registration's read reaches the view.
+		// change after the registration's read reaches the view, and wakes
+		// the task.
+		t.n.updateView(t.local.Name, func(v *JobView) { v.task = t })
 		t.stopConfig = t.n.followConfig(ctx, t.local.Name)
 		t.stopKids = t.n.followChildren(ctx, t.local.Name) // the registration reads it too
+	}
+	if t.phase == candidate || t.phase == leading {
+		if v, ok := t.n.View(t.local.Name); ok {
+			if err := t.n.mayRun(v.Job, v.Source); err != nil {
+				t.park(err)
+				return steps.Never
+			}
+		}
 	}
 	switch t.phase {
 	case registering:
@@ -131,10 +146,24 @@ func (t *jobTask) register(ctx context.Context) time.Time {
 	if ctx.Err() != nil {
 		return steps.Never // stopped, not slowed: stop gives the slot back
 	}
+	var ne *notEligibleError
+	if errors.As(err, &ne) {
+		n.registering.release(&t.ticket, begun, nil)
+		if t.parked == nil || t.parked.Error() != ne.err.Error() {
+			n.log.Info("not running the job here", "job", t.local.Name, "why", ne.err)
+		}
+		t.parked = ne.err
+		t.leaveJob() // a member key this session put before (a changed job keeps it)
+		return steps.Never // woken by a change of the definition
+	}
 	n.registering.release(&t.ticket, begun, err)
 	if err != nil {
 		n.log.Warn("register job", "job", t.local.Name, "err", err)
 		return time.Now().Add(t.b.next())
+	}
+	if t.parked != nil {
+		n.log.Info("running the job here again: its definition changed", "job", t.local.Name)
+		t.parked = nil
 	}
 	t.b.reset()
 	t.stopMap = n.followMap(ctx, t.local.Name)
@@ -324,6 +353,45 @@ func (t *jobTask) endLeadership(why error) {
 	t.phase = candidate
 }
 
+// park ends the instance's part in the job, whose definition changed into
+// one it may not run (why): leadership resigned or candidacy withdrawn,
+// member key deleted (the leader reshards its items away at once; its runs
+// in progress finish under their markers). The task waits for the next
+// change of the definition.
+func (t *jobTask) park(why error) {
+	n, job := t.n, t.local.Name
+	if t.phase == leading {
+		t.endLeadership(nil)
+	}
+	t.leaveJob()
+	t.unsubscribe()
+	if t.stopMap != nil {
+		t.stopMap()
+		t.stopMap = nil
+	}
+	t.key, t.rev = "", 0
+	t.older.forget()
+	t.phase, t.parked = registering, why
+	n.log.Info("left the job: its definition may no longer run here", "job", job, "why", why)
+}
+
+// leaveJob withdraws the session's candidate key and member key of the
+// job, and its claims' guard.
+func (t *jobTask) leaveJob() {
+	n, job := t.n, t.local.Name
+	n.mu.Lock()
+	if n.session == t.s {
+		delete(n.members, job) // no claim of this session on the job from now
+	}
+	n.mu.Unlock()
+	if t.s.ctx.Err() == nil {
+		n.withdraw(t.s, job)
+		dctx, cancel := context.WithTimeout(t.s.ctx, time.Second)
+		n.opts.Client.Delete(dctx, n.keys.Member(job, n.opts.ID))
+		cancel()
+	}
+}
+
 // setLeading sets the job view's Leading while the task's session is the
 // node's: a task of an ended session that finishes late must not clear
 // the flag a newer session's leadership set.
@@ -362,6 +430,11 @@ func (t *jobTask) stop() {
 	if t.stopMap != nil {
 		t.stopMap()
 	}
+	n.updateView(job, func(v *JobView) {
+		if v.task == t {
+			v.task = nil
+		}
+	})
 	if t.removed.Load() && t.s.ctx.Err() == nil { // the job left the config: leave it now
 		dctx, cancel := context.WithTimeout(t.s.ctx, time.Second)
 		n.opts.Client.Delete(dctx, n.keys.Member(job, n.opts.ID))

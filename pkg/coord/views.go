@@ -24,6 +24,10 @@ type JobView struct {
 	Generation int64
 	// Conflict is set when Local differs from the registered definition.
 	Conflict bool
+	// Source is the registered definition's (keyspace.SourceFile or
+	// SourceApplied; "" before the first registration or from an older
+	// version, which is a file's).
+	Source string
 	// Map is the last good shard map seen, nil before the first.
 	Map *keyspace.ShardMap
 	// MapRev is the ModRevision of Map's key, the guard of claims made on it.
@@ -34,6 +38,10 @@ type JobView struct {
 	// parents (jobs/<job>/children); childrenRev its ModRevision.
 	Children    keyspace.ParentsOf
 	childrenRev int64
+	// task is the job's task (nil when it has none), woken when the
+	// definition changes: whether this instance may run the job depends
+	// on it.
+	task *jobTask
 }
 
 // View returns a copy of what the node knows of job, and whether it has the job.

@@ -21,6 +21,56 @@ type RegisteredConfig struct {
 	// latest last, at most MaxSuperseded: a host that comes back with one of
 	// them (and no loaded record) is behind, not editing.
 	Superseded []string `json:"superseded,omitempty"`
+	// Source says how the definition came: SourceFile (also "", from
+	// versions before applied definitions) or SourceApplied.
+	Source string `json:"source,omitempty"`
+	// By is who wrote it: the publishing instance's id, or the operator
+	// (cli:USER@HOST, token:NAME, console:NAME).
+	By string `json:"by,omitempty"`
+	// Version counts the changes of the job's registered definition, from
+	// 1; its record is versions/<Version>. 0: written before versions
+	// were kept.
+	Version int64 `json:"version,omitempty"`
+}
+
+// The sources of a registered definition.
+const (
+	// SourceFile: a host published its file's definition.
+	SourceFile = "file"
+	// SourceApplied: shardd apply, the API or the console's editor wrote
+	// it; the instances that accept applied definitions and match its
+	// selector run it, and no host's file publishes over it.
+	SourceApplied = "applied"
+)
+
+// Applied reports whether the definition was applied (not published from
+// a host's file).
+func (rc *RegisteredConfig) Applied() bool { return rc.Source == SourceApplied }
+
+// VersionRecord is the value of jobs/<job>/versions/<n>: one registered
+// definition of the job, kept after it is replaced, for history and
+// rollback. The last VersionsKept are kept; each is written in the Txn
+// that registers it, so its ModRevision is the definition's generation.
+type VersionRecord struct {
+	Version int64           `json:"version"`
+	Hash    string          `json:"hash"`
+	Job     json.RawMessage `json:"job"`
+	Source  string          `json:"source"`
+	By      string          `json:"by"`
+	Written time.Time       `json:"written"`
+	// Change says what wrote it: "publish" (a host's file), "apply",
+	// "rollback" (to Of), "take-over" (apply over a file job), "import".
+	Change string `json:"change"`
+	// Of is, for a rollback, the version whose definition it restored.
+	Of int64 `json:"of,omitempty"`
+}
+
+// VersionsKept bounds the versions kept per job.
+const VersionsKept = 30
+
+// Placement is the value of placement/<job>: the job is applied.
+type Placement struct {
+	Selector string `json:"selector,omitempty"`
 }
 
 // MaxSuperseded bounds RegisteredConfig.Superseded.
@@ -105,4 +155,19 @@ func DecodeRegistered(key, job string, data []byte, rc *RegisteredConfig, local 
 		rc.Hash = j.Hash() // written by another version: the hash of what it says
 	}
 	return j, nil
+}
+
+// VersionWrite is what a Txn that registers rc (as change; of is the
+// version a rollback restores) writes besides the config key: the version
+// record val at key, and the deletion of [pruneFrom, pruneEnd), the
+// versions older than the last VersionsKept (pruneEnd "" when there are
+// none). Every writer of a registered definition (a publishing instance,
+// apply, rollback) adds them to its Txn, so that versions/ holds each
+// change at its generation.
+func (k Keys) VersionWrite(job string, rc RegisteredConfig, change string, of int64) (key, val, pruneFrom, pruneEnd string) {
+	b, _ := json.Marshal(VersionRecord{Version: rc.Version, Hash: rc.Hash, Job: rc.Job, Source: rc.Source, By: rc.By, Written: rc.Written, Change: change, Of: of})
+	if oldest := rc.Version - VersionsKept + 1; oldest > 1 {
+		pruneFrom, pruneEnd = k.Versions(job), k.Version(job, oldest)
+	}
+	return k.Version(job, rc.Version), string(b), pruneFrom, pruneEnd
 }

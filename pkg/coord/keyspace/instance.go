@@ -1,6 +1,10 @@
 package keyspace
 
-import "time"
+import (
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+)
 
 // InstanceInfo is the value of an instance key.
 type InstanceInfo struct {
@@ -25,4 +29,13 @@ type InstanceInfo struct {
 	// Labels are the instance's (shardd run --label), for the selectors
 	// of applied jobs (docs/applied.md).
 	Labels map[string]string `json:"labels,omitempty"`
+	// Accepts is what the instance accepts of applied definitions
+	// (--accept-applied and its restrictions).
+	Accepts config.AcceptPolicy `json:"accepts"`
+	// Refused are the applied jobs whose selector matches the instance but
+	// which it does not accept, each with why.
+	Refused map[string]string `json:"refused,omitempty"`
+	// AppliedOverFiles are the jobs the instance's files define that are
+	// applied: its files are behind the applied definitions.
+	AppliedOverFiles []string `json:"appliedOverFiles,omitempty"`
 }

@@ -1,6 +1,7 @@
 package keyspace
 
 import (
+	"fmt"
 	"path"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ const DefaultPrefix = "/shardd"
 //	<prefix>/instances/<id>                    session   instance info (JSON)
 //	<prefix>/jobs/<job>/config                 none      registered job definition (JSON); ModRevision = generation
 //	<prefix>/jobs/<job>/loaded/<id>            none      the definition instance <id> last loaded from its files
+//	<prefix>/jobs/<job>/versions/<n>           none      the job's last VersionsKept registered definitions, n counting from 1
 //	<prefix>/jobs/<job>/members/<id>           session   instance may run the job
 //	<prefix>/jobs/<job>/disabled/job           none      the job is disabled
 //	<prefix>/jobs/<job>/disabled/instances/<id> none     the instance is disabled for the job
@@ -32,6 +34,7 @@ const DefaultPrefix = "/shardd"
 //	<prefix>/jobs/<job>/lastsuccess            none      the key of job's latest fire whose every item succeeded
 //	<prefix>/jobs/<job>/deps                   none      a child of several parents: the parent fires it consumed (JSON)
 //	<prefix>/audit/<id>                        none      the operators' write actions, oldest trimmed (AuditKeep)
+//	<prefix>/placement/<job>                   none      the job is applied (shardd apply): its selector (JSON)
 type Keys struct {
 	prefix string // cleaned, no trailing slash
 }
@@ -55,7 +58,11 @@ func (k Keys) Config(job string) string     { return k.JobPrefix(job) + "config"
 func (k Keys) Loaded(job, id string) string { return k.JobPrefix(job) + "loaded/" + id }
 func (k Keys) Members(job string) string    { return k.JobPrefix(job) + "members/" }
 func (k Keys) Member(job, id string) string { return k.Members(job) + id }
-func (k Keys) Disabled(job string) string   { return k.JobPrefix(job) + "disabled/" }
+func (k Keys) Versions(job string) string   { return k.JobPrefix(job) + "versions/" }
+func (k Keys) Version(job string, n int64) string {
+	return k.Versions(job) + fmt.Sprintf("%012d", n) // sorts by n
+}
+func (k Keys) Disabled(job string) string { return k.JobPrefix(job) + "disabled/" }
 func (k Keys) DisabledJob(job string) string {
 	return k.Disabled(job) + "job"
 }
@@ -120,6 +127,19 @@ func LastSegment(key string) string {
 func (k Keys) Rewinds() string         { return k.prefix + "/rewinds/" }
 func (k Keys) Rewind(id string) string { return k.Rewinds() + id }
 func (k Keys) RewindsEnd() string      { return k.prefix + "/rewinds0" } // "0" follows "/"
+
+// Placements lists the applied jobs (Placement values), so that an
+// instance finds them with one read of a small range, not a scan of every
+// job's keys. It sorts between jobs/ and rewinds/: the jobs watch covers it.
+func (k Keys) Placements() string          { return k.prefix + "/placement/" }
+func (k Keys) Placement(job string) string { return k.Placements() + job }
+func (k Keys) PlacementOf(key string) string {
+	job, ok := strings.CutPrefix(key, k.Placements())
+	if !ok || strings.Contains(job, "/") {
+		return ""
+	}
+	return job
+}
 
 // Floor is the key written to raise etcd's revision after it went back
 // (rewind.go); outside the jobs watch's range.
