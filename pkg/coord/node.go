@@ -73,7 +73,7 @@ type Node struct {
 	// leadership.
 	steps *steps.Scheduler
 
-	mu   sync.Mutex
+	mu sync.Mutex
 	// jobs are the definitions this instance has tasks for: files are
 	// the host's, applied the applied ones it matches and accepts, placed
 	// every applied job (recomputeJobsLocked).
@@ -84,8 +84,8 @@ type Node struct {
 	// refusals are the applied jobs whose selector matches this instance
 	// but which it does not accept, and why (the instance key says so).
 	refusals map[string]string
-	onJobs  atomic.Pointer[func()]
-	catalog *catalog
+	onJobs   atomic.Pointer[func()]
+	catalog  *catalog
 	// reloadRejected is what the instance key says of a rejected reload.
 	reloadRejected string
 	views          map[string]*JobView

@@ -153,7 +153,7 @@ func (t *jobTask) register(ctx context.Context) time.Time {
 			n.log.Info("not running the job here", "job", t.local.Name, "why", ne.err)
 		}
 		t.parked = ne.err
-		t.leaveJob() // a member key this session put before (a changed job keeps it)
+		t.leaveJob()       // a member key this session put before (a changed job keeps it)
 		return steps.Never // woken by a change of the definition
 	}
 	n.registering.release(&t.ticket, begun, err)
