@@ -13,7 +13,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -225,6 +224,7 @@ func (d *daemon) newNode(c etcdClient, ln net.Listener) (*coord.Node, error) {
 	return coord.New(coord.Options{
 		Client: c.cli, Revisions: c.revs, Prefix: f.etcd.prefix, ID: f.name, TTL: f.ttl, Logger: d.log,
 		Info:          keyspace.InstanceInfo{Node: f.name, Host: hostname(), PID: os.Getpid(), Version: version.String(), API: apiAddr, APITLS: d.in.tls != nil, Labels: f.labels},
+		Accept:        f.accept,
 		OnMapWritten:  func(job string) { m.Reshards.WithLabelValues(job).Inc() },
 		OnSessionLost: func(error) { m.SessionLosses.Inc() },
 		Explain: func(ctx context.Context) string {
@@ -308,12 +308,9 @@ func (d *daemon) newEngine(node *coord.Node, wd *runner.Watchdog, cgroups *runne
 }
 
 // newReloader returns the reloader of the config, which gives node and
-// eng each valid new one (hup: SIGHUP, caught), and the jobs loaded last.
-func (d *daemon) newReloader(hup <-chan os.Signal, node *coord.Node, eng *engine.Engine) (*reloader, func() []*config.Job) {
-	var jobs atomic.Pointer[[]*config.Job] // the jobs loaded last
-	jobs.Store(&d.in.cfg.Jobs)
-	rl := &reloader{path: d.f.config, interval: d.f.reloadInterval, log: d.log, metrics: d.m, hup: hup, root: d.in.root, digest: d.in.digest, apply: func(c *config.Config) {
-		jobs.Store(&c.Jobs)
+// eng each valid new one (hup: SIGHUP, caught).
+func (d *daemon) newReloader(hup <-chan os.Signal, node *coord.Node, eng *engine.Engine) *reloader {
+	rl := &reloader{path: d.f.config, interval: d.f.reloadInterval, allowEmpty: d.f.accept.Applied, log: d.log, metrics: d.m, hup: hup, root: d.in.root, digest: d.in.digest, apply: func(c *config.Config) {
 		node.SetJobs(c.Jobs)
 		eng.Resync()
 	}, rejected: func(err error) {
@@ -323,7 +320,7 @@ func (d *daemon) newReloader(hup <-chan os.Signal, node *coord.Node, eng *engine
 		}
 		node.SetReloadRejected(why) // for shardd status and the console
 	}}
-	return rl, func() []*config.Job { return *jobs.Load() }
+	return rl
 }
 
 // nodeAndEngine is the daemon's actor: the node, and the engine beside it.

@@ -35,6 +35,15 @@ type env struct {
 	stdout, stderr io.Writer
 	getenv         func(string) string
 	now            func() time.Time // nil: time.Now
+	stdin          io.Reader        // nil: os.Stdin
+}
+
+// input is the command's standard input.
+func (e *env) input() io.Reader {
+	if e.stdin != nil {
+		return e.stdin
+	}
+	return os.Stdin
 }
 
 // clock returns the time now, as the command should see it.
@@ -68,10 +77,15 @@ func commands() []command {
 		{"kill", "stop a job's runs in progress (recorded KILLED/operator, not failed over)", "JOB [--item N [--fence F]] [--wait 10s] [--etcd URL,...]", cmdKill},
 		{"disable", "disable a job, one item, or one instance for a job", "JOB [--item N | --instance ID [--force]] [--etcd URL,...]", cmdDisable},
 		{"enable", "undo disable", "JOB [--item N | --instance ID] [--etcd URL,...]", cmdEnable},
-		{"history", "show a job's executions, newest first, from etcd and the instances' run logs", "JOB [--item N] [--since 7d] [--result FAILED] [--limit N] [--before CURSOR] [-o json] [--etcd URL,...]", cmdHistory},
+		{"history", "show a job's executions, newest first, from etcd and the instances' run logs", "JOB [--item N] [--since 7d] [--result FAILED] [--limit N] [--before CURSOR] [-o json] [--etcd URL,...] | --definitions JOB", cmdHistory},
 		{"audit", "show who triggered, killed, disabled, enabled or removed what, and definition changes", "[--job JOB] [--actor WHO] [-n 50] [-o json] [--etcd URL,...]", cmdAudit},
 		{"logs", "print a run's output from its run log, through the API of the instance that ran it", "JOB [--item N] [--run FENCE[-ITEM]] [-f] [--raw] [--api-token-file FILE] [--etcd URL,...]", cmdLogs},
 		{"remove", "delete what etcd keeps of a job no instance defines any more", "JOB [--etcd URL,...]", cmdRemove},
+		{"apply", "register job definitions in etcd, run by the instances that accept applied definitions and match their selector", "-f FILE|DIR|- [--take-over] [--dry-run] [-o json] [--etcd URL,...]", cmdApply},
+		{"diff", "show what shardd apply would change, field by field (exit 1 when something would)", "-f FILE|DIR|- [--take-over] [-o json] [--etcd URL,...]", cmdDiff},
+		{"get", "print a job's registered definition as YAML that shardd apply takes back", "JOB [-o yaml|json] [--etcd URL,...]", cmdGet},
+		{"delete", "delete an applied job: its instances leave it, then its keys go", "JOB [--wait 30s] [--etcd URL,...]", cmdDelete},
+		{"rollback", "register a kept version of a job's definition again", "JOB --to VERSION [--etcd URL,...]", cmdRollback},
 		{"validate", "check job definitions and report every problem", "[--config] PATH", cmdValidate},
 		{"plan", "preview how a strategy spreads a job's items over instances", "--strategy S --job NAME --total N --instances a,b,c [-o json] | --config PATH --instances a,b,c", cmdPlan},
 		{"ca", "create the CA an embedded etcd cluster's members share (--embed-cluster), in --data-dir", "[--data-dir DIR]", cmdCA},

@@ -355,6 +355,7 @@ func cmdHistory(e *env, args []string) error {
 	limit := fs.Int("limit", history.DefaultLimit, fmt.Sprintf("at most this many runs (`N`, up to %d), newest first", history.MaxLimit))
 	before := fs.String("before", "", "the page below this `cursor` (the one the previous page ends with)")
 	output := fs.String("o", "table", "output `format`: table or json")
+	definitions := fs.Bool("definitions", false, "the job's kept definitions (versions) instead of its executions")
 	if err := applyEnv(e, fs, apiFlagNames...); err != nil {
 		return err
 	}
@@ -364,6 +365,9 @@ func cmdHistory(e *env, args []string) error {
 	}
 	if *output != "table" && *output != "json" {
 		return usageError("-o must be table or json, got %q", *output)
+	}
+	if *definitions {
+		return definitionHistory(e, &o, job, *output)
 	}
 	v := url.Values{"since": {*since}, "result": {*result}, "before": {*before}, "limit": {strconv.Itoa(*limit)}}
 	if item.set {

@@ -29,6 +29,9 @@ type reloader struct {
 	rejected func(error)
 	hup      <-chan os.Signal // SIGHUP, caught for the whole process
 	root     bool             // shardd runs as root: unsafe job files are refused (see trust.go)
+	// allowEmpty lets a reload leave no file job (--accept-applied: the
+	// instance runs applied ones).
+	allowEmpty bool
 
 	mu      sync.Mutex
 	lastErr error
@@ -64,7 +67,7 @@ func digestOf(path string) [32]byte {
 func (r *reloader) reload(why string) {
 	d := digestOf(r.path)
 	cfg, err := loadConfig(r.log, r.path, r.root)
-	if err == nil && len(cfg.Jobs) == 0 {
+	if err == nil && len(cfg.Jobs) == 0 && !r.allowEmpty {
 		err = fmt.Errorf("%s defines no jobs; to stop every job, stop shardd", r.path)
 	}
 	r.mu.Lock()

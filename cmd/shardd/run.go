@@ -97,9 +97,10 @@ func cmdRun(e *env, args []string) error {
 		return err
 	}
 	eng := d.newEngine(node, wd, cgroups, skew, runLogs)
-	rl, jobs := d.newReloader(hup, node, eng)
+	node.OnJobs(eng.Resync) // applied jobs come and go without a reload
+	rl := d.newReloader(hup, node, eng)
 	if runLogs != nil { // retention for jobs that no longer run, and by age
-		d.a.loop(func(ctx context.Context) { sweepRunLogs(ctx, runLogs, time.Hour, log, jobs) })
+		d.a.loop(func(ctx context.Context) { sweepRunLogs(ctx, runLogs, time.Hour, log, node.Definitions) })
 	}
 	d.a.loop(rl.Run)
 	d.a.loop(func(ctx context.Context) { skew.Run(ctx, 30*time.Second) }) // clock skew against etcd, for maxTimeDiffSeconds
@@ -154,6 +155,27 @@ type runFlags struct {
 	etcd           etcdFlags
 	log            logFlags
 	labels         labelsFlag
+	accept         config.AcceptPolicy
+}
+
+// listFlag is a repeatable flag of values, also comma-separated (as an
+// environment variable gives them).
+type listFlag struct{ values *[]string }
+
+func (l listFlag) String() string {
+	if l.values == nil {
+		return ""
+	}
+	return strings.Join(*l.values, ",")
+}
+
+func (l listFlag) Set(s string) error {
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*l.values = append(*l.values, part)
+		}
+	}
+	return nil
 }
 
 // labelsFlag is --label KEY=VALUE, repeatable, or several joined by
@@ -211,7 +233,10 @@ func parseRunFlags(e *env, args []string) (*runFlags, error) {
 	fs.StringVar(&f.runLogDir, "run-log-dir", "", "`directory` of this instance's run logs, each run's whole output (default <data-dir>/runs/<name>; \"none\" keeps only the history's tail)")
 	fs.StringVar(&f.apiCA, "api-ca", "", "CA bundle `file` that verifies the other instances' API certificates, when this one proxies a run log request to them (default: --tls-client-ca's, else the system's roots)")
 	f.etcd.register(fs, "etcd endpoint `URLs` with their scheme (https://host:2379), comma-separated; empty runs an embedded single-node etcd in --data-dir")
-	fs.Var(&f.labels, "label", "a label of this instance, `KEY=VALUE` (repeatable, or comma-separated): shown by shardd status and the console")
+	fs.Var(&f.labels, "label", "a label of this instance, `KEY=VALUE` (repeatable, or comma-separated), matched by the jobs' instances.selector and shown by shardd status and the console")
+	fs.BoolVar(&f.accept.Applied, "accept-applied", false, "run applied definitions (shardd apply, the API, the console's editor) whose selector matches this instance: code an operator with the define role sends to this host (docs/applied.md); without it, --config may define no job")
+	fs.Var(listFlag{&f.accept.CommandDirs}, "accept-command-dir", "with --accept-applied: accept only applied definitions whose commands are argv lists of programs under this `directory` (repeatable)")
+	fs.Var(listFlag{&f.accept.HookHosts}, "accept-hook-host", "with --accept-applied: accept only applied definitions whose hooks and webhooks call this `host` (or host:port; repeatable)")
 	f.log.register(fs)
 	if err := applyEnv(e, fs); err != nil {
 		return nil, err
@@ -233,6 +258,14 @@ func (f *runFlags) check() error {
 	}
 	if err := config.CheckName(f.name); err != nil {
 		return usageError("--name %v", err)
+	}
+	if !f.accept.Applied && (len(f.accept.CommandDirs) > 0 || len(f.accept.HookHosts) > 0) {
+		return usageError("--accept-command-dir and --accept-hook-host restrict --accept-applied, which is not set")
+	}
+	for _, d := range f.accept.CommandDirs {
+		if !filepath.IsAbs(d) {
+			return usageError("--accept-command-dir %s: want an absolute path", d)
+		}
 	}
 	return nil
 }
@@ -277,8 +310,8 @@ func (f *runFlags) load(log *slog.Logger) (*inputs, error) {
 		}
 		return nil, &exitError{exitFailure, fmt.Errorf("invalid config %s", f.config)}
 	}
-	if len(cfg.Jobs) == 0 {
-		return nil, &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml)", f.config)}
+	if len(cfg.Jobs) == 0 && !f.accept.Applied {
+		return nil, &exitError{exitFailure, fmt.Errorf("%s defines no jobs; shardd run needs at least one (see jobs.example.yaml), or --accept-applied to run applied ones", f.config)}
 	}
 	in.cfg = cfg
 	if err := vetTokenFiles(log, in.root, f.tokenFile, f.readTokenFile); err != nil {

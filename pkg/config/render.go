@@ -34,21 +34,58 @@ func YAML(jobs ...*Job) []byte {
 	return b.Bytes()
 }
 
-// yamlNode is j as a YAML mapping, without the fields at their defaults.
+// yamlNode is j as a YAML mapping, without the fields the parser would
+// give the same value anyway (defaults, and what it derives: a strategy
+// for the item count, a run log's bound from the total).
 func (j *Job) yamlNode() *yaml.Node {
 	d := DefaultJob()
 	defaults := fieldMap(d.JSON())
 	n := &yaml.Node{Kind: yaml.MappingNode}
 	for _, f := range orderedFields(j.JSON()) {
-		if f.key != "name" && f.key != "overwrite" && defaults[f.key] != nil && bytes.Equal(defaults[f.key], f.value) {
+		switch {
+		case f.key == "overwrite" && string(f.value) == "false":
 			continue
-		}
-		if f.key == "overwrite" && string(f.value) == "false" {
+		case f.key != "name" && f.key != "overwrite" && defaults[f.key] != nil && bytes.Equal(defaults[f.key], f.value):
 			continue
 		}
 		n.Content = append(n.Content, scalar(f.key), valueNode(f.key, f.value))
 	}
+	if len(j.DependsOn) == 0 { // a child alone does not parse: its parents are elsewhere
+		minimize(n, n, j.Hash())
+	}
 	return n
+}
+
+// minimize drops each field of m (a mapping within root, the job's) whose
+// absence leaves the job's hash as it is, depth first.
+func minimize(root, m *yaml.Node, hash string) {
+	for i := 0; i+1 < len(m.Content); {
+		key, val := m.Content[i], m.Content[i+1]
+		if m == root && (key.Value == "name" || key.Value == "overwrite") {
+			i += 2
+			continue
+		}
+		if val.Kind == yaml.MappingNode {
+			minimize(root, val, hash)
+		}
+		m.Content = append(m.Content[:i:i], m.Content[i+2:]...)
+		if sameHash(root, hash) {
+			continue // dropped
+		}
+		m.Content = append(m.Content[:i], append([]*yaml.Node{key, val}, m.Content[i:]...)...)
+		i += 2
+	}
+}
+
+// sameHash reports whether the job mapping root parses to a job of hash.
+func sameHash(root *yaml.Node, hash string) bool {
+	doc := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{scalar("jobs"), {Kind: yaml.SequenceNode, Content: []*yaml.Node{root}}}}
+	b, err := yaml.Marshal(doc)
+	if err != nil {
+		return false
+	}
+	c, err := ParseWithoutEnv("render", b)
+	return err == nil && len(c.Jobs) == 1 && c.Jobs[0].Hash() == hash
 }
 
 type field struct {

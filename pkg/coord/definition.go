@@ -134,6 +134,9 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 	hash := local.Hash()
 	n.mu.Lock()
 	first := n.registered[local.Name] != hash
+	// An applied definition (applied.go) is registered already; the task
+	// never publishes it, nor records it as loaded from a file.
+	fromApplied := n.applied[local.Name] == local
 	n.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
@@ -149,6 +152,13 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		}
 		r := readRegistration(key, lkey, local, resp)
 		publish, why := publishDecision(local, r.reg, r.state, r.configRev, r.loaded, first)
+		if fromApplied {
+			if r.state == keyspace.DefinitionMissing || !r.reg.Applied() {
+				return nil, &notEligibleError{errors.New("its applied definition was deleted or given back to the files")}
+			}
+			publish = false
+			r.loaded.hash = hash // no loaded record of it
+		}
 		ops, err := n.registrationOps(local, r, publish, why)
 		if err != nil {
 			return nil, err

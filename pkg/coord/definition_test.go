@@ -27,6 +27,10 @@ func TestPublishDecision(t *testing.T) {
 		}
 		return rc
 	}
+	applied := func(rc *keyspace.RegisteredConfig) *keyspace.RegisteredConfig {
+		rc.Source = keyspace.SourceApplied
+		return rc
+	}
 	const gen = 40 // the registered definition's generation
 	for _, tc := range []struct {
 		name    string
@@ -51,6 +55,11 @@ func TestPublishDecision(t *testing.T) {
 		{"overwrite, first registration in this process", v2over, reg(v1, v2), keyspace.DefinitionGood, loadedState{v2.Hash(), 10}, true, true},
 		{"overwrite, again (a reconnect)", v2over, reg(v1, v2), keyspace.DefinitionGood, loadedState{v2.Hash(), 10}, false, false},
 		{"overwrite equal to the registered one", v2over, reg(v2), keyspace.DefinitionGood, loadedState{v2.Hash(), 10}, true, false},
+		// No file publishes over an applied definition (docs/applied.md).
+		{"edited on this host, the job applied", v2, applied(reg(v1)), keyspace.DefinitionGood, loadedState{v1.Hash(), 10}, true, false},
+		{"new to the cluster, the job applied", v2, applied(reg(v1)), keyspace.DefinitionGood, loadedState{}, true, false},
+		{"overwrite, the job applied", v2over, applied(reg(v1)), keyspace.DefinitionGood, loadedState{v2.Hash(), 10}, true, false},
+		{"overwrite over an unreadable applied one", v2over, applied(reg(v1)), keyspace.DefinitionUnreadable, loadedState{v2.Hash(), 10}, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, why := publishDecision(tc.local, tc.reg, tc.state, gen, tc.loaded, tc.first)

@@ -296,6 +296,21 @@ func (n *Node) Jobs() []string {
 	return names
 }
 
+// Definitions returns the definitions of the node's jobs (files and
+// applied), as it runs them: each job's registered definition once known.
+func (n *Node) Definitions() []*config.Job {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*config.Job, 0, len(n.jobs))
+	for name, j := range n.jobs {
+		if v, ok := n.views[name]; ok && v.Job != nil {
+			j = v.Job
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
 // conflicts lists the jobs whose local definition lost to the registered one.
 func (n *Node) conflicts() []string {
 	n.mu.Lock()

@@ -31,7 +31,7 @@ func (c *Client) Remove(ctx context.Context, job string) (int64, error) {
 		clientv3.Compare(clientv3.CreateRevision(c.keys.Members(job)), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(c.keys.Running(job)), "=", 0).WithPrefix(),
 		clientv3.Compare(clientv3.CreateRevision(c.keys.Leader(job)), "=", 0).WithPrefix(),
-	).Then(clientv3.OpDelete(c.keys.JobPrefix(job), clientv3.WithPrefix())).Commit()
+	).Then(clientv3.OpDelete(c.keys.JobPrefix(job), clientv3.WithPrefix()), clientv3.OpDelete(c.keys.Placement(job))).Commit()
 	if err != nil {
 		return 0, fmt.Errorf("remove job %q: %w", job, err)
 	}
