@@ -218,7 +218,7 @@ func parseRunFlags(e *env, args []string) (*runFlags, error) {
 	fs.DurationVar(&f.ttl, "ttl", 10*time.Second, "session `TTL`: how long a dead instance keeps its items, >= 2s")
 	fs.IntVar(&f.maxConcurrency, "max-concurrency", 0, "items running at once on this instance, all jobs together; 0 = no cap")
 	fs.DurationVar(&f.grace, "shutdown-grace", 10*time.Second, "on SIGTERM, how long running items may finish before they are killed (recorded KILLED)")
-	fs.StringVar(&f.tokenFile, "api-token-file", "", "`file` of the API's and console's bearer tokens: lines 'NAME ROLE SECRET' (ROLE read or write, SECRET at least 16 characters), or one bare SECRET (named default, role write); without a write token the write endpoints are disabled")
+	fs.StringVar(&f.tokenFile, "api-token-file", "", "`file` of the API's and console's bearer tokens: lines 'NAME ROLE SECRET' (ROLE read, write or define, SECRET at least 16 characters), or one bare SECRET (named default, role write); without a write token the write endpoints are disabled, without a define token the definition endpoints")
 	fs.StringVar(&f.readTokenFile, "api-read-token-file", "", "`file` of more tokens, in --api-token-file's format (a lone secret here is the token read, role read); when any token has the read role, reads need a token")
 	fs.DurationVar(&f.reloadInterval, "reload-interval", 5*time.Second, "how often to check the config for changes (SIGHUP reloads at once)")
 	fs.StringVar(&f.embedURL, "embed-client-url", defaultEmbedURL, "client `URL` of the embedded etcd (without --etcd); https: it accepts only the client certificate in --data-dir")

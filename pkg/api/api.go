@@ -108,6 +108,11 @@ type Admin interface {
 	Remove(ctx context.Context, job string) (int64, error)
 	Audit(ctx context.Context, f admin.AuditFilter) ([]keyspace.AuditEntry, error)
 	RecordAudit(ctx context.Context, e keyspace.AuditEntry) (keyspace.AuditEntry, error)
+	Definition(ctx context.Context, job string) (*admin.Definition, error)
+	Apply(ctx context.Context, jobs []*config.Job, o admin.ApplyOptions) ([]admin.ApplyResult, error)
+	DeleteApplied(ctx context.Context, job, by string, wait time.Duration) (bool, error)
+	Versions(ctx context.Context, job string) ([]admin.Version, error)
+	Rollback(ctx context.Context, job string, to int64, by string) (admin.ApplyResult, error)
 }
 
 // Options configure the handler.
@@ -185,6 +190,11 @@ func Handler(o Options) http.Handler {
 		{"GET", "/api/v1/config/problems", a.read(a.problems)},
 		{"POST", "/api/v1/jobs/{job}/disable", a.write(a.disable(true))},
 		{"POST", "/api/v1/jobs/{job}/enable", a.write(a.disable(false))},
+		{"GET", "/api/v1/definitions/{job}", a.read(a.definition)},
+		{"PUT", "/api/v1/definitions/{job}", a.define(a.putDefinition)},
+		{"DELETE", "/api/v1/definitions/{job}", a.define(a.deleteDefinition)},
+		{"GET", "/api/v1/definitions/{job}/versions", a.read(a.versions)},
+		{"POST", "/api/v1/definitions/{job}/rollback", a.define(a.rollback)},
 	} {
 		mux.HandleFunc(rt.method+" "+rt.path, rt.h)
 		if allowed[rt.path] == nil {
@@ -327,14 +337,25 @@ func cookieOnly(r *http.Request) string {
 // no other origin. A console session is a caller only with its key, in a
 // header that a page of another origin can neither know nor send: that
 // is the proof that the write comes from the console's own script.
-func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
+func (a *api) write(h http.HandlerFunc) http.HandlerFunc { return a.guard(auth.RoleWrite, h) }
+
+// define guards a definition endpoint (docs/applied.md) as write guards a
+// write endpoint, with the define role: a write token cannot define jobs,
+// and a define token cannot trigger, kill, disable or remove.
+func (a *api) define(h http.HandlerFunc) http.HandlerFunc { return a.guard(auth.RoleDefine, h) }
+
+func (a *api) guard(role string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if auth.CrossOrigin(r) {
 			writeError(w, http.StatusForbidden, "cross-origin request refused: a web page of %s may not change this cluster", r.Header.Get("Origin"))
 			return
 		}
-		if !a.auth.Writable() {
+		switch {
+		case role == auth.RoleWrite && !a.auth.Writable():
 			writeError(w, http.StatusForbidden, "write endpoints are disabled: this instance has no write token (--api-token-file); the CLI (shardd trigger, kill, disable, enable, remove) works through etcd")
+			return
+		case role == auth.RoleDefine && !a.auth.Definable():
+			writeError(w, http.StatusForbidden, "definition endpoints are disabled: this instance has no define token (--api-token-file); the CLI (shardd apply, delete, rollback) works through etcd")
 			return
 		}
 		c, err := a.auth.Identify(r)
@@ -343,12 +364,22 @@ func (a *api) write(h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, http.StatusUnauthorized, "%v", err)
 		case c == nil:
 			writeError(w, http.StatusUnauthorized, "a bearer token is required%s", cookieOnly(r))
-		case c.Token.Role != auth.RoleWrite:
+		case c.Token.Role == auth.RoleRead:
 			// Said in this instance's log, not in the audit log in etcd:
 			// a reader must not be able to flush that log with refusals.
 			a.o.Logger.Warn("write refused: the token has the read role", "token", c.Token.Name, "action", actionOf(r),
 				"path", oneLine(r.URL.Path, 300), "remote", r.RemoteAddr)
 			writeError(w, http.StatusForbidden, "token %q has the read role: it cannot change anything", c.Token.Name)
+		case c.Token.Role != role:
+			// A token with the other right tried this one: audited (its
+			// holder can write to the audit log anyway), and refused.
+			msg := fmt.Sprintf("token %q has the %s role: %s", c.Token.Name, c.Token.Role, map[string]string{
+				auth.RoleDefine: "defining, deleting or rolling back jobs needs the define role",
+				auth.RoleWrite:  "trigger, kill, disable, enable and remove need the write role",
+			}[role])
+			rc := r.WithContext(auth.WithCaller(r.Context(), c))
+			a.record(rc, keyspace.AuditEntry{Action: actionOf(r), Job: r.PathValue("job"), Target: "job " + r.PathValue("job")}, admin.Refusal(msg))
+			writeError(w, http.StatusForbidden, "%s", msg)
 		default:
 			h(w, r.WithContext(auth.WithCaller(r.Context(), c)))
 		}
@@ -372,7 +403,13 @@ func oneLine(s string, n int) string {
 // actionOf names the write action of r for the audit log: the last
 // segment of its path (trigger, kill, disable, enable), or remove.
 func actionOf(r *http.Request) string {
-	if r.Method == http.MethodDelete {
+	definition := strings.HasPrefix(r.URL.Path, "/api/v1/definitions/")
+	switch {
+	case definition && r.Method == http.MethodDelete:
+		return "delete"
+	case definition && r.Method == http.MethodPut:
+		return "apply"
+	case r.Method == http.MethodDelete:
 		return "remove"
 	}
 	return r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]

@@ -29,6 +29,42 @@ type fakeCluster struct {
 	triggers    []admin.TriggerRequest
 	kills       []admin.KillRequest
 	audit       []keyspace.AuditEntry
+	// defs, when set, answers the definition endpoints (a real etcd's:
+	// define_test.go); without it they fail.
+	defs *admin.Client
+}
+
+var errNoDefs = errors.New("fakeCluster: no definitions here")
+
+func (f *fakeCluster) Definition(ctx context.Context, job string) (*admin.Definition, error) {
+	if f.defs == nil {
+		return nil, errNoDefs
+	}
+	return f.defs.Definition(ctx, job)
+}
+func (f *fakeCluster) Apply(ctx context.Context, jobs []*config.Job, o admin.ApplyOptions) ([]admin.ApplyResult, error) {
+	if f.defs == nil {
+		return nil, errNoDefs
+	}
+	return f.defs.Apply(ctx, jobs, o)
+}
+func (f *fakeCluster) DeleteApplied(ctx context.Context, job, by string, wait time.Duration) (bool, error) {
+	if f.defs == nil {
+		return false, errNoDefs
+	}
+	return f.defs.DeleteApplied(ctx, job, by, wait)
+}
+func (f *fakeCluster) Versions(ctx context.Context, job string) ([]admin.Version, error) {
+	if f.defs == nil {
+		return nil, errNoDefs
+	}
+	return f.defs.Versions(ctx, job)
+}
+func (f *fakeCluster) Rollback(ctx context.Context, job string, to int64, by string) (admin.ApplyResult, error) {
+	if f.defs == nil {
+		return admin.ApplyResult{}, errNoDefs
+	}
+	return f.defs.Rollback(ctx, job, to, by)
 }
 
 // toks returns a write token named writer and a read token named reader

@@ -33,6 +33,9 @@ func (a *Authority) ReadsOpen() bool { return !a.tokens.has(RoleRead) }
 // Writable reports whether any token may write.
 func (a *Authority) Writable() bool { return a.tokens.has(RoleWrite) }
 
+// Definable reports whether any token may define jobs.
+func (a *Authority) Definable() bool { return a.tokens.has(RoleDefine) }
+
 // Identify finds the caller of r: its bearer token, else its console
 // session (the cookie and the key in KeyHeader). A bearer token that
 // matches none is an error (401); a session cookie without its key, with

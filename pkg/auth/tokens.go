@@ -11,9 +11,17 @@ import (
 )
 
 // Roles of a token.
+//
+//   - read: the API's reads and the console's pages;
+//   - write: also trigger, kill, disable, enable and remove;
+//   - define: reads, and the definitions of jobs (apply, delete, rollback:
+//     the code every host that accepts applied definitions runs). It
+//     implies neither write nor write implies it: defining what runs on
+//     the hosts is a separate, audited right.
 const (
-	RoleRead  = "read"
-	RoleWrite = "write"
+	RoleRead   = "read"
+	RoleWrite  = "write"
+	RoleDefine = "define"
 )
 
 // Token is one named bearer token.
@@ -29,7 +37,7 @@ const MinSecret = 16
 // ParseTokens reads a token file. Each line that is not blank or a
 // comment (#) is either
 //
-//	NAME ROLE SECRET     a named token: ROLE is read or write
+//	NAME ROLE SECRET     a named token: ROLE is read, write or define
 //	SECRET               a token of the file's default name and role
 //
 // (the second form is the one-token file of earlier versions: only its
@@ -61,8 +69,8 @@ func ParseTokens(text, file, defaultName, defaultRole string) ([]Token, error) {
 		if err := config.CheckName(t.Name); err != nil {
 			return nil, fmt.Errorf("%s:%d: token name %v", file, n, err)
 		}
-		if t.Role != RoleRead && t.Role != RoleWrite {
-			return nil, fmt.Errorf("%s:%d: token %q: role must be read or write, got %q", file, n, t.Name, t.Role)
+		if t.Role != RoleRead && t.Role != RoleWrite && t.Role != RoleDefine {
+			return nil, fmt.Errorf("%s:%d: token %q: role must be read, write or define, got %q", file, n, t.Name, t.Role)
 		}
 		if len(t.Secret) < MinSecret {
 			return nil, fmt.Errorf("%s:%d: token %q: the secret must be at least %d characters", file, n, t.Name, MinSecret)

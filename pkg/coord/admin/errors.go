@@ -32,3 +32,7 @@ func (e *opError) Unwrap() error { return e.kind }
 func opErr(kind error, format string, args ...any) error {
 	return &opError{kind: kind, msg: fmt.Sprintf(format, args...)}
 }
+
+// Refusal is an ErrRefused error saying msg: a refusal decided outside
+// this package (the API's roles), recorded as such in the audit log.
+func Refusal(msg string) error { return &opError{kind: ErrRefused, msg: msg} }
