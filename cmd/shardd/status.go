@@ -119,6 +119,9 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 		def, conflicts := "-", "-"
 		if d := j.Definition; d != nil {
 			def = fmt.Sprintf("gen %d by %s", d.Generation, d.Writer)
+			if d.Source == "applied" {
+				def = fmt.Sprintf("applied v%d by %s", d.Version, d.By)
+			}
 			if len(d.Conflicts) > 0 {
 				conflicts = strings.Join(d.Conflicts, ",")
 			}
@@ -130,7 +133,22 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 	for _, j := range st.Jobs {
 		fmt.Fprintf(w, "\njob %s\n", j.Name)
 		if d := j.Definition; d != nil {
-			fmt.Fprintf(w, "  definition: generation %d, hash %s, published by %s at %s\n", d.Generation, d.Hash, d.Writer, d.Written.Format(time.RFC3339))
+			verb := "published"
+			if d.Source == "applied" {
+				verb = "applied"
+			}
+			ver := ""
+			if d.Version > 0 {
+				ver = fmt.Sprintf("version %d, ", d.Version)
+			}
+			fmt.Fprintf(w, "  definition: %sgeneration %d, hash %s, %s by %s at %s\n", ver, d.Generation, d.Hash, verb, firstOf(d.By, d.Writer), d.Written.Format(time.RFC3339))
+		}
+		if p := j.Placement; p != nil {
+			sel := "every instance"
+			if p.Selector != "" {
+				sel = "instances.selector " + p.Selector
+			}
+			fmt.Fprintf(w, "  placement: %s; matching: %s\n", sel, dash(strings.Join(p.Matching, ",")))
 		}
 		for _, p := range j.Problems {
 			fmt.Fprintf(w, "  problem: %s\n", p)

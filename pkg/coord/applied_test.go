@@ -76,6 +76,20 @@ func TestAppliedJobRunsWhereSelectedAndAccepted(t *testing.T) {
 	if in := instanceInfo(t, cli, "b"); len(in.Refused) > 0 || slices.Contains(in.Jobs, "etl") {
 		t.Errorf("b (not selected) has the job or a refusal: %+v", in)
 	}
+	st, err := adm.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := st.Jobs[0]
+	if p := js.Placement; p == nil || p.Selector != "role=db" || !slices.Equal(p.Matching, []string{"a", "c"}) || !strings.Contains(p.Refusing["c"], "--accept-applied") {
+		t.Errorf("status placement: %+v", js.Placement)
+	}
+	if d := js.Definition; d == nil || d.Source != "applied" || d.By != "test" || d.Version != 1 {
+		t.Errorf("status definition: %+v", js.Definition)
+	}
+	if !slices.ContainsFunc(js.Problems, func(p string) bool { return strings.Contains(p, "instance c matches the selector but does not run the applied job") }) {
+		t.Errorf("status problems %q: want c's refusal", js.Problems)
+	}
 
 	// Widen the selector: b joins, c still refuses.
 	if res := apply("role in (db,web)"); res[0].Action != "update" || res[0].Version != 2 || len(res[0].Diff) != 1 || res[0].Diff[0].Field != "instances.selector" {

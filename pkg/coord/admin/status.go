@@ -81,7 +81,10 @@ type JobStatus struct {
 	DependsOn []string `json:"dependsOn,omitempty"`
 	Children  []string `json:"children,omitempty"`
 	// Health says how its runs go (see health.go).
-	Health         *Health `json:"health,omitempty"`
+	Health *Health `json:"health,omitempty"`
+	// Placement says which instances may run the job, for an applied job
+	// or one with instances.selector (docs/applied.md).
+	Placement      *PlacementStatus `json:"placement,omitempty"`
 	itemParameters map[int]string
 	// runs are its items' records and running markers, read with the rest.
 	runs *JobRuns
@@ -100,6 +103,24 @@ type DefinitionStatus struct {
 	// Conflicts are the live instances whose own definition differs (they
 	// run this one).
 	Conflicts []string `json:"conflicts,omitempty"`
+	// Source is "file" or "applied"; By who wrote it; Version its number.
+	Source  string `json:"source"`
+	By      string `json:"by,omitempty"`
+	Version int64  `json:"version,omitempty"`
+}
+
+// PlacementStatus is which live instances may run a job.
+type PlacementStatus struct {
+	Selector string `json:"selector,omitempty"`
+	// Matching are the live instances whose labels the selector matches
+	// (every live instance without a selector).
+	Matching []string `json:"matching"`
+	// Refusing are the matching instances that do not run the applied
+	// job, each with why (their acceptance of applied definitions).
+	Refusing map[string]string `json:"refusing,omitempty"`
+	// FilesBehind are the live instances whose files define the applied
+	// job too: their files are behind it.
+	FilesBehind []string `json:"filesBehind,omitempty"`
 }
 
 // ItemStatus is one item of a job.
@@ -321,7 +342,13 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 			configDisabled = def.Disabled
 			js.itemParameters = def.ShardingItemParameters
 			js.DependsOn = def.DependsOn
-			js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written, Job: rc.Job}
+			source := rc.Source
+			if source == "" {
+				source = keyspace.SourceFile
+			}
+			js.Definition = &DefinitionStatus{Hash: rc.Hash, Generation: kvs[0].ModRevision, Writer: rc.Writer, Written: rc.Written, Job: rc.Job,
+				Source: source, By: rc.By, Version: rc.Version}
+			js.Placement = cs.placement(name, rc.Applied(), def)
 		}
 	} else {
 		js.Problems = append(js.Problems, "no registered definition: no instance defines the job any more (shardd remove deletes what is left)")
@@ -338,8 +365,20 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 			}
 		}
 	}
+	if p := js.Placement; p != nil {
+		for _, id := range slices.Sorted(maps.Keys(p.Refusing)) {
+			js.Problems = append(js.Problems, fmt.Sprintf("instance %s matches the selector but does not run the applied job: %s", id, p.Refusing[id]))
+		}
+		for _, id := range p.FilesBehind {
+			js.Problems = append(js.Problems, fmt.Sprintf("instance %s's files define the job too; the applied definition stands (its files are behind: drop the job from them)", id))
+		}
+	}
 	js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
 	switch {
+	case js.Status == StatusNoInstances && len(jk.members) == 0 && js.Placement != nil && js.Placement.Selector != "" && len(js.Placement.Matching) == 0:
+		js.Problems = append(js.Problems, fmt.Sprintf("instances.selector %q matches no live instance", js.Placement.Selector))
+	case js.Status == StatusNoInstances && len(jk.members) == 0 && js.Definition != nil && js.Definition.Source == keyspace.SourceApplied:
+		js.Problems = append(js.Problems, "no live instance both matches the selector and accepts applied definitions (shardd run --accept-applied)")
 	case js.Status == StatusNoInstances && len(jk.members) == 0:
 		js.Problems = append(js.Problems, "no live instance defines the job")
 	case js.Status == StatusNoInstances:
@@ -369,6 +408,36 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 		}
 	}
 	return js
+}
+
+// placement is which live instances may run job (registered with def,
+// applied or not), nil for a file job without a selector.
+func (cs *ClusterStatus) placement(job string, applied bool, def *config.Job) *PlacementStatus {
+	if !applied && def.Instances == nil {
+		return nil
+	}
+	p := &PlacementStatus{Matching: []string{}}
+	if def.Instances != nil {
+		p.Selector = def.Instances.Selector
+	}
+	for _, in := range cs.Instances {
+		if !def.Eligible(in.Labels) {
+			continue
+		}
+		p.Matching = append(p.Matching, in.ID)
+		if why, ok := in.Refused[job]; ok && applied {
+			if p.Refusing == nil {
+				p.Refusing = map[string]string{}
+			}
+			p.Refusing[in.ID] = why
+		}
+	}
+	for _, in := range cs.Instances {
+		if applied && slices.Contains(in.AppliedOverFiles, job) {
+			p.FilesBehind = append(p.FilesBehind, in.ID)
+		}
+	}
+	return p
 }
 
 // decodedJob is a job's definition and map as status decodes them.
