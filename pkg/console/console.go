@@ -85,6 +85,8 @@ type Admin interface {
 	JobRuns(ctx context.Context, jobs []string) (map[string]admin.JobRuns, error)
 	History(ctx context.Context, job string, item int) ([]keyspace.ItemRecord, error)
 	Audit(ctx context.Context, f admin.AuditFilter) ([]keyspace.AuditEntry, error)
+	Definition(ctx context.Context, job string) (*admin.Definition, error)
+	Versions(ctx context.Context, job string) ([]admin.Version, error)
 }
 
 // Options configure the console.
@@ -167,6 +169,8 @@ func New(o Options) http.Handler {
 	mux.HandleFunc("GET /{$}", c.page(c.overview))
 	mux.HandleFunc("GET /jobs", c.page(c.jobs))
 	mux.HandleFunc("GET /jobs/{job}", c.page(c.job))
+	mux.HandleFunc("GET /jobs/{job}/definition", c.page(c.definition))
+	mux.HandleFunc("GET /definitions/new", c.page(c.newDefinition))
 	mux.HandleFunc("GET /instances", c.page(c.instances))
 	mux.HandleFunc("GET /audit", c.page(c.audit))
 	mux.HandleFunc("/", c.page(func(r *http.Request, v *view) (string, error) {
@@ -203,6 +207,8 @@ type view struct {
 	Nav      string
 	Caller   *auth.Caller
 	CanWrite bool
+	// CanDefine: a define session, which may edit definitions.
+	CanDefine bool
 	// Key is the new session's key, on the page that answers a login:
 	// the page's script keeps it (see the package doc).
 	Key      string
@@ -241,6 +247,7 @@ func (c *console) page(h func(r *http.Request, v *view) (string, error)) http.Ha
 		v := &view{Caller: caller, Instance: c.o.Instance, Version: c.o.Version, Now: c.o.Now(), Status: http.StatusOK}
 		if caller != nil {
 			v.CanWrite = caller.Token.Role == auth.RoleWrite && caller.Session
+			v.CanDefine = canDefine(caller)
 		}
 		name, err := h(r, v)
 		if err != nil {

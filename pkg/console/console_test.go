@@ -115,6 +115,25 @@ func (f *fakeCluster) Audit(ctx context.Context, af admin.AuditFilter) ([]keyspa
 	return []keyspace.AuditEntry{{Time: time.Now(), Actor: "token:alice", Action: "kill", Job: "job-00001", Target: "item 0 of job job-00001", Outcome: keyspace.AuditOK}}, nil
 }
 
+// Definition and Versions: the definition's page is tested in a browser
+// against a real etcd (internal/e2e); here, its template renders.
+func (f *fakeCluster) Definition(ctx context.Context, job string) (*admin.Definition, error) {
+	if !strings.HasPrefix(job, "job-") {
+		return nil, fmt.Errorf("%w: no job %q", admin.ErrUnknownJob, job)
+	}
+	j, err := config.ParseJobJSON("fake", []byte(`{"name":"`+job+`","cron":"0 */5 * * * ?","script":{"command":{"argv":["/bin/true"]}}}`))
+	if err != nil {
+		return nil, err
+	}
+	return &admin.Definition{Name: job, Job: j, Generation: 7, Registered: keyspace.RegisteredConfig{Source: keyspace.SourceApplied, By: "token:dana", Version: 2}}, nil
+}
+
+func (f *fakeCluster) Versions(ctx context.Context, job string) ([]admin.Version, error) {
+	return []admin.Version{{VersionRecord: keyspace.VersionRecord{Version: 2, By: "token:dana", Change: "apply"}, Generation: 7, Current: true,
+		Diff: []config.FieldChange{{Field: "cron", Old: "0 * * * * ?", New: "0 */5 * * * ?"}}},
+		{VersionRecord: keyspace.VersionRecord{Version: 1, By: "token:dana", Change: "apply"}, Generation: 5}}, nil
+}
+
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 const (
@@ -650,5 +669,35 @@ func TestJobPageShowsTheMergedHistory(t *testing.T) {
 	get(h, "/jobs/job-00001?before="+url.QueryEscape(fromLog.Cursor().String()), bob)
 	if len(asked) != 2 || asked[1].Before == nil || asked[1].Before.Fence != 42 {
 		t.Errorf("the older page asked %+v", asked[len(asked)-1])
+	}
+}
+
+// The definition page: a define session gets the editor and a rollback
+// per kept version; a write session (and a reader) the YAML only.
+func TestDefinitionPage(t *testing.T) {
+	f := &fakeCluster{n: 3}
+	h := newTestConsole(f, auth.Token{Name: "alice", Role: auth.RoleWrite, Secret: writeSecret}, auth.Token{Name: "dana", Role: auth.RoleDefine, Secret: "define-secret-0123456789"})
+	dana, alice := login(t, h, "define-secret-0123456789"), login(t, h, writeSecret)
+	code, body, _ := get(h, "/jobs/job-00001/definition", dana)
+	for _, w := range []string{`id="def-yaml"`, "cron: 0 */5 * * * ?", `id="def-check"`, `data-url="/api/v1/definitions/job-00001/rollback?to=1"`, "applied by token:dana", "2 (generation 7)", "<code>cron</code>: 0 * * * * ? → 0 */5 * * * ?"} {
+		if code != 200 || !strings.Contains(body, w) {
+			t.Errorf("define session: %d, no %q in the page", code, w)
+		}
+	}
+	if strings.Contains(body, `rollback?to=2`) {
+		t.Error("the registered version has a rollback button")
+	}
+	_, body, _ = get(h, "/jobs/job-00001/definition", alice)
+	if strings.Contains(body, `id="def-yaml"`) || strings.Contains(body, "rollback?to=") || !strings.Contains(body, `id="def-text"`) {
+		t.Errorf("a write session gets the editor or a rollback, or no YAML:\n%s", body)
+	}
+	if _, body, _ := get(h, "/jobs", dana); !strings.Contains(body, `id="new-job"`) {
+		t.Error("no New job link for a define session")
+	}
+	if _, body, _ := get(h, "/jobs", alice); strings.Contains(body, `id="new-job"`) {
+		t.Error("a New job link for a write session")
+	}
+	if code, _, _ := get(h, "/jobs/nope/definition", dana); code != 404 {
+		t.Errorf("definition of an unknown job: %d", code)
 	}
 }

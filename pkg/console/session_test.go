@@ -13,6 +13,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/api"
 	"github.com/shardd/shardd/pkg/auth"
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
@@ -25,6 +26,18 @@ type apiCluster struct {
 	mu       sync.Mutex
 	disabled []admin.Target
 	audit    []keyspace.AuditEntry
+}
+
+var errNoWrites = errors.New("apiCluster: no definitions are written here")
+
+func (a *apiCluster) Apply(ctx context.Context, jobs []*config.Job, o admin.ApplyOptions) ([]admin.ApplyResult, error) {
+	return nil, errNoWrites
+}
+func (a *apiCluster) DeleteApplied(ctx context.Context, job, by string, wait time.Duration) (bool, error) {
+	return false, errNoWrites
+}
+func (a *apiCluster) Rollback(ctx context.Context, job string, to int64, by string) (admin.ApplyResult, error) {
+	return admin.ApplyResult{}, errNoWrites
 }
 
 func (a *apiCluster) Instances(ctx context.Context) ([]keyspace.InstanceInfo, error) {

@@ -33,6 +33,7 @@ func parsePages() map[string]*template.Template {
 		"join":   strings.Join,
 		"jobURL": func(job string) string { return "/jobs/" + url.PathEscape(job) },
 		"apiURL": func(job, action string) string { return "/api/v1/jobs/" + url.PathEscape(job) + "/" + action },
+		"defURL": func(job string) string { return "/api/v1/definitions/" + url.PathEscape(job) },
 		"logURL": func(job, run string) string {
 			return "/jobs/" + url.PathEscape(job) + "?run=" + url.QueryEscape(run) + "#log"
 		},
@@ -56,7 +57,7 @@ func parsePages() map[string]*template.Template {
 	}
 	layout := template.Must(template.New("layout").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "jobs", "job", "instances", "audit", "login", "welcome", "error"} {
+	for _, name := range []string{"overview", "jobs", "job", "instances", "audit", "definition", "login", "welcome", "error"} {
 		pages[name] = template.Must(template.Must(layout.Clone()).ParseFS(templateFS, "templates/"+name+".html"))
 	}
 	return pages

@@ -134,6 +134,10 @@
         }
         return text;
       }
+      if (data.action && data.job) {
+        if (data.action === "unchanged") return "Job " + data.job + ": that version is the registered definition already.";
+        return "Job " + data.job + ": " + data.action + (data.version ? ", now version " + data.version : "") + ". Every instance runs it within a reload.";
+      }
       if (data.id && data.runs) {
         let text = "Triggered item(s) " + data.runs.join(", ");
         if (data.rerun) text += " for fire " + data.rerun;
@@ -189,6 +193,152 @@
         }
         if (failed) say(lines.join("\n"), false);
         else sayAndReload(lines.join("\n"));
+      });
+    }
+
+    const defForm = document.getElementById("def-form");
+    if (defForm) editor(defForm);
+
+    // The definition editor: the text is checked by the API's dry run
+    // (its problems marked at their lines, or the changes it makes shown),
+    // and only a text that passed its check is saved.
+    function editor(form) {
+      const text = document.getElementById("def-yaml");
+      const gutter = document.getElementById("def-gutter");
+      const check = document.getElementById("def-check");
+      const save = document.getElementById("def-save");
+      const problems = document.getElementById("def-problems");
+      const diff = document.getElementById("def-diff");
+      let checked = null; // the text the last check passed
+      const bad = new Set();
+
+      function drawGutter() {
+        const n = text.value.split("\n").length;
+        gutter.replaceChildren();
+        for (let i = 1; i <= n; i++) {
+          const span = document.createElement("span");
+          span.id = "line-" + i;
+          if (bad.has(i)) span.className = "bad-line";
+          span.textContent = (bad.has(i) ? "! " : "  ") + i + "\n";
+          gutter.appendChild(span);
+        }
+        gutter.scrollTop = text.scrollTop;
+      }
+      function selectLine(n) {
+        const lines = text.value.split("\n");
+        let start = 0;
+        for (let i = 0; i < n - 1 && i < lines.length; i++) start += lines[i].length + 1;
+        text.focus();
+        text.setSelectionRange(start, start + (lines[n - 1] || "").length);
+      }
+      function jobName() {
+        const m = text.value.match(/^\s*-\s*name:\s*["']?([A-Za-z0-9._-]+)/m);
+        return m ? m[1] : form.dataset.job;
+      }
+      async function put(dry) {
+        const job = jobName();
+        if (!job) throw new Error("the text names no job (- name: ...)");
+        const q = [];
+        if (dry) q.push("dryRun=1");
+        if ("takeOver" in form.dataset) q.push("takeOver=1");
+        const resp = await fetch("/api/v1/definitions/" + encodeURIComponent(job) + (q.length ? "?" + q.join("&") : ""), {
+          method: "PUT", headers: keyed({ "Content-Type": "application/yaml" }), credentials: "same-origin", body: text.value,
+        });
+        let data = {};
+        try { data = await resp.json(); } catch (e) { /* not JSON */ }
+        if (resp.status === 401) throw new Error("your session has expired, or this instance has restarted: log in again (" + location.origin + "/login)");
+        return { ok: resp.ok, status: resp.status, data: data, job: job };
+      }
+      function cell(tr, value) {
+        const td = document.createElement("td");
+        td.textContent = value === "" ? "-" : value;
+        tr.appendChild(td);
+      }
+
+      text.addEventListener("input", () => {
+        checked = null;
+        save.disabled = true;
+        drawGutter();
+      });
+      text.addEventListener("scroll", () => { gutter.scrollTop = text.scrollTop; });
+      drawGutter();
+
+      check.addEventListener("click", async () => {
+        problems.replaceChildren();
+        diff.hidden = true;
+        bad.clear();
+        let r;
+        try {
+          r = await put(true);
+        } catch (e) {
+          say("Not checked: " + e.message, false);
+          return;
+        }
+        if (r.status === 422) {
+          for (const p of r.data.problems || []) {
+            const li = document.createElement("li");
+            if (p.line) {
+              bad.add(p.line);
+              const b = document.createElement("button");
+              b.type = "button";
+              b.className = "line";
+              b.textContent = "line " + p.line;
+              b.addEventListener("click", () => selectLine(p.line));
+              li.appendChild(b);
+              li.appendChild(document.createTextNode(" "));
+            }
+            li.appendChild(document.createTextNode(p.message));
+            problems.appendChild(li);
+          }
+          drawGutter();
+          say("The definition has " + (r.data.problems || []).length + " problem(s); nothing saved.", false);
+          return;
+        }
+        drawGutter();
+        if (!r.ok) {
+          say("Refused: " + (r.data.error || r.status), false);
+          return;
+        }
+        const tbody = diff.querySelector("tbody");
+        tbody.replaceChildren();
+        for (const c of r.data.diff || []) {
+          const tr = document.createElement("tr");
+          cell(tr, c.field);
+          cell(tr, c.old);
+          cell(tr, c.new);
+          tbody.appendChild(tr);
+        }
+        if (r.data.action === "unchanged") {
+          say("No change: this is the registered definition.", true);
+          return;
+        }
+        diff.hidden = false;
+        checked = text.value;
+        save.disabled = false;
+        say("Valid. Job " + r.job + " would be " + (r.data.action === "create" ? "created" : r.data.action === "take-over" ? "taken over from the hosts' files" : "updated") + ": the changes are below; Save applies them.", true);
+      });
+
+      save.addEventListener("click", async () => {
+        if (text.value !== checked) {
+          say("Check the text first: it changed since its last check.", false);
+          return;
+        }
+        const job = jobName();
+        if (!confirm("Save job " + job + "? Every instance that runs it takes the new definition within a reload.")) return;
+        save.disabled = true;
+        try {
+          const r = await put(false);
+          if (!r.ok) {
+            say("Refused: " + (r.data.error || r.status), false);
+            return;
+          }
+          sessionStorage.setItem("shardd-flash", JSON.stringify({ text: "Job " + job + " saved as version " + r.data.version + ".", ok: true }));
+          location.assign("/jobs/" + encodeURIComponent(job) + "/definition");
+        } catch (e) {
+          say("Not saved: " + e.message, false);
+        } finally {
+          save.disabled = checked === null;
+        }
       });
     }
 
