@@ -87,7 +87,9 @@ func TestAppliedJobRunsWhereSelectedAndAccepted(t *testing.T) {
 	if d := js.Definition; d == nil || d.Source != "applied" || d.By != "test" || d.Version != 1 {
 		t.Errorf("status definition: %+v", js.Definition)
 	}
-	if !slices.ContainsFunc(js.Problems, func(p string) bool { return strings.Contains(p, "instance c matches the selector but does not run the applied job") }) {
+	if !slices.ContainsFunc(js.Problems, func(p string) bool {
+		return strings.Contains(p, "instance c matches the selector but does not run the applied job")
+	}) {
 		t.Errorf("status problems %q: want c's refusal", js.Problems)
 	}
 
