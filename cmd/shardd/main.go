@@ -86,6 +86,7 @@ func commands() []command {
 		{"get", "print a job's registered definition as YAML that shardd apply takes back", "JOB [-o yaml|json] [--etcd URL,...]", cmdGet},
 		{"delete", "delete an applied job: its instances leave it, then its keys go", "JOB [--wait 30s] [--etcd URL,...]", cmdDelete},
 		{"rollback", "register a kept version of a job's definition again", "JOB --to VERSION [--etcd URL,...]", cmdRollback},
+		{"import", "convert ElasticJob job configs (a Spring Boot YAML, a registry config, or a live ZooKeeper or etcd registry) to shardd definitions", "FILE | --registry zk://HOST:PORT --namespace NS [--job NAME] [--apply [--take-over] [--etcd URL,...]]", cmdImport},
 		{"validate", "check job definitions and report every problem", "[--config] PATH", cmdValidate},
 		{"plan", "preview how a strategy spreads a job's items over instances", "--strategy S --job NAME --total N --instances a,b,c [-o json] | --config PATH --instances a,b,c", cmdPlan},
 		{"ca", "create the CA an embedded etcd cluster's members share (--embed-cluster), in --data-dir", "[--data-dir DIR]", cmdCA},

@@ -299,7 +299,7 @@ func (r *Result) add(name string, raw map[string]any) {
 	}
 	if v, ok := get("timeZone"); ok && !empty(v) {
 		if tz, err := zone(fmt.Sprint(v)); err != nil {
-			j.note("timeZone", "%v; the job's cron is read in UTC", err)
+			j.notes = append(j.notes, Note{Job: j.name, Key: "timeZone", Fatal: true, Reason: err.Error() + " (in another zone its fires would come at the wrong hours)"})
 		} else {
 			j.set("timeZone", "timeZone", tz)
 		}
