@@ -493,7 +493,7 @@ func (j *job) errorHandler(get func(string) (any, bool), props map[string]string
 		}
 		for _, k := range []string{"connectTimeoutMilliseconds", "readTimeoutMilliseconds"} {
 			if props[format+"."+k] != "" {
-				j.note("props."+format+"."+k, "shardd bounds its webhook calls itself (10 s)")
+				j.note("props."+format+"."+k, "shardd bounds its webhook calls itself (30 s)")
 			}
 		}
 	case "EMAIL":
