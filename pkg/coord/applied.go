@@ -213,6 +213,9 @@ func (c *catalog) decide(job string, placed bool, kvs []*mvccpb.KeyValue) {
 
 	n.mu.Lock()
 	was, wasPlaced, wasWhy := n.applied[job], n.placed[job], n.refusals[job]
+	if was != nil && def != nil && was.Hash() == def.Hash() {
+		def = was // the same definition: the tasks keep theirs
+	}
 	setOrDelete(n.placed, job, placed, placed)
 	setOrDelete(n.refusals, job, why, why != "")
 	setOrDelete(n.applied, job, def, def != nil)

@@ -224,3 +224,28 @@ func keyExists(t *testing.T, cli *clientv3.Client, key string) bool {
 	}
 	return resp.Count > 0
 }
+
+// A task whose definition is an applied one never publishes it: when its
+// registration finds the config key gone (shardd delete, before the
+// catalog has dropped the job), it is refused, and the job does not come
+// back as a file job.
+func TestAppliedDefinitionIsNeverPublished(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	cli := srv.Client()
+	defer cli.Close()
+	n := startNodeWith(t, srv, "a", nil, nil, labelled(true))
+	def := jobs(t, "jobs:\n"+job("gone", 1))[0]
+	_, err := n.registerConfig(context.Background(), def, true)
+	var ne *notEligibleError
+	if !errors.As(err, &ne) {
+		t.Fatalf("registration of an applied definition with no config key: %v, want a refusal", err)
+	}
+	if keyExists(t, cli, n.Keys().Config("gone")) || keyExists(t, cli, n.Keys().Loaded("gone", "a")) {
+		t.Fatal("the applied definition was published, or recorded as loaded from a file")
+	}
+	// The same definition from a file is published.
+	if _, err := n.registerConfig(context.Background(), def, false); err != nil || !keyExists(t, cli, n.Keys().Config("gone")) {
+		t.Fatalf("a file's definition: %v, published %v", err, keyExists(t, cli, n.Keys().Config("gone")))
+	}
+}

@@ -15,9 +15,9 @@ import (
 )
 
 // registerJob registers the job's definition (see registerConfig) and then
-// the membership key.
-func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job) error {
-	was, err := n.registerConfig(ctx, local)
+// the membership key. applied says local is an applied definition.
+func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job, applied bool) error {
+	was, err := n.registerConfig(ctx, local, applied)
 	if err != nil {
 		return err
 	}
@@ -129,14 +129,11 @@ func publishDecision(local *config.Job, reg *keyspace.RegisteredConfig, state ke
 //
 // It returns the parents (dependsOn) of the definition it replaced, if it
 // published over one: their children indexes are to lose the job.
-func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []string, err error) {
+func (n *Node) registerConfig(ctx context.Context, local *config.Job, fromApplied bool) (was []string, err error) {
 	key, lkey := n.keys.Config(local.Name), n.keys.Loaded(local.Name, n.opts.ID)
 	hash := local.Hash()
 	n.mu.Lock()
 	first := n.registered[local.Name] != hash
-	// An applied definition (applied.go) is registered already; the task
-	// never publishes it, nor records it as loaded from a file.
-	fromApplied := n.applied[local.Name] == local
 	n.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
@@ -153,6 +150,9 @@ func (n *Node) registerConfig(ctx context.Context, local *config.Job) (was []str
 		r := readRegistration(key, lkey, local, resp)
 		publish, why := publishDecision(local, r.reg, r.state, r.configRev, r.loaded, first)
 		if fromApplied {
+			// An applied definition (applied.go) is registered already:
+			// the task never publishes it (not even when it is gone), nor
+			// records it as loaded from a file.
 			if r.state == keyspace.DefinitionMissing || !r.reg.Applied() {
 				return nil, &notEligibleError{errors.New("its applied definition was deleted or given back to the files")}
 			}

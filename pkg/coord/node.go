@@ -597,14 +597,23 @@ func (n *Node) Session() (context.Context, bool) {
 	return n.session.ctx, true
 }
 
-func (n *Node) currentJobs() map[string]*config.Job {
+// currentJobs returns the jobs to have tasks for, each with whether its
+// definition is an applied one (applied.go) rather than the host's file's.
+func (n *Node) currentJobs() map[string]localJob {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	out := make(map[string]*config.Job, len(n.jobs))
+	out := make(map[string]localJob, len(n.jobs))
 	for k, v := range n.jobs {
-		out[k] = v
+		out[k] = localJob{def: v, applied: n.applied[k] == v}
 	}
 	return out
+}
+
+// localJob is a task's definition: the host's file's, or an applied one
+// (which the task never publishes).
+type localJob struct {
+	def     *config.Job
+	applied bool
 }
 
 // register creates or updates the instance key under s's lease. Creating
@@ -664,11 +673,11 @@ func newWorkerSet(s *session) *workerSet {
 // sync starts tasks for new or changed jobs and stops the others. A
 // removed job's membership is withdrawn; a changed job keeps it, so that
 // its items do not move away and back.
-func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
+func (ws *workerSet) sync(n *Node, jobs map[string]localJob) {
 	var stopping []*jobTask
 	for name, t := range ws.running {
 		j, ok := jobs[name]
-		if ok && j.Hash() == t.local.Hash() && j.Overwrite == t.local.Overwrite {
+		if ok && j.def.Hash() == t.local.Hash() && j.def.Overwrite == t.local.Overwrite && j.applied == t.applied {
 			continue
 		}
 		t.removed.Store(!ok)
@@ -683,7 +692,7 @@ func (ws *workerSet) sync(n *Node, jobs map[string]*config.Job) {
 		if _, ok := ws.running[name]; ok {
 			continue
 		}
-		t := n.newJobTask(ws.s, j)
+		t := n.newJobTask(ws.s, j.def, j.applied)
 		ws.running[name] = t
 		n.steps.Add(t.slot)
 	}

@@ -43,6 +43,7 @@ type jobTask struct {
 	n       *Node
 	s       *session
 	local   *config.Job
+	applied bool // local is an applied definition: never published, never recorded as loaded
 	slot    *steps.Slot
 	removed atomic.Bool   // set before stop when the job left the config
 	done    chan struct{} // closed when stop has finished
@@ -80,8 +81,8 @@ const (
 	idle // Leave was called: no new leadership
 )
 
-func (n *Node) newJobTask(s *session, local *config.Job) *jobTask {
-	t := &jobTask{n: n, s: s, local: local, done: make(chan struct{}), b: backoff{min: 100 * time.Millisecond, max: 2 * time.Second}}
+func (n *Node) newJobTask(s *session, local *config.Job, applied bool) *jobTask {
+	t := &jobTask{n: n, s: s, local: local, applied: applied, done: make(chan struct{}), b: backoff{min: 100 * time.Millisecond, max: 2 * time.Second}}
 	t.slot = n.steps.NewSlot(s.ctx, t.step)
 	t.ticket.wake = t.wake
 	return t
@@ -142,7 +143,7 @@ func (t *jobTask) register(ctx context.Context) time.Time {
 		return steps.Never // the pacer wakes the task with a slot
 	}
 	begun := time.Now()
-	err := n.registerJob(ctx, t.s, t.local)
+	err := n.registerJob(ctx, t.s, t.local, t.applied)
 	if ctx.Err() != nil {
 		return steps.Never // stopped, not slowed: stop gives the slot back
 	}
