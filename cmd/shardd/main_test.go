@@ -523,3 +523,28 @@ func TestValidateShowsDSTChanges(t *testing.T) {
 		t.Errorf("plan: exit %d %s; output\n%s\nwant it to have\n%s", code, errOut, out, want)
 	}
 }
+
+// plan --config with --label: a job's selector takes only the instances it
+// matches, and says which.
+func TestPlanSelector(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "jobs.yaml")
+	os.WriteFile(path, []byte("jobs:\n  - name: etl\n    shardingTotalCount: 2\n    instances: {selector: \"role=db\"}\n    script: [/bin/true]\n  - name: other\n    script: [/bin/true]\n"), 0o644)
+	code, out, errOut := shardd(t, "plan", "--config", path, "--instances", "a,b,c", "--label", "a:role=db", "--label", "c:role=db", "-o", "json")
+	var got map[string]map[string][]int
+	if code != 0 || json.Unmarshal([]byte(out), &got) != nil {
+		t.Fatalf("exit %d: %s %s", code, out, errOut)
+	}
+	if _, ok := got["etl"]["b"]; ok || len(got["etl"]["a"])+len(got["etl"]["c"]) != 2 {
+		t.Errorf("etl's plan %v: want its 2 items on a and c only", got["etl"])
+	}
+	if len(got["other"]) != 3 {
+		t.Errorf("other's plan %v: want every instance (no selector)", got["other"])
+	}
+	if code, out, _ := shardd(t, "plan", "--config", path, "--instances", "a,b,c", "--label", "a:role=db"); code != 0 || !strings.Contains(out, "instances.selector role=db matches: a\n") {
+		t.Errorf("plan's table: %d\n%s", code, out)
+	}
+	if code, _, errOut := shardd(t, "plan", "--config", path, "--instances", "a,b", "--label", "x:role=db"); code != exitUsage || !strings.Contains(errOut, "x is not one of --instances") {
+		t.Errorf("a label of an unknown instance: %d %s", code, errOut)
+	}
+}

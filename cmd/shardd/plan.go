@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/schedule"
+	"github.com/shardd/shardd/pkg/selector"
 	"github.com/shardd/shardd/pkg/shard"
 )
 
@@ -25,7 +27,9 @@ func cmdPlan(e *env, args []string) error {
 		output    = fs.String("o", "table", "output `format`: table or json")
 		fireTime  = fs.String("fire-time", "", "fire `time` (RFC 3339) for RANDOM, and for ROUND with --config; default now")
 		fireSeq   = fs.Int64("fire-seq", 0, "fire sequence `number` for ROUND without --config")
+		labels    = instanceLabels{}
 	)
+	fs.Var(labels, "label", "with --config, give an instance a label, `ID:KEY=VALUE` (repeatable): a job's instances.selector takes only the instances it matches")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -49,10 +53,18 @@ func cmdPlan(e *env, args []string) error {
 		if err != nil {
 			return fmt.Errorf("load %s:\n%w", *cfgPath, err)
 		}
-		return planConfig(e.stdout, c, ids, fire, *output == "json", *fireTime != "", now)
+		for id := range labels {
+			if !slices.Contains(ids, id) {
+				return usageError("--label %s:...: %s is not one of --instances", id, id)
+			}
+		}
+		return planConfig(e.stdout, c, ids, labels, fire, *output == "json", *fireTime != "", now)
 	}
 	if *job == "" {
 		return usageError("--job is required (or --config)")
+	}
+	if len(labels) > 0 {
+		return usageError("--label is for --config, whose jobs' selectors match labels")
 	}
 	if *strategy == "" {
 		*strategy = shard.DefaultFor(*total)
@@ -74,9 +86,18 @@ func cmdPlan(e *env, args []string) error {
 // planConfig previews every job of c. Per-fire strategies use the job's next
 // fire at or after fire.Time (its sequence number from the schedule); the
 // next fires listed are those after now.
-func planConfig(w io.Writer, c *config.Config, ids []string, fire shard.Fire, asJSON, fireGiven bool, now time.Time) error {
+func planConfig(w io.Writer, c *config.Config, every []string, labels instanceLabels, fire shard.Fire, asJSON, fireGiven bool, now time.Time) error {
 	all := map[string]map[string][]int{}
 	for i, j := range c.Jobs {
+		ids := every
+		if j.Instances != nil { // its selector chooses among them
+			ids = nil
+			for _, id := range every {
+				if j.Eligible(labels[id]) {
+					ids = append(ids, id)
+				}
+			}
+		}
 		f := fire
 		if j.Shard.PerFire() && j.Schedule != nil {
 			if !fireGiven {
@@ -100,6 +121,13 @@ func planConfig(w io.Writer, c *config.Config, ids []string, fire shard.Fire, as
 			fmt.Fprintf(w, "  fire %s", f.Time.Format(time.RFC3339))
 		}
 		fmt.Fprintln(w)
+		if j.Instances != nil {
+			match := strings.Join(ids, ", ")
+			if match == "" {
+				match = "none (give instances labels with --label ID:KEY=VALUE)"
+			}
+			fmt.Fprintf(w, "instances.selector %s matches: %s\n", j.Instances.Selector, match)
+		}
 		if err := writeTable(w, ids, a, j.ShardingItemParameters); err != nil {
 			return err
 		}
@@ -169,6 +197,27 @@ func writeTable(w io.Writer, ids []string, a shard.Assignment, params config.Ite
 		fmt.Fprintf(tw, "(no instances)\t0\t%d item(s) unowned\n", a.Total())
 	}
 	return tw.Flush()
+}
+
+// instanceLabels is plan's --label ID:KEY=VALUE, repeatable.
+type instanceLabels map[string]map[string]string
+
+func (l instanceLabels) String() string { return "" }
+
+func (l instanceLabels) Set(v string) error {
+	id, label, ok := strings.Cut(v, ":")
+	if !ok || id == "" {
+		return fmt.Errorf("want ID:KEY=VALUE, got %q", v)
+	}
+	k, val, err := selector.ParseLabel(label)
+	if err != nil {
+		return err
+	}
+	if l[id] == nil {
+		l[id] = map[string]string{}
+	}
+	l[id][k] = val
+	return nil
 }
 
 // splitInstances parses "a,b,c", keeping the order and refusing empty or repeated ids.
