@@ -166,17 +166,38 @@ func (c *catalog) evaluate(ctx context.Context) error {
 			}
 			return fmt.Errorf("read applied definitions: %w", err)
 		}
+		var jobsChanged, refusals bool
 		for i, job := range chunk {
 			placed := len(resp.Responses[2*i].GetResponseRange().Kvs) > 0
-			c.decide(job, placed, resp.Responses[2*i+1].GetResponseRange().Kvs)
+			j, r := c.decide(job, placed, resp.Responses[2*i+1].GetResponseRange().Kvs)
+			jobsChanged, refusals = jobsChanged || j, refusals || r
 		}
+		c.applied(jobsChanged, refusals)
 	}
 	return nil
 }
 
+// applied has the node follow the catalog's decisions: its job set (and
+// its tasks, the engine, the instance key) when jobs changed, its instance
+// key alone when only a refusal did.
+func (c *catalog) applied(jobs, refusals bool) {
+	n := c.n
+	switch {
+	case jobs:
+		n.mu.Lock()
+		dropped := n.recomputeJobsLocked()
+		n.mu.Unlock()
+		n.droppedJobs(dropped)
+	case refusals:
+		n.republish()
+	}
+}
+
 // decide takes what the read said of job: placed (its placement key is
-// there) and its config key (kvs).
-func (c *catalog) decide(job string, placed bool, kvs []*mvccpb.KeyValue) {
+// there) and its config key (kvs). It reports whether the node's job set
+// changed (jobs) and whether only the instance key did (refusal): the
+// caller recomputes once for many jobs (applied).
+func (c *catalog) decide(job string, placed bool, kvs []*mvccpb.KeyValue) (jobs, refusal bool) {
 	n := c.n
 	var def *config.Job
 	var why string
@@ -194,7 +215,10 @@ func (c *catalog) decide(job string, placed bool, kvs []*mvccpb.KeyValue) {
 		default:
 			def = d
 			if err := n.mayRun(def, keyspace.SourceApplied); err != nil {
-				if !errors.Is(err, errNotSelected) {
+				// Not selected is no refusal; nor is an instance that
+				// accepts no applied definition at all (its key says so
+				// once, not once a job: status tells).
+				if !errors.Is(err, errNotSelected) && n.opts.Accept.Applied {
 					why = err.Error()
 				}
 				def = nil
@@ -212,6 +236,7 @@ func (c *catalog) decide(job string, placed bool, kvs []*mvccpb.KeyValue) {
 	c.mu.Unlock()
 
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	was, wasPlaced, wasWhy := n.applied[job], n.placed[job], n.refusals[job]
 	if was != nil && def != nil && was.Hash() == def.Hash() {
 		def = was // the same definition: the tasks keep theirs
@@ -219,24 +244,13 @@ func (c *catalog) decide(job string, placed bool, kvs []*mvccpb.KeyValue) {
 	setOrDelete(n.placed, job, placed, placed)
 	setOrDelete(n.refusals, job, why, why != "")
 	setOrDelete(n.applied, job, def, def != nil)
-	changed := wasPlaced != placed || (was == nil) != (def == nil) || (was != nil && def != nil && was.Hash() != def.Hash())
-	var dropped []string
-	if changed {
-		dropped = n.recomputeJobsLocked()
-	}
-	n.mu.Unlock()
-	switch {
-	case changed:
-		n.droppedJobs(dropped)
-	case wasWhy != why:
-		n.republish()
-	}
 	if why != "" && why != wasWhy {
 		n.log.Warn("refusing an applied job", "job", job, "why", why)
 	}
-	if changed && def != nil && was == nil {
+	if def != nil && was == nil {
 		n.log.Info("running applied job here", "job", job)
 	}
+	return wasPlaced != placed || was != def, wasWhy != why
 }
 
 func setOrDelete[V any](m map[string]V, k string, v V, set bool) {

@@ -53,6 +53,7 @@ func TestAppliedJobRunsWhereSelectedAndAccepted(t *testing.T) {
 	a := startNodeWith(t, srv, "a", nil, nil, labelled(true, "role=db"))
 	b := startNodeWith(t, srv, "b", nil, nil, labelled(true, "role=web"))
 	c := startNodeWith(t, srv, "c", nil, nil, labelled(false, "role=db"))
+	d := startNodeWith(t, srv, "d", nil, nil, labelled(true, "role=db"), func(n *Node) { n.opts.Accept.CommandDirs = []string{"/opt/jobs"} })
 	adm := admin.New(cli, a.Keys())
 	ctx := context.Background()
 	apply := func(selector string) []admin.ApplyResult {
@@ -70,9 +71,16 @@ func TestAppliedJobRunsWhereSelectedAndAccepted(t *testing.T) {
 	etcdtest.Eventually(t, 20*time.Second, "etl on a only", func() bool {
 		return agreed(t, cli, "etl", map[string][]int{"a": {0, 1}}, a)
 	})
-	etcdtest.Eventually(t, 10*time.Second, "c to report its refusal", func() bool {
-		return strings.Contains(instanceInfo(t, cli, "c").Refused["etl"], "--accept-applied")
+	etcdtest.Eventually(t, 10*time.Second, "c to say it accepts no applied definition", func() bool {
+		in := instanceInfo(t, cli, "c")
+		return in.ID == "c" && !in.Accepts.Applied && len(in.Refused) == 0 // said once, not once a job
 	})
+	etcdtest.Eventually(t, 10*time.Second, "d to report its refusal", func() bool {
+		return strings.Contains(instanceInfo(t, cli, "d").Refused["etl"], "script.command runs /bin/true, which is not under --accept-command-dir /opt/jobs")
+	})
+	if slices.Contains(d.Jobs(), "etl") {
+		t.Error("d, which refuses etl, has it")
+	}
 	if in := instanceInfo(t, cli, "b"); len(in.Refused) > 0 || slices.Contains(in.Jobs, "etl") {
 		t.Errorf("b (not selected) has the job or a refusal: %+v", in)
 	}
@@ -81,7 +89,7 @@ func TestAppliedJobRunsWhereSelectedAndAccepted(t *testing.T) {
 		t.Fatal(err)
 	}
 	js := st.Jobs[0]
-	if p := js.Placement; p == nil || p.Selector != "role=db" || !slices.Equal(p.Matching, []string{"a", "c"}) || !strings.Contains(p.Refusing["c"], "--accept-applied") {
+	if p := js.Placement; p == nil || p.Selector != "role=db" || !slices.Equal(p.Matching, []string{"a", "c", "d"}) || !strings.Contains(p.Refusing["c"], "--accept-applied") || !strings.Contains(p.Refusing["d"], "--accept-command-dir") {
 		t.Errorf("status placement: %+v", js.Placement)
 	}
 	if d := js.Definition; d == nil || d.Source != "applied" || d.By != "test" || d.Version != 1 {
@@ -123,7 +131,7 @@ func TestAppliedJobRunsWhereSelectedAndAccepted(t *testing.T) {
 		t.Fatalf("delete: %v, %v", removed, err)
 	}
 	etcdtest.Eventually(t, 10*time.Second, "no instance to have etl", func() bool {
-		for _, n := range []*testNode{a, b, c} {
+		for _, n := range []*testNode{a, b, c, d} {
 			if slices.Contains(n.Jobs(), "etl") {
 				return false
 			}

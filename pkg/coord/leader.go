@@ -22,6 +22,7 @@ type leader struct {
 	n        *Node
 	job      string
 	local    *config.Job
+	applied  bool   // local is an applied definition: never put back (reconcile)
 	key      string // election key
 	rev      int64  // its CreateRevision: the fence
 	interval int    // reconcileIntervalMinutes of the effective config
@@ -119,6 +120,12 @@ func (l *leader) reconcile(ctx context.Context, st *state) error {
 			log.Error("the registered definition of the job cannot be read by this shardd version; not writing its shard map while leading (upgrade this host)", "err", st.configBad)
 		}
 		return l.yieldToPreferred(st)
+	}
+	if job == nil && l.applied {
+		// An applied definition is never put back from this task's copy
+		// of it: missing, it was deleted (shardd delete), and the catalog
+		// ends the task (applied.go); malformed, its writer repairs it.
+		return nil
 	}
 	if job == nil {
 		// Missing or malformed: the local definition takes its place.

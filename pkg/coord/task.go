@@ -217,7 +217,7 @@ func (t *jobTask) campaign(ctx context.Context) time.Time {
 	// likely leads now, so the look is the leader's first read as well.
 	full := t.older.cleared()
 	t.older.forget()
-	l := &leader{n: n, job: job, local: t.local, key: t.key, rev: t.rev}
+	l := &leader{n: n, job: job, local: t.local, applied: t.applied, key: t.key, rev: t.rev}
 	var st *state
 	var found []candidateKey
 	var err error

@@ -425,7 +425,12 @@ func (cs *ClusterStatus) placement(job string, applied bool, def *config.Job) *P
 			continue
 		}
 		p.Matching = append(p.Matching, in.ID)
-		if why, ok := in.Refused[job]; ok && applied {
+		why, ok := in.Refused[job]
+		if !in.Accepts.Applied {
+			// It says so once in its key, not once a job.
+			why, ok = "this instance does not run applied definitions (start it with --accept-applied)", true
+		}
+		if ok && applied {
 			if p.Refusing == nil {
 				p.Refusing = map[string]string{}
 			}
