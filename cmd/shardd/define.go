@@ -95,14 +95,16 @@ func applyOrDiff(e *env, name string, args []string) error {
 	} else {
 		writeApplied(e.stdout, res, *dry || name == "diff")
 	}
-	changed := false
+	changed, refused := false, 0
 	for _, r := range res {
 		if r.Err != "" {
-			fmt.Fprintf(e.stderr, "shardd %s: job %s: %s\n", name, r.Job, strings.TrimPrefix(r.Err, "refused: "))
+			refused++
 		}
 		changed = changed || (r.Action != "" && r.Action != "unchanged")
 	}
 	switch {
+	case err != nil && (*dry || name == "diff"):
+		return &exitError{exitFailure, fmt.Errorf("%d of %d job(s) would be refused", refused, len(res))}
 	case err != nil:
 		return &exitError{exitFailure, err}
 	case name == "diff" && changed:
@@ -115,8 +117,11 @@ func applyOrDiff(e *env, name string, args []string) error {
 func writeApplied(w io.Writer, res []admin.ApplyResult, dry bool) {
 	for _, r := range res {
 		if r.Err != "" {
-			fmt.Fprintf(w, "job %s: refused\n", r.Job)
+			fmt.Fprintf(w, "job %s: refused: %s\n", r.Job, strings.TrimPrefix(r.Err, "refused: "))
 			continue
+		}
+		for _, n := range r.Notes {
+			fmt.Fprintf(w, "job %s: %s\n", r.Job, n)
 		}
 		verb := map[string]string{"create": "created", "update": "updated", "take-over": "taken over from the files", "unchanged": "unchanged"}[r.Action]
 		if dry {

@@ -20,6 +20,7 @@ import (
 	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/elasticjob"
+	"github.com/shardd/shardd/pkg/selector"
 )
 
 // shardd import: ElasticJob job configurations to shardd definitions
@@ -37,12 +38,26 @@ func cmdImport(e *env, args []string) error {
 	only := fs.String("job", "", "convert only this `job`")
 	apply := fs.Bool("apply", false, "apply the converted jobs to the cluster (as shardd apply -f would) instead of printing them")
 	takeOver := fs.Bool("take-over", false, "with --apply: take over jobs the hosts' files define")
+	dry := fs.Bool("dry-run", false, "with --apply: show what applying would change, write nothing")
+	var o2 elasticjob.Options
+	fs.StringVar(&o2.TimeZone, "time-zone", "", "the time `zone` of the jobs that name none (ElasticJob read their cron in the JVM's zone; shardd reads it in UTC unless told): an IANA name, or GMT+08:00")
+	fs.StringVar(&o2.Selector, "selector", "", "the instances.selector of every job without an ElasticJob label (whose label L becomes the selector label=L): `SELECTOR` like role=batch")
 	if err := applyEnv(e, fs, etcdFlagNames...); err != nil {
 		return err
 	}
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
+	}
+	if o2.TimeZone != "" {
+		if _, err := elasticjob.Zone(o2.TimeZone); err != nil {
+			return usageError("--time-zone: %v", err)
+		}
+	}
+	if o2.Selector != "" {
+		if _, err := selector.Parse(o2.Selector); err != nil {
+			return usageError("--selector: %v", err)
+		}
 	}
 	var res *elasticjob.Result
 	var source string
@@ -53,7 +68,7 @@ func cmdImport(e *env, args []string) error {
 		if err != nil {
 			return &exitError{exitFailure, err}
 		}
-		if res, err = elasticjob.Parse(pos[0], data); err != nil {
+		if res, err = elasticjob.Parse(pos[0], data, o2); err != nil {
 			return &exitError{exitFailure, err}
 		}
 	case len(pos) == 0 && *registry != "":
@@ -61,7 +76,7 @@ func cmdImport(e *env, args []string) error {
 			return usageError("--registry needs --namespace (ElasticJob's regCenter.namespace)")
 		}
 		source = *registry + " namespace " + *namespace
-		if res, err = readRegistry(*registry, *namespace, *only); err != nil {
+		if res, err = readRegistry(*registry, *namespace, *only, o2); err != nil {
 			return &exitError{exitFailure, err}
 		}
 	default:
@@ -78,31 +93,20 @@ func cmdImport(e *env, args []string) error {
 		fmt.Fprintf(e.stderr, "shardd import: %s\n", n)
 	}
 	converted := len(res.Jobs)
+	if (*dry || *takeOver) && !*apply {
+		return usageError("--dry-run and --take-over are for --apply")
+	}
 	if *apply && converted > 0 {
-		for _, j := range res.Jobs {
-			if j.Overwrite {
-				fmt.Fprintf(e.stderr, "shardd import: job %s: overwrite: not applied: an applied definition replaces the registered one by itself\n", j.Name)
-			}
-		}
-		jobs, err := withoutOverwrite(res.Jobs)
-		if err != nil {
-			return &exitError{exitFailure, err}
-		}
 		adm, ctx, done, err := o.connect()
 		if err != nil {
 			return err
 		}
 		defer done()
-		out, err := adm.Apply(ctx, jobs, admin.ApplyOptions{By: cliActor(), TakeOver: *takeOver, Change: "import"})
+		out, err := adm.Apply(ctx, res.Jobs, admin.ApplyOptions{By: cliActor(), TakeOver: *takeOver, DryRun: *dry, Change: "import"})
 		if err != nil && !errors.Is(err, admin.ErrRefused) {
 			return o.opError(err)
 		}
-		writeApplied(e.stdout, out, false)
-		for _, r := range out {
-			if r.Err != "" {
-				fmt.Fprintf(e.stderr, "shardd import: job %s: not applied: %s\n", r.Job, strings.TrimPrefix(r.Err, "refused: "))
-			}
-		}
+		writeApplied(e.stdout, out, *dry)
 		if err != nil {
 			return &exitError{exitFailure, err}
 		}
@@ -123,37 +127,13 @@ func cmdImport(e *env, args []string) error {
 	return nil
 }
 
-// withoutOverwrite returns jobs with overwrite off (shardd apply refuses
-// it).
-func withoutOverwrite(jobs []*config.Job) ([]*config.Job, error) {
-	out := make([]*config.Job, len(jobs))
-	for i, j := range jobs {
-		if !j.Overwrite {
-			out[i] = j
-			continue
-		}
-		c, err := config.ParseWithoutEnv("import", config.YAML(j))
-		if err != nil {
-			return nil, err
-		}
-		k := *c.Jobs[0]
-		k.Overwrite = false
-		nj, err := config.ParseJobJSON("import", k.JSON())
-		if err != nil {
-			return nil, err
-		}
-		out[i] = nj
-	}
-	return out, nil
-}
-
 // registryTimeout bounds the reads of a live registry.
 const registryTimeout = 10 * time.Second
 
 // readRegistry reads and converts the job configs under /namespace of the
 // registry at raw (zk://, etcd://, etcds://); only, when set, is the one
 // job to read.
-func readRegistry(raw, namespace, only string) (*elasticjob.Result, error) {
+func readRegistry(raw, namespace, only string, o elasticjob.Options) (*elasticjob.Result, error) {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("--registry %q: want zk://HOST:PORT, etcd://HOST:PORT or etcds://HOST:PORT", raw)
@@ -176,7 +156,7 @@ func readRegistry(raw, namespace, only string) (*elasticjob.Result, error) {
 	}
 	all := &elasticjob.Result{}
 	for _, job := range slices.Sorted(maps.Keys(configs)) {
-		r, err := elasticjob.ParseRegistry(job, configs[job])
+		r, err := elasticjob.ParseRegistry(job, configs[job], o)
 		if err != nil {
 			all.Notes = append(all.Notes, elasticjob.Note{Job: job, Fatal: true, Reason: err.Error()})
 			continue
@@ -205,7 +185,13 @@ func zkConfigs(servers []string, root, only string) (map[string][]byte, error) {
 	}
 	jobs := []string{only}
 	if only == "" {
-		if jobs, _, err = conn.Children(root); err != nil {
+		jobs, _, err = conn.Children(root)
+		if errors.Is(err, zk.ErrNoNode) {
+			there, _, _ := conn.Children("/")
+			there = slices.DeleteFunc(there, func(n string) bool { return n == "zookeeper" })
+			return nil, fmt.Errorf("ZooKeeper %s has no namespace %s (it has: %s)", strings.Join(servers, ","), strings.TrimPrefix(root, "/"), strings.Join(there, ", "))
+		}
+		if err != nil {
 			return nil, fmt.Errorf("ZooKeeper: list %s: %w", root, err)
 		}
 	}

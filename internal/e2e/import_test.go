@@ -140,17 +140,20 @@ func TestImportFromALiveRegistry(t *testing.T) {
 			t.Errorf("import's output has no %q:\n%s", want, out)
 		}
 	}
+	if code, out := cli(t, e, nil, "import", "--registry", "zk://"+zkAddr, "--namespace", "nosuch"); code != 1 || !strings.Contains(out, "has no namespace nosuch (it has: demo)") {
+		t.Errorf("a namespace that is not there: %d %s", code, out)
+	}
 	if strings.Contains(out, "not-a-job") {
 		t.Errorf("a node without a config was taken for a job:\n%s", out)
 	}
 
-	code, out = cli(t, e, nil, "import", "--registry", "zk://"+zkAddr, "--namespace", "demo", "--job", "settle", "--apply")
-	if code != 0 || !strings.Contains(out, "job settle: created (version 1") || !strings.Contains(out, "overwrite: not applied") {
+	code, out = cli(t, e, nil, "import", "--registry", "zk://"+zkAddr, "--namespace", "demo", "--job", "settle", "--time-zone", "Asia/Shanghai", "--apply")
+	if code != 0 || !strings.Contains(out, "job settle: created (version 1") || !strings.Contains(out, "job settle: overwrite: true left out") {
 		t.Fatalf("import --apply: %d\n%s", code, out)
 	}
 	adm := admin.New(e.client(), keyspace.NewKeys(""))
 	d, err := adm.Definition(context.Background(), "settle")
-	if err != nil || !d.Applied() || d.Job.ShardingTotalCount != 2 || !d.Job.Script.ContextArg {
+	if err != nil || !d.Applied() || d.Job.ShardingTotalCount != 2 || !d.Job.Script.ContextArg || d.Job.TimeZone != "Asia/Shanghai" {
 		t.Fatalf("settle after import --apply: %+v, %v", d, err)
 	}
 	vs, err := adm.Versions(context.Background(), "settle")
@@ -165,7 +168,7 @@ func TestImportFromALiveRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	code, out = cli(t, e, nil, "import", "--registry", "etcd://"+reg.addr(), "--namespace", "demo", "--job", "ping")
+	code, out = cli(t, e, nil, "import", "--registry", "etcd://"+reg.addr(), "--namespace", "demo", "--job", "ping", "--time-zone", "UTC")
 	if code != 0 || !strings.Contains(out, "- name: ping") || strings.Contains(out, "settle") {
 		t.Errorf("import --job ping from etcd: %d\n%s", code, out)
 	}

@@ -38,6 +38,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/selector"
 )
 
 // Note is a key (or a whole job) that did not convert, and why.
@@ -69,20 +70,30 @@ type Result struct {
 // Complete reports whether everything converted.
 func (r *Result) Complete() bool { return len(r.Notes) == 0 }
 
+// Options adjust a conversion.
+type Options struct {
+	// TimeZone is the zone of the jobs that name none (ElasticJob then
+	// uses the JVM's); "" leaves them in UTC, with a note.
+	TimeZone string
+	// Selector is the instances.selector of the jobs that get none from
+	// their ElasticJob label.
+	Selector string
+}
+
 // Parse reads an ElasticJob configuration file, whichever of the two kinds
 // it is: a Spring Boot application YAML (with elasticjob.jobs), or one job
 // config of the registry (jobName, cron, ... at the top). name is the
 // file's name, for errors.
-func Parse(name string, data []byte) (*Result, error) {
+func Parse(name string, data []byte, o Options) (*Result, error) {
 	var doc map[string]any
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("%s: not YAML (or JSON): %v", name, err)
 	}
 	if jobs, ok := springJobs(doc); ok {
-		return convertSpring(name, jobs)
+		return convertSpring(name, jobs, o)
 	}
 	if _, ok := lookup(doc, "jobName"); ok {
-		return ParseRegistry("", data)
+		return ParseRegistry("", data, o)
 	}
 	if _, ok := lookup(doc, "elasticjob"); ok {
 		return nil, fmt.Errorf("%s: an elasticjob section without jobs (elasticjob.jobs.<name>)", name)
@@ -93,7 +104,7 @@ func Parse(name string, data []byte) (*Result, error) {
 // ParseRegistry reads one job config as the registry keeps it at
 // /<namespace>/<job>/config; job is its name there, used when the config
 // has no jobName.
-func ParseRegistry(job string, data []byte) (*Result, error) {
+func ParseRegistry(job string, data []byte, o Options) (*Result, error) {
 	var raw map[string]any
 	if err := yaml.Unmarshal(data, &raw); err != nil {
 		return nil, fmt.Errorf("job config %s: not YAML (or JSON): %v", job, err)
@@ -110,7 +121,7 @@ func ParseRegistry(job string, data []byte) (*Result, error) {
 		return nil, errors.New("job config: no jobName")
 	}
 	r := &Result{}
-	r.add(job, raw)
+	r.add(job, raw, o)
 	return r, nil
 }
 
@@ -132,7 +143,7 @@ func springJobs(doc map[string]any) (map[string]any, bool) {
 	return nil, false
 }
 
-func convertSpring(name string, jobs map[string]any) (*Result, error) {
+func convertSpring(name string, jobs map[string]any, o Options) (*Result, error) {
 	r := &Result{}
 	names := make([]string, 0, len(jobs))
 	for n := range jobs {
@@ -145,7 +156,7 @@ func convertSpring(name string, jobs map[string]any) (*Result, error) {
 			r.Notes = append(r.Notes, Note{Job: job, Fatal: true, Reason: fmt.Sprintf("its configuration is a %T, not a mapping of keys", jobs[job])})
 			continue
 		}
-		r.add(job, raw)
+		r.add(job, raw, o)
 	}
 	if len(names) == 0 {
 		return nil, fmt.Errorf("%s: elasticjob.jobs has no job", name)
@@ -194,7 +205,6 @@ var dropped = map[string]string{
 	"jobExecutorServiceHandlerType": "shardd runs each item in a process of its own; maxConcurrency caps how many run at once on a host",
 	"jobListenerTypes":              "ElasticJob's listeners are Java classes; shardd's listeners.before/after are commands: write them by hand",
 	"jobExtraConfigurations":        "extra Java configurations (tracing data sources and the like); shardd keeps every run's record and log itself",
-	"label":                         "ElasticJob's label routes jobs to servers; shardd does that with instances.selector and shardd run --label: set them by hand",
 	"staticSharding":                "shardd's leader rewrites the map on every membership change; there is no static sharding",
 	"monitorPort":                   "ElasticJob-Lite 2's dump port; shardd status and the console show a job's state",
 	"streamingProcess":              "a Java dataflow job's setting; a script's dataflow.streaming is shardd's",
@@ -242,7 +252,7 @@ func (j *job) fatal(format string, args ...any) {
 
 // add converts the job name's config raw and adds the job (or the notes
 // of why it did not convert) to r.
-func (r *Result) add(name string, raw map[string]any) {
+func (r *Result) add(name string, raw map[string]any, o Options) {
 	j := &job{name: name}
 	if err := config.CheckName(name); err != nil {
 		clean := strings.Map(func(c rune) rune {
@@ -273,14 +283,16 @@ func (r *Result) add(name string, raw map[string]any) {
 	for _, k := range slices.Sorted(mapKeys(raw)) {
 		if idx := slices.IndexFunc(known, func(kn string) bool { return normalize(kn) == normalize(k) }); idx < 0 {
 			if near, ok := config.Nearest(k, known); ok {
-				j.note(k, "unknown key (did you mean %s?)", near)
+				// A misspelled key would be converted as if absent (one
+				// item for shardingTotalCont): the job is left out.
+				j.notes = append(j.notes, Note{Job: j.name, Key: k, Fatal: true, Reason: fmt.Sprintf("unknown key %s (did you mean %s?): fix it and import again", k, near)})
 			} else {
 				j.note(k, "unknown key")
 			}
 		}
 	}
 	for _, k := range slices.Sorted(mapKeys(dropped)) {
-		if v, ok := get(k); ok && !empty(v) {
+		if v, ok := get(k); ok && !empty(v) && !off(k, v) {
 			j.note(k, "%s", dropped[k])
 		}
 	}
@@ -297,7 +309,15 @@ func (r *Result) add(name string, raw map[string]any) {
 	if v, ok := get("cron"); ok && !empty(v) {
 		j.set("cron", "cron", fmt.Sprint(v))
 	}
-	if v, ok := get("timeZone"); ok && !empty(v) {
+	tzv, hasZone := get("timeZone")
+	if !hasZone || empty(tzv) {
+		if o.TimeZone != "" {
+			tzv, hasZone = o.TimeZone, true
+		} else if v, ok := get("cron"); ok && !empty(v) {
+			j.note("timeZone", "none given: ElasticJob read the cron in the JVM's zone, shardd reads it in UTC; give shardd import --time-zone ZONE (Asia/Shanghai, say), or timeZone in the output")
+		}
+	}
+	if v := tzv; hasZone && !empty(v) {
 		if tz, err := zone(fmt.Sprint(v)); err != nil {
 			j.notes = append(j.notes, Note{Job: j.name, Key: "timeZone", Fatal: true, Reason: err.Error() + " (in another zone its fires would come at the wrong hours)"})
 		} else {
@@ -341,12 +361,37 @@ func (r *Result) add(name string, raw map[string]any) {
 		}
 	}
 
+	// ElasticJob's label routes the job to the servers of that label:
+	// shardd's selector of the label "label" (shardd run --label label=L).
+	if v, ok := get("label"); ok && !empty(v) {
+		if sel := "label=" + fmt.Sprint(v); validSelector(sel) {
+			j.set("instances", "label", map[string]any{"selector": sel})
+		} else {
+			j.notes = append(j.notes, Note{Job: j.name, Key: "label", Fatal: true, Reason: fmt.Sprintf("%q is not a label value shardd's selectors take (letters, digits, '-', '_', '.')", fmt.Sprint(v))})
+		}
+	} else if o.Selector != "" {
+		j.set("instances", "--selector", map[string]any{"selector": o.Selector})
+	}
+
 	j.work(get, props, used)
 	j.errorHandler(get, props, used)
-	for _, k := range slices.Sorted(mapKeys(props)) {
-		if !used[k] {
-			j.note("props."+k, "a property shardd does not know")
+	if v, ok := props["streaming.process"]; ok {
+		used["streaming.process"] = true
+		if b, _ := strconv.ParseBool(v); b {
+			j.note("props.streaming.process", "a Java dataflow job's streaming; a script or hook streams with dataflow: {streaming: true} (set it by hand)")
 		}
+	}
+	knownProps := []string{"script.command.line", "http.uri", "http.method", "http.data", "http.connect.timeout.milliseconds", "http.read.timeout.milliseconds",
+		"http.content.type", "dingtalk.webhook", "dingtalk.keyword", "dingtalk.secret", "wechat.webhook", "streaming.process"}
+	for _, k := range slices.Sorted(mapKeys(props)) {
+		if used[k] {
+			continue
+		}
+		if near, ok := config.Nearest(k, knownProps); ok && near != k {
+			j.notes = append(j.notes, Note{Job: j.name, Key: "props." + k, Fatal: true, Reason: fmt.Sprintf("unknown property (did you mean %s?): fix it and import again", near)})
+			continue
+		}
+		j.note("props."+k, "a property shardd does not know")
 	}
 	def := j.parse()
 	r.Notes = append(r.Notes, j.notes...)
@@ -420,6 +465,7 @@ func (j *job) http(props map[string]string, used map[string]bool) {
 	method := strings.ToUpper(props["http.method"])
 	if method == "" {
 		method = "GET"
+		j.note("props.http.method", "none given (ElasticJob requires one): GET is written, say which by hand")
 	}
 	h["method"] = method
 	if d := props["http.data"]; d != "" {
@@ -486,10 +532,10 @@ func (j *job) errorHandler(get func(string) (any, bool), props map[string]string
 		}
 		j.set("onFailure", "props."+format+".webhook", map[string]any{"webhook": url, "format": format})
 		if props["dingtalk.secret"] != "" && typ == "DINGTALK" {
-			j.note("props.dingtalk.secret", "shardd does not sign its DingTalk messages: switch the robot's security from signing to a keyword or an IP allowlist")
+			j.note("props.dingtalk.secret", "shardd does not sign its DingTalk messages, nor carry a keyword in them: switch the robot's security to an IP allowlist")
 		}
 		if props["dingtalk.keyword"] != "" && typ == "DINGTALK" {
-			j.note("props.dingtalk.keyword", "shardd's message does not carry a keyword: the robot accepts it only without the keyword check (or with an IP allowlist)")
+			j.note("props.dingtalk.keyword", "shardd's message does not carry a keyword: switch the robot's security to an IP allowlist")
 		}
 		for _, k := range []string{"connectTimeoutMilliseconds", "readTimeoutMilliseconds"} {
 			if props[format+"."+k] != "" {
@@ -550,6 +596,10 @@ func (j *job) parse() *config.Job {
 	}
 	return nil
 }
+
+// Zone converts a Java time zone ID (ElasticJob's timeZone) into the IANA
+// name shardd takes; an error says why it cannot.
+func Zone(id string) (string, error) { return zone(id) }
 
 // zone converts a Java time zone ID into an IANA name: IANA names as they
 // are, GMT+08:00 (or UTC+8) as the fixed zone Etc/GMT-8.
@@ -668,6 +718,24 @@ func mapKeys[V any](m map[string]V) func(func(string) bool) {
 			}
 		}
 	}
+}
+
+// off reports whether v, a dropped key's value, is its "off" (ElasticJob
+// writes staticSharding: false, monitorPort: -1 into every config): no
+// note is due.
+func off(key string, v any) bool {
+	switch fmt.Sprint(v) {
+	case "false", "-1", "0":
+		return true
+	case "CPU": // jobExecutorServiceHandlerType's default
+		return key == "jobExecutorServiceHandlerType"
+	}
+	return false
+}
+
+func validSelector(s string) bool {
+	_, err := selector.Parse(s)
+	return err == nil
 }
 
 func empty(v any) bool {

@@ -15,7 +15,7 @@ func parseFile(t *testing.T, name string) *Result {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := Parse(name, data)
+	r, err := Parse(name, data, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,10 +68,10 @@ func TestSpringBoot(t *testing.T) {
 		h.HTTP.Timeout != config.Duration(10e9) || h.HTTP.Headers["Content-Type"] != "application/x-www-form-urlencoded" {
 		t.Errorf("notify-http's http: %+v", h.HTTP)
 	}
-	if h.TimeZone != "Asia/Shanghai" || h.ShardingTotalCount != 2 || h.OnFailure == nil || h.OnFailure.Format != "wechat" {
+	if h.TimeZone != "Asia/Shanghai" || h.ShardingTotalCount != 2 || h.OnFailure == nil || h.OnFailure.Format != "wechat" || h.Instances == nil || h.Instances.Selector != "label=edge" {
 		t.Errorf("notify-http: %s", h.JSON())
 	}
-	if got := notesOf(r, "notify-http"); len(got) != 0 {
+	if got := notesOf(r, "notify-http"); len(got) != 0 { // its label is a selector, its method given
 		t.Errorf("notify-http's notes: %q", got)
 	}
 
@@ -83,15 +83,17 @@ func TestSpringBoot(t *testing.T) {
 		t.Errorf("manualScript's notes: %q", got)
 	}
 
+	tz := "timeZone: not converted: none given: ElasticJob read the cron in the JVM's zone, shardd reads it in UTC"
 	want := map[string][]string{
-		"javaSimple":   {"job javaSimple: not converted: a Java class job (org.example.job.SpringBootSimpleJob)"},
-		"badCron":      {"job badCron: not converted: shardd refuses it: cron \"0 0 23 L * ?\""},
+		"javaSimple":   {"job javaSimple: not converted: a Java class job (org.example.job.SpringBootSimpleJob)", "job javaSimple: " + tz},
+		"badCron":      {"job badCron: not converted: shardd refuses it: cron \"0 0 23 L * ?\"", "job badCron: " + tz},
 		"halfHourZone": {"job halfHourZone: not converted: GMT+05:30 is 30 minutes off a whole hour"},
 		"typos": {
+			"job typos: not converted: unknown key shardingTotalCont (did you mean shardingTotalCount?)",
+			"job typos: not converted: unknown property (did you mean script.command.line?)",
 			"job typos: jobExecutorServiceHandlerType: not converted: shardd runs each item in a process of its own",
-			"job typos: shardingTotalCont: not converted: unknown key (did you mean shardingTotalCount?)",
 			"job typos: jobErrorHandlerType: not converted: EMAIL: shardd does not send mail",
-			"job typos: props.script.comand.line: not converted: a property shardd does not know",
+			"job typos: " + tz,
 		},
 	}
 	for job, w := range want {
@@ -105,16 +107,26 @@ func TestSpringBoot(t *testing.T) {
 			t.Errorf("%s: notes %q, want %d", job, got, len(w))
 		}
 	}
-	for _, j := range []string{"javaSimple", "badCron", "halfHourZone"} {
+	for _, j := range []string{"javaSimple", "badCron", "halfHourZone", "typos"} {
 		if slices.ContainsFunc(r.Jobs, func(c *config.Job) bool { return c.Name == j }) {
 			t.Errorf("%s converted, though it could not be", j)
 		}
 	}
-	for _, j := range []string{"typos"} {
-		jobOf(t, r, j) // converted without what was noted
-	}
 	if r.Complete() {
 		t.Error("Complete with notes")
+	}
+	// --time-zone: the jobs without a zone get it, without a note; and
+	// --selector, the jobs without an ElasticJob label.
+	data, _ := os.ReadFile("testdata/application.yaml")
+	r2, err := Parse("application.yaml", data, Options{TimeZone: "Asia/Shanghai", Selector: "role=batch"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j := jobOf(t, r2, "manualScript"); j.TimeZone != "Asia/Shanghai" || j.Instances == nil || j.Instances.Selector != "role=batch" {
+		t.Errorf("with --time-zone and --selector: %s", j.JSON())
+	}
+	if got := notesOf(r2, "typos"); slices.ContainsFunc(got, func(g string) bool { return strings.Contains(g, "none given") }) {
+		t.Errorf("with --time-zone, still a zone note: %q", got)
 	}
 	// What converted is what shardd validate accepts.
 	if _, err := config.ParseWithoutEnv("out.yaml", config.YAML(r.Jobs...)); err != nil {
@@ -126,7 +138,7 @@ func TestSpringBoot(t *testing.T) {
 func TestRegistryConfigs(t *testing.T) {
 	r := parseFile(t, "registry-config.yaml")
 	j := jobOf(t, r, "scriptElasticJob")
-	if !r.Complete() || j.Strategy != "ROUND_ROBIN" || !j.Failover || j.ShardingTotalCount != 3 || j.Script.Command.Argv[0] != "/opt/jobs/demo.sh" || j.TimeZone != "UTC" {
+	if !r.Complete() || j.Strategy != "ROUND_ROBIN" || !j.Failover || j.ShardingTotalCount != 3 || j.Script.Command.Argv[0] != "/opt/jobs/demo.sh" || j.TimeZone != "Asia/Shanghai" {
 		t.Errorf("3.x registry config: %s; notes %v", j.JSON(), r.Notes)
 	}
 	r = parseFile(t, "registry-config-2x.json")
@@ -134,8 +146,8 @@ func TestRegistryConfigs(t *testing.T) {
 	if j.Strategy != "ROUND_ROBIN" || j.Cron != "0 0/10 * * * ?" || j.Script.Command.Argv[0] != "/opt/jobs/legacy.sh" || !j.Overwrite {
 		t.Errorf("2.x registry config: %s", j.JSON())
 	}
-	if got := notesOf(r, "legacyScript"); len(got) != 1 || !strings.Contains(got[0], "monitorPort") {
-		t.Errorf("2.x notes: %q, want monitorPort's only (the default handlers are not worth a note)", got)
+	if got := notesOf(r, "legacyScript"); len(got) != 1 || !strings.Contains(got[0], "timeZone") {
+		t.Errorf("2.x notes: %q, want the zone's only (monitorPort -1 and the default handlers are off: no note)", got)
 	}
 }
 
@@ -183,7 +195,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Add([]byte("jobName: x\nprops: {script.command.line: '\"'}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := Parse("fuzz", data)
+		r, err := Parse("fuzz", data, Options{TimeZone: "Asia/Shanghai"})
 		if err != nil {
 			return
 		}

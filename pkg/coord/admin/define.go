@@ -90,6 +90,9 @@ type ApplyResult struct {
 	Version    int64  `json:"version,omitempty"`
 	Generation int64  `json:"generation,omitempty"`
 	Err        string `json:"error,omitempty"`
+	// Notes say what apply changed of the definition given (an
+	// overwrite: true it left out).
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Apply registers each job as its applied definition, one Txn per job.
@@ -124,16 +127,32 @@ func refuseApplied(j *config.Job) error {
 	if len(j.DependsOn) > 0 {
 		return opErr(ErrRefused, "job %q: dependsOn is not supported in applied definitions yet: define the job and its parents in the hosts' files (docs/applied.md)", j.Name)
 	}
-	if j.Overwrite {
-		return opErr(ErrRefused, "job %q: overwrite is for definitions in the hosts' files; an applied definition replaces the registered one by itself", j.Name)
-	}
 	return nil
+}
+
+// withoutOverwrite returns j with overwrite off, and whether it was on:
+// overwrite says how a host publishes its file, and an applied definition
+// replaces the registered one by itself (it is not in the hash).
+func withoutOverwrite(j *config.Job) (*config.Job, bool) {
+	if !j.Overwrite {
+		return j, false
+	}
+	c := *j
+	c.Overwrite = false
+	if k, err := config.ParseJobJSON("apply", c.JSON()); err == nil {
+		return k, true
+	}
+	return j, false
 }
 
 func (c *Client) applyOne(ctx context.Context, j *config.Job, o ApplyOptions) (ApplyResult, error) {
 	r := ApplyResult{Job: j.Name}
 	if err := refuseApplied(j); err != nil {
 		return r, err
+	}
+	var dropped bool
+	if j, dropped = withoutOverwrite(j); dropped {
+		r.Notes = append(r.Notes, "overwrite: true left out: an applied definition replaces the registered one by itself")
 	}
 	cur, err := c.readDefinition(ctx, j.Name)
 	if err != nil {
@@ -376,6 +395,7 @@ func (c *Client) rollback(ctx context.Context, job string, to int64, by string) 
 		if err := refuseApplied(target.Def); err != nil {
 			return r, err
 		}
+		target.Def, _ = withoutOverwrite(target.Def)
 	}
 	r.Action, r.Diff = "rollback", config.Diff(cur.Job, target.Def)
 	source := cur.Registered.Source // a rollback keeps the job applied, or in the files
