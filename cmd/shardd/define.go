@@ -146,6 +146,7 @@ func cmdGet(e *env, args []string) error {
 	var o opsFlags
 	o.register(fs)
 	output := fs.String("o", "yaml", "output `format`: yaml (what shardd apply takes back) or json")
+	version := fs.Int64("version", 0, "a kept `version` of the definition instead of the registered one (shardd history --definitions JOB lists them)")
 	job, err := o.parseJob(e, fs, args)
 	if err != nil {
 		return err
@@ -158,6 +159,28 @@ func cmdGet(e *env, args []string) error {
 		return err
 	}
 	defer done()
+	if *version > 0 {
+		vs, err := adm.Versions(ctx, job)
+		if err != nil {
+			return o.opError(err)
+		}
+		for _, v := range vs {
+			if v.Version != *version {
+				continue
+			}
+			if v.Def == nil {
+				return &exitError{exitFailure, fmt.Errorf("job %s: version %d does not validate in this shardd: %s", job, v.Version, v.Err)}
+			}
+			if *output == "json" {
+				_, err := e.stdout.Write(append(v.Def.JSON(), '\n'))
+				return err
+			}
+			fmt.Fprintf(e.stdout, "# job %s: version %d (generation %d), %s by %s at %s\n", job, v.Version, v.Generation, v.Change, v.By, v.Written.UTC().Format(time.RFC3339))
+			_, err := e.stdout.Write(config.YAML(v.Def))
+			return err
+		}
+		return &exitError{exitFailure, fmt.Errorf("job %s has no version %d kept (shardd history --definitions %s lists them)", job, *version, job)}
+	}
 	d, err := adm.Definition(ctx, job)
 	if err != nil {
 		return o.opError(err)

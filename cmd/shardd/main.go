@@ -83,7 +83,7 @@ func commands() []command {
 		{"remove", "delete what etcd keeps of a job no instance defines any more", "JOB [--etcd URL,...]", cmdRemove},
 		{"apply", "register job definitions in etcd, run by the instances that accept applied definitions and match their selector", "-f FILE|DIR|- [--take-over] [--dry-run] [-o json] [--etcd URL,...]", cmdApply},
 		{"diff", "show what shardd apply would change, field by field (exit 1 when something would)", "-f FILE|DIR|- [--take-over] [-o json] [--etcd URL,...]", cmdDiff},
-		{"get", "print a job's registered definition as YAML that shardd apply takes back", "JOB [-o yaml|json] [--etcd URL,...]", cmdGet},
+		{"get", "print a job's registered definition as YAML that shardd apply takes back", "JOB [--version N] [-o yaml|json] [--etcd URL,...]", cmdGet},
 		{"delete", "delete an applied job: its instances leave it, then its keys go", "JOB [--wait 30s] [--etcd URL,...]", cmdDelete},
 		{"rollback", "register a kept version of a job's definition again", "JOB --to VERSION [--etcd URL,...]", cmdRollback},
 		{"import", "convert ElasticJob job configs (a Spring Boot YAML, a registry config, or a live ZooKeeper or etcd registry) to shardd definitions", "FILE | --registry zk://HOST:PORT --namespace NS [--job NAME] [--apply [--take-over] [--etcd URL,...]]", cmdImport},

@@ -35,11 +35,14 @@ type AcceptPolicy struct {
 // CommandDirs would load code from elsewhere: the dynamic loader's, the
 // shells' start-up files and search path, and the interpreters' module
 // paths and options.
-var codeEnv = []string{"PATH", "ENV", "BASH_ENV", "IFS", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "CDPATH",
-	"GCONV_PATH", "NODE_OPTIONS", "NODE_PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH", "RUBYOPT", "RUBYLIB", "PERL5OPT", "PERL5LIB", "PERLLIB", "HOME", "XDG_CONFIG_HOME"}
+var codeEnv = []string{"PATH", "ENV", "BASH_ENV", "IFS", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "CDPATH", "ZDOTDIR",
+	"GCONV_PATH", "NODE_OPTIONS", "NODE_PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH", "RUBYOPT", "RUBYLIB",
+	"PERL5OPT", "PERL5LIB", "PERLLIB", "HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "XDG_DATA_DIRS", "TMPDIR", "EDITOR", "VISUAL", "PAGER",
+	"SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_HOME", "WGETRC", "INPUTRC", "TERMINFO", "LOCPATH", "NLSPATH", "MALLOC_CONF"}
 
-// codeEnvPrefixes are prefixes of such variables.
-var codeEnvPrefixes = []string{"LD_", "DYLD_", "PYTHON", "GIT_", "BASH_FUNC_"}
+// codeEnvPrefixes are prefixes of such variables (the dynamic loader's,
+// the interpreters': Python, Lua, PHP, Ruby, Tcl, R, OpenSSL's config).
+var codeEnvPrefixes = []string{"LD_", "DYLD_", "PYTHON", "GIT_", "BASH_FUNC_", "LUA_", "PHP", "OPENSSL_", "RUBY", "TCL", "R_", "GEM_", "BUNDLE_", "GLIBC_", "GCONV_", "NPM_", "YARN_", "DENO_", "JULIA_", "GUILE_", "EMACS"}
 
 // Check says why p refuses the applied definition j; nil: it accepts it.
 // The error names the field at fault.
@@ -73,6 +76,16 @@ func (p AcceptPolicy) Check(j *Job) error {
 						return err
 					}
 				}
+			}
+		}
+	}
+	if j.HTTP != nil && len(p.HookHosts) == 0 && len(p.CommandDirs) > 0 {
+		// Headers expand ${VAR} from shardd's environment on this host: to
+		// a URL of any host, the host's secrets would go wherever the
+		// definition says. Restricted commands mean a restricted host.
+		for _, k := range sortedKeys(j.HTTP.Headers) {
+			if strings.Contains(j.HTTP.Headers[k], "${") {
+				return fmt.Errorf("http.headers %s sends a variable of this host's environment to a URL of any host: this instance accepts it only with --accept-hook-host", k)
 			}
 		}
 	}

@@ -173,6 +173,10 @@ func TestApplyOverAFileJob(t *testing.T) {
 	if _, err := adm.Apply(ctx, js, admin.ApplyOptions{By: "test"}); !errors.Is(err, admin.ErrRefused) {
 		t.Fatalf("apply over a file job without --take-over: %v, want a refusal", err)
 	}
+	// Nor rolled back: what an operator writes is applied, not a file's.
+	if _, err := adm.Rollback(ctx, "report", 1, "test"); !errors.Is(err, admin.ErrRefused) || !strings.Contains(err.Error(), "defined in the hosts' files") {
+		t.Fatalf("rollback of a file job: %v, want a refusal", err)
+	}
 	res, err := adm.Apply(ctx, js, admin.ApplyOptions{By: "test", TakeOver: true})
 	if err != nil || res[0].Action != "take-over" {
 		t.Fatalf("take-over: %+v, %v", res, err)

@@ -247,7 +247,12 @@ func (n *Node) recomputeJobsLocked() (dropped []string) {
 		if v, ok := n.views[name]; ok {
 			v.Local = j // the registration that follows says whether it conflicts
 		} else {
-			n.views[name] = &JobView{Local: j, Job: j}
+			v := &JobView{Local: j, Job: j}
+			if n.applied[name] == j {
+				v.Source = keyspace.SourceApplied
+			}
+			v.refusal = n.mayRun(j, v.Source)
+			n.views[name] = v
 		}
 	}
 	for name := range n.views {
@@ -528,9 +533,20 @@ func (n *Node) setSession(s *session) {
 
 // sessionFor returns the current session and the CreateRevision of its
 // member key for job (0 when the job is not registered in it).
+//
+// A job whose registered definition this instance may not run (its view's
+// refusal: a selector that does not match, an applied definition it does
+// not accept) has no member key to claim with, even while its task has
+// yet to withdraw the key: the definition and its refusal are taken
+// together (takeDefinition), so a claim made on a definition this
+// instance refuses is never granted. Nor is one of a job the instance no
+// longer has (its view is gone before its task has withdrawn the key).
 func (n *Node) sessionFor(job string) (*session, int64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if v, ok := n.views[job]; !ok || v.refusal != nil {
+		return n.session, 0 // refused, or no longer a job of this instance
+	}
 	return n.session, n.members[job]
 }
 

@@ -117,11 +117,9 @@ func (t *jobTask) step(ctx context.Context) time.Time {
 		t.stopKids = t.n.followChildren(ctx, t.local.Name) // the registration reads it too
 	}
 	if t.phase == candidate || t.phase == leading {
-		if v, ok := t.n.View(t.local.Name); ok {
-			if err := t.n.mayRun(v.Job, v.Source); err != nil {
-				t.park(err)
-				return steps.Never
-			}
+		if v, ok := t.n.View(t.local.Name); ok && v.refusal != nil {
+			t.park(v.refusal)
+			return steps.Never
 		}
 	}
 	switch t.phase {

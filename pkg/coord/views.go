@@ -38,6 +38,10 @@ type JobView struct {
 	// parents (jobs/<job>/children); childrenRev its ModRevision.
 	Children    keyspace.ParentsOf
 	childrenRev int64
+	// refusal says why this instance may not run Job (mayRun), nil when
+	// it may; set with Job, so that no claim is made on a definition this
+	// instance refuses (sessionFor).
+	refusal error
 	// task is the job's task (nil when it has none), woken when the
 	// definition changes: whether this instance may run the job depends
 	// on it.

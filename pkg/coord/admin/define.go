@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -164,6 +165,14 @@ func (c *Client) applyOne(ctx context.Context, j *config.Job, o ApplyOptions) (A
 	switch {
 	case cur == nil:
 		r.Action = "create"
+		// Versions left by an earlier life of the job (its config key
+		// deleted by other means): numbering goes on past them, so that
+		// no record is written over and the newest stays the newest.
+		last, err := c.lastVersion(ctx, j.Name)
+		if err != nil {
+			return r, err
+		}
+		prev.Version = last
 	case cur.Err != nil && keyspace.DefinitionStateOf(cur.Err) == keyspace.DefinitionUnreadable:
 		return r, opErr(ErrRefused, "job %q: its registered definition cannot be read by this shardd (%v): upgrade this shardd, or shardd remove the job", j.Name, cur.Err)
 	case !cur.Applied() && !o.TakeOver:
@@ -189,6 +198,9 @@ func (c *Client) applyOne(ctx context.Context, j *config.Job, o ApplyOptions) (A
 		change = "take-over"
 	}
 	rc := newRegistered(j, &prev, cur != nil, keyspace.SourceApplied, o.By)
+	if cur == nil {
+		rc.Version = prev.Version + 1
+	}
 	detail := r.Action
 	if r.Action != "create" {
 		detail += " " + summarize(r.Diff)
@@ -199,6 +211,19 @@ func (c *Client) applyOne(ctx context.Context, j *config.Job, o ApplyOptions) (A
 	}
 	r.Version, r.Generation = rc.Version, gen
 	return r, nil
+}
+
+// lastVersion is the number of job's newest version record, 0 for none.
+func (c *Client) lastVersion(ctx context.Context, job string) (int64, error) {
+	resp, err := c.cli.Get(ctx, c.keys.Versions(job), clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, fmt.Errorf("read the versions of job %q: %w", job, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, nil
+	}
+	n, _ := strconv.ParseInt(keyspace.LastSegment(string(resp.Kvs[0].Key)), 10, 64)
+	return n, nil
 }
 
 // newRegistered is the config value that registers j over prev (when
@@ -387,22 +412,22 @@ func (c *Client) rollback(ctx context.Context, job string, to int64, by string) 
 	if cur == nil {
 		return r, opErr(ErrRefused, "job %q has no registered definition (deleted?); apply it instead", job)
 	}
+	if !cur.Applied() {
+		// What an operator writes is applied, run only by the hosts that
+		// accept applied definitions: a rollback written as a file's
+		// definition would make hosts that accept none run it.
+		return r, opErr(ErrRefused, "job %q is defined in the hosts' files: roll their files back; or make it applied with that version (run only by the hosts that accept applied definitions): shardd get %s --version %d | shardd apply --take-over -f -", job, job, target.Version)
+	}
 	if cur.Job != nil && cur.Job.Hash() == target.Def.Hash() {
 		r.Action, r.Version, r.Generation = "unchanged", cur.Registered.Version, cur.Generation
 		return r, nil
 	}
-	if cur.Applied() {
-		if err := refuseApplied(target.Def); err != nil {
-			return r, err
-		}
-		target.Def, _ = withoutOverwrite(target.Def)
+	if err := refuseApplied(target.Def); err != nil {
+		return r, err
 	}
+	target.Def, _ = withoutOverwrite(target.Def)
 	r.Action, r.Diff = "rollback", config.Diff(cur.Job, target.Def)
-	source := cur.Registered.Source // a rollback keeps the job applied, or in the files
-	if source == "" {
-		source = keyspace.SourceFile
-	}
-	rc := newRegistered(target.Def, &cur.Registered, true, source, by)
+	rc := newRegistered(target.Def, &cur.Registered, true, keyspace.SourceApplied, by)
 	cmp := clientv3.Compare(clientv3.ModRevision(c.keys.Config(job)), "=", cur.Generation)
 	gen, err := c.writeDefinition(ctx, job, rc, cmp, "rollback", target.Version, fmt.Sprintf("to version %d %s", target.Version, summarize(r.Diff)))
 	if err != nil {
@@ -450,6 +475,7 @@ func (c *Client) deleteApplied(ctx context.Context, job, by string, wait time.Du
 	}
 	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(c.keys.Config(job)), "=", cur.Generation)).Then(
 		clientv3.OpDelete(c.keys.Config(job)), clientv3.OpDelete(c.keys.Placement(job)),
+		clientv3.OpDelete(c.keys.Versions(job), clientv3.WithPrefix()), // a job applied again starts a history of its own
 		c.auditOp(keyspace.AuditEntry{Actor: by, Action: "delete", Job: job, Target: "job " + job,
 			Detail: fmt.Sprintf("version %d, hash %s", cur.Registered.Version, cur.Registered.Hash), Outcome: keyspace.AuditOK})).Commit()
 	if err != nil {
