@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -66,7 +67,7 @@ func digestOf(path string) [32]byte {
 // reload loads the configuration and applies it if valid.
 func (r *reloader) reload(why string) {
 	d := digestOf(r.path)
-	cfg, err := loadConfig(r.log, r.path, r.root)
+	cfg, err := loadConfig(r.log, r.path, r.root, r.allowEmpty)
 	if err == nil && len(cfg.Jobs) == 0 && !r.allowEmpty {
 		err = fmt.Errorf("%s defines no jobs; to stop every job, stop shardd", r.path)
 	}
@@ -90,12 +91,17 @@ func (r *reloader) reload(why string) {
 }
 
 // loadConfig vets the files of the config at path (vetConfig) and loads
-// it: at start and at every reload.
-func loadConfig(log *slog.Logger, path string, root bool) (*config.Config, error) {
+// it: at start and at every reload. allowEmpty takes a directory without
+// job files for no job (an instance that runs applied ones).
+func loadConfig(log *slog.Logger, path string, root, allowEmpty bool) (*config.Config, error) {
 	if err := vetConfig(log, path, root); err != nil {
 		return nil, err
 	}
-	return config.Load(path)
+	c, err := config.Load(path)
+	if allowEmpty && errors.Is(err, config.ErrNoFiles) {
+		return &config.Config{}, nil
+	}
+	return c, err
 }
 
 // Run reloads on SIGHUP and on file changes until ctx is done.

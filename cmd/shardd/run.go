@@ -297,7 +297,7 @@ func (f *runFlags) load(log *slog.Logger) (*inputs, error) {
 	// The digest is taken before the load: an edit during start-up, even
 	// during the load, differs from it and is reloaded.
 	in := &inputs{digest: digestOf(f.config), root: os.Geteuid() == 0}
-	cfg, err := loadConfig(log, f.config, in.root)
+	cfg, err := loadConfig(log, f.config, in.root, f.accept.Applied)
 	if errors.Is(err, errUnsafeFile) {
 		for _, p := range config.Errors(err) {
 			log.Error("unsafe config", "err", p)

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/history"
@@ -187,10 +188,10 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tHOST\tPID\tVERSION\tSTARTED\tAPI\tLABELS\tJOBS")
+	fmt.Fprintln(tw, "INSTANCE\tHOST\tPID\tVERSION\tSTARTED\tAPI\tLABELS\tACCEPTS\tJOBS")
 	for _, in := range st.Instances {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", in.ID, in.Host, in.PID, dash(in.Version), in.Started.Format(time.RFC3339), dash(in.API),
-			dash(labelsFlag(in.Labels).String()), dash(strings.Join(in.Jobs, ",")))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", in.ID, in.Host, in.PID, dash(in.Version), in.Started.Format(time.RFC3339), dash(in.API),
+			dash(labelsFlag(in.Labels).String()), accepts(in.Accepts), dash(strings.Join(in.Jobs, ",")))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -256,4 +257,23 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// accepts says in a word what an instance accepts of applied definitions:
+// "-" (none), "applied", or "applied(dirs ...; hosts ...)".
+func accepts(p config.AcceptPolicy) string {
+	if !p.Applied {
+		return "-"
+	}
+	var r []string
+	if len(p.CommandDirs) > 0 {
+		r = append(r, "dirs "+strings.Join(p.CommandDirs, ","))
+	}
+	if len(p.HookHosts) > 0 {
+		r = append(r, "hosts "+strings.Join(p.HookHosts, ","))
+	}
+	if len(r) == 0 {
+		return "applied"
+	}
+	return "applied(" + strings.Join(r, "; ") + ")"
 }

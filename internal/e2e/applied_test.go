@@ -67,7 +67,9 @@ func TestAppliedDefinitionsAcrossHosts(t *testing.T) {
 	os.WriteFile(tokens, []byte("alice write "+aliceSecret+"\ndana define "+defineSecret+"\n"), 0o600)
 	api := etcdtest.FreeAddr(t)
 	a := startShardd(t, e, "a", empty, "--accept-applied", "--label", "role=db,zone=a", "--listen", api, "--api-token-file", tokens)
-	b := startShardd(t, e, "b", empty, "--accept-applied", "--label", "role=db", "--label", "zone=b")
+	emptyDir := filepath.Join(dir, "conf.d") // a directory without job files: b runs applied jobs only
+	os.Mkdir(emptyDir, 0o755)
+	b := startShardd(t, e, "b", emptyDir, "--accept-applied", "--label", "role=db", "--label", "zone=b")
 	startShardd(t, e, "c", own, "--label", "role=db")
 
 	// The job, in the file format, applied with the CLI.

@@ -419,6 +419,9 @@ func Parse(name string, data []byte) (*Config, error) {
 	return l.finish([]string{name})
 }
 
+// ErrNoFiles: a config directory without job files.
+var ErrNoFiles = errors.New("no job files")
+
 // ParseWithoutEnv is Parse without the check that the environment
 // variables http.headers name are set (see LoadWithoutEnv): for
 // definitions applied through etcd, whose secrets are the running hosts'.
@@ -441,7 +444,7 @@ func configFiles(path string) ([]string, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	if len(files) == 0 {
-		return nil, fmt.Errorf("config: directory %s has no *.yaml or *.yml files", path)
+		return nil, fmt.Errorf("config: directory %s has no *.yaml or *.yml files: %w", path, ErrNoFiles)
 	}
 	return files, nil
 }

@@ -136,7 +136,7 @@
       }
       if (data.action && data.job) {
         if (data.action === "unchanged") return "Job " + data.job + ": that version is the registered definition already.";
-        return "Job " + data.job + ": " + data.action + (data.version ? ", now version " + data.version : "") + ". Every instance runs it within a reload.";
+        return "Job " + data.job + ": " + data.action + (data.version ? ", now version " + data.version : "") + ". The instances that run it take it within seconds.";
       }
       if (data.id && data.runs) {
         let text = "Triggered item(s) " + data.runs.join(", ");
@@ -287,7 +287,8 @@
               li.appendChild(b);
               li.appendChild(document.createTextNode(" "));
             }
-            li.appendChild(document.createTextNode(p.message));
+            // The line is the button's: the message without its "definition:4: ".
+            li.appendChild(document.createTextNode(p.line ? p.message.replace(/^definition:\d+: /, "") : p.message));
             problems.appendChild(li);
           }
           drawGutter();
@@ -324,7 +325,7 @@
           return;
         }
         const job = jobName();
-        if (!confirm("Save job " + job + "? Every instance that runs it takes the new definition within a reload.")) return;
+        if (!confirm("Save job " + job + "? The instances that run it take the new definition within seconds.")) return;
         save.disabled = true;
         try {
           const r = await put(false);

@@ -74,7 +74,7 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 		}
 		known := slices.Contains(f.members, t.Instance) || f.offInst[t.Instance]
 		if !known && !force {
-			members := "no live instance defines it"
+			members := "no live instance runs it"
 			if len(f.members) > 0 {
 				members = "its instances: " + strings.Join(f.members, ", ")
 			}

@@ -188,7 +188,7 @@ func (f *jobFacts) eligible() []string {
 // noInstancesWhy explains an empty eligible set.
 func (f *jobFacts) noInstancesWhy() string {
 	if len(f.members) == 0 {
-		return "no live instance defines it"
+		return "no live instance is a member of it: none defines it, or none its selector matches runs it (shardd status says why)"
 	}
 	return "every instance that defines it is disabled for it: " + strings.Join(f.members, ", ")
 }

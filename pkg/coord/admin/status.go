@@ -367,7 +367,14 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 	}
 	if p := js.Placement; p != nil {
 		for _, id := range slices.Sorted(maps.Keys(p.Refusing)) {
-			js.Problems = append(js.Problems, fmt.Sprintf("instance %s matches the selector but does not run the applied job: %s", id, p.Refusing[id]))
+			what := "matches the selector but does not run the applied job"
+			if p.Selector == "" {
+				what = "does not run the applied job"
+			}
+			js.Problems = append(js.Problems, fmt.Sprintf("instance %s %s: %s", id, what, p.Refusing[id]))
+		}
+		if js.Definition != nil {
+			js.Definition.Conflicts = append(js.Definition.Conflicts, p.FilesBehind...)
 		}
 		for _, id := range p.FilesBehind {
 			js.Problems = append(js.Problems, fmt.Sprintf("instance %s's files define the job too; the applied definition stands (its files are behind: drop the job from them)", id))
@@ -377,8 +384,8 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 	switch {
 	case js.Status == StatusNoInstances && len(jk.members) == 0 && js.Placement != nil && js.Placement.Selector != "" && len(js.Placement.Matching) == 0:
 		js.Problems = append(js.Problems, fmt.Sprintf("instances.selector %q matches no live instance", js.Placement.Selector))
-	case js.Status == StatusNoInstances && len(jk.members) == 0 && js.Definition != nil && js.Definition.Source == keyspace.SourceApplied:
-		js.Problems = append(js.Problems, "no live instance both matches the selector and accepts applied definitions (shardd run --accept-applied)")
+	case js.Status == StatusNoInstances && len(jk.members) == 0 && js.Placement != nil && len(js.Placement.Refusing) > 0:
+		js.Problems = append(js.Problems, "no live instance runs it: the ones it could run on refuse it (above)")
 	case js.Status == StatusNoInstances && len(jk.members) == 0:
 		js.Problems = append(js.Problems, "no live instance defines the job")
 	case js.Status == StatusNoInstances:
@@ -397,12 +404,18 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 	}
 	js.Health = jobHealth(jr, d.def, registered, js.DisabledItems, jk.jobOff || configDisabled, total, cs.now)
 	js.runs = &jr
+	if m == nil && d.def != nil { // no map yet: what the definition says
+		js.Strategy, js.Total = d.def.Strategy, d.def.ShardingTotalCount
+	}
 	if m != nil {
 		js.Epoch, js.Strategy, js.Total, js.PerFire, js.ConfigHash = m.Epoch, m.Strategy, m.Total, m.PerFire, m.ConfigHash
 		for item := 0; item < m.Total; item++ {
 			owner := m.Owner(item)
-			if owner != "" && !alive[owner] {
+			switch {
+			case owner != "" && !alive[owner]:
 				owner += " (gone)" // a map no leader has rewritten since
+			case owner != "" && !slices.Contains(jk.members, owner):
+				owner += " (left the job)" // likewise: the job moved away from it
 			}
 			js.Items = append(js.Items, ItemStatus{Item: item, Parameter: js.itemParameters[item], Instance: owner})
 		}
