@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/admin"
 	"github.com/shardd/shardd/pkg/elasticjob"
 	"github.com/shardd/shardd/pkg/selector"
@@ -220,7 +220,7 @@ func etcdConfigs(u *url.URL, root, only string) (map[string][]byte, error) {
 	for _, h := range strings.Split(u.Host, ",") {
 		eps = append(eps, scheme+"://"+h)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, DialTimeout: registryTimeout})
+	cli, err := coord.NewClient(coord.ClientOptions{Endpoints: eps, DialTimeout: registryTimeout})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %s: %w", strings.Join(eps, ","), err)
 	}
@@ -231,16 +231,16 @@ func etcdConfigs(u *url.URL, root, only string) (map[string][]byte, error) {
 	if only != "" {
 		prefix += only + "/"
 	}
-	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	tree, err := admin.ReadTree(ctx, cli, prefix)
 	if err != nil {
-		return nil, fmt.Errorf("etcd %s: read %s: %w", strings.Join(eps, ","), prefix, err)
+		return nil, fmt.Errorf("etcd %s: %w", strings.Join(eps, ","), err)
 	}
 	out := map[string][]byte{}
-	for _, kv := range resp.Kvs {
-		rest := strings.TrimPrefix(string(kv.Key), root+"/")
+	for key, val := range tree {
+		rest := strings.TrimPrefix(key, root+"/")
 		job, tail, ok := strings.Cut(rest, "/")
 		if ok && tail == "config" {
-			out[job] = kv.Value
+			out[job] = val
 		}
 	}
 	return out, nil

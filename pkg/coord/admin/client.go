@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"fmt"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -37,3 +38,18 @@ func (c *Client) WithShown(mark func(context.Context) context.Context) *Client {
 
 // Keys returns the keyspace the client reads.
 func (c *Client) Keys() keyspace.Keys { return c.keys }
+
+// ReadTree returns the values of the keys under prefix of cli's etcd, by
+// key: the keys of another program (shardd import reads an ElasticJob
+// etcd registry's job configs with it), not shardd's keyspace.
+func ReadTree(ctx context.Context, cli *clientv3.Client, prefix string) (map[string][]byte, error) {
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", prefix, err)
+	}
+	out := make(map[string][]byte, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = kv.Value
+	}
+	return out, nil
+}
