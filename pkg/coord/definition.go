@@ -24,8 +24,8 @@ func (n *Node) registerJob(ctx context.Context, s *session, local *config.Job, a
 	// Whether this instance may run the job is decided on the definition
 	// the registration just read, not on what the catalog or the files
 	// said before it (applied.go).
-	if v, ok := n.View(local.Name); ok && v.refusal != nil {
-		return &notEligibleError{v.refusal}
+	if v, ok := n.View(local.Name); ok && v.Refusal != nil {
+		return &notEligibleError{v.Refusal}
 	}
 	if v, ok := n.View(local.Name); ok && v.Job != nil && (len(v.Job.DependsOn) > 0 || len(was) > 0) {
 		if err := n.indexChild(ctx, v.Job, was); err != nil {
@@ -332,7 +332,7 @@ func (n *Node) takeDefinition(job string, def *config.Job, gen int64, source str
 		conflict = def.Hash() != v.Local.Hash()
 		conflictChanged = conflict != v.Conflict
 		v.Job, v.Generation, v.Conflict, v.Source = def, gen, conflict, source
-		v.refusal = n.mayRun(def, source) // with the definition: see sessionFor
+		v.Refusal = n.mayRun(def, source) // with the definition: see sessionFor
 	})
 	if task != nil {
 		task.wake()

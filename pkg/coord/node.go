@@ -251,7 +251,7 @@ func (n *Node) recomputeJobsLocked() (dropped []string) {
 			if n.applied[name] == j {
 				v.Source = keyspace.SourceApplied
 			}
-			v.refusal = n.mayRun(j, v.Source)
+			v.Refusal = n.mayRun(j, v.Source)
 			n.views[name] = v
 		}
 	}
@@ -544,7 +544,7 @@ func (n *Node) setSession(s *session) {
 func (n *Node) sessionFor(job string) (*session, int64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if v, ok := n.views[job]; !ok || v.refusal != nil {
+	if v, ok := n.views[job]; !ok || v.Refusal != nil {
 		return n.session, 0 // refused, or no longer a job of this instance
 	}
 	return n.session, n.members[job]
@@ -620,16 +620,18 @@ func (n *Node) currentJobs() map[string]localJob {
 	defer n.mu.Unlock()
 	out := make(map[string]localJob, len(n.jobs))
 	for k, v := range n.jobs {
-		out[k] = localJob{def: v, applied: n.applied[k] == v}
+		out[k] = localJob{def: v, applied: n.applied[k] == v, view: n.views[k]}
 	}
 	return out
 }
 
 // localJob is a task's definition: the host's file's, or an applied one
-// (which the task never publishes).
+// (which the task never publishes); and the job's view, whose changes of
+// definition wake the task.
 type localJob struct {
 	def     *config.Job
 	applied bool
+	view    *JobView
 }
 
 // register creates or updates the instance key under s's lease. Creating
@@ -693,7 +695,9 @@ func (ws *workerSet) sync(n *Node, jobs map[string]localJob) {
 	var stopping []*jobTask
 	for name, t := range ws.running {
 		j, ok := jobs[name]
-		if ok && j.def.Hash() == t.local.Hash() && j.def.Overwrite == t.local.Overwrite && j.applied == t.applied {
+		// A view made anew (the job left and came back between two syncs)
+		// knows nothing of the task: a parked one would never be woken.
+		if ok && j.def.Hash() == t.local.Hash() && j.def.Overwrite == t.local.Overwrite && j.applied == t.applied && j.view == t.view {
 			continue
 		}
 		t.removed.Store(!ok)
@@ -708,7 +712,7 @@ func (ws *workerSet) sync(n *Node, jobs map[string]localJob) {
 		if _, ok := ws.running[name]; ok {
 			continue
 		}
-		t := n.newJobTask(ws.s, j.def, j.applied)
+		t := n.newJobTask(ws.s, j.def, j.applied, j.view)
 		ws.running[name] = t
 		n.steps.Add(t.slot)
 	}

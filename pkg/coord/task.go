@@ -43,7 +43,8 @@ type jobTask struct {
 	n       *Node
 	s       *session
 	local   *config.Job
-	applied bool // local is an applied definition: never published, never recorded as loaded
+	applied bool     // local is an applied definition: never published, never recorded as loaded
+	view    *JobView // the job's view when the task was made: it wakes the task
 	slot    *steps.Slot
 	removed atomic.Bool   // set before stop when the job left the config
 	done    chan struct{} // closed when stop has finished
@@ -81,8 +82,8 @@ const (
 	idle // Leave was called: no new leadership
 )
 
-func (n *Node) newJobTask(s *session, local *config.Job, applied bool) *jobTask {
-	t := &jobTask{n: n, s: s, local: local, applied: applied, done: make(chan struct{}), b: backoff{min: 100 * time.Millisecond, max: 2 * time.Second}}
+func (n *Node) newJobTask(s *session, local *config.Job, applied bool, view *JobView) *jobTask {
+	t := &jobTask{n: n, s: s, local: local, applied: applied, view: view, done: make(chan struct{}), b: backoff{min: 100 * time.Millisecond, max: 2 * time.Second}}
 	t.slot = n.steps.NewSlot(s.ctx, t.step)
 	t.ticket.wake = t.wake
 	return t
@@ -112,13 +113,17 @@ func (t *jobTask) step(ctx context.Context) time.Time {
 		// Follow the registered definition first, then register: every
 		// change after the registration's read reaches the view, and wakes
 		// the task.
-		t.n.updateView(t.local.Name, func(v *JobView) { v.task = t })
+		t.n.mu.Lock()
+		if t.view != nil && t.n.views[t.local.Name] == t.view {
+			t.view.task = t
+		}
+		t.n.mu.Unlock()
 		t.stopConfig = t.n.followConfig(ctx, t.local.Name)
 		t.stopKids = t.n.followChildren(ctx, t.local.Name) // the registration reads it too
 	}
 	if t.phase == candidate || t.phase == leading {
-		if v, ok := t.n.View(t.local.Name); ok && v.refusal != nil {
-			t.park(v.refusal)
+		if v, ok := t.n.View(t.local.Name); ok && v.Refusal != nil {
+			t.park(v.Refusal)
 			return steps.Never
 		}
 	}
@@ -429,11 +434,11 @@ func (t *jobTask) stop() {
 	if t.stopMap != nil {
 		t.stopMap()
 	}
-	n.updateView(job, func(v *JobView) {
-		if v.task == t {
-			v.task = nil
-		}
-	})
+	n.mu.Lock()
+	if t.view != nil && t.view.task == t {
+		t.view.task = nil
+	}
+	n.mu.Unlock()
 	if t.removed.Load() && t.s.ctx.Err() == nil { // the job left the config: leave it now
 		dctx, cancel := context.WithTimeout(t.s.ctx, time.Second)
 		n.opts.Client.Delete(dctx, n.keys.Member(job, n.opts.ID))

@@ -38,10 +38,11 @@ type JobView struct {
 	// parents (jobs/<job>/children); childrenRev its ModRevision.
 	Children    keyspace.ParentsOf
 	childrenRev int64
-	// refusal says why this instance may not run Job (mayRun), nil when
-	// it may; set with Job, so that no claim is made on a definition this
-	// instance refuses (sessionFor).
-	refusal error
+	// Refusal says why this instance may not run Job (a selector that
+	// does not match its labels, an applied definition it does not
+	// accept), nil when it may. It is set with Job: the engine runs nothing
+	// of a view that has one, and no claim is granted on it (sessionFor).
+	Refusal error
 	// task is the job's task (nil when it has none), woken when the
 	// definition changes: whether this instance may run the job depends
 	// on it.

@@ -257,6 +257,13 @@ func (r *pass) retrySoon() { r.next = earliest(r.next, r.now.Add(500*time.Millis
 // drops its triggers (one instance: no other needs to read them while the
 // job is disabled).
 func (j *jobLoop) runnable(ctx context.Context, v coord.JobView) bool {
+	if v.Refusal != nil {
+		// Its definition may not run here (a selector that does not match,
+		// an applied definition this instance does not accept): nothing of
+		// it runs, not even a listener, until a definition it may run;
+		// its task leaves the job meanwhile.
+		return false
+	}
 	job, m := v.Job, v.Map
 	disabled := m != nil && m.Disabled || job.Disabled
 	if disabled != j.disabled {

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -107,3 +110,44 @@ func TestClaimOfUnknownOutcomeIsAdoptedAfterTheItemMoved(t *testing.T) {
 		t.Fatalf("the claim that applied was never adopted: %d outcomes, item %+v", len(f.outcomes), f.items[0])
 	}
 }
+
+// A view whose definition this instance may not run (coord.JobView's
+// Refusal: an applied definition it does not accept, a selector that does
+// not match) runs nothing, not even a listener, which runs before any
+// claim: found by review, a refused definition's listeners.before ran in
+// the moment before its task left the job. The same view without the
+// refusal runs.
+func TestRefusedViewRunsNothing(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "before")
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n    listeners:\n      before: " + etcdtestQuote("echo ran >> "+marker) + "\n"
+	f := newFakeNode(t, yaml, map[string][]int{"a": {0}})
+	f.view.Refusal = errors.New("script.command is a shell string, which can run anything")
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
+	clock := &fakeClock{now: noon.Add(10 * time.Second)} // the next fire is due
+	j, wait := reviewLoop(f, "j", clock)
+	j.reconcile(context.Background())
+	wait()
+	f.mu.Lock()
+	claims := len(f.claims)
+	f.mu.Unlock()
+	if _, err := os.Stat(marker); err == nil || claims > 0 {
+		t.Fatalf("a refused view: %d claims, listener ran %v", claims, err == nil)
+	}
+	f.mu.Lock()
+	f.view.Refusal = nil
+	f.mu.Unlock()
+	j.reconcile(context.Background())
+	wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.claims) == 0 {
+		t.Fatal("the same view without the refusal claimed nothing: the test would see nothing")
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Errorf("the same view without the refusal ran no listener: %v", err)
+	}
+}
+
+func etcdtestQuote(s string) string { return strconv.Quote(s) }
