@@ -23,6 +23,11 @@
 //     (jobs/<job>/config); views.go: JobView, following the map and config
 //     keys, and OnChange, the calls that wake the engine when a map, a
 //     running marker or a disabled marker changes.
+//   - applied.go: the catalog of applied definitions (placement/<job>,
+//     docs/applied.md): which applied jobs this instance runs, refuses
+//     (and why) or is not selected for; mayRun, the one rule of whether
+//     an instance may run a definition (its selector, its AcceptPolicy),
+//     whose answer a JobView carries as Refusal.
 //   - hub.go: the one watch and its subscribers; pacer.go: how many jobs
 //     register at once.
 //   - items.go: reading item records (ReadItems); itemcache.go: the cache
