@@ -45,6 +45,9 @@ const (
 // a reading of s, earliest first. A schedule that is not a cron
 // expression (@every) has none.
 func Changes(s Schedule, from, to time.Time) []Change {
+	if u, ok := s.(Union); ok {
+		return u.changes(from, to)
+	}
 	c, ok := s.(*cronSchedule)
 	if !ok {
 		return nil

@@ -186,6 +186,13 @@ func FollowsTheClock(s Schedule) bool {
 		return c.follow
 	case Every:
 		return true
+	case Union:
+		for _, m := range c {
+			if !FollowsTheClock(m) {
+				return false
+			}
+		}
+		return len(c) > 0
 	}
 	return false
 }

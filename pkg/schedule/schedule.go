@@ -248,6 +248,9 @@ func Seq(s Schedule, fire time.Time) int64 {
 	if c, ok := s.(*cronSchedule); ok {
 		loc = c.loc
 	}
+	if u, ok := s.(Union); ok && u.location() != nil {
+		loc = u.location()
+	}
 	local := fire.In(loc)
 	// The day starts at the first instant whose reading is its 00:00 or
 	// later (where midnight is skipped, when the clocks jump).
