@@ -296,14 +296,7 @@ func (n *Node) newRegistered(local *config.Job, reg *keyspace.RegisteredConfig) 
 	rc := keyspace.RegisteredConfig{Hash: local.Hash(), Job: local.JSON(), Writer: n.opts.ID, Written: n.opts.Now().UTC(),
 		Source: keyspace.SourceFile, By: "instance:" + n.opts.ID, Version: 1}
 	if reg != nil {
-		rc.Version = reg.Version + 1
-		rc.Superseded = slices.DeleteFunc(slices.Clone(reg.Superseded), func(h string) bool { return h == rc.Hash || h == reg.Hash })
-		if reg.Hash != "" {
-			rc.Superseded = append(rc.Superseded, reg.Hash)
-		}
-		if len(rc.Superseded) > keyspace.MaxSuperseded {
-			rc.Superseded = rc.Superseded[len(rc.Superseded)-keyspace.MaxSuperseded:]
-		}
+		rc.Follow(reg)
 	}
 	return rc
 }

@@ -28,6 +28,7 @@ package elasticjob
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -280,7 +281,7 @@ func (r *Result) add(name string, raw map[string]any, o Options) {
 		}
 		return raw[k], true
 	}
-	for _, k := range slices.Sorted(mapKeys(raw)) {
+	for _, k := range slices.Sorted(maps.Keys(raw)) {
 		if idx := slices.IndexFunc(known, func(kn string) bool { return normalize(kn) == normalize(k) }); idx < 0 {
 			if near, ok := config.Nearest(k, known); ok {
 				// A misspelled key would be converted as if absent (one
@@ -291,13 +292,15 @@ func (r *Result) add(name string, raw map[string]any, o Options) {
 			}
 		}
 	}
-	for _, k := range slices.Sorted(mapKeys(dropped)) {
+	for _, k := range slices.Sorted(maps.Keys(dropped)) {
 		if v, ok := get(k); ok && !empty(v) && !off(k, v) {
 			j.note(k, "%s", dropped[k])
 		}
 	}
-	props := flatten(get2(get, "props"))
-	for k, v := range flatten(get2(get, "jobProperties")) { // 2.x
+	rawProps, _ := get("props")
+	props := flatten(rawProps)
+	jobProps, _ := get("jobProperties") // 2.x
+	for k, v := range flatten(jobProps) {
 		props[k] = v
 	}
 	used := map[string]bool{}
@@ -383,7 +386,7 @@ func (r *Result) add(name string, raw map[string]any, o Options) {
 	}
 	knownProps := []string{"script.command.line", "http.uri", "http.method", "http.data", "http.connect.timeout.milliseconds", "http.read.timeout.milliseconds",
 		"http.content.type", "dingtalk.webhook", "dingtalk.keyword", "dingtalk.secret", "wechat.webhook", "streaming.process"}
-	for _, k := range slices.Sorted(mapKeys(props)) {
+	for _, k := range slices.Sorted(maps.Keys(props)) {
 		if used[k] {
 			continue
 		}
@@ -703,21 +706,6 @@ func flatten(v any) map[string]string {
 	}
 	walk("", v)
 	return out
-}
-
-func get2(get func(string) (any, bool), k string) any {
-	v, _ := get(k)
-	return v
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // off reports whether v, a dropped key's value, is its "off" (ElasticJob

@@ -7,11 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/runner"
@@ -121,7 +121,7 @@ func TestRefusedViewRunsNothing(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	marker := filepath.Join(dir, "before")
-	yaml := "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n    listeners:\n      before: " + etcdtestQuote("echo ran >> "+marker) + "\n"
+	yaml := "jobs:\n  - name: j\n    cron: \"@every 10s\"\n    script: \"true\"\n    listeners:\n      before: " + etcdtest.YAMLQuote("echo ran >> "+marker) + "\n"
 	f := newFakeNode(t, yaml, map[string][]int{"a": {0}})
 	f.view.Refusal = errors.New("script.command is a shell string, which can run anything")
 	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: noon, Sched: noon, State: keyspace.StateDone, Attempt: 1, End: noon.Add(time.Second)}})
@@ -149,5 +149,3 @@ func TestRefusedViewRunsNothing(t *testing.T) {
 		t.Errorf("the same view without the refusal ran no listener: %v", err)
 	}
 }
-
-func etcdtestQuote(s string) string { return strconv.Quote(s) }

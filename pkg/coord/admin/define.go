@@ -231,14 +231,7 @@ func (c *Client) lastVersion(ctx context.Context, job string) (int64, error) {
 func newRegistered(j *config.Job, prev *keyspace.RegisteredConfig, had bool, source, by string) keyspace.RegisteredConfig {
 	rc := keyspace.RegisteredConfig{Hash: j.Hash(), Job: j.JSON(), Writer: by, Written: time.Now().UTC(), Source: source, By: by, Version: 1}
 	if had {
-		rc.Version = prev.Version + 1
-		rc.Superseded = slices.DeleteFunc(slices.Clone(prev.Superseded), func(h string) bool { return h == rc.Hash || h == prev.Hash })
-		if prev.Hash != "" && prev.Hash != rc.Hash {
-			rc.Superseded = append(rc.Superseded, prev.Hash)
-		}
-		if len(rc.Superseded) > keyspace.MaxSuperseded {
-			rc.Superseded = rc.Superseded[len(rc.Superseded)-keyspace.MaxSuperseded:]
-		}
+		rc.Follow(prev)
 	}
 	return rc
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
@@ -170,4 +171,19 @@ func (k Keys) VersionWrite(job string, rc RegisteredConfig, change string, of in
 		pruneFrom, pruneEnd = k.Versions(job), k.Version(job, oldest)
 	}
 	return k.Version(job, rc.Version), string(b), pruneFrom, pruneEnd
+}
+
+// Follow makes rc the definition that replaces prev in the config key:
+// the next version, and prev's hash added to the superseded ones (rc's own
+// taken out, the last MaxSuperseded kept). Every writer of the key (a
+// publishing instance, apply, rollback) builds its value with it.
+func (rc *RegisteredConfig) Follow(prev *RegisteredConfig) {
+	rc.Version = prev.Version + 1
+	rc.Superseded = slices.DeleteFunc(slices.Clone(prev.Superseded), func(h string) bool { return h == rc.Hash || h == prev.Hash })
+	if prev.Hash != "" && prev.Hash != rc.Hash {
+		rc.Superseded = append(rc.Superseded, prev.Hash)
+	}
+	if len(rc.Superseded) > MaxSuperseded {
+		rc.Superseded = rc.Superseded[len(rc.Superseded)-MaxSuperseded:]
+	}
 }
