@@ -48,6 +48,9 @@ func Changes(s Schedule, from, to time.Time) []Change {
 	if u, ok := s.(Union); ok {
 		return u.changes(from, to)
 	}
+	if w, ok := s.(Window); ok {
+		return Changes(w.S, from, to)
+	}
 	c, ok := s.(*cronSchedule)
 	if !ok {
 		return nil

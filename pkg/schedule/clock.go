@@ -186,6 +186,8 @@ func FollowsTheClock(s Schedule) bool {
 		return c.follow
 	case Every:
 		return true
+	case Window:
+		return FollowsTheClock(c.S)
 	case Union:
 		for _, m := range c {
 			if !FollowsTheClock(m) {

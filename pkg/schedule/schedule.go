@@ -241,6 +241,9 @@ func (e Every) Next(t time.Time) time.Time {
 // start of fire's day in the schedule's time zone (so it restarts daily, as
 // XXL-JOB's round-robin counter does). fire should be a fire time of s.
 func Seq(s Schedule, fire time.Time) int64 {
+	if w, ok := s.(Window); ok {
+		s = w.S // the window's bounds do not renumber a day's fires
+	}
 	if e, ok := s.(Every); ok {
 		return fire.Unix() / int64(time.Duration(e)/time.Second)
 	}
