@@ -1,0 +1,82 @@
+package schedule
+
+import (
+	"testing"
+	"time"
+)
+
+func testCalendars(t testing.TB) Exclusion {
+	t.Helper()
+	shanghai, _ := time.LoadLocation("Asia/Shanghai")
+	berlin, _ := time.LoadLocation("Europe/Berlin")
+	return Exclusion{
+		{Name: "holidays-cn", Loc: shanghai, Ranges: []DateRange{{Date(2027, 1, 1), Date(2027, 1, 1)}, {Date(2027, 2, 10), Date(2027, 2, 17)}}},
+		{Name: "weekends-de", Loc: berlin, Weekdays: 1<<time.Saturday | 1<<time.Sunday},
+		{Name: "dst-night", Loc: berlin, Ranges: []DateRange{{Date(2027, 3, 28), Date(2027, 3, 28)}}},
+	}
+}
+
+// CountExcluded and LatestIncluded agree with asking Excludes of each fire.
+func TestExclusionAgreesWithEachFire(t *testing.T) {
+	t.Parallel()
+	x := testCalendars(t)
+	starts := []time.Time{
+		time.Date(2026, 12, 30, 17, 0, 0, 0, time.UTC),
+		time.Date(2027, 2, 9, 15, 59, 59, 999999999, time.UTC),
+		time.Date(2027, 3, 26, 0, 0, 0, 0, time.UTC),
+	}
+	spans := []time.Duration{time.Hour, 30 * time.Hour, 10 * 24 * time.Hour, 60 * 24 * time.Hour}
+	for _, c := range countCases {
+		s := parseCase(t, c.expr, c.zone)
+		for _, from := range starts {
+			for _, span := range spans {
+				to := from.Add(span)
+				var want int64
+				var last time.Time
+				for f := s.Next(from); !f.IsZero() && !f.After(to); f = s.Next(f) {
+					if x.Excludes(f) {
+						want++
+					} else {
+						last = f
+					}
+				}
+				if got := x.CountExcluded(s, from, to); got != want {
+					t.Errorf("%s in %s from %s +%s: CountExcluded = %d, each fire says %d", c.expr, c.zone, from.Format(time.RFC3339Nano), span, got, want)
+				}
+				if got := x.LatestIncluded(s, from, to); !got.Equal(last) {
+					t.Errorf("%s in %s from %s +%s: LatestIncluded = %s, each fire says %s", c.expr, c.zone, from.Format(time.RFC3339Nano), span, got, last)
+				}
+			}
+		}
+	}
+}
+
+func TestExcludes(t *testing.T) {
+	t.Parallel()
+	x := testCalendars(t)
+	tests := []struct {
+		at   time.Time
+		want bool
+	}{
+		{time.Date(2026, 12, 31, 15, 59, 59, 0, time.UTC), false}, // 23:59:59 in Shanghai, a Thursday
+		{time.Date(2026, 12, 31, 16, 0, 0, 0, time.UTC), true},    // 1 January 00:00 in Shanghai
+		{time.Date(2027, 1, 1, 16, 0, 0, 0, time.UTC), false},     // 2 January 00:00 in Shanghai (not listed), Friday 17:00 in Berlin
+		{time.Date(2027, 1, 1, 22, 59, 0, 0, time.UTC), false},    // Friday 23:59 in Berlin, Saturday 06:59 in Shanghai (not listed)
+		{time.Date(2027, 1, 1, 23, 0, 0, 0, time.UTC), true},      // Saturday 00:00 in Berlin
+	}
+	for _, tt := range tests {
+		if got := x.Excludes(tt.at); got != tt.want {
+			t.Errorf("Excludes(%s) = %v, want %v", tt.at, got, tt.want)
+		}
+	}
+	// A calendar of every day: one span, nothing included, all counted.
+	all := Exclusion{{Name: "all", Loc: time.UTC, Weekdays: 0x7f}}
+	hourly, _ := Parse("0 0 * * * ?", time.UTC)
+	from := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	if n := all.CountExcluded(hourly, from, from.AddDate(1, 0, 0)); n != 365*24 {
+		t.Fatalf("every day excluded: %d fires excluded in a year, want %d", n, 365*24)
+	}
+	if f := all.LatestIncluded(hourly, from, from.AddDate(1, 0, 0)); !f.IsZero() {
+		t.Fatalf("every day excluded: LatestIncluded = %s, want none", f)
+	}
+}
