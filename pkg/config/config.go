@@ -62,9 +62,10 @@ func (c *Config) Job(name string) *Job {
 type Job struct {
 	Name        string `yaml:"name" json:"name"`
 	Description string `yaml:"description" json:"description,omitempty"`
-	// Cron is the schedule (see package schedule). Empty means the job runs
-	// only when triggered by hand.
-	Cron string `yaml:"cron" json:"cron,omitempty"`
+	// Cron is the schedule (see package schedule): one expression or a
+	// list of them, whose fires are all the job's (a time two give fires
+	// once). Empty means the job runs only when triggered by hand.
+	Cron CronList `yaml:"cron" json:"cron,omitempty"`
 	// TimeZone is an IANA zone name in which Cron is read. Default UTC, so
 	// that hosts with different local zones agree on fire times.
 	TimeZone               string         `yaml:"timeZone" json:"timeZone"`
@@ -72,12 +73,13 @@ type Job struct {
 	ShardingItemParameters ItemParameters `yaml:"shardingItemParameters" json:"shardingItemParameters,omitempty"`
 	JobParameter           string         `yaml:"jobParameter" json:"jobParameter,omitempty"`
 	// Strategy is a shard strategy name; jobShardingStrategyType is accepted as an alias.
-	Strategy         string `yaml:"strategy" alias:"jobShardingStrategyType" json:"strategy"`
-	Failover         bool   `yaml:"failover" json:"failover"`
-	Misfire          bool   `yaml:"misfire" json:"misfire"`
-	MonitorExecution bool   `yaml:"monitorExecution" json:"monitorExecution"`
-	Disabled         bool   `yaml:"disabled" json:"disabled"`
-	Overwrite        bool   `yaml:"overwrite" json:"overwrite"`
+	Strategy string `yaml:"strategy" alias:"jobShardingStrategyType" json:"strategy"`
+	Failover bool   `yaml:"failover" json:"failover"`
+	// Misfire is Overlap's ElasticJob alias: true is bufferOne, false skip.
+	Misfire          bool `yaml:"misfire" json:"misfire"`
+	MonitorExecution bool `yaml:"monitorExecution" json:"monitorExecution"`
+	Disabled         bool `yaml:"disabled" json:"disabled"`
+	Overwrite        bool `yaml:"overwrite" json:"overwrite"`
 	// MaxTimeDiffSeconds is the clock skew against etcd this host tolerates; -1 disables the check.
 	MaxTimeDiffSeconds int `yaml:"maxTimeDiffSeconds" json:"maxTimeDiffSeconds"`
 	// ReconcileIntervalMinutes bounds how long the leader may go without re-checking the shard map.
@@ -90,6 +92,27 @@ type Job struct {
 	// retry; it doubles with each retry, up to MaxRetryBackoff.
 	Retries      int      `yaml:"retries" json:"retries"`
 	RetryBackoff Duration `yaml:"retryBackoff" json:"retryBackoff"`
+	// Overlap says what happens to a fire of an item whose previous run
+	// is still going (Overlap* constants; "" is misfire's); BufferLimit
+	// bounds the pending fires of OverlapBufferAll (0: the default).
+	Overlap     string `yaml:"overlap" json:"overlap,omitempty"`
+	BufferLimit int    `yaml:"bufferLimit" json:"bufferLimit,omitempty"`
+	// CatchUpWindow is how old a missed fire may be and still run; 0: the
+	// instance's default (max(1m, 3 x session TTL)).
+	CatchUpWindow Duration `yaml:"catchUpWindow" json:"catchUpWindow,omitempty"`
+	// Jitter starts each (item, fire) at a deterministic offset in
+	// [0, Jitter) after its fire, the same on every instance.
+	Jitter Duration `yaml:"jitter" json:"jitter,omitempty"`
+	// ActiveFrom and ActiveUntil bound the schedule: an RFC 3339 time, or
+	// a date in the job's zone (ActiveUntil's whole day included).
+	ActiveFrom  string `yaml:"activeFrom" json:"activeFrom,omitempty"`
+	ActiveUntil string `yaml:"activeUntil" json:"activeUntil,omitempty"`
+	// ExcludeCalendars names calendars whose days the job does not run:
+	// their fires are recorded skipped, reason calendar. Calendars holds
+	// them (a file's top-level calendars that the job names are copied
+	// here, so that they are part of its definition).
+	ExcludeCalendars []string             `yaml:"excludeCalendars" json:"excludeCalendars,omitempty"`
+	Calendars        map[string]*Calendar `yaml:"calendars" json:"calendars,omitempty"`
 	// MaxConcurrency caps the items of this job running at once on one instance; 0 means no cap.
 	MaxConcurrency int `yaml:"maxConcurrency" json:"maxConcurrency"`
 
@@ -120,8 +143,10 @@ type Job struct {
 
 	// Set by Load from the fields above.
 	Schedule schedule.Schedule `yaml:"-" json:"-"` // nil when Cron is empty
-	Location *time.Location    `yaml:"-" json:"-"`
-	Shard    shard.Strategy    `yaml:"-" json:"-"`
+	// Exclusion is the calendars of ExcludeCalendars.
+	Exclusion schedule.Exclusion `yaml:"-" json:"-"`
+	Location  *time.Location     `yaml:"-" json:"-"`
+	Shard     shard.Strategy     `yaml:"-" json:"-"`
 	// Pos is where the job is defined.
 	Pos Pos `yaml:"-" json:"-"`
 	// dependsOnLine is the line of DependsOn, for errors found across jobs.
@@ -401,13 +426,20 @@ func load(path string, l *loader) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range files {
+	datas := make([][]byte, len(files))
+	for i, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			l.errs = append(l.errs, err)
 			continue
 		}
-		l.file(f, data)
+		datas[i] = data
+		l.preReadCalendars(f, data)
+	}
+	for i, f := range files {
+		if datas[i] != nil {
+			l.file(f, datas[i])
+		}
 	}
 	return l.finish(files)
 }

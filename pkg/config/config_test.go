@@ -93,7 +93,7 @@ func TestLoadBad(t *testing.T) {
 		{"quartz-last-day", `quartz-last-day.bad.yaml:3: job "month-end": cron "0 0 23 L * ?": day-of-month "L": L (last day) and W (nearest weekday) are Quartz features shardd does not support`},
 		{"quartz-year", `quartz-year.bad.yaml:3: job "once": cron "0 0 12 1 1 ? 2027": year "2027": a concrete year`},
 		{"unknown-field", `unknown-field.bad.yaml:4: job "orders": unknown field shardingTotalcount (did you mean shardingTotalCount?)`},
-		{"unknown-top-level", `unknown-top-level.bad.yaml:1: unknown field "job" (want defaults or jobs)`},
+		{"unknown-top-level", `unknown-top-level.bad.yaml:1: unknown field "job" (want calendars, defaults or jobs)`},
 		{"duplicate-name", `duplicate-name.bad.yaml:4: job "orders": name is defined twice; first at testdata/duplicate-name.bad.yaml:2`},
 		{"script-and-http", `script-and-http.bad.yaml:4: job "orders": script and http are both set`},
 		{"no-work", `no-work.bad.yaml:2: job "orders": no work: set script or http`},

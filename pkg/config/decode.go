@@ -23,6 +23,67 @@ type loader struct {
 	named []namedAt
 	// noEnv skips checkEnv (LoadWithoutEnv).
 	noEnv bool
+	// calendars are the calendars defined at the top of the files, by
+	// name; calendarsRead the files whose calendars were read (Load reads
+	// every file's before any job, so that a job may name another file's).
+	calendars     map[string]calendarAt
+	calendarsRead map[string]bool
+}
+
+// calendarAt is a calendar defined at the top of a file.
+type calendarAt struct {
+	cal *Calendar
+	pos Pos
+}
+
+// readCalendars reads the calendars mapping n of file, once per file.
+func (l *loader) readCalendars(file string, n *yaml.Node) {
+	if l.calendarsRead[file] {
+		return
+	}
+	if l.calendarsRead == nil {
+		l.calendarsRead, l.calendars = map[string]bool{}, map[string]calendarAt{}
+	}
+	l.calendarsRead[file] = true
+	fs := scope{l: l, file: file}
+	n = resolve(n)
+	if isNull(n) {
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		fs.errorf(n.Line, "calendars must be a mapping of calendar names to their dates, got %s", kindName(n))
+		return
+	}
+	for _, kv := range pairs(n) {
+		name := kv.key.Value
+		if err := CheckName(name); err != nil {
+			fs.errorf(kv.key.Line, "calendar name %s", err)
+			continue
+		}
+		if prev, dup := l.calendars[name]; dup {
+			fs.errorf(kv.key.Line, "calendar %q is defined twice (first at %s)", name, prev.pos)
+			continue
+		}
+		var c Calendar
+		decodeStruct(fs, resolve(kv.value), reflect.ValueOf(&c).Elem(), "calendars."+name+".", nil)
+		l.calendars[name] = calendarAt{&c, Pos{File: file, Line: kv.key.Line}}
+	}
+}
+
+// preReadCalendars reads the calendars of a file before the jobs of any
+// file are decoded; the file's problems are reported when it is read.
+func (l *loader) preReadCalendars(file string, data []byte) {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil || len(doc.Content) == 0 {
+		return
+	}
+	if root := resolve(doc.Content[0]); root.Kind == yaml.MappingNode {
+		for _, kv := range pairs(root) {
+			if kv.key.Value == "calendars" {
+				l.readCalendars(file, kv.value)
+			}
+		}
+	}
 }
 
 type namedAt struct {
@@ -41,9 +102,6 @@ func (s scope) errorf(line int, format string, args ...any) {
 	s.l.errs = append(s.l.errs, &Error{File: s.file, Line: line, Job: s.job, Msg: fmt.Sprintf(format, args...)})
 }
 
-// fileKeys are the allowed top-level keys of a config file.
-var fileKeys = []string{"defaults", "jobs"}
-
 // notInDefaults are job fields a defaults block may not set, with the reason.
 var notInDefaults = map[string]string{
 	"name":                   "every job needs its own name",
@@ -52,6 +110,7 @@ var notInDefaults = map[string]string{
 	"shardingItemParameters": "they depend on each job's items",
 	"script":                 "each job has its own work",
 	"http":                   "each job has its own work",
+	"calendars":              "define calendars at the top of the file, beside jobs, and name them in excludeCalendars",
 }
 
 var yamlLine = regexp.MustCompile(`^yaml: line (\d+): `)
@@ -94,7 +153,7 @@ func (l *loader) file(name string, data []byte) {
 	}
 	root := resolve(doc.Content[0])
 	if root.Kind != yaml.MappingNode {
-		fs.errorf(root.Line, "want a mapping with %s, got %s", strings.Join(fileKeys, " and "), kindName(root))
+		fs.errorf(root.Line, "want a mapping with jobs (and calendars or defaults), got %s", kindName(root))
 		return
 	}
 	var defaults, jobs *yaml.Node
@@ -104,8 +163,10 @@ func (l *loader) file(name string, data []byte) {
 			defaults = kv.value
 		case "jobs":
 			jobs = kv.value
+		case "calendars":
+			l.readCalendars(name, kv.value)
 		default:
-			fs.errorf(kv.key.Line, "unknown field %q (want %s)", kv.key.Value, strings.Join(fileKeys, " or "))
+			fs.errorf(kv.key.Line, "unknown field %q (want calendars, defaults or jobs)", kv.key.Value)
 		}
 	}
 	if defaults != nil {
@@ -156,11 +217,31 @@ func (l *loader) job(file string, index int, n, defaults *yaml.Node) {
 	before := len(l.errs)
 	decodeStruct(js, n, reflect.ValueOf(&j).Elem(), "", f)
 	j.Pos = Pos{File: file, Line: n.Line}
+	l.nameCalendars(js, &j, f)
 	if CheckName(j.Name) == nil {
 		l.named = append(l.named, namedAt{j.Name, j.Pos})
 	}
 	if validate(js, &j, f) && (l.noEnv || checkEnv(js, &j, f)) && len(l.errs) == before {
 		l.jobs = append(l.jobs, &j)
+	}
+}
+
+// nameCalendars copies into j the file calendars its excludeCalendars
+// names, so that they are part of its definition.
+func (l *loader) nameCalendars(s scope, j *Job, f *fields) {
+	for _, name := range j.ExcludeCalendars {
+		at, ok := l.calendars[name]
+		if !ok {
+			continue // validateCalendars reports a name no calendar has
+		}
+		if _, own := j.Calendars[name]; own {
+			s.errorf(f.line["calendars."+name], "calendars.%s is also defined at the top of %s; keep one", name, at.pos)
+			continue
+		}
+		if j.Calendars == nil {
+			j.Calendars = map[string]*Calendar{}
+		}
+		j.Calendars[name] = at.cal
 	}
 }
 
@@ -292,6 +373,10 @@ func decodeField(s scope, n *yaml.Node, v reflect.Value, path string, f *fields)
 		decodeStruct(s, n, v, path+".", f)
 		return
 	}
+	if v.Kind() == reflect.Map && v.Type().Key().Kind() == reflect.String && v.Type().Elem().Kind() == reflect.Pointer && v.Type().Elem().Elem().Kind() == reflect.Struct {
+		decodeStructMap(s, n, v, path, f)
+		return
+	}
 	if v.Type() == durationType {
 		var d Duration
 		if n.Kind != yaml.ScalarNode || d.UnmarshalText([]byte(n.Value)) != nil {
@@ -326,6 +411,31 @@ func decodeField(s scope, n *yaml.Node, v reflect.Value, path string, f *fields)
 		return
 	}
 	v.Set(target.Elem())
+}
+
+// decodeStructMap decodes mapping n, of names to mappings of fields (a
+// job's calendars), into the map v strictly, each entry as decodeStruct
+// does (its path is path.name).
+func decodeStructMap(s scope, n *yaml.Node, v reflect.Value, path string, f *fields) {
+	if isNull(n) {
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		f.fail(path)
+		s.errorf(n.Line, "%s must be a mapping of names to their fields, got %s", path, kindName(n))
+		return
+	}
+	if v.IsNil() {
+		v.Set(reflect.MakeMap(v.Type()))
+	}
+	for _, kv := range pairs(n) {
+		e := reflect.New(v.Type().Elem().Elem())
+		if f != nil {
+			f.line[path+"."+kv.key.Value] = kv.key.Line
+		}
+		decodeStruct(s, resolve(kv.value), e.Elem(), path+"."+kv.key.Value+".", f)
+		v.SetMapIndex(reflect.ValueOf(kv.key.Value), e)
+	}
 }
 
 // lookupField finds the field of t whose yaml tag or alias tag is key, and

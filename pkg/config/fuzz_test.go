@@ -30,7 +30,7 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		for _, j := range c.Jobs {
-			if CheckName(j.Name) != nil || j.ShardingTotalCount < 1 || j.Location == nil || (j.Cron != "") != (j.Schedule != nil) {
+			if CheckName(j.Name) != nil || j.ShardingTotalCount < 1 || j.Location == nil || (len(j.Cron) > 0) != (j.Schedule != nil) {
 				t.Fatalf("invalid job accepted: %+v", j)
 			}
 			if (j.Script == nil) == (j.HTTP == nil) {

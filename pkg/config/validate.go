@@ -39,6 +39,7 @@ func validate(s scope, j *Job, f *fields) bool {
 		bad("name", "name %s", err)
 	}
 	validateSchedule(j, bad)
+	validatePolicies(j, f, bad)
 	validateSharding(j, bad)
 	validateParameters(j, bad)
 	validateLimits(j, bad)
@@ -74,12 +75,38 @@ func validateSchedule(j *Job, bad badFunc) {
 		loc = time.UTC
 	}
 	j.Location = loc
-	if j.Cron != "" {
-		sched, err := schedule.Parse(j.Cron, loc)
+	switch {
+	case len(j.Cron) == 1:
+		sched, err := schedule.Parse(j.Cron[0], loc)
 		if err != nil {
 			bad("cron", "cron %s", strings.TrimPrefix(err.Error(), schedule.ErrSyntax.Error()+" "))
 		}
 		j.Schedule = sched
+	case len(j.Cron) > MaxCrons:
+		bad("cron", "cron has %d expressions; at most %d", len(j.Cron), MaxCrons)
+	case len(j.Cron) > 1:
+		var u schedule.Union
+		ok := true
+		for i, expr := range j.Cron {
+			sched, err := schedule.Parse(expr, loc)
+			switch {
+			case err != nil:
+				bad("cron", "cron[%d] %s", i, strings.TrimPrefix(err.Error(), schedule.ErrSyntax.Error()+" "))
+				ok = false
+			case strings.HasPrefix(strings.TrimSpace(expr), "@every"):
+				bad("cron", "cron[%d] %q: @every cannot be one of several crons (its fires count from the epoch, not from the clock); use one @every, or cron expressions", i, expr)
+				ok = false
+			case slices.Contains(j.Cron[:i], expr):
+				bad("cron", "cron[%d] %q is given twice", i, expr)
+				ok = false
+			}
+			u = append(u, sched)
+		}
+		if ok {
+			j.Schedule = u
+		}
+	case j.Cron != nil:
+		bad("cron", "cron is an empty list; leave cron out for a job run only by hand")
 	}
 }
 

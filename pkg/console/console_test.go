@@ -626,7 +626,7 @@ func TestPastFiresAroundTheClocksGoingBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j := &config.Job{Name: "hourly", Cron: "0 0 * * * ?", Schedule: s, Location: berlin}
+	j := &config.Job{Name: "hourly", Cron: config.CronList{"0 0 * * * ?"}, Schedule: s, Location: berlin}
 	got := pastFires(j, time.Date(2026, 10, 25, 3, 30, 0, 0, berlin), 4)
 	want := []string{"2026-10-25 03:00:00", "2026-10-25T02:00:00+01:00", "2026-10-25T02:00:00+02:00", "2026-10-25 01:00:00"}
 	if strings.Join(got, ", ") != strings.Join(want, ", ") {

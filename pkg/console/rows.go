@@ -93,7 +93,7 @@ func scheduleOf(j *config.Job, now time.Time, n int) schedule {
 	if j == nil {
 		return schedule{}
 	}
-	s := schedule{Cron: j.Cron, TimeZone: j.TimeZone, After: j.DependsOn}
+	s := schedule{Cron: j.Cron.String(), TimeZone: j.TimeZone, After: j.DependsOn}
 	if j.Schedule == nil {
 		return s
 	}

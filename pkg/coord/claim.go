@@ -28,6 +28,8 @@ type Claim struct {
 	Attempt int
 	Source  string
 	Skipped int
+	// Excluded counts the fires before Fire that calendars excluded.
+	Excluded int
 	// Prev is the item's state the decision was made on; MapRev the
 	// ModRevision of the shard map it was made on (0: do not check the map,
 	// for manual runs).
@@ -125,7 +127,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	k := n.keys
 	rec := keyspace.ItemRecord{
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: keyspace.StateRunning, Instance: n.opts.ID,
-		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped,
+		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped, Excluded: c.Excluded,
 		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By, FireKey: c.FireKey,
 		Upstream: c.Upstream, NoPropagate: c.NoPropagate, Total: c.Total,
 	}

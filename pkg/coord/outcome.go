@@ -84,7 +84,9 @@ type Skip struct {
 	// not run, and Reason says why (keyspace.Skip* reasons).
 	Fire    time.Time
 	Skipped int
-	Reason  string
+	// Excluded counts the fires up to Fire that calendars excluded.
+	Excluded int
+	Reason   string
 	// Prev is the item's state as read: the write is guarded by it.
 	Prev keyspace.ItemState
 }
@@ -94,7 +96,7 @@ type Skip struct {
 func (n *Node) Skip(ctx context.Context, s Skip) error {
 	now := n.opts.Now().UTC()
 	rec := keyspace.ItemRecord{Job: s.Job, Item: s.Item, Fire: s.Fire.UTC(), Sched: s.Fire.UTC(), State: keyspace.StateSkipped, Instance: n.opts.ID, ExitCode: -1,
-		Skipped: s.Skipped, Reason: s.Reason, Start: now, End: now}
+		Skipped: s.Skipped, Excluded: s.Excluded, Reason: s.Reason, Start: now, End: now}
 	if s.Prev.Record != nil {
 		rec.Seq = s.Prev.Record.Seq + 1
 		rec.Trigger = s.Prev.Record.Trigger

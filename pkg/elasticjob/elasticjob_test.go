@@ -48,7 +48,7 @@ func notesOf(r *Result, job string) []string {
 func TestSpringBoot(t *testing.T) {
 	r := parseFile(t, "application.yaml")
 	s := jobOf(t, r, "settleScript")
-	if s.Cron != "0/5 * * * * ?" || s.TimeZone != "Etc/GMT-8" || s.ShardingTotalCount != 3 || s.ShardingItemParameters.String() != "0=Beijing,1=Shanghai,2=Guangzhou" ||
+	if s.Cron.String() != "0/5 * * * * ?" || s.TimeZone != "Etc/GMT-8" || s.ShardingTotalCount != 3 || s.ShardingItemParameters.String() != "0=Beijing,1=Shanghai,2=Guangzhou" ||
 		s.JobParameter != "full" || !s.Failover || s.Misfire || s.MonitorExecution || s.MaxTimeDiffSeconds != 30 || s.ReconcileIntervalMinutes != 5 ||
 		s.Strategy != "ODEVITY" || s.Description != "settle the day's orders" || s.Disabled || !s.Overwrite {
 		t.Errorf("settleScript: %s", s.JSON())
@@ -76,7 +76,7 @@ func TestSpringBoot(t *testing.T) {
 	}
 
 	m := jobOf(t, r, "manualScript")
-	if m.Cron != "" || m.Schedule != nil {
+	if len(m.Cron) > 0 || m.Schedule != nil {
 		t.Errorf("a job without cron: %s, want manual-only", m.JSON())
 	}
 	if got := notesOf(r, "manualScript"); len(got) != 1 || !strings.Contains(got[0], "jobBootstrapBeanName: not converted: a Spring bean name") {
@@ -143,7 +143,7 @@ func TestRegistryConfigs(t *testing.T) {
 	}
 	r = parseFile(t, "registry-config-2x.json")
 	j = jobOf(t, r, "legacyScript")
-	if j.Strategy != "ROUND_ROBIN" || j.Cron != "0 0/10 * * * ?" || j.Script.Command.Argv[0] != "/opt/jobs/legacy.sh" || !j.Overwrite {
+	if j.Strategy != "ROUND_ROBIN" || j.Cron.String() != "0 0/10 * * * ?" || j.Script.Command.Argv[0] != "/opt/jobs/legacy.sh" || !j.Overwrite {
 		t.Errorf("2.x registry config: %s", j.JSON())
 	}
 	if got := notesOf(r, "legacyScript"); len(got) != 1 || !strings.Contains(got[0], "timeZone") {

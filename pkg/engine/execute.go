@@ -196,7 +196,7 @@ var errFenced = errors.New("the session's fence deadline passed before the run s
 func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {
 	a := s.a
 	return coord.Claim{
-		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped,
+		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped, Excluded: a.excluded,
 		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger, TriggerID: a.triggerID, Param: a.param, By: a.by, FireKey: a.fireKey,
 		Upstream: a.upstream, NoPropagate: a.noPropagate, Total: j.totalOf(v),
 	}

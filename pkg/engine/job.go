@@ -200,7 +200,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		}
 		return now.Add(500 * time.Millisecond)
 	}
-	r.policy = policy{schedule: v.Job.Schedule, failover: v.Job.Failover, misfire: v.Job.Misfire, window: e.window(), baseline: j.baseline}
+	r.policy = policyOf(v.Job, e.window(), j.baseline)
 	r.notes = j.notesOutcomes(v)
 	r.own = j.ownership(ctx, v)
 	for item := range r.total {
@@ -606,12 +606,12 @@ func manual(triggers []keyspace.Trigger, item int, st keyspace.ItemState, now, b
 // skip records fires as skipped by the misfire policy.
 func (j *jobLoop) skip(ctx context.Context, item int, st keyspace.ItemState, a action) {
 	e := j.e
-	if err := e.opts.Node.Skip(ctx, coord.Skip{Job: j.name, Item: item, Fire: a.fire, Skipped: a.skipped, Reason: a.why, Prev: st}); err != nil {
+	if err := e.opts.Node.Skip(ctx, coord.Skip{Job: j.name, Item: item, Fire: a.fire, Skipped: a.skipped, Excluded: a.excluded, Reason: a.why, Prev: st}); err != nil {
 		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
 		return
 	}
-	j.log.Info(msgSkipped, "item", item, "skipped", a.skipped, "through", a.fire.UTC(), "why", a.why)
+	j.log.Info(msgSkipped, "item", item, "skipped", a.skipped, "excluded", a.excluded, "through", a.fire.UTC(), "why", a.why)
 	if e.opts.OnSkipped != nil {
 		e.opts.OnSkipped(j.name, a.skipped)
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"time"
 
+	"github.com/shardd/shardd/pkg/config"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
@@ -12,6 +13,14 @@ type policy struct {
 	schedule schedule.Schedule // nil: manual job, nothing is ever due
 	failover bool
 	misfire  bool
+	// overlap is the job's overlap policy (config.Overlap*); "" is
+	// misfire's: bufferOne when it is set, else skip.
+	overlap string
+	// bufferLimit bounds the pending fires of overlap bufferAll.
+	bufferLimit int
+	// exclusion is the job's calendars: the fires they exclude are
+	// recorded skipped, reason calendar.
+	exclusion schedule.Exclusion
 	// window is how old a missed fire may be and still run.
 	window time.Duration
 	// baseline is the watermark of an item never claimed, until its
@@ -20,8 +29,27 @@ type policy struct {
 	baseline time.Time
 }
 
-// maxCount bounds how many missed fires decide counts one by one.
-const maxCount = 100000
+// policyOf is job's policy; window is the instance's catch-up window, for
+// a job that names none.
+func policyOf(job *config.Job, window time.Duration, baseline time.Time) policy {
+	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, overlap: job.Overlap,
+		bufferLimit: job.BufferLimit, exclusion: job.Exclusion, window: window, baseline: baseline}
+	if job.CatchUpWindow > 0 {
+		p.window = time.Duration(job.CatchUpWindow)
+	}
+	return p
+}
+
+// overlapPolicy is p's overlap policy, misfire's when none is named.
+func (p policy) overlapPolicy() string {
+	switch {
+	case p.overlap != "":
+		return p.overlap
+	case p.misfire:
+		return config.OverlapBufferOne
+	}
+	return config.OverlapSkip
+}
 
 type actionKind int
 
@@ -55,8 +83,10 @@ type action struct {
 	fire    time.Time // the fire to run, or the latest one skipped
 	attempt int
 	source  string
-	// skipped counts the fires before fire that will not run.
-	skipped int
+	// skipped counts the fires before fire that will not run (in a skip,
+	// fire too); excluded those of them the job's calendars excluded.
+	skipped  int
+	excluded int
 	// sched is the record's watermark after the claim.
 	sched time.Time
 	// trigger is the manual trigger a MANUAL run serves; param its
@@ -106,8 +136,8 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 		if st.RunningBy != "" || rec == nil || p.schedule == nil {
 			return action{}
 		}
-		if count, _, latest := dueFires(p.schedule, rec.Watermark(), now); count > 0 {
-			return action{kind: skip, fire: latest, skipped: count, why: whyDisabled}
+		if latest := schedule.Latest(p.schedule, rec.Watermark(), now); !latest.IsZero() {
+			return action{kind: skip, fire: latest, skipped: int(schedule.Count(p.schedule, rec.Watermark(), latest)), why: whyDisabled}
 		}
 		return action{}
 	}
@@ -142,8 +172,19 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 			busyUntil = rec.End // fires up to here came while the item ran
 		}
 	}
-	count, first, latest := dueFires(p.schedule, base, now)
-	if count == 0 {
+	return decideDue(p, rec, base, busyUntil, now)
+}
+
+// decideDue decides what to do with the scheduled fires after base (the
+// record's watermark) and at or before now, by the job's overlap policy,
+// catch-up window and calendars. It counts fires, it does not walk them
+// (schedule.Count, schedule.Latest): a year of missed fires every second
+// costs what a day does. busyUntil is the end of the record's run: fires
+// up to it came while the item ran.
+func decideDue(p policy, rec *keyspace.ItemRecord, base, busyUntil, now time.Time) action {
+	s, x := p.schedule, p.exclusion
+	latest := schedule.Latest(s, base, now)
+	if latest.IsZero() {
 		if rec == nil {
 			// Nothing was due: the item's record begins now, so that every
 			// instance agrees from when its fires are due.
@@ -151,12 +192,31 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 		}
 		return action{}
 	}
-	cameWhileBusy := !latest.After(busyUntil)
+	// counts returns how many fires in (base, upTo] are not excluded and
+	// how many are.
+	counts := func(upTo time.Time) (int, int) {
+		excluded := x.CountExcluded(s, base, upTo)
+		return int(schedule.Count(s, base, upTo) - excluded), int(excluded)
+	}
+	if p.overlapPolicy() == config.OverlapBufferAll {
+		return decideBufferAll(p, base, busyUntil, now, latest, counts)
+	}
+	// The latest fire a calendar leaves is the one that may run; the
+	// excluded fires after it are recorded once it has (or is skipped).
+	target := latest
+	if len(x) > 0 {
+		if target = x.LatestIncluded(s, base, now); target.IsZero() {
+			_, excluded := counts(latest)
+			return action{kind: skip, fire: latest, excluded: excluded, why: whyCalendar}
+		}
+	}
+	count, excluded := counts(target)
+	cameWhileBusy := !target.After(busyUntil)
 	switch {
-	case now.Sub(latest) > p.window:
-		return action{kind: skip, fire: latest, skipped: count, why: whyTooOld}
-	case !p.misfire && cameWhileBusy:
-		return action{kind: skip, fire: latest, skipped: count, why: whyBusy}
+	case now.Sub(target) > p.window:
+		return action{kind: skip, fire: target, skipped: count, excluded: excluded, why: whyTooOld}
+	case p.overlapPolicy() == config.OverlapSkip && cameWhileBusy:
+		return action{kind: skip, fire: target, skipped: count, excluded: excluded, why: whyBusy}
 	}
 	// MISFIRE: a run that stands for fires that came while the item was
 	// busy, or for several; a fire run late by a new owner is still NORMAL.
@@ -164,28 +224,60 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 	if count > 1 || cameWhileBusy {
 		source = keyspace.SourceMisfire
 	}
-	a := action{kind: run, fire: latest, attempt: 1, source: source, skipped: count - 1, sched: latest}
-	if count > 1 {
-		a.oldest = first
+	a := action{kind: run, fire: target, attempt: 1, source: source, skipped: count - 1, excluded: excluded, sched: target}
+	if count+excluded > 1 {
+		a.oldest = s.Next(base)
 	}
 	return a
 }
 
-// dueFires counts the scheduled fires after base and at or before now, and
-// returns the first and the latest of them.
-func dueFires(s schedule.Schedule, base, now time.Time) (count int, first, latest time.Time) {
-	for f := s.Next(base); !f.IsZero() && !f.After(now) && count < maxCount; f = s.Next(f) {
-		if count == 0 {
-			first = f
-		}
-		count, latest = count+1, f
+// decideBufferAll is decideDue for overlap bufferAll: each due fire runs,
+// the oldest first. The queue is the record's watermark: the next fire to
+// run is the first after it, so the queue lives in etcd and survives a
+// reshard, a failover and a restart. Fires older than the catch-up window
+// are recorded skipped (too-old), the oldest of more than bufferLimit
+// pending ones too (buffer-full), and a calendar's, in their turn
+// (calendar).
+func decideBufferAll(p policy, base, busyUntil, now, latest time.Time, counts func(time.Time) (int, int)) action {
+	s, x := p.schedule, p.exclusion
+	// Fires f with now - f > window, that is f before now - window.
+	if old := schedule.Latest(s, base, now.Add(-p.window).Add(-time.Nanosecond)); !old.IsZero() {
+		count, excluded := counts(old)
+		return action{kind: skip, fire: old, skipped: count, excluded: excluded, why: whyTooOld}
 	}
-	return count, first, latest
+	limit := p.bufferLimit
+	if limit <= 0 {
+		limit = config.DefaultBufferLimit
+	}
+	if pending := x.CountIncluded(s, base, now); pending > int64(limit) {
+		cut := x.NthIncluded(s, base, now, pending-int64(limit))
+		count, excluded := counts(cut)
+		return action{kind: skip, fire: cut, skipped: count, excluded: excluded, why: whyBufferFull}
+	}
+	next := s.Next(base)
+	if x.Excludes(next) {
+		// The excluded fires before the next one that runs, in one record.
+		upTo := now
+		if included := x.NextIncluded(s, base, now); !included.IsZero() {
+			upTo = included.Add(-time.Nanosecond)
+		}
+		last := schedule.Latest(s, base, upTo)
+		_, excluded := counts(last)
+		return action{kind: skip, fire: last, excluded: excluded, why: whyCalendar}
+	}
+	// MISFIRE: the fire came while the item ran, or waited behind others.
+	source := keyspace.SourceNormal
+	if !next.After(busyUntil) || next.Before(latest) {
+		source = keyspace.SourceMisfire
+	}
+	return action{kind: run, fire: next, attempt: 1, source: source, sched: next}
 }
 
 // Why fires are recorded skipped.
 const (
-	whyTooOld   = keyspace.SkipTooOld
-	whyBusy     = keyspace.SkipBusy
-	whyDisabled = keyspace.SkipDisabled
+	whyTooOld     = keyspace.SkipTooOld
+	whyBusy       = keyspace.SkipBusy
+	whyDisabled   = keyspace.SkipDisabled
+	whyCalendar   = keyspace.SkipCalendar
+	whyBufferFull = keyspace.SkipBufferFull
 )

@@ -180,3 +180,46 @@ func (x Exclusion) LatestIncluded(s Schedule, after, upTo time.Time) time.Time {
 	}
 	return time.Time{}
 }
+
+// NextIncluded returns the first fire of s in (after, upTo] that no
+// calendar excludes, or the zero time, stepping over excluded spans.
+func (x Exclusion) NextIncluded(s Schedule, after, upTo time.Time) time.Time {
+	for t := after; ; {
+		f := s.Next(t)
+		if f.IsZero() || f.After(upTo) {
+			return time.Time{}
+		}
+		if !x.Excludes(f) {
+			return f
+		}
+		t = x.spanEnd(f, upTo.Add(time.Nanosecond)).Add(-time.Nanosecond)
+		if !t.After(f) {
+			t = f
+		}
+	}
+}
+
+// CountIncluded returns how many fires of s in (after, upTo] no calendar
+// excludes.
+func (x Exclusion) CountIncluded(s Schedule, after, upTo time.Time) int64 {
+	return Count(s, after, upTo) - x.CountExcluded(s, after, upTo)
+}
+
+// NthIncluded returns the k-th fire (k >= 1) of s after after that no
+// calendar excludes, if it is at or before upTo: found by bisecting on
+// CountIncluded, not by walking the fires before it.
+func (x Exclusion) NthIncluded(s Schedule, after, upTo time.Time, k int64) time.Time {
+	if k < 1 || x.CountIncluded(s, after, upTo) < k {
+		return time.Time{}
+	}
+	lo, hi := after, upTo // CountIncluded(lo) < k <= CountIncluded(hi)
+	for hi.Sub(lo) > time.Nanosecond {
+		mid := lo.Add(hi.Sub(lo) / 2)
+		if x.CountIncluded(s, after, mid) >= k {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}

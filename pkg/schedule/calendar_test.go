@@ -80,3 +80,39 @@ func TestExcludes(t *testing.T) {
 		t.Fatalf("every day excluded: LatestIncluded = %s, want none", f)
 	}
 }
+
+func TestNextAndNthIncluded(t *testing.T) {
+	t.Parallel()
+	x := testCalendars(t)
+	for _, c := range countCases {
+		s := parseCase(t, c.expr, c.zone)
+		from := time.Date(2027, 2, 8, 3, 0, 0, 0, time.UTC)
+		to := from.Add(14 * 24 * time.Hour)
+		var included []time.Time
+		for f := s.Next(from); !f.IsZero() && !f.After(to) && len(included) < 3000; f = s.Next(f) {
+			if !x.Excludes(f) {
+				included = append(included, f)
+			}
+		}
+		if len(included) == 0 {
+			continue
+		}
+		if got := x.NextIncluded(s, from, to); !got.Equal(included[0]) {
+			t.Errorf("%s: NextIncluded = %s, want %s", c.expr, got, included[0])
+		}
+		for _, k := range []int{1, 2, len(included) / 2, len(included)} {
+			if k < 1 {
+				continue
+			}
+			if got := x.NthIncluded(s, from, to, int64(k)); !got.Equal(included[k-1]) {
+				t.Errorf("%s: NthIncluded(%d) = %s, want %s", c.expr, k, got, included[k-1])
+			}
+		}
+	}
+	empty := Exclusion(nil)
+	hourly, _ := Parse("0 0 * * * ?", time.UTC)
+	from := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	if got := empty.NthIncluded(hourly, from, from.AddDate(1, 0, 0), 8000); !got.Equal(from.Add(8000 * time.Hour)) {
+		t.Fatalf("no calendars: the 8000th hourly fire is %s, want %s", got, from.Add(8000*time.Hour))
+	}
+}

@@ -21,7 +21,7 @@ func everyMinute(t *testing.T) *config.Job {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &config.Job{Name: "j", Cron: "0 * * * * ?", Schedule: s, ShardingTotalCount: 3}
+	return &config.Job{Name: "j", Cron: config.CronList{"0 * * * * ?"}, Schedule: s, ShardingTotalCount: 3}
 }
 
 func rec(item int, state string, fire time.Time) keyspace.ItemRecord {

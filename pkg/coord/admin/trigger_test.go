@@ -22,7 +22,7 @@ func TestRerunFire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &jobFacts{name: "hourly", def: &config.Job{Name: "hourly", Cron: "0 30 * * * ?", Schedule: s, Location: loc}}
+	f := &jobFacts{name: "hourly", def: &config.Job{Name: "hourly", Cron: config.CronList{"0 30 * * * ?"}, Schedule: s, Location: loc}}
 	now := time.Date(2025, 12, 1, 0, 0, 0, 0, time.UTC)
 	tests := []struct {
 		text string
@@ -89,7 +89,7 @@ func TestRerunFireAroundDST(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := &jobFacts{name: "j", def: &config.Job{Name: "j", Cron: tt.cron, Schedule: s, Location: tt.loc}}
+		f := &jobFacts{name: "j", def: &config.Job{Name: "j", Cron: config.CronList{tt.cron}, Schedule: s, Location: tt.loc}}
 		got, err := f.checkRerun(tt.text, now)
 		switch {
 		case strings.Contains(tt.want, " "):

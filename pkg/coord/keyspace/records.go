@@ -48,6 +48,12 @@ const (
 	// job with dependsOn did not succeed (an item of it failed or was
 	// skipped); Error says which.
 	SkipUpstreamFailed = "upstream-failed"
+	// SkipCalendar: the fires fell on days a calendar of the job's
+	// excludeCalendars excludes (counted in Excluded).
+	SkipCalendar = "calendar"
+	// SkipBufferFull: overlap bufferAll had more pending fires than its
+	// bufferLimit; the oldest were not run.
+	SkipBufferFull = "buffer-full"
 )
 
 // CutByFailure reports whether a record is a run that a failure cut short:
@@ -134,6 +140,11 @@ type ItemRecord struct {
 	LastLine string `json:"lastLine,omitempty"`
 	// Skipped counts the fires before Fire that were not run (misfire policy).
 	Skipped int `json:"skipped,omitempty"`
+	// Excluded counts the fires up to Fire that the job's calendars
+	// excluded (docs/policies.md): before Fire in a run, Fire itself too
+	// in a SKIPPED record, reason calendar. Each fire the record accounts
+	// for is in one of Fire, Skipped and Excluded.
+	Excluded int `json:"excluded,omitempty"`
 	// Reason is why a KILLED run was stopped (Reason* constants) or why
 	// SKIPPED fires were not run (Skip* constants).
 	Reason string `json:"reason,omitempty"`

@@ -1,0 +1,320 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+// The scheduling policies of docs/policies.md: which fires of a job are due
+// (several crons, an active window, calendars) and what happens to a due
+// fire (overlap, catch-up window, jitter).
+
+// Overlap policies: what happens to a fire of an item whose previous run
+// is still going (Job.Overlap).
+const (
+	// OverlapBufferOne runs the latest such fire when the run ends,
+	// standing for the others (misfire: true).
+	OverlapBufferOne = "bufferOne"
+	// OverlapSkip records them skipped, reason busy (misfire: false).
+	OverlapSkip = "skip"
+	// OverlapBufferAll runs each of them, in order, up to BufferLimit
+	// pending fires; older ones are recorded skipped, reason buffer-full.
+	OverlapBufferAll = "bufferAll"
+)
+
+var overlapPolicies = []string{OverlapBufferOne, OverlapSkip, OverlapBufferAll}
+
+// Bounds of the policies' fields.
+const (
+	DefaultBufferLimit = 100
+	MaxBufferLimit     = 100000
+	MaxCrons           = 16
+	MaxJitter          = Duration(time.Hour)
+	MaxCalendarDates   = 1000
+)
+
+// OverlapPolicy is the job's overlap policy: Overlap, or the one misfire
+// stands for when Overlap is not set.
+func (j *Job) OverlapPolicy() string {
+	switch {
+	case j.Overlap != "":
+		return j.Overlap
+	case j.Misfire:
+		return OverlapBufferOne
+	}
+	return OverlapSkip
+}
+
+// BufferLimitOrDefault is how many pending fires overlap bufferAll keeps.
+func (j *Job) BufferLimitOrDefault() int {
+	if j.BufferLimit > 0 {
+		return j.BufferLimit
+	}
+	return DefaultBufferLimit
+}
+
+// CronList is a job's schedule: one cron expression or several. It reads
+// and writes one as a plain string, so that a job with one cron has the
+// definition (and the hash) it had before lists existed.
+type CronList []string
+
+// String shows the expressions, separated by "; ".
+func (c CronList) String() string { return strings.Join(c, "; ") }
+
+func (c CronList) MarshalJSON() ([]byte, error) {
+	if len(c) == 1 {
+		return json.Marshal(c[0])
+	}
+	return json.Marshal([]string(c))
+}
+
+func (c *CronList) UnmarshalJSON(b []byte) error {
+	var one string
+	if err := json.Unmarshal(b, &one); err == nil {
+		*c = nil
+		if one != "" {
+			*c = CronList{one}
+		}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("cron must be a string or a list of strings")
+	}
+	*c = many
+	return nil
+}
+
+func (c *CronList) decodeNode(n *yaml.Node) error {
+	switch {
+	case n.Kind == yaml.ScalarNode && n.Tag != "!!null":
+		*c = nil
+		if n.Value != "" {
+			*c = CronList{n.Value}
+		}
+		return nil
+	case isNull(n):
+		*c = nil
+		return nil
+	case n.Kind == yaml.SequenceNode:
+		out := CronList{}
+		for _, e := range n.Content {
+			e = resolve(e)
+			if e.Kind != yaml.ScalarNode || isNull(e) {
+				return fmt.Errorf("must be a list of cron expressions, got %s at line %d", kindName(e), e.Line)
+			}
+			out = append(out, e.Value)
+		}
+		*c = out
+		return nil
+	}
+	return fmt.Errorf("must be a cron expression or a list of them, got %s", kindName(n))
+}
+
+// Calendar is a named set of excluded days (see schedule.Calendar): at the
+// top of a file, beside jobs, or in a job's own calendars field.
+type Calendar struct {
+	// TimeZone in which the dates are read; default the job's.
+	TimeZone string `yaml:"timeZone" json:"timeZone,omitempty"`
+	// Dates are dates (2027-01-01) and inclusive ranges (2027-02-10..2027-02-17).
+	Dates []string `yaml:"dates" json:"dates,omitempty"`
+	// Weekdays are days of the week excluded every week: MON ... SUN.
+	Weekdays []string `yaml:"weekdays" json:"weekdays,omitempty"`
+}
+
+var weekdayNames = map[string]time.Weekday{
+	"SUN": time.Sunday, "MON": time.Monday, "TUE": time.Tuesday, "WED": time.Wednesday,
+	"THU": time.Thursday, "FRI": time.Friday, "SAT": time.Saturday,
+}
+
+// parse checks c and returns it as a schedule.Calendar read in c's zone,
+// or in def when it names none. Errors name the field under prefix.
+func (c *Calendar) parse(name string, def *time.Location, prefix string, bad badFunc) *schedule.Calendar {
+	out := &schedule.Calendar{Name: name, Loc: def}
+	if c.TimeZone != "" {
+		loc, err := time.LoadLocation(c.TimeZone)
+		if err != nil || c.TimeZone == "Local" {
+			bad(prefix+"timeZone", "%stimeZone %q is not an IANA time zone name like UTC or Asia/Shanghai", prefix, c.TimeZone)
+		} else {
+			out.Loc = loc
+		}
+	}
+	if len(c.Dates) > MaxCalendarDates {
+		bad(prefix+"dates", "%sdates has %d entries; at most %d", prefix, len(c.Dates), MaxCalendarDates)
+	}
+	for _, d := range c.Dates {
+		from, to, isRange := strings.Cut(strings.TrimSpace(d), "..")
+		a, err1 := time.Parse(time.DateOnly, strings.TrimSpace(from))
+		b := a
+		var err2 error
+		if isRange {
+			b, err2 = time.Parse(time.DateOnly, strings.TrimSpace(to))
+		}
+		switch {
+		case err1 != nil || err2 != nil:
+			bad(prefix+"dates", "%sdates %q is not a date like 2027-01-01 or a range like 2027-02-10..2027-02-17", prefix, d)
+		case b.Before(a):
+			bad(prefix+"dates", "%sdates %q ends before it begins", prefix, d)
+		default:
+			out.Ranges = append(out.Ranges, schedule.DateRange{From: a, To: b})
+		}
+	}
+	for _, w := range c.Weekdays {
+		day, ok := weekdayNames[strings.ToUpper(strings.TrimSpace(w))]
+		if len(w) > 3 {
+			for abbr, d := range weekdayNames {
+				if strings.EqualFold(w, d.String()) {
+					day, ok = weekdayNames[abbr], true
+				}
+			}
+		}
+		if !ok {
+			bad(prefix+"weekdays", "%sweekdays %q is not a day of the week (MON, TUE, WED, THU, FRI, SAT, SUN)", prefix, w)
+			continue
+		}
+		out.Weekdays |= 1 << uint(day)
+	}
+	if len(c.Dates) == 0 && len(c.Weekdays) == 0 {
+		bad(prefix+"dates", "%sexcludes nothing: give dates, weekdays or both", prefix)
+	}
+	return out
+}
+
+// parseActive reads activeFrom or activeUntil: an RFC 3339 time, or a date
+// in the job's zone (its first instant for activeFrom; for activeUntil the
+// last instant of that day, so that the day is included).
+func parseActive(v string, loc *time.Location, until bool) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseInLocation(time.DateOnly, v, loc)
+	if err != nil {
+		return time.Time{}, errors.New("is not a time like 2027-01-01T09:00:00+08:00 or a date like 2027-01-01")
+	}
+	if until {
+		next := time.Date(d.Year(), d.Month(), d.Day()+1, 0, 0, 0, 0, loc)
+		return next.Add(-time.Nanosecond), nil
+	}
+	return d, nil
+}
+
+// validatePolicies checks the policies' fields, after validateSchedule
+// (which sets j.Location), and wraps j.Schedule in the active window and
+// sets j.Exclusion.
+func validatePolicies(j *Job, f *fields, bad badFunc) {
+	if j.Overlap != "" {
+		if !slices.Contains(overlapPolicies, j.Overlap) {
+			bad("overlap", "overlap %q is not one of %s", j.Overlap, strings.Join(overlapPolicies, ", "))
+		} else {
+			// misfire is overlap's alias: given both, they must agree.
+			want := j.Overlap != OverlapSkip
+			if _, set := f.line["misfire"]; set && j.Misfire != want {
+				bad("misfire", "misfire: %v disagrees with overlap: %s; set only overlap (misfire true is bufferOne, false is skip)", j.Misfire, j.Overlap)
+			}
+			j.Misfire = want
+		}
+	}
+	switch {
+	case j.BufferLimit < 0 || j.BufferLimit > MaxBufferLimit:
+		bad("bufferLimit", "bufferLimit must be between 1 and %d, got %d", MaxBufferLimit, j.BufferLimit)
+	case j.BufferLimit != 0 && j.OverlapPolicy() != OverlapBufferAll:
+		bad("bufferLimit", "bufferLimit applies to overlap: bufferAll only (overlap is %s)", j.OverlapPolicy())
+	}
+	if j.CatchUpWindow < 0 {
+		bad("catchUpWindow", "catchUpWindow must not be negative, got %s", j.CatchUpWindow)
+	} else if j.CatchUpWindow != 0 && j.CatchUpWindow < Duration(time.Second) {
+		bad("catchUpWindow", "catchUpWindow must be at least 1s, got %s", j.CatchUpWindow)
+	}
+	switch {
+	case j.Jitter < 0 || j.Jitter > MaxJitter:
+		bad("jitter", "jitter must be between 0 and %s, got %s", time.Duration(MaxJitter), j.Jitter)
+	case j.Jitter > 0 && len(j.Cron) == 0:
+		if _, set := f.line["jitter"]; set { // not when it comes from defaults
+			bad("jitter", "jitter needs a cron schedule to offset")
+		}
+	case j.Jitter > 0 && j.Schedule != nil:
+		if gap, at := shortestGap(j.Schedule, j.Location); gap <= time.Duration(j.Jitter) {
+			bad("jitter", "jitter %s must be shorter than the %s between the fires at %s and the one before", j.Jitter, gap, at.Format(time.RFC3339))
+		}
+	}
+	var from, until time.Time
+	if j.ActiveFrom != "" {
+		t, err := parseActive(j.ActiveFrom, j.Location, false)
+		if err != nil {
+			bad("activeFrom", "activeFrom %q %s", j.ActiveFrom, err)
+		}
+		from = t
+	}
+	if j.ActiveUntil != "" {
+		t, err := parseActive(j.ActiveUntil, j.Location, true)
+		if err != nil {
+			bad("activeUntil", "activeUntil %q %s", j.ActiveUntil, err)
+		}
+		until = t
+	}
+	if !from.IsZero() && !until.IsZero() && until.Before(from) {
+		bad("activeUntil", "activeUntil %s is before activeFrom %s", j.ActiveUntil, j.ActiveFrom)
+	}
+	if (!from.IsZero() || !until.IsZero()) && len(j.Cron) == 0 {
+		bad("activeFrom", "activeFrom and activeUntil bound a cron schedule; this job has none")
+	}
+	if j.Schedule != nil && (!from.IsZero() || !until.IsZero()) {
+		j.Schedule = schedule.Window{S: j.Schedule, From: from, Until: until}
+	}
+	validateCalendars(j, f, bad)
+}
+
+// shortestGap is the shortest time between two consecutive fires of s over
+// the next year (at most 10,000 fires), and the later fire of that pair.
+func shortestGap(s schedule.Schedule, loc *time.Location) (time.Duration, time.Time) {
+	from := time.Date(2027, 1, 1, 0, 0, 0, 0, loc) // a fixed year: the same answer every day
+	gap, at := time.Duration(1<<62), time.Time{}
+	prev := s.Next(from)
+	for i := 0; i < 10000 && !prev.IsZero(); i++ {
+		n := s.Next(prev)
+		if n.IsZero() || n.Sub(from) > 366*24*time.Hour {
+			break
+		}
+		if d := n.Sub(prev); d < gap {
+			gap, at = d, n
+		}
+		prev = n
+	}
+	return gap, at
+}
+
+// validateCalendars checks excludeCalendars against the job's calendars
+// (its own, and those of its file that it names, put there by the loader)
+// and sets j.Exclusion.
+func validateCalendars(j *Job, f *fields, bad badFunc) {
+	seen := map[string]bool{}
+	for _, name := range j.ExcludeCalendars {
+		switch {
+		case seen[name]:
+			bad("excludeCalendars", "excludeCalendars names %q twice", name)
+			continue
+		case j.Calendars[name] == nil:
+			bad("excludeCalendars", "excludeCalendars: no calendar %q (calendars are defined at the top of a job file, beside jobs)", name)
+			continue
+		}
+		seen[name] = true
+		if _, set := f.line["excludeCalendars"]; set && len(j.Cron) == 0 {
+			bad("excludeCalendars", "excludeCalendars excludes fires of a cron schedule; this job has none")
+		}
+		j.Exclusion = append(j.Exclusion, j.Calendars[name].parse(name, j.Location, "calendars."+name+".", bad))
+	}
+	for _, name := range slices.Sorted(maps.Keys(j.Calendars)) {
+		if !seen[name] {
+			bad("calendars", "calendars.%s is not named in excludeCalendars", name)
+		}
+	}
+}

@@ -1,0 +1,164 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+const work = "\n    script: [\"/bin/true\"]\n"
+
+func TestPoliciesGood(t *testing.T) {
+	t.Parallel()
+	c, err := Parse("jobs.yaml", []byte(`calendars:
+  holidays-cn:
+    timeZone: Asia/Shanghai
+    dates: [2027-01-01, "2027-02-10..2027-02-17"]
+  weekends:
+    weekdays: [SAT, sunday]
+jobs:
+  - name: settle
+    cron: ["0 0 2 * * ?", "0 0 14 * * ?"]
+    timeZone: Asia/Shanghai
+    overlap: bufferAll
+    bufferLimit: 10
+    catchUpWindow: 30m
+    jitter: 30s
+    activeFrom: 2027-01-01
+    activeUntil: 2027-06-30
+    excludeCalendars: [holidays-cn, weekends]`+work+`  - name: legacy
+    cron: "0 0 3 * * ?"
+    misfire: false`+work+`  - name: agree
+    cron: "0 0 3 * * ?"
+    misfire: true
+    overlap: bufferOne`+work))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := c.Job("settle")
+	if j.OverlapPolicy() != OverlapBufferAll || j.BufferLimitOrDefault() != 10 || !j.Misfire || j.CatchUpWindow != Duration(30*time.Minute) || j.Jitter != Duration(30*time.Second) {
+		t.Fatalf("settle's policies: overlap %s, bufferLimit %d, catchUpWindow %s, jitter %s", j.OverlapPolicy(), j.BufferLimitOrDefault(), j.CatchUpWindow, j.Jitter)
+	}
+	w, ok := j.Schedule.(schedule.Window)
+	if !ok {
+		t.Fatalf("schedule is %T, want a Window (activeFrom/activeUntil)", j.Schedule)
+	}
+	if _, ok := w.S.(schedule.Union); !ok {
+		t.Fatalf("the window's schedule is %T, want a Union (two crons)", w.S)
+	}
+	shanghai, _ := time.LoadLocation("Asia/Shanghai")
+	if first := j.Schedule.Next(time.Date(2026, 1, 1, 0, 0, 0, 0, shanghai)); !first.Equal(time.Date(2027, 1, 1, 2, 0, 0, 0, shanghai)) {
+		t.Fatalf("first fire %s, want 2027-01-01 02:00 in Shanghai (activeFrom)", first)
+	}
+	if last := schedule.Latest(j.Schedule, time.Date(2027, 6, 1, 0, 0, 0, 0, shanghai), time.Date(2028, 1, 1, 0, 0, 0, 0, shanghai)); !last.Equal(time.Date(2027, 6, 30, 14, 0, 0, 0, shanghai)) {
+		t.Fatalf("last fire %s, want 2027-06-30 14:00 (activeUntil's whole day)", last)
+	}
+	if len(j.Exclusion) != 2 || !j.Exclusion.Excludes(time.Date(2027, 2, 12, 2, 0, 0, 0, shanghai)) || !j.Exclusion.Excludes(time.Date(2027, 1, 3, 2, 0, 0, 0, shanghai)) || j.Exclusion.Excludes(time.Date(2027, 1, 4, 2, 0, 0, 0, shanghai)) {
+		t.Fatalf("exclusion %+v: want holidays and weekends (weekends read in the job's zone)", j.Exclusion)
+	}
+	if legacy := c.Job("legacy"); legacy.OverlapPolicy() != OverlapSkip {
+		t.Fatalf("misfire: false is overlap %s, want skip", legacy.OverlapPolicy())
+	}
+	if agree := c.Job("agree"); agree.OverlapPolicy() != OverlapBufferOne {
+		t.Fatalf("overlap %s, want bufferOne", agree.OverlapPolicy())
+	}
+
+	// The calendars are part of the definition: JSON carries them, and a
+	// definition read back from etcd excludes the same days.
+	back, err := ParseJobJSON("etcd", j.JSON())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.Hash() != j.Hash() || !back.Exclusion.Excludes(time.Date(2027, 2, 12, 2, 0, 0, 0, shanghai)) {
+		t.Fatalf("read back: hash %s (want %s), exclusion %+v", back.Hash(), j.Hash(), back.Exclusion)
+	}
+	if !strings.Contains(string(c.Job("legacy").JSON()), `"cron":"0 0 3 * * ?"`) {
+		t.Fatalf("one cron must stay a JSON string (the hash of every existing job depends on it): %s", c.Job("legacy").JSON())
+	}
+	if !strings.Contains(string(j.JSON()), `"cron":["0 0 2 * * ?","0 0 14 * * ?"]`) {
+		t.Fatalf("a list of crons is a JSON list: %s", j.JSON())
+	}
+	// shardd get's YAML reads back to the same definition.
+	again, err := Parse("get.yaml", YAML(j))
+	if err != nil {
+		t.Fatalf("rendered YAML does not parse: %v\n%s", err, YAML(j))
+	}
+	if again.Jobs[0].Hash() != j.Hash() {
+		t.Fatalf("rendered YAML reads back as another definition:\n%s", YAML(j))
+	}
+}
+
+// A calendar may be defined in another file of the directory than the jobs
+// that name it (conf.d: holidays.yaml beside each team's file).
+func TestCalendarsAcrossFiles(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a-jobs.yaml"), []byte("jobs:\n  - name: daily\n    cron: \"0 0 9 * * ?\"\n    excludeCalendars: [holidays]"+work), 0o644)
+	os.WriteFile(filepath.Join(dir, "z-holidays.yaml"), []byte("calendars:\n  holidays:\n    dates: [2027-12-25]\n"), 0o644)
+	c, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Job("daily").Exclusion.Excludes(time.Date(2027, 12, 25, 9, 0, 0, 0, time.UTC)) {
+		t.Fatal("the calendar of another file is not applied")
+	}
+	os.WriteFile(filepath.Join(dir, "b-dup.yaml"), []byte("calendars:\n  holidays:\n    dates: [2027-12-26]\n"), 0o644)
+	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), `z-holidays.yaml:2: calendar "holidays" is defined twice (first at `) {
+		t.Fatalf("a calendar defined in two files: %v", err)
+	}
+}
+
+func TestPoliciesBad(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ name, yaml, want string }{
+		{"overlap", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    overlap: forbid" + work,
+			`jobs.yaml:4: job "j": overlap "forbid" is not one of bufferOne, skip, bufferAll`},
+		{"misfire disagrees", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    misfire: true\n    overlap: skip" + work,
+			`jobs.yaml:4: job "j": misfire: true disagrees with overlap: skip`},
+		{"bufferLimit without bufferAll", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    bufferLimit: 5" + work,
+			`jobs.yaml:4: job "j": bufferLimit applies to overlap: bufferAll only (overlap is bufferOne)`},
+		{"catchUpWindow", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    catchUpWindow: -1m" + work,
+			`jobs.yaml:4: job "j": catchUpWindow must not be negative, got -1m0s`},
+		{"jitter over the period", "jobs:\n  - name: j\n    cron: \"0 * * * * ?\"\n    jitter: 1m" + work,
+			`jobs.yaml:4: job "j": jitter 1m0s must be shorter than the 1m0s between the fires`},
+		{"jitter without cron", "jobs:\n  - name: j\n    jitter: 1s" + work,
+			`jobs.yaml:3: job "j": jitter needs a cron schedule to offset`},
+		{"activeFrom", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    activeFrom: next monday" + work,
+			`jobs.yaml:4: job "j": activeFrom "next monday" is not a time like`},
+		{"activeUntil before activeFrom", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    activeFrom: 2027-02-01\n    activeUntil: 2027-01-31" + work,
+			`jobs.yaml:5: job "j": activeUntil 2027-01-31 is before activeFrom 2027-02-01`},
+		{"no such calendar", "calendars:\n  holidays:\n    dates: [2027-01-01]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holiday]" + work,
+			`jobs.yaml:7: job "j": excludeCalendars: no calendar "holiday"`},
+		{"calendar field typo", "calendars:\n  holidays:\n    date: [2027-01-01]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
+			`jobs.yaml:3: unknown field calendars.holidays.date (did you mean dates?)`},
+		{"calendar date", "calendars:\n  holidays:\n    dates: [2027-13-01]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
+			`calendars.holidays.dates "2027-13-01" is not a date like 2027-01-01`},
+		{"calendar range backwards", "calendars:\n  holidays:\n    dates: [2027-02-17..2027-02-10]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
+			`calendars.holidays.dates "2027-02-17..2027-02-10" ends before it begins`},
+		{"calendar weekday", "calendars:\n  holidays:\n    weekdays: [SATURDAYS]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
+			`calendars.holidays.weekdays "SATURDAYS" is not a day of the week`},
+		{"calendars in defaults", "defaults:\n  calendars:\n    h:\n      dates: [2027-01-01]\njobs:\n  - name: j\n    cron: \"@hourly\"" + work,
+			`jobs.yaml:2: defaults: calendars cannot be set in defaults`},
+		{"cron list with @every", "jobs:\n  - name: j\n    cron: [\"@every 1m\", \"0 0 2 * * ?\"]" + work,
+			`jobs.yaml:3: job "j": cron[0] "@every 1m": @every cannot be one of several crons`},
+		{"cron list entry bad", "jobs:\n  - name: j\n    cron: [\"0 0 2 * * ?\", \"0 0 25 * * ?\"]" + work,
+			`jobs.yaml:3: job "j": cron[1] "0 0 25 * * ?": hour "25"`},
+		{"cron list twice", "jobs:\n  - name: j\n    cron: [\"0 0 2 * * ?\", \"0 0 2 * * ?\"]" + work,
+			`cron[1] "0 0 2 * * ?" is given twice`},
+		{"cron empty list", "jobs:\n  - name: j\n    cron: []" + work,
+			`jobs.yaml:3: job "j": cron is an empty list`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Parse("jobs.yaml", []byte(tt.yaml))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error:\n  %v\nwant it to contain:\n  %s", err, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,139 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+// decide under the scheduling policies of docs/policies.md: overlap
+// bufferAll, a job's catch-up window, calendars, an active window, and
+// catching up a year in one step. The clock is the now of each case.
+func TestDecidePolicies(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2027, 1, 1, 12, 0, 0, 0, time.UTC) // a Friday
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	day := func(d int, hms string) time.Time {
+		c, _ := time.Parse("15:04:05", hms)
+		return time.Date(2027, 1, 1+d, c.Hour(), c.Minute(), c.Second(), 0, time.UTC)
+	}
+	every10 := mustSchedule(t, "@every 10s")
+	hourly := mustSchedule(t, "0 0 * * * ?")
+	daily9 := mustSchedule(t, "0 0 9 * * ?")
+	everySecond := mustSchedule(t, "* * * * * ?")
+	weekends := schedule.Exclusion{{Name: "weekends", Loc: time.UTC, Weekdays: 1<<time.Saturday | 1<<time.Sunday}}
+
+	done := func(fire, end time.Time) keyspace.ItemState {
+		return keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: fire, Sched: fire, State: keyspace.StateDone, Attempt: 1, Source: keyspace.SourceNormal, End: end}, Rev: 7}
+	}
+	bufferAll := policy{schedule: every10, failover: true, overlap: config.OverlapBufferAll, window: time.Hour}
+	tests := []struct {
+		name string
+		st   keyspace.ItemState
+		p    policy
+		now  time.Time
+		want action
+	}{
+		// catchUpWindow
+		{"catch-up window: the latest missed fire is younger than it: it runs for the others",
+			done(at(-7200), at(-7190)), policy{schedule: hourly, misfire: true, window: 30 * time.Minute}, at(600),
+			action{kind: run, fire: at(0), attempt: 1, source: "MISFIRE", skipped: 1, sched: at(0), oldest: at(-3600)}},
+		{"catch-up window: the latest missed fire is older than it: all are skipped, too-old",
+			done(at(-7200), at(-7190)), policy{schedule: hourly, misfire: true, window: 30 * time.Minute}, at(2400),
+			action{kind: skip, fire: at(0), skipped: 2, why: keyspace.SkipTooOld}},
+		{"a year of every second, down: the latest runs, 31,535,999 counted (no bound of 100,000)",
+			done(at(-365*86400), at(-365*86400+1)), policy{schedule: everySecond, misfire: true, window: time.Minute}, at(0.5),
+			action{kind: run, fire: at(0), attempt: 1, source: "MISFIRE", skipped: 365*86400 - 1, sched: at(0), oldest: at(-365*86400 + 1)}},
+
+		// calendars
+		{"calendar: Saturday's fire is excluded: recorded skipped, reason calendar",
+			done(day(0, "09:00:00"), day(0, "09:00:05")), policy{schedule: daily9, misfire: true, window: time.Hour, exclusion: weekends}, day(1, "09:00:01"),
+			action{kind: skip, fire: day(1, "09:00:00"), excluded: 1, why: keyspace.SkipCalendar}},
+		{"calendar: down over the weekend: Monday runs, accounting for the weekend's two excluded fires",
+			done(day(0, "09:00:00"), day(0, "09:00:05")), policy{schedule: daily9, misfire: true, window: time.Hour, exclusion: weekends}, day(3, "09:00:01"),
+			action{kind: run, fire: day(3, "09:00:00"), attempt: 1, source: "NORMAL", excluded: 2, sched: day(3, "09:00:00"), oldest: day(1, "09:00:00")}},
+		{"calendar: the latest due fire is excluded, an earlier one is not: that one runs first",
+			done(day(-1, "09:00:00"), day(-1, "09:00:05")), policy{schedule: daily9, misfire: true, window: 48 * time.Hour, exclusion: weekends}, day(1, "09:00:30"),
+			action{kind: run, fire: day(0, "09:00:00"), attempt: 1, source: "NORMAL", sched: day(0, "09:00:00")}},
+		{"calendar: a disabled item's excluded fires are recorded disabled (nothing would have run)",
+			keyspace.ItemState{Record: done(day(0, "09:00:00"), day(0, "09:00:05")).Record, Disabled: true}, policy{schedule: daily9, misfire: true, window: time.Hour, exclusion: weekends}, day(1, "09:00:01"),
+			action{kind: skip, fire: day(1, "09:00:00"), skipped: 1, why: keyspace.SkipDisabled}},
+
+		// overlap bufferAll
+		{"bufferAll: fires that came while it ran run one by one, the oldest first",
+			done(at(0), at(35)), bufferAll, at(35.1),
+			action{kind: run, fire: at(10), attempt: 1, source: "MISFIRE", sched: at(10)}},
+		{"bufferAll: the last of the queue, on time, is NORMAL",
+			done(at(20), at(25)), bufferAll, at(30.1),
+			action{kind: run, fire: at(30), attempt: 1, source: "NORMAL", sched: at(30)}},
+		{"bufferAll: more pending than bufferLimit: the oldest are skipped, buffer-full",
+			done(at(0), at(55)), policy{schedule: every10, overlap: config.OverlapBufferAll, bufferLimit: 2, window: time.Hour}, at(55.1),
+			action{kind: skip, fire: at(30), skipped: 3, why: keyspace.SkipBufferFull}},
+		{"bufferAll: fires older than the catch-up window are skipped, too-old, then the rest run",
+			done(at(0), at(1)), policy{schedule: every10, overlap: config.OverlapBufferAll, window: time.Minute}, at(200),
+			action{kind: skip, fire: at(130), skipped: 13, why: keyspace.SkipTooOld}},
+		{"bufferAll: a calendar's fires at the head of the queue are recorded together, calendar",
+			done(day(0, "09:00:00"), day(0, "09:00:05")), policy{schedule: daily9, overlap: config.OverlapBufferAll, window: 96 * time.Hour, exclusion: weekends}, day(3, "09:00:01"),
+			action{kind: skip, fire: day(2, "09:00:00"), excluded: 2, why: keyspace.SkipCalendar}},
+		{"bufferAll: after the calendar's record, Monday runs",
+			keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: day(2, "09:00:00"), Sched: day(2, "09:00:00"), State: keyspace.StateSkipped, Reason: keyspace.SkipCalendar, Excluded: 2}, Rev: 9},
+			policy{schedule: daily9, overlap: config.OverlapBufferAll, window: 96 * time.Hour, exclusion: weekends}, day(3, "09:00:01"),
+			action{kind: run, fire: day(3, "09:00:00"), attempt: 1, source: "NORMAL", sched: day(3, "09:00:00")}},
+
+		// active window
+		{"activeUntil passed: no fire is due after it",
+			done(at(-3600), at(-3590)), policy{schedule: schedule.Window{S: hourly, Until: at(-1)}, misfire: true, window: time.Hour}, at(7200),
+			action{}},
+		{"activeFrom ahead: nothing is due before it, the record begins",
+			keyspace.ItemState{}, policy{schedule: schedule.Window{S: hourly, From: at(3600)}, misfire: true, window: time.Hour, baseline: at(-7200)}, at(10),
+			action{kind: begin, fire: at(10)}},
+	}
+	for _, tt := range tests {
+		if got := decide(tt.st, false, tt.p, tt.now); got != tt.want {
+			t.Errorf("%s:\n got  %+v\n want %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// bufferAll's queue drains to the end in order: replaying decide over its
+// own records, every due fire is run or skipped exactly once.
+func TestBufferAllDrainsInOrder(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2027, 1, 1, 12, 0, 0, 0, time.UTC)
+	p := policy{schedule: mustSchedule(t, "@every 10s"), overlap: config.OverlapBufferAll, bufferLimit: 4, window: time.Hour}
+	// The item ran from fire 0 until 95 s: fires 10..90 came meanwhile.
+	st := keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: base, Sched: base, State: keyspace.StateDone, End: base.Add(95 * time.Second)}}
+	now := base.Add(95 * time.Second)
+	var ran []int
+	accounted := 0
+	for range 20 {
+		a := decide(st, false, p, now)
+		switch a.kind {
+		case run:
+			ran = append(ran, int(a.fire.Sub(base)/time.Second))
+			accounted += 1 + a.skipped + a.excluded
+			now = now.Add(time.Second) // each run takes a second
+			st.Record = &keyspace.ItemRecord{Fire: a.fire, Sched: a.sched, State: keyspace.StateDone, End: now}
+		case skip:
+			accounted += a.skipped + a.excluded
+			st.Record = &keyspace.ItemRecord{Fire: a.fire, Sched: a.fire, State: keyspace.StateSkipped, Reason: a.why, Skipped: a.skipped}
+		case none:
+			if want := int(now.Sub(base) / (10 * time.Second)); accounted != want {
+				t.Fatalf("accounted for %d fires, %d were due", accounted, want)
+			}
+			if len(ran) < 4 || ran[0] != 60 {
+				t.Fatalf("ran %v: want the 4 newest pending fires (60, 70, 80, 90) first, then each one due", ran)
+			}
+			for i := 1; i < len(ran); i++ {
+				if ran[i] != ran[i-1]+10 {
+					t.Fatalf("ran %v: not in order, or a fire left out", ran)
+				}
+			}
+			return
+		}
+	}
+	t.Fatalf("the queue did not drain: ran %v", ran)
+}
