@@ -75,7 +75,11 @@ func writeNextFires(w io.Writer, c *config.Config, n int, now time.Time) {
 			if t = j.Schedule.Next(t); t.IsZero() {
 				break
 			}
-			fires = append(fires, t.In(j.Location).Format("Mon 2006-01-02 15:04:05 MST"))
+			fire := t.In(j.Location).Format("Mon 2006-01-02 15:04:05 MST")
+			if by := j.Exclusion.ExcludedBy(t); by != "" {
+				fire += " (excluded: calendar " + by + ")"
+			}
+			fires = append(fires, fire)
 		}
 		if len(fires) == 0 {
 			fires = []string{"never (the expression matches no future time)"}
@@ -85,6 +89,19 @@ func writeNextFires(w io.Writer, c *config.Config, n int, now time.Time) {
 			off = " [disabled: true, so none of these runs]"
 		}
 		fmt.Fprintf(w, "  %s (%s, %s): next %s%s%s%s\n", j.Name, j.Cron, j.Location, strings.Join(fires, ", "), after, stream, off)
+		if first := j.Schedule.Next(now); j.Jitter > 0 && !first.IsZero() {
+			var starts []string
+			for item := range min(j.ShardingTotalCount, 4) {
+				starts = append(starts, fmt.Sprintf("item %d +%s", item, schedule.JitterOffset(j.Name, item, first, time.Duration(j.Jitter))))
+			}
+			if j.ShardingTotalCount > 4 {
+				starts = append(starts, "...")
+			}
+			fmt.Fprintf(w, "    jitter %s: the next fire's items start at %s\n", j.Jitter, strings.Join(starts, ", "))
+		}
+		if j.ActiveFrom != "" || j.ActiveUntil != "" {
+			fmt.Fprintf(w, "    active %s to %s\n", dash(j.ActiveFrom), dash(j.ActiveUntil))
+		}
 		for i, ch := range schedule.Changes(j.Schedule, now, now.AddDate(1, 0, 0)) {
 			if i == maxChanges {
 				fmt.Fprintf(w, "    DST: and more within the year\n")

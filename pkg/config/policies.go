@@ -237,6 +237,8 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 	switch {
 	case j.Jitter < 0 || j.Jitter > MaxJitter:
 		bad("jitter", "jitter must be between 0 and %s, got %s", time.Duration(MaxJitter), j.Jitter)
+	case j.Jitter > 0 && j.Jitter < Duration(time.Millisecond):
+		bad("jitter", "jitter must be at least 1ms, got %s", j.Jitter)
 	case j.Jitter > 0 && len(j.Cron) == 0:
 		if _, set := f.line["jitter"]; set { // not when it comes from defaults
 			bad("jitter", "jitter needs a cron schedule to offset")

@@ -449,6 +449,9 @@ func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
 	if !j.mayAct(r, item, a) {
 		return
 	}
+	if !j.jitter(r, item, &a) {
+		return
+	}
 	if a.kind != begin && !j.noteOutcome(ctx, r.v, item, st) {
 		r.retrySoon()
 		return // the record is not replaced before it is noted
@@ -461,6 +464,29 @@ func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
 	default:
 		r.starts = append(r.starts, start{item: item, st: st, a: a, read: r.readAt, due: r.due})
 	}
+}
+
+// jitter applies the job's jitter to a, a run of a scheduled fire: its
+// work starts at fire + schedule.JitterOffset, and it is claimed a lead
+// before then, not at the fire (a claim held for the whole offset would
+// hold the item, and a prepared process, for up to an hour). It reports
+// whether a is to be acted on now; if not, the loop wakes for it. A
+// failover re-run starts at once: its offset has passed.
+func (j *jobLoop) jitter(r *pass, item int, a *action) bool {
+	d := time.Duration(r.v.Job.Jitter)
+	if d <= 0 || a.kind != run || (a.source != keyspace.SourceNormal && a.source != keyspace.SourceMisfire) {
+		return true
+	}
+	at := a.fire.Add(schedule.JitterOffset(j.name, item, a.fire, d))
+	if !at.After(r.now) {
+		return true
+	}
+	if lead := j.e.lead(1); at.Sub(r.now) > lead {
+		r.next = earliest(r.next, at.Add(-lead))
+		return false
+	}
+	a.startAt = at
+	return true
 }
 
 // killRequest returns who killed the run that st records, when an

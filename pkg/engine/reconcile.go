@@ -37,6 +37,9 @@ func policyOf(job *config.Job, window time.Duration, baseline time.Time) policy 
 	if job.CatchUpWindow > 0 {
 		p.window = time.Duration(job.CatchUpWindow)
 	}
+	// A jittered run is due at its fire plus its offset: lateness counts
+	// from there.
+	p.window += time.Duration(job.Jitter)
 	return p
 }
 

@@ -64,6 +64,16 @@ func (x Exclusion) Excludes(t time.Time) bool {
 	return false
 }
 
+// ExcludedBy names the first calendar that excludes t, or "".
+func (x Exclusion) ExcludedBy(t time.Time) string {
+	for _, c := range x {
+		if c.excludesDate(c.dateOf(t)) {
+			return c.Name
+		}
+	}
+	return ""
+}
+
 // maxSpanDays bounds how many days one search for an excluded span walks:
 // more than a century. A calendar that excludes every day of the week
 // makes one span of that length.

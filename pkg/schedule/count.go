@@ -1,6 +1,8 @@
 package schedule
 
 import (
+	"encoding/binary"
+	"hash/fnv"
 	"math/bits"
 	"time"
 
@@ -323,4 +325,23 @@ func (w Window) clip(a, b time.Time) (time.Time, time.Time) {
 		b = w.Until
 	}
 	return a, b
+}
+
+// JitterOffset is when, after fire, item's run of job starts under a jitter
+// (docs/policies.md): a hash of the three in [0, jitter), whole
+// milliseconds, the same on every instance, so that a run that moves to
+// another instance keeps its time.
+func JitterOffset(job string, item int, fire time.Time, jitter time.Duration) time.Duration {
+	ms := uint64(jitter / time.Millisecond)
+	if ms == 0 {
+		return 0
+	}
+	h := fnv.New64a()
+	var b [8]byte
+	h.Write([]byte(job))
+	binary.BigEndian.PutUint64(b[:], uint64(item))
+	h.Write(b[:])
+	binary.BigEndian.PutUint64(b[:], uint64(fire.Unix())) // whole seconds: the fires of cron and @every are
+	h.Write(b[:])
+	return time.Duration(h.Sum64()%ms) * time.Millisecond
 }

@@ -178,3 +178,29 @@ func FuzzCount(f *testing.F) {
 		}
 	})
 }
+
+func TestJitterOffset(t *testing.T) {
+	t.Parallel()
+	fire := time.Date(2027, 1, 1, 9, 0, 0, 0, time.UTC)
+	seen := map[time.Duration]bool{}
+	for item := range 200 {
+		d := JitterOffset("settle", item, fire, 30*time.Second)
+		if d < 0 || d >= 30*time.Second || d%time.Millisecond != 0 {
+			t.Fatalf("item %d: offset %s, want whole milliseconds in [0, 30s)", item, d)
+		}
+		if d != JitterOffset("settle", item, fire.In(time.FixedZone("x", 3600)), 30*time.Second) {
+			t.Fatal("the offset depends on the fire's zone: instances would disagree")
+		}
+		seen[d/time.Second] = true
+	}
+	if len(seen) < 20 {
+		t.Fatalf("200 items' offsets fall in %d of 30 seconds: not spread", len(seen))
+	}
+	if JitterOffset("settle", 0, fire, 0) != 0 || JitterOffset("settle", 0, fire, time.Microsecond) != 0 {
+		t.Fatal("no jitter must be no offset")
+	}
+	if JitterOffset("settle", 0, fire, time.Hour) == JitterOffset("settle", 0, fire.Add(time.Hour), time.Hour) &&
+		JitterOffset("settle", 0, fire.Add(2*time.Hour), time.Hour) == JitterOffset("settle", 0, fire.Add(3*time.Hour), time.Hour) {
+		t.Fatal("every fire gets the same offset")
+	}
+}
