@@ -493,6 +493,8 @@ func policyRecordsOf(t *testing.T, logs []map[string]any) []ledger.Record {
 		item, _ := r["item"].(float64)
 		rec := ledger.Record{Job: job, Item: int(item), At: parse(r["time"]), Why: r["msg"].(string)}
 		n, _ := r["skipped"].(float64)
+		x, _ := r["excluded"].(float64) // a calendar's: accounted for too
+		n += x
 		switch r["msg"] {
 		case "killed": // the run's fire and those it coalesced
 			rec.Why, rec.Through, rec.Count = ledger.WhyKilled, parse(r["fire"]), 1+int(n)

@@ -1,0 +1,234 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/shardd/shardd/internal/etcdtest"
+	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/schedule"
+)
+
+// The scheduling policies per due fire (docs/policies.md), on 3 instances
+// with faults during runs (kill -9 of the instance running a queued item,
+// SIGSTOP of another for 2 x TTL):
+//
+//   - queue: overlap bufferAll, bufferLimit 3, runs longer than its period:
+//     every due fire runs once, in order, or is recorded skipped
+//     (buffer-full, too-old); never two runs of an item at once.
+//   - holiday: every second, on days its calendar excludes (today and
+//     tomorrow): nothing runs, and the fires are recorded SKIPPED/calendar.
+//   - jittered: jitter 4s: each item's run starts at its fire plus the
+//     offset every instance computes; G1-G4 as for any job.
+//   - busy: overlap skip, runs longer than its period: the fires that come
+//     while it runs are recorded busy; G1-G4 hold with those records.
+func TestSchedulingPoliciesUnderFaults(t *testing.T) {
+	faultTest(t)
+	dir := t.TempDir()
+	e := startEtcd(t)
+	cli := e.client()
+	now := time.Now().UTC()
+	today, tomorrow := strings.ToUpper(now.Weekday().String()[:3]), strings.ToUpper(now.Add(24*time.Hour).Weekday().String()[:3])
+	job := func(name, cron string, items int, sleep, extra string) string {
+		return `  - name: ` + name + `
+    cron: "` + cron + `"
+    shardingTotalCount: ` + fmt.Sprint(items) + `
+    failover: true
+` + extra + `    script:
+      command: ` + etcdtest.YAMLQuote(ledgerScript) + `
+      env: {LEDGER_DIR: ` + etcdtest.YAMLQuote(dir) + `, LEDGER_SLEEP: "` + sleep + `"}
+`
+	}
+	cfg := "calendars:\n  now:\n    weekdays: [" + today + ", " + tomorrow + "]\njobs:\n" +
+		job("queue", "@every 2s", 2, "2.6", "    overlap: bufferAll\n    bufferLimit: 3\n") +
+		job("holiday", "* * * * * ?", 1, "0", "    excludeCalendars: [now]\n") +
+		job("jittered", "@every 6s", 3, "0.2", "    jitter: 4s\n") +
+		job("busy", "@every 3s", 1, "4", "    overlap: skip\n")
+	path := filepath.Join(dir, "jobs.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	procs := map[string]*proc{}
+	for _, n := range []string{"a", "b", "c"} {
+		procs[n] = startShardd(t, e, n, path)
+	}
+	etcdtest.Eventually(t, 15*time.Second, "agreement", func() bool {
+		return agreed(t, cli, "jittered", map[string][]int{"a": {0}, "b": {1}, "c": {2}}, procs["a"], procs["b"], procs["c"])
+	})
+	from := time.Now()
+	ledgerPath := filepath.Join(dir, "ledger")
+	// running is the live instance the ledger shows running job/item.
+	running := func(job string, item int, dead *proc) *proc {
+		var p *proc
+		etcdtest.Eventually(t, 10*time.Second, job+" running", func() bool {
+			p = nil
+			if name := openRun(t, ledgerPath, job, item); name != "" {
+				p = procs[name]
+			}
+			return p != nil && p != dead
+		})
+		return p
+	}
+	var failures []ledger.Failure
+	bound := ttl + 2*time.Second
+	time.Sleep(8 * time.Second) // the queue fills
+
+	victim := running("queue", 0, nil)
+	victim.stop(syscall.SIGKILL)
+	failures = append(failures, ledger.Failure{At: time.Now(), Instance: victim.name})
+	t.Logf("killed %s (running queue/0) at %s", victim.name, time.Now().Format(time.RFC3339Nano))
+	time.Sleep(bound + 2*time.Second)
+
+	paused := running("queue", 1, victim)
+	paused.signal(syscall.SIGSTOP)
+	failures = append(failures, ledger.Failure{At: time.Now(), Instance: paused.name})
+	t.Logf("paused %s (running queue/1) at %s", paused.name, time.Now().Format(time.RFC3339Nano))
+	time.Sleep(2 * ttl)
+	paused.signal(syscall.SIGCONT)
+	time.Sleep(bound + 8*time.Second)
+	to := time.Now()
+	for _, p := range procs {
+		if p != victim {
+			p.stop(syscall.SIGTERM)
+		}
+	}
+
+	f, err := os.Open(ledgerPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	events, err := ledger.Parse(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := os.Getenv("SHARDD_E2E_KEEP"); d != "" {
+		b, _ := os.ReadFile(ledgerPath)
+		os.WriteFile(filepath.Join(d, "policies-ledger"), b, 0o644)
+	}
+	records := policyRecords(t, []*proc{procs["a"], procs["b"], procs["c"]})
+
+	// G1-G4 for the jobs whose fires each run or are recorded skipped
+	// within the bound (jittered: its bound stretched by the jitter).
+	r := ledger.Check(events, ledger.Options{
+		Jobs: map[string]ledger.Job{
+			"jittered": {Items: 3, Schedule: mustSchedule(t, "@every 6s"), Failover: true},
+			"busy":     {Items: 1, Schedule: mustSchedule(t, "@every 3s"), Failover: true},
+		},
+		Bound: bound + 4*time.Second, From: from, To: to.Add(-10 * time.Second), Failures: failures, Records: records,
+		Faults: faultWindows(failures, bound+4*time.Second),
+	})
+	t.Logf("ledger: %s", r)
+	for _, v := range r.Violations {
+		t.Error(v)
+	}
+
+	// jittered: each first attempt starts at its fire plus its offset
+	// (away from the faults, where its item may move and run late).
+	jitterChecked := 0
+	for _, ev := range events {
+		if ev.Job != "jittered" || ev.Kind != "start" || ev.Attempt != 1 || ev.Source != "NORMAL" {
+			continue
+		}
+		want := ev.Fire.Add(schedule.JitterOffset("jittered", ev.Item, ev.Fire, 4*time.Second))
+		if slices.ContainsFunc(failures, func(f ledger.Failure) bool { return want.After(f.At.Add(-time.Second)) && want.Before(f.At.Add(bound+4*time.Second)) }) {
+			continue // its owner may be the instance a fault hit: it runs late, on another, as any fire
+		}
+		if late := ev.At.Sub(want); late < -50*time.Millisecond || late > 1500*time.Millisecond {
+			t.Errorf("jittered item %d fire %s started at %s, want %s (its offset)", ev.Item, ev.Fire.Format(time.RFC3339), ev.At.Format(time.RFC3339Nano), want.Format(time.RFC3339Nano))
+		}
+		jitterChecked++
+	}
+	if jitterChecked < 6 {
+		t.Errorf("only %d jittered runs to check", jitterChecked)
+	}
+
+	// holiday: nothing ran; its fires are recorded excluded by the calendar.
+	excluded := 0
+	for _, rec := range records {
+		if rec.Job == "holiday" {
+			excluded += rec.Count
+		}
+	}
+	for _, ev := range events {
+		if ev.Job == "holiday" {
+			t.Errorf("holiday ran on a day its calendar excludes: %+v", ev)
+			break
+		}
+	}
+	if span := int(to.Sub(from) / time.Second); excluded < span*8/10 {
+		t.Errorf("holiday: %d fires recorded excluded in %d s of every-second fires", excluded, span)
+	}
+	calendarLogged := false
+	for _, p := range procs {
+		calendarLogged = calendarLogged || len(p.find(func(m map[string]any) bool { return m["job"] == "holiday" && m["why"] == "calendar" })) > 0
+	}
+	if !calendarLogged {
+		t.Error("no record of holiday's fires says reason calendar")
+	}
+
+	// queue: per item, each due fire is run once (attempts aside), in
+	// order, or is in a skip record; no two runs at once.
+	queue := mustSchedule(t, "@every 2s")
+	for item := range 2 {
+		var started []time.Time
+		var lastStart time.Time
+		open := 0
+		for _, ev := range events {
+			if ev.Job != "queue" || ev.Item != item {
+				continue
+			}
+			switch ev.Kind {
+			case "overlap":
+				t.Errorf("queue item %d: two runs at once: %+v", item, ev)
+			case "start":
+				if ev.Attempt == 1 {
+					if !lastStart.IsZero() && !ev.Fire.After(lastStart) {
+						t.Errorf("queue item %d: fire %s ran after fire %s: not in order", item, ev.Fire.Format(time.RFC3339), lastStart.Format(time.RFC3339))
+					}
+					lastStart = ev.Fire
+					if slices.ContainsFunc(started, ev.Fire.Equal) {
+						t.Errorf("queue item %d: fire %s ran twice", item, ev.Fire.Format(time.RFC3339))
+					}
+					started = append(started, ev.Fire)
+				}
+				open++
+			}
+		}
+		skipped := map[time.Time]string{}
+		for _, rec := range records {
+			if rec.Job != "queue" || rec.Item != item {
+				continue
+			}
+			// Count fires back from Through.
+			f := rec.Through
+			for k := 0; k < rec.Count; k++ {
+				skipped[f.UTC()] = rec.Why
+				f = f.Add(-2 * time.Second)
+			}
+		}
+		if len(started) == 0 {
+			t.Fatalf("queue item %d never ran", item)
+		}
+		// Every due fire from the first run to the last is accounted for.
+		for f := queue.Next(started[0]); f.Before(lastStart); f = queue.Next(f) {
+			if !slices.ContainsFunc(started, f.Equal) && skipped[f.UTC()] == "" {
+				t.Errorf("queue item %d: fire %s neither ran nor was recorded skipped", item, f.Format(time.RFC3339))
+			}
+		}
+		t.Logf("queue item %d: %d fires ran, %d recorded skipped", item, len(started), len(skipped))
+	}
+	bufferFull := 0
+	for _, p := range procs {
+		bufferFull += len(p.find(func(m map[string]any) bool { return m["job"] == "queue" && m["why"] == "buffer-full" }))
+	}
+	if bufferFull == 0 {
+		t.Error("queue's runs outlast its period but no fire was recorded skipped (buffer-full)")
+	}
+}
