@@ -34,7 +34,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	e := startEtcd(t)
 	cli := e.client()
 	now := time.Now().UTC()
-	today, tomorrow := strings.ToUpper(now.Weekday().String()[:3]), strings.ToUpper(now.Add(24*time.Hour).Weekday().String()[:3])
+	today, tomorrow := strings.ToUpper(now.Weekday().String()[:3]), strings.ToUpper(now.Add(24 * time.Hour).Weekday().String()[:3])
 	job := func(name, cron string, items int, sleep, extra string) string {
 		return `  - name: ` + name + `
     cron: "` + cron + `"
@@ -137,7 +137,9 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 			continue
 		}
 		want := ev.Fire.Add(schedule.JitterOffset("jittered", ev.Item, ev.Fire, 4*time.Second))
-		if slices.ContainsFunc(failures, func(f ledger.Failure) bool { return want.After(f.At.Add(-time.Second)) && want.Before(f.At.Add(bound+4*time.Second)) }) {
+		if slices.ContainsFunc(failures, func(f ledger.Failure) bool {
+			return want.After(f.At.Add(-time.Second)) && want.Before(f.At.Add(bound+4*time.Second))
+		}) {
 			continue // its owner may be the instance a fault hit: it runs late, on another, as any fire
 		}
 		if late := ev.At.Sub(want); late < -50*time.Millisecond || late > 1500*time.Millisecond {
