@@ -300,6 +300,7 @@ func TestHistoryTable(t *testing.T) {
 		{Item: 1, Fire: t0, Instance: "a", Attempt: 1, Source: "NORMAL", Start: t0, End: t0.Add(5 * time.Second), State: "KILLED", Reason: "timeout", ExitCode: -1, Error: "killed: timeout after 5s"},
 		{Item: 2, Fire: t0, Instance: "b", Attempt: 1, Source: "MANUAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503, Error: "HTTP 503"},
 		{Item: 3, Fire: t0, Instance: "b", State: "SKIPPED", Reason: "disabled", ExitCode: -1, Skipped: 2},
+		{Item: 3, Fire: t0, Instance: "b", State: "SKIPPED", Reason: "calendar", ExitCode: -1, Excluded: 3},
 		{Item: 4, Fire: t0, Instance: "b", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: 127, Error: "exit status 127", Output: "/bin/sh: 1: /opt/jobs/etl.sh: not found\n"},
 		{Item: 5, Fire: t0, Instance: "b", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: 1, Error: "exit status 1", Output: "col\tumn \x1b[31mred\x1b[0m ünïcödé " + strings.Repeat("é", 80)},
 	} {
@@ -311,10 +312,10 @@ func TestHistoryTable(t *testing.T) {
 	// A hook refused: its status and the answer's start, not its URL.
 	hook := history.FromRecord(keyspace.ItemRecord{Item: 7, Fire: t0, Instance: "c", Attempt: 1, Source: "NORMAL", Start: t0, End: t0, State: "FAILED", ExitCode: -1, HTTPStatus: 503,
 		Error: "POST https://hooks.example.com/a/very/long/path/that/fills/the/cell: status 503: queue full", Output: "queue full"})
-	rows = append(rows[:5], retried, hook, rows[5])
+	rows = append(rows[:6], retried, hook, rows[6])
 	writeHistory(&b, rows)
 	out := b.String()
-	for _, want := range []string{"status 503: queue full", "FAILED (2 tries)", "db timeout for AMER", "RESULT", "CODE", "FENCE", " 4711 ", "FAILED  ", "exit 3", "boom", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled", "/opt/jobs/etl.sh: not found"} {
+	for _, want := range []string{"status 503: queue full", "FAILED (2 tries)", "db timeout for AMER", "RESULT", "CODE", "FENCE", " 4711 ", "FAILED  ", "exit 3", "boom", "KILLED/timeout", "killed: timeout after 5s", "http 503", "SKIPPED/disabled", "SKIPPED/calendar", "3 calendar", "/opt/jobs/etl.sh: not found"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("history lacks %q:\n%s", want, out)
 		}

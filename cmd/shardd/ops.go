@@ -509,12 +509,19 @@ func writeHistory(w io.Writer, recs []history.Run) error {
 		case r.By != "":
 			source += " by " + r.By // who triggered a MANUAL run (and its re-runs)
 		}
+		skipped := strconv.Itoa(r.Skipped)
+		switch { // fires a calendar excluded, accounted for by this record
+		case r.Excluded > 0 && r.Skipped == 0:
+			skipped = fmt.Sprintf("%d calendar", r.Excluded)
+		case r.Excluded > 0:
+			skipped += fmt.Sprintf(" +%d calendar", r.Excluded)
+		}
 		fence := "-" // a record the run did not write (SKIPPED) has none
 		if r.Fence > 0 {
 			fence = strconv.FormatInt(r.Fence, 10)
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, fence, r.Attempt, source,
-			start, dur, result, code, r.Skipped, dash(out))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Item, r.Fire.Format(time.RFC3339), r.Instance, fence, r.Attempt, source,
+			start, dur, result, code, skipped, dash(out))
 	}
 	return tw.Flush()
 }
