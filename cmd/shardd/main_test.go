@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/shardd/shardd/pkg/embedetcd"
 	"github.com/shardd/shardd/pkg/history"
 	"github.com/shardd/shardd/pkg/runlog"
+	"github.com/shardd/shardd/pkg/schedule"
 )
 
 // shardd runs the command line args and returns exit code, stdout and stderr.
@@ -547,5 +549,36 @@ func TestPlanSelector(t *testing.T) {
 	}
 	if code, _, errOut := shardd(t, "plan", "--config", path, "--instances", "a,b", "--label", "x:role=db"); code != exitUsage || !strings.Contains(errOut, "x is not one of --instances") {
 		t.Errorf("a label of an unknown instance: %d %s", code, errOut)
+	}
+}
+
+// validate and plan show the policies' effect on the next fires: those a
+// calendar excludes, the jitter offsets of the next fire's items (the
+// ones every instance computes), the active window.
+func TestValidateShowsPolicies(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "jobs.yaml")
+	os.WriteFile(path, []byte(`calendars:
+  weekends:
+    weekdays: [SAT, SUN]
+jobs:
+  - name: settle
+    cron: ["0 0 2 * * ?", "0 0 14 * * ?"]
+    shardingTotalCount: 2
+    jitter: 30s
+    activeUntil: 2027-06-30
+    excludeCalendars: [weekends]
+    script: "true"
+`), 0o644)
+	now := time.Date(2027, 1, 1, 12, 0, 0, 0, time.UTC) // a Friday
+	fire := time.Date(2027, 1, 1, 14, 0, 0, 0, time.UTC)
+	want := fmt.Sprintf(`  settle (0 0 2 * * ?; 0 0 14 * * ?, UTC): next Fri 2027-01-01 14:00:00 UTC, Sat 2027-01-02 02:00:00 UTC (excluded: calendar weekends), Sat 2027-01-02 14:00:00 UTC (excluded: calendar weekends)
+    jitter 30s: the next fire's items start at item 0 +%s, item 1 +%s
+    active - to 2027-06-30
+`, schedule.JitterOffset("settle", 0, fire, 30*time.Second), schedule.JitterOffset("settle", 1, fire, 30*time.Second))
+	for _, args := range [][]string{{"validate", path}, {"plan", "--config", path, "--instances", "a"}} {
+		code, out, errOut := sharddAt(t, now, args...)
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("%s: exit %d %s; output\n%s\nwant it to have\n%s", args[0], code, errOut, out, want)
+		}
 	}
 }
