@@ -28,6 +28,9 @@ import (
 //     offset every instance computes; G1-G4 as for any job.
 //   - busy: overlap skip, runs longer than its period: the fires that come
 //     while it runs are recorded busy; G1-G4 hold with those records.
+//   - replaced: overlap replace, runs longer than its period: each newer
+//     fire stops the run (KILLED/replaced) and then runs, never both at
+//     once; every due fire starts.
 func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	faultTest(t)
 	dir := t.TempDir()
@@ -49,7 +52,8 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		job("queue", "@every 2s", 2, "2.6", "    overlap: bufferAll\n    bufferLimit: 3\n") +
 		job("holiday", "* * * * * ?", 1, "0", "    excludeCalendars: [now]\n") +
 		job("jittered", "@every 6s", 3, "0.2", "    jitter: 4s\n") +
-		job("busy", "@every 3s", 1, "4", "    overlap: skip\n")
+		job("busy", "@every 3s", 1, "4", "    overlap: skip\n") +
+		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n")
 	path := filepath.Join(dir, "jobs.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -232,5 +236,45 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	}
 	if bufferFull == 0 {
 		t.Error("queue's runs outlast its period but no fire was recorded skipped (buffer-full)")
+	}
+
+	// replaced: never two runs at once; each due fire from the first start
+	// to the last starts (or is coalesced into the next run, when its
+	// owner was hit by a fault); runs are KILLED/replaced.
+	every3 := mustSchedule(t, "@every 3s")
+	for item := range 2 {
+		var fires []time.Time
+		coalesced := map[time.Time]bool{}
+		for _, ev := range events {
+			if ev.Job != "replaced" || ev.Item != item {
+				continue
+			}
+			if ev.Kind == "overlap" {
+				t.Errorf("replaced item %d: two runs at once: %+v", item, ev)
+			}
+			if ev.Kind == "start" {
+				fires = append(fires, ev.Fire)
+				f := ev.Fire
+				for range ev.Skipped {
+					f = f.Add(-3 * time.Second)
+					coalesced[f.UTC()] = true
+				}
+			}
+		}
+		if len(fires) < 3 {
+			t.Fatalf("replaced item %d: %d runs", item, len(fires))
+		}
+		for f := every3.Next(fires[0]); f.Before(fires[len(fires)-1]); f = every3.Next(f) {
+			if !slices.ContainsFunc(fires, f.Equal) && !coalesced[f.UTC()] && !slices.ContainsFunc(records, func(r ledger.Record) bool { return r.Job == "replaced" && r.Item == item && !r.Through.Before(f) }) {
+				t.Errorf("replaced item %d: fire %s never started", item, f.Format(time.RFC3339))
+			}
+		}
+	}
+	replacedRuns := 0
+	for _, p := range procs {
+		replacedRuns += len(p.find(func(m map[string]any) bool { return m["job"] == "replaced" && m["reason"] == "replaced" && m["msg"] == "killed" }))
+	}
+	if replacedRuns < 4 {
+		t.Errorf("only %d runs of replaced recorded KILLED/replaced; its runs outlast its period", replacedRuns)
 	}
 }

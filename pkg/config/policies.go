@@ -29,9 +29,12 @@ const (
 	// OverlapBufferAll runs each of them, in order, up to BufferLimit
 	// pending fires; older ones are recorded skipped, reason buffer-full.
 	OverlapBufferAll = "bufferAll"
+	// OverlapReplace stops the running run (KILLED, reason replaced), then
+	// runs the new fire: never both at once.
+	OverlapReplace = "replace"
 )
 
-var overlapPolicies = []string{OverlapBufferOne, OverlapSkip, OverlapBufferAll}
+var overlapPolicies = []string{OverlapBufferOne, OverlapSkip, OverlapBufferAll, OverlapReplace}
 
 // Bounds of the policies' fields.
 const (
@@ -169,12 +172,11 @@ func (c *Calendar) parse(name string, def *time.Location, prefix string, bad bad
 		}
 	}
 	for _, w := range c.Weekdays {
-		day, ok := weekdayNames[strings.ToUpper(strings.TrimSpace(w))]
-		if len(w) > 3 {
-			for abbr, d := range weekdayNames {
-				if strings.EqualFold(w, d.String()) {
-					day, ok = weekdayNames[abbr], true
-				}
+		name := strings.TrimSpace(w)
+		day, ok := weekdayNames[strings.ToUpper(name)]
+		for _, d := range weekdayNames {
+			if strings.EqualFold(name, d.String()) { // the whole name: Saturday
+				day, ok = d, true
 			}
 		}
 		if !ok {
@@ -184,7 +186,7 @@ func (c *Calendar) parse(name string, def *time.Location, prefix string, bad bad
 		out.Weekdays |= 1 << uint(day)
 	}
 	if len(c.Dates) == 0 && len(c.Weekdays) == 0 {
-		bad(prefix+"dates", "%sexcludes nothing: give dates, weekdays or both", prefix)
+		bad(prefix+"dates", "%s excludes nothing: give dates, weekdays or both", strings.TrimSuffix(prefix, "."))
 	}
 	return out
 }
@@ -196,15 +198,14 @@ func parseActive(v string, loc *time.Location, until bool) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, v); err == nil {
 		return t, nil
 	}
-	d, err := time.ParseInLocation(time.DateOnly, v, loc)
+	d, err := time.Parse(time.DateOnly, v)
 	if err != nil {
 		return time.Time{}, errors.New("is not a time like 2027-01-01T09:00:00+08:00 or a date like 2027-01-01")
 	}
 	if until {
-		next := time.Date(d.Year(), d.Month(), d.Day()+1, 0, 0, 0, 0, loc)
-		return next.Add(-time.Nanosecond), nil
+		return schedule.DayStart(loc, d.Year(), d.Month(), d.Day()+1).Add(-time.Nanosecond), nil
 	}
-	return d, nil
+	return schedule.DayStart(loc, d.Year(), d.Month(), d.Day()), nil
 }
 
 // validatePolicies checks the policies' fields, after validateSchedule

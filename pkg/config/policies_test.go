@@ -162,3 +162,19 @@ func TestPoliciesBad(t *testing.T) {
 		})
 	}
 }
+
+// A date names the day's first instant in the job's zone, also where the
+// clocks jump over midnight (America/Santiago on 2026-09-06: 00:00 is
+// never shown, the day starts at the jump).
+func TestActiveDatesWhereMidnightIsSkipped(t *testing.T) {
+	t.Parallel()
+	loc, _ := time.LoadLocation("America/Santiago")
+	from, _ := parseActive("2026-09-06", loc, false)
+	if got := from.In(loc).Format(time.DateOnly); got != "2026-09-06" {
+		t.Errorf("activeFrom 2026-09-06 begins at %s", from.In(loc))
+	}
+	until, _ := parseActive("2026-09-05", loc, true)
+	if got := until.In(loc).Format(time.DateOnly); got != "2026-09-05" || until.Add(time.Nanosecond).In(loc).Format(time.DateOnly) != "2026-09-06" {
+		t.Errorf("activeUntil 2026-09-05 ends at %s, want the last instant of that day", until.In(loc))
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -67,36 +68,74 @@ func (n *Node) OnKill(job string, fn func(keyspace.Kill)) (cancel func()) {
 // who asked to stop each run. A run cut by a failure before its kill
 // reached it (its instance was cut off) is not failed over when it is
 // here: see SettleKilled.
-func (n *Node) Kills(ctx context.Context, job string) (map[keyspace.KillKey]string, error) {
+func (n *Node) Kills(ctx context.Context, job string) (map[keyspace.KillKey]keyspace.KillBy, error) {
 	rctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	resp, err := n.opts.Client.Get(rctx, n.keys.Kills(job), clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("read the kill requests of job %q: %w", job, err)
 	}
-	out := map[keyspace.KillKey]string{}
+	out := map[keyspace.KillKey]keyspace.KillBy{}
 	for _, kv := range resp.Kvs {
 		var k keyspace.Kill
 		if json.Unmarshal(kv.Value, &k) != nil {
 			continue
 		}
 		for _, r := range k.Runs {
-			out[keyspace.KillKey{Item: r.Item, Fence: r.Fence}] = k.By
+			out[keyspace.KillKey{Item: r.Item, Fence: r.Fence}] = keyspace.KillBy{By: k.By, Reason: k.KillReason()}
 		}
 	}
 	return out, nil
 }
 
-// SettleKilled records that a run an operator killed, which a failure cut
-// before the kill reached its instance, is not run again: KILLED, reason
-// operator, by whom, guarded by the record read.
-func (n *Node) SettleKilled(ctx context.Context, job string, item int, st keyspace.ItemState, by string) error {
+// SettleKilled records that a run an operator killed (or overlap replace
+// did), which a failure cut before the kill reached its instance, is not
+// run again: KILLED with the kill's reason, by whom, guarded by the record
+// read.
+func (n *Node) SettleKilled(ctx context.Context, job string, item int, st keyspace.ItemState, k keyspace.KillBy) error {
 	if st.Record == nil {
 		return nil
 	}
 	rec := *st.Record
 	rec.Fence = keyspace.RunFence(st.Record, st.Rev)
-	rec.State, rec.Reason, rec.KilledBy, rec.End = keyspace.StateKilled, keyspace.ReasonOperator, by, n.opts.Now().UTC()
-	rec.Error = "killed by " + by + ": its instance was cut off before the kill reached it; not run again"
+	rec.State, rec.Reason, rec.KilledBy, rec.End = keyspace.StateKilled, k.Reason, k.By, n.opts.Now().UTC()
+	rec.Error = "killed by " + k.By + ": its instance was cut off before the kill reached it; not run again"
 	return n.finish(ctx, rec, st.Rev, false)
+}
+
+// Replace asks the instance running item's run with fence to stop it for
+// a newer fire (overlap replace): a kill request, reason replaced, put
+// under this session's lease (it lives while its asker does, which decides
+// again if it is gone), once per run (keyspace.ReplaceKillID), and only
+// while the run holds the item (its running marker was created at fence).
+// It reports whether the run is asked to stop: still running, and the
+// request put by this call or before.
+func (n *Node) Replace(ctx context.Context, job string, item int, fence int64, instance string, fire time.Time) (bool, error) {
+	n.mu.Lock()
+	s := n.session
+	n.mu.Unlock()
+	if s == nil {
+		return false, ErrNotUp
+	}
+	k := keyspace.Kill{ID: keyspace.ReplaceKillID(item, fence), Runs: []keyspace.KillRun{{Item: item, Fence: fence, Instance: instance}},
+		By: "the fire of " + fire.UTC().Format(time.RFC3339), At: n.opts.Now().UTC(), Reason: keyspace.ReasonReplaced}
+	val, err := json.Marshal(k)
+	if err != nil {
+		return false, err
+	}
+	key := n.keys.Kill(job, k.ID)
+	resp, err := n.opts.Client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(n.keys.RunningItem(job, item)), "=", fence)).
+		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(s.lease))).
+		Else(clientv3.OpGet(n.keys.RunningItem(job, item))).Commit()
+	if err != nil {
+		return false, fmt.Errorf("ask to replace the run of job %q item %d: %w", job, item, err)
+	}
+	if resp.Succeeded {
+		return true, nil
+	}
+	// Refused: asked before if the run still holds the item, else it ended.
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	return len(kvs) == 1 && kvs[0].CreateRevision == fence, nil
 }

@@ -128,3 +128,41 @@ func TestKillRequestNamingARunIsChecked(t *testing.T) {
 		t.Errorf("%d kill requests in etcd after refused kills, want none", c)
 	}
 }
+
+// overlap replace's request (Replace) is put once per run, only while that
+// run holds its item, and read back by Kills with its reason: a run that
+// ended is not asked, so the next one is never stopped for a fire it
+// serves.
+func TestReplaceAsksOnlyTheRunningRunOnce(t *testing.T) {
+	t.Parallel()
+	n := ordersNode(t, 1)
+	ctx := context.Background()
+	fire := time.Now().Truncate(time.Second)
+	g1 := claimNext(t, n, fire)
+	for range 2 {
+		asked, err := n.Replace(ctx, "orders", 0, g1.Fence, "a", fire.Add(time.Second))
+		if err != nil || !asked {
+			t.Fatalf("Replace of the running run: asked %v, err %v", asked, err)
+		}
+	}
+	if c := killKeys(t, n); c != 1 {
+		t.Fatalf("%d kill requests after two Replace calls of one run, want 1", c)
+	}
+	kills, err := n.Kills(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k := kills[keyspace.KillKey{Item: 0, Fence: g1.Fence}]; k.Reason != keyspace.ReasonReplaced || !strings.Contains(k.By, "the fire of ") {
+		t.Fatalf("Kills reads the request as %+v, want reason replaced, by the fire", k)
+	}
+	if err := n.Complete(ctx, g1, Outcome{State: keyspace.StateKilled, Reason: keyspace.ReasonReplaced, ExitCode: -1, Start: fire, End: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	g2 := claimNext(t, n, fire.Add(time.Second))
+	if asked, err := n.Replace(ctx, "orders", 0, g1.Fence, "a", fire.Add(2*time.Second)); err != nil || asked {
+		t.Fatalf("Replace of a run that ended: asked %v, err %v; want nothing asked", asked, err)
+	}
+	if c := killKeys(t, n); c != 1 {
+		t.Fatalf("%d kill requests, want the first one only (none for the ended run's successor %d)", c, g2.Fence)
+	}
+}

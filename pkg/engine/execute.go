@@ -364,13 +364,16 @@ func (j *jobLoop) outcome(runCtx context.Context, g *coord.Grant, res runner.Res
 		case <-time.After(time.Second):
 		}
 	}
-	by, byOperator := killedBy(context.Cause(runCtx))
+	kill, byOperator := killedBy(context.Cause(runCtx))
 	switch {
 	case res.OK: // the work ended by itself: whatever happened since, it is done
 	case byOperator:
 		// Stopped on purpose, started or not: never run again for it.
-		out.State, out.Reason, out.KilledBy = keyspace.StateKilled, keyspace.ReasonOperator, by
-		out.Err = operatorKill{by: by}.Error()
+		out.State, out.Reason, out.KilledBy = keyspace.StateKilled, keyspace.ReasonOperator, kill.by
+		if kill.reason != "" {
+			out.Reason = kill.reason
+		}
+		out.Err = kill.Error()
 	case runCtx.Err() != nil || errors.Is(res.Err, runner.ErrKilled):
 		out.State, out.Reason = keyspace.StateKilled, keyspace.ReasonFence
 		if errors.Is(context.Cause(runCtx), errShutdown) {

@@ -170,11 +170,14 @@ func (f *fakeNode) Begin(_ context.Context, job string, items []int, sched time.
 	return nil
 }
 
-func (f *fakeNode) Kills(context.Context, string) (map[keyspace.KillKey]string, error) {
-	return map[keyspace.KillKey]string{}, nil
+func (f *fakeNode) Kills(context.Context, string) (map[keyspace.KillKey]keyspace.KillBy, error) {
+	return map[keyspace.KillKey]keyspace.KillBy{}, nil
 }
-func (f *fakeNode) SettleKilled(context.Context, string, int, keyspace.ItemState, string) error {
+func (f *fakeNode) SettleKilled(context.Context, string, int, keyspace.ItemState, keyspace.KillBy) error {
 	return errors.New("fakeNode: no kills")
+}
+func (f *fakeNode) Replace(context.Context, string, int, int64, string, time.Time) (bool, error) {
+	return false, errors.New("fakeNode: no kills")
 }
 
 func (f *fakeNode) Settle(_ context.Context, job string, item int, st keyspace.ItemState) error {

@@ -57,8 +57,11 @@ type Records interface {
 // KillRequests are the operators' kill requests of a job still in etcd;
 // SettleKilled records a cut run one of them named as killed.
 type KillRequests interface {
-	Kills(ctx context.Context, job string) (map[keyspace.KillKey]string, error)
-	SettleKilled(ctx context.Context, job string, item int, st keyspace.ItemState, by string) error
+	Kills(ctx context.Context, job string) (map[keyspace.KillKey]keyspace.KillBy, error)
+	SettleKilled(ctx context.Context, job string, item int, st keyspace.ItemState, k keyspace.KillBy) error
+	// Replace asks for the run of item with fence to be stopped for a
+	// newer fire (overlap replace; coord.Node.Replace).
+	Replace(ctx context.Context, job string, item int, fence int64, instance string, fire time.Time) (bool, error)
 }
 
 // Triggers reads a job's waiting triggers; DeleteTrigger deletes one no

@@ -234,7 +234,7 @@ type pass struct {
 	policy policy
 	notes  func(item int, rec *keyspace.ItemRecord) bool // see notesOutcomes
 	own    func(item int, fire time.Time, source string) (bool, time.Time)
-	kills  map[keyspace.KillKey]string // read when a cut run is to run again
+	kills  map[keyspace.KillKey]keyspace.KillBy // read when a cut run is to run again
 
 	starts []start // the runs decided on
 	skips  []start // the records of skips, settles and kills decided on
@@ -432,12 +432,12 @@ func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
 	if a.rerun(st.Record) {
 		// A run cut by a failure is not run again when an operator
 		// killed it: its kill may not have reached its instance.
-		by, found, ok := j.killRequest(ctx, r, item, st)
+		k, found, ok := j.killRequest(ctx, r, item, st)
 		if !ok {
 			return
 		}
 		if found {
-			a = action{kind: killed, fire: st.Record.Fire, why: by}
+			a = action{kind: killed, fire: st.Record.Fire, kill: k}
 		}
 	}
 	if (a.kind == run || a.kind == adopt) && a.startAt.IsZero() && !keyspace.OffSchedule(a.source) && a.fire.After(r.now) {
@@ -452,12 +452,12 @@ func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
 	if !j.jitter(r, item, &a) {
 		return
 	}
-	if a.kind != begin && !j.noteOutcome(ctx, r.v, item, st) {
+	if a.kind != begin && a.kind != replace && !j.noteOutcome(ctx, r.v, item, st) {
 		r.retrySoon()
 		return // the record is not replaced before it is noted
 	}
 	switch a.kind {
-	case skip, settle, killed:
+	case skip, settle, killed, replace:
 		r.skips = append(r.skips, start{item: item, st: st, a: a})
 	case begin:
 		r.fresh = append(r.fresh, item)
@@ -493,18 +493,18 @@ func (j *jobLoop) jitter(r *pass, item int, a *action) bool {
 // operator's kill request of it is still in etcd. ok is false when the
 // requests could not be read: the loop decides again soon. They are read
 // once per pass, when the first cut run is to run again.
-func (j *jobLoop) killRequest(ctx context.Context, r *pass, item int, st keyspace.ItemState) (by string, found, ok bool) {
+func (j *jobLoop) killRequest(ctx context.Context, r *pass, item int, st keyspace.ItemState) (k keyspace.KillBy, found, ok bool) {
 	if r.kills == nil {
 		kills, err := j.e.opts.Node.Kills(ctx, j.name)
 		if err != nil {
 			j.log.Warn("read kill requests; deciding again", "err", err)
 			r.retrySoon()
-			return "", false, false
+			return keyspace.KillBy{}, false, false
 		}
 		r.kills = kills
 	}
-	by, found = r.kills[keyspace.KillKey{Item: item, Fence: keyspace.RunFence(st.Record, st.Rev)}]
-	return by, found, true
+	k, found = r.kills[keyspace.KillKey{Item: item, Fence: keyspace.RunFence(st.Record, st.Rev)}]
+	return k, found, true
 }
 
 // mayAct reports whether this instance acts on a for item now. A claim
@@ -559,7 +559,9 @@ func (j *jobLoop) record(ctx context.Context, r *pass) {
 		case settle:
 			j.settle(ctx, s.item, s.st)
 		case killed:
-			j.settleKilled(ctx, s.item, s.st, s.a.why)
+			j.settleKilled(ctx, s.item, s.st, s.a.kill)
+		case replace:
+			j.replace(ctx, s.item, s.a)
 		default:
 			j.skip(ctx, s.item, s.st, s.a)
 		}

@@ -16,11 +16,15 @@ import (
 // registers. A kill never touches another fence: the item's next run is
 // not the one the operator saw.
 
-// operatorKill is the cause of a run cancelled by an operator.
-type operatorKill struct{ by string }
+// operatorKill is the cause of a run cancelled by an operator, or by
+// overlap replace for a newer fire (reason replaced).
+type operatorKill struct{ by, reason string }
 
 func (k operatorKill) Error() string {
-	if k.by == "" {
+	switch {
+	case k.reason == keyspace.ReasonReplaced:
+		return "replaced by " + k.by + " (overlap: replace)"
+	case k.by == "":
 		return "killed by an operator"
 	}
 	return "killed by " + k.by
@@ -37,7 +41,7 @@ type runHandle struct {
 type pendingKill struct {
 	item  int
 	fence int64
-	by    string
+	cause operatorKill
 	until time.Time
 }
 
@@ -52,7 +56,7 @@ func (l *localRuns) register(item int, fence int64, cancel context.CancelCauseFu
 	l.handles[item] = runHandle{fence: fence, cancel: cancel}
 	for i, k := range l.kills {
 		if k.item == item && k.fence == fence && now.Before(k.until) {
-			cancel(operatorKill{by: k.by})
+			cancel(k.cause)
 			l.kills = append(l.kills[:i], l.kills[i+1:]...)
 			break
 		}
@@ -68,11 +72,11 @@ func (l *localRuns) register(item int, fence int64, cancel context.CancelCauseFu
 
 // kill stops the run of item with fence, or keeps the kill for a run
 // still registering; it reports whether a run was stopped.
-func (l *localRuns) kill(item int, fence int64, by string, now time.Time) bool {
+func (l *localRuns) kill(item int, fence int64, cause operatorKill, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if h, ok := l.handles[item]; ok && h.fence == fence {
-		h.cancel(operatorKill{by: by})
+		h.cancel(cause)
 		return true
 	}
 	kept := l.kills[:0]
@@ -81,7 +85,7 @@ func (l *localRuns) kill(item int, fence int64, by string, now time.Time) bool {
 			kept = append(kept, k)
 		}
 	}
-	l.kills = append(kept, pendingKill{item: item, fence: fence, by: by, until: now.Add(keyspace.KillTTL)})
+	l.kills = append(kept, pendingKill{item: item, fence: fence, cause: cause, until: now.Add(keyspace.KillTTL)})
 	return false
 }
 
@@ -89,28 +93,43 @@ func (l *localRuns) kill(item int, fence int64, by string, now time.Time) bool {
 func (j *jobLoop) onKill(k keyspace.Kill) {
 	now := j.e.opts.Now()
 	for _, r := range k.Runs {
-		stopped := j.runs.kill(r.Item, r.Fence, k.By, now)
-		j.log.Info("kill requested", "item", r.Item, "fence", r.Fence, "by", k.By, "stopped", stopped)
+		stopped := j.runs.kill(r.Item, r.Fence, operatorKill{by: k.By, reason: k.KillReason()}, now)
+		j.log.Info("kill requested", "item", r.Item, "fence", r.Fence, "by", k.By, "reason", k.KillReason(), "stopped", stopped)
 	}
 }
 
-// killedBy returns who killed a run cancelled with cause, if an operator did.
-func killedBy(cause error) (string, bool) {
+// killedBy returns the kill that cancelled a run with cause, if an
+// operator (or overlap replace) did.
+func killedBy(cause error) (operatorKill, bool) {
 	k, ok := cause.(operatorKill)
-	if !ok {
-		return "", false
-	}
-	return k.by, true
+	return k, ok
 }
 
 // settleKilled records a run cut by a failure, which an operator killed
 // before the kill could reach it, as killed: it is not run again.
-func (j *jobLoop) settleKilled(ctx context.Context, item int, st keyspace.ItemState, by string) {
-	if err := j.e.opts.Node.SettleKilled(ctx, j.name, item, st, by); err != nil {
+func (j *jobLoop) settleKilled(ctx context.Context, item int, st keyspace.ItemState, k keyspace.KillBy) {
+	if err := j.e.opts.Node.SettleKilled(ctx, j.name, item, st, k); err != nil {
 		j.log.Warn("record a killed run; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
 		return
 	}
 	j.log.Info("run killed by an operator and cut by a failure; not run again", "item", item, "fire", st.Record.Fire.UTC(),
-		"fence", keyspace.RunFence(st.Record, st.Rev), "by", by)
+		"fence", keyspace.RunFence(st.Record, st.Rev), "by", k.By, "reason", k.Reason)
+}
+
+// replace asks for the run a names to be stopped for a's fire (overlap
+// replace). The run's instance records it KILLED/replaced and deletes its
+// marker, whose deletion wakes this loop for the new fire. A request that
+// could not be put is tried again at the next reconcile.
+func (j *jobLoop) replace(ctx context.Context, item int, a action) {
+	asked, err := j.e.opts.Node.Replace(ctx, j.name, item, a.fence, a.by, a.fire)
+	switch {
+	case err != nil:
+		j.log.Warn("ask to replace a run; trying again", "item", item, "fence", a.fence, "err", err)
+		j.pokeAfter(500 * time.Millisecond)
+	case !asked:
+		j.pokeAfter(100 * time.Millisecond) // the run ended meanwhile: decide again
+	default:
+		j.log.Info("replacing a run (overlap: replace)", "item", item, "fence", a.fence, "instance", a.by, "for", a.fire.UTC())
+	}
 }

@@ -22,7 +22,7 @@ func TestPendingKillStopsOnlyItsItem(t *testing.T) {
 	t.Parallel()
 	var l localRuns
 	now := time.Now()
-	if l.kill(0, 42, "token:alice", now) {
+	if l.kill(0, 42, operatorKill{by: "token:alice"}, now) {
 		t.Fatal("nothing registered yet: the kill must be pending")
 	}
 	ctx1, cancel1 := context.WithCancelCause(context.Background())

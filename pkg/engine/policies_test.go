@@ -137,3 +137,73 @@ func TestBufferAllDrainsInOrder(t *testing.T) {
 	}
 	t.Fatalf("the queue did not drain: ran %v", ran)
 }
+
+// overlap replace: a newer fire of a running item asks its run to stop
+// (the run's fence, its instance); the new fire runs once the run has
+// ended, KILLED/replaced, standing for what came meanwhile.
+func TestDecideReplace(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2027, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	every10 := mustSchedule(t, "@every 10s")
+	p := policy{schedule: every10, failover: true, overlap: config.OverlapReplace, window: time.Minute}
+	running := func(by string, mine bool) keyspace.ItemState {
+		return keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(0), Sched: at(0), State: keyspace.StateRunning, Attempt: 1, Source: "NORMAL"}, Rev: 41, RunningBy: by, RunningMine: mine}
+	}
+	replaced := keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(0), Sched: at(0), State: keyspace.StateKilled, Reason: keyspace.ReasonReplaced, Fence: 41, Attempt: 1, Source: "NORMAL", End: at(10.2)}, Rev: 50}
+	weekdays := schedule.Exclusion{{Name: "all", Loc: time.UTC, Weekdays: 0x7f}}
+	tests := []struct {
+		name  string
+		st    keyspace.ItemState
+		local bool
+		p     policy
+		now   time.Time
+		want  action
+	}{
+		{"no newer fire yet: the run goes on", running("b", false), false, p, at(9), action{}},
+		{"a newer fire: the run elsewhere is asked to stop", running("b", false), false, p, at(10.1),
+			action{kind: replace, fire: at(10), fence: 41, by: "b"}},
+		{"the run is here: asked too (the request reaches this instance's own watch)", running("a", true), true, p, at(10.1),
+			action{kind: replace, fire: at(10), fence: 41, by: "a"}},
+		{"a claim of this session no run here knows: adopted, not replaced", running("a", true), false, p, at(10.1),
+			action{kind: adopt, fire: at(0), attempt: 1, source: "NORMAL", sched: at(0)}},
+		{"the newer fire is older than the catch-up window: no replace", running("b", false), false,
+			policy{schedule: schedule.Window{S: every10, Until: at(10)}, overlap: config.OverlapReplace, window: time.Minute}, at(75), action{}},
+		{"the newer fire falls on an excluded day: no replace", running("b", false), false, policy{schedule: every10, overlap: config.OverlapReplace, window: time.Minute, exclusion: weekdays}, at(10.1), action{}},
+		{"disabled: not replaced", keyspace.ItemState{Record: running("b", false).Record, Rev: 41, RunningBy: "b", Disabled: true}, false, p, at(10.1), action{}},
+		{"replaced: the new fire runs, as a fire that came while the item ran", replaced, false, p, at(10.3),
+			action{kind: run, fire: at(10), attempt: 1, source: "MISFIRE", sched: at(10)}},
+		{"bufferOne does not replace", running("b", false), false, policy{schedule: every10, misfire: true, window: time.Minute}, at(10.1), action{}},
+	}
+	for _, tt := range tests {
+		if got := decide(tt.st, tt.local, tt.p, tt.now); got != tt.want {
+			t.Errorf("%s:\n got  %+v\n want %+v", tt.name, got, tt.want)
+		}
+	}
+	if replaced.Record.CutByFailure() {
+		t.Error("a replaced run counts as cut by a failure: it would be failed over")
+	}
+}
+
+// A re-run (failover, or a claim whose work never started) keeps the
+// fires its record accounted for, the calendar's too (review of #30).
+func TestRerunKeepsExcluded(t *testing.T) {
+	t.Parallel()
+	s := mustSchedule(t, "0 0 9 * * ?")
+	weekends := schedule.Exclusion{{Name: "weekends", Loc: time.UTC, Weekdays: 1<<time.Saturday | 1<<time.Sunday}}
+	p := policy{schedule: s, failover: true, misfire: true, window: time.Hour, exclusion: weekends}
+	mon := time.Date(2027, 1, 4, 9, 0, 0, 0, time.UTC)
+	now := mon.Add(time.Minute)
+	first := decide(keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: mon.AddDate(0, 0, -3), Sched: mon.AddDate(0, 0, -3), State: keyspace.StateDone}}, false, p, now)
+	if first.kind != run || first.excluded != 2 {
+		t.Fatalf("Monday after a weekend: %+v, want a run accounting for 2 excluded fires", first)
+	}
+	cut := &keyspace.ItemRecord{Fire: mon, Sched: mon, Attempt: 1, Source: first.source, Excluded: first.excluded, State: keyspace.StateRunning}
+	never := *cut
+	never.State, never.Reason = keyspace.StateKilled, keyspace.ReasonNotStarted
+	for _, st := range []keyspace.ItemState{{Record: cut}, {Record: &never}, {Record: cut, RunningBy: "a", RunningMine: true}} {
+		if a := decide(st, false, p, now); a.excluded != 2 {
+			t.Errorf("%s of a record with excluded 2 carries excluded %d", a.kind, a.excluded)
+		}
+	}
+}

@@ -64,10 +64,11 @@ const (
 	begin             // start the record of an item never claimed, at fire
 	settle            // record a cut run that will not be re-run (failover: false)
 	killed            // record a cut run an operator killed: not re-run (kill.go)
+	replace           // ask the item's running run to stop for fire (overlap replace)
 )
 
 func (k actionKind) String() string {
-	return [...]string{"none", "run", "adopt", "skip", "begin", "settle", "killed"}[k]
+	return [...]string{"none", "run", "adopt", "skip", "begin", "settle", "killed", "replace"}[k]
 }
 
 // rerun reports whether a is the record's own run again (a failover, or a
@@ -110,6 +111,10 @@ type action struct {
 	// oldest is the earliest fire the action accounts for (zero: fire):
 	// runs waiting longest get concurrency slots first.
 	oldest time.Time
+	// kill is the kill request a cut run is settled killed by (killed).
+	kill keyspace.KillBy
+	// fence is the run a replace asks to stop (by names its instance).
+	fence int64
 	// startAt is set on a run claimed ahead of its fire: its work starts
 	// then (see docs/performance.md).
 	startAt time.Time
@@ -129,10 +134,13 @@ func (a action) waitingSince() time.Time {
 // triggers: the caller checks that this instance owns the item for
 // action.fire, and serves triggers when decide says none.
 func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
+	rec := st.Record
+	if a, ok := replacing(st, local, p, now); ok {
+		return a
+	}
 	if local {
 		return action{}
 	}
-	rec := st.Record
 	if st.Disabled {
 		// Nothing runs; the fires that come meanwhile are recorded
 		// skipped, so that enabling the item does not catch them up.
@@ -148,17 +156,17 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 		if st.RunningMine && rec != nil && rec.State == keyspace.StateRunning {
 			// Our session holds the marker and no run of ours knows it: a
 			// claim whose reply was lost applied after all.
-			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
+			return action{kind: adopt, fire: rec.Fire, attempt: rec.Attempt, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, excluded: rec.Excluded, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
 		}
 		return action{} // someone runs it; the marker's deletion wakes us
 	}
 	if rec != nil && rec.NeverStarted() {
 		// A won claim whose work never began: the fire has not run yet.
-		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, trigger: rec.Trigger, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
+		return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: rec.Source, sched: rec.Watermark(), skipped: rec.Skipped, excluded: rec.Excluded, trigger: rec.Trigger, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
 	}
 	if rec != nil && rec.CutByFailure() {
 		if p.failover {
-			return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: keyspace.SourceFailover, sched: rec.Watermark(), skipped: rec.Skipped, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
+			return action{kind: run, fire: rec.Fire, attempt: rec.Attempt + 1, source: keyspace.SourceFailover, sched: rec.Watermark(), skipped: rec.Skipped, excluded: rec.Excluded, param: rec.Param, by: rec.By, fireKey: rec.FireKey, upstream: rec.Upstream, noPropagate: rec.NoPropagate}
 		}
 		if rec.State == keyspace.StateRunning {
 			// Not run again; say so on the record, then the fires after it.
@@ -176,6 +184,29 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 		}
 	}
 	return decideDue(p, rec, base, busyUntil, now)
+}
+
+// replacing is overlap replace's decision for an item whose run is going
+// on (here or elsewhere: its record is RUNNING under a running marker):
+// when a scheduled fire after the run's has come, still within the
+// catch-up window and on a day no calendar excludes, the run is asked to
+// stop (kill: reason replaced) for it. The new fire runs only once the
+// run's marker is gone, as any claim: the two never overlap (G1). A
+// disabled item is not replaced: its fires are recorded skipped. Nor is a
+// claim of this session that no run here knows: it is adopted first.
+func replacing(st keyspace.ItemState, local bool, p policy, now time.Time) (action, bool) {
+	rec := st.Record
+	if p.overlapPolicy() != config.OverlapReplace || p.schedule == nil || st.Disabled || st.RunningBy == "" || rec == nil || rec.State != keyspace.StateRunning {
+		return action{}, false
+	}
+	if st.RunningMine && !local {
+		return action{}, false
+	}
+	newer := p.exclusion.LatestIncluded(p.schedule, rec.Watermark(), now)
+	if newer.IsZero() || now.Sub(newer) > p.window {
+		return action{}, false
+	}
+	return action{kind: replace, fire: newer, fence: keyspace.RunFence(rec, st.Rev), by: st.RunningBy}, true
 }
 
 // decideDue decides what to do with the scheduled fires after base (the

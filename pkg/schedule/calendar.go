@@ -23,6 +23,13 @@ type Calendar struct {
 // DateRange is the civil dates From to To, both included.
 type DateRange struct{ From, To time.Time }
 
+// DayStart is the first instant of the civil date y-m-d in loc: the first
+// that shows its 00:00 or a later reading (where the clocks jump over
+// midnight, as in America/Santiago, the instant they jump).
+func DayStart(loc *time.Location, y int, m time.Month, d int) time.Time {
+	return firstShowing(loc, Date(y, m, d))
+}
+
 // Date returns the civil date y-m-d as a DateRange bound.
 func Date(y int, m time.Month, d int) time.Time { return time.Date(y, m, d, 0, 0, 0, 0, time.UTC) }
 

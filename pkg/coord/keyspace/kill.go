@@ -1,6 +1,9 @@
 package keyspace
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Kill is an operator's request to stop runs in progress.
 type Kill struct {
@@ -9,6 +12,28 @@ type Kill struct {
 	// By names who asked (see Trigger.By).
 	By string    `json:"by,omitempty"`
 	At time.Time `json:"at"`
+	// Reason is what the runs are recorded KILLED with: "" (ReasonOperator)
+	// or ReasonReplaced.
+	Reason string `json:"reason,omitempty"`
+}
+
+// KillBy is who asked for a kill, and the reason its run is recorded with.
+type KillBy struct {
+	By, Reason string
+}
+
+// KillReason is the reason a run that kill k stopped is recorded with.
+func (k Kill) KillReason() string {
+	if k.Reason == "" {
+		return ReasonOperator
+	}
+	return k.Reason
+}
+
+// ReplaceKillID is the kill request overlap replace puts for the run of
+// item with fence: one per run, whoever decides it and however often.
+func ReplaceKillID(item int, fence int64) string {
+	return fmt.Sprintf("replace-%d-%d", item, fence)
 }
 
 // KillRun is one run a kill stops: the item's run with that fence, on

@@ -26,6 +26,9 @@ const (
 	ReasonTimeout = "timeout"
 	// ReasonOperator: an operator stopped the run.
 	ReasonOperator = "operator"
+	// ReasonReplaced: overlap replace stopped the run for a newer fire of
+	// its item (KilledBy names that fire).
+	ReasonReplaced = "replaced"
 	// ReasonLost: the run's instance died or was cut off mid-run and the
 	// job says failover: false; the item's next owner recorded it so and
 	// did not run it again (ElasticJob's at-most-once without failover).
