@@ -272,7 +272,9 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	}
 	replacedRuns := 0
 	for _, p := range procs {
-		replacedRuns += len(p.find(func(m map[string]any) bool { return m["job"] == "replaced" && m["reason"] == "replaced" && m["msg"] == "killed" }))
+		replacedRuns += len(p.find(func(m map[string]any) bool {
+			return m["job"] == "replaced" && m["reason"] == "replaced" && m["msg"] == "killed"
+		}))
 	}
 	if replacedRuns < 4 {
 		t.Errorf("only %d runs of replaced recorded KILLED/replaced; its runs outlast its period", replacedRuns)

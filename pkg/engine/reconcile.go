@@ -57,14 +57,14 @@ func (p policy) overlapPolicy() string {
 type actionKind int
 
 const (
-	none   actionKind = iota
-	run               // claim and run fire
-	adopt             // run the claim this session already holds
-	skip              // record the fires through fire as skipped
-	begin             // start the record of an item never claimed, at fire
-	settle            // record a cut run that will not be re-run (failover: false)
-	killed            // record a cut run an operator killed: not re-run (kill.go)
-	replace           // ask the item's running run to stop for fire (overlap replace)
+	none    actionKind = iota
+	run                // claim and run fire
+	adopt              // run the claim this session already holds
+	skip               // record the fires through fire as skipped
+	begin              // start the record of an item never claimed, at fire
+	settle             // record a cut run that will not be re-run (failover: false)
+	killed             // record a cut run an operator killed: not re-run (kill.go)
+	replace            // ask the item's running run to stop for fire (overlap replace)
 )
 
 func (k actionKind) String() string {
