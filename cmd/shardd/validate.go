@@ -61,6 +61,10 @@ func writeNextFires(w io.Writer, c *config.Config, n int, now time.Time) {
 		if d := j.Dataflow; d != nil && d.Streaming {
 			stream = fmt.Sprintf(" [streaming: a run repeats while the work says more, up to %d iterations or %s]", d.MaxIterations, d.MaxDuration)
 		}
+		if j.FixedDelay > 0 {
+			fmt.Fprintf(w, "  %s: fixedDelay %s: each item runs %s after its previous run ends, the first when the job starts%s%s\n", j.Name, j.FixedDelay, j.FixedDelay, after, stream)
+			continue
+		}
 		if j.Schedule == nil {
 			if after != "" {
 				fmt.Fprintf(w, "  %s: no cron; runs %s, or when triggered%s\n", j.Name, dependencyRule(j), stream)

@@ -28,6 +28,9 @@ import (
 //     offset every instance computes; G1-G4 as for any job.
 //   - busy: overlap skip, runs longer than its period: the fires that come
 //     while it runs are recorded busy; G1-G4 hold with those records.
+//   - delayed: fixedDelay 2s, runs of 1s: each item's next fire is its
+//     previous run's end plus 2s (rounded up to a second), kept across
+//     the faults; never two runs at once.
 //   - replaced: overlap replace, runs longer than its period: each newer
 //     fire stops the run (KILLED/replaced) and then runs, never both at
 //     once; every due fire starts.
@@ -53,7 +56,8 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		job("holiday", "* * * * * ?", 1, "0", "    excludeCalendars: [now]\n") +
 		job("jittered", "@every 6s", 3, "0.2", "    jitter: 4s\n") +
 		job("busy", "@every 3s", 1, "4", "    overlap: skip\n") +
-		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n")
+		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n") +
+		strings.Replace(job("delayed", "", 2, "1", "    fixedDelay: 2s\n"), "    cron: \"\"\n", "", 1)
 	path := filepath.Join(dir, "jobs.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -270,6 +274,52 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 			}
 		}
 	}
+	// delayed: each run's fire is its previous run's end plus the delay.
+	for item := range 2 {
+		type run struct {
+			fire, start, end time.Time
+			attempt         int
+		}
+		var runs []*run
+		byFence := map[int64]*run{}
+		for _, ev := range events {
+			if ev.Job != "delayed" || ev.Item != item {
+				continue
+			}
+			switch ev.Kind {
+			case "overlap":
+				t.Errorf("delayed item %d: two runs at once: %+v", item, ev)
+			case "start":
+				r := &run{fire: ev.Fire, start: ev.At, attempt: ev.Attempt}
+				runs = append(runs, r)
+				byFence[ev.Fence] = r
+			case "end":
+				if r := byFence[ev.Fence]; r != nil {
+					r.end = ev.At
+				}
+			}
+		}
+		if len(runs) < 5 {
+			t.Fatalf("delayed item %d: %d runs", item, len(runs))
+		}
+		for i := 1; i < len(runs); i++ {
+			prev, r := runs[i-1], runs[i]
+			if r.attempt > 1 {
+				if !r.fire.Equal(prev.fire) {
+					t.Errorf("delayed item %d: attempt %d of fire %s follows fire %s: a re-run must keep its fire", item, r.attempt, r.fire, prev.fire)
+				}
+				continue
+			}
+			if prev.end.IsZero() {
+				continue // cut by a fault: its re-run is next
+			}
+			earliest := prev.end.Add(2 * time.Second)
+			if r.fire.Before(earliest.Truncate(time.Second)) || r.fire.After(earliest.Add(1500*time.Millisecond)) {
+				t.Errorf("delayed item %d: fire %s after a run that ended %s: want its end + 2s, rounded up to a second", item, r.fire.Format(time.RFC3339Nano), prev.end.Format(time.RFC3339Nano))
+			}
+		}
+	}
+
 	replacedRuns := 0
 	for _, p := range procs {
 		replacedRuns += len(p.find(func(m map[string]any) bool {

@@ -92,6 +92,10 @@ type Job struct {
 	// retry; it doubles with each retry, up to MaxRetryBackoff.
 	Retries      int      `yaml:"retries" json:"retries"`
 	RetryBackoff Duration `yaml:"retryBackoff" json:"retryBackoff"`
+	// FixedDelay, instead of Cron, schedules each item's next fire at its
+	// previous run's end plus the delay (the first at its record's
+	// beginning), from the item's record in etcd.
+	FixedDelay Duration `yaml:"fixedDelay" json:"fixedDelay,omitempty"`
 	// Overlap says what happens to a fire of an item whose previous run
 	// is still going (Overlap* constants; "" is misfire's); BufferLimit
 	// bounds the pending fires of OverlapBufferAll (0: the default).

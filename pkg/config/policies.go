@@ -274,6 +274,26 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 		j.Schedule = schedule.Window{S: j.Schedule, From: from, Until: until}
 	}
 	validateCalendars(j, f, bad)
+	validateFixedDelay(j, f, bad)
+}
+
+// validateFixedDelay checks fixedDelay: a schedule of its own, without
+// the fields that shape a cron's fires.
+func validateFixedDelay(j *Job, f *fields, bad badFunc) {
+	if j.FixedDelay == 0 {
+		return
+	}
+	switch {
+	case j.FixedDelay < Duration(time.Second) || j.FixedDelay%Duration(time.Second) != 0:
+		bad("fixedDelay", "fixedDelay must be a whole number of seconds >= 1s, got %s", j.FixedDelay)
+	case len(j.Cron) > 0:
+		bad("fixedDelay", "fixedDelay and cron are both set; a job has one schedule")
+	}
+	for _, field := range []string{"jitter", "activeFrom", "activeUntil", "excludeCalendars", "overlap", "bufferLimit", "catchUpWindow"} {
+		if _, set := f.line[field]; set {
+			bad(field, "%s applies to a cron schedule, not to fixedDelay (each run comes a delay after the previous one ends)", field)
+		}
+	}
 }
 
 // shortestGap is the shortest time between two consecutive fires of s over

@@ -112,6 +112,21 @@ func TestCalendarsAcrossFiles(t *testing.T) {
 	}
 }
 
+func TestFixedDelay(t *testing.T) {
+	t.Parallel()
+	c, err := Parse("jobs.yaml", []byte("jobs:\n  - name: sync\n    fixedDelay: 10m"+work))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := c.Job("sync")
+	if j.FixedDelay != Duration(10*time.Minute) || j.Schedule != nil || !strings.Contains(string(j.JSON()), `"fixedDelay":"10m0s"`) {
+		t.Fatalf("fixedDelay %s, schedule %v, JSON %s", j.FixedDelay, j.Schedule, j.JSON())
+	}
+	if back, err := ParseJobJSON("etcd", j.JSON()); err != nil || back.Hash() != j.Hash() {
+		t.Fatalf("read back: %v", err)
+	}
+}
+
 func TestPoliciesBad(t *testing.T) {
 	t.Parallel()
 	tests := []struct{ name, yaml, want string }{
@@ -149,6 +164,14 @@ func TestPoliciesBad(t *testing.T) {
 			`jobs.yaml:3: job "j": cron[1] "0 0 25 * * ?": hour "25"`},
 		{"cron list twice", "jobs:\n  - name: j\n    cron: [\"0 0 2 * * ?\", \"0 0 2 * * ?\"]" + work,
 			`cron[1] "0 0 2 * * ?" is given twice`},
+		{"fixedDelay with cron", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    fixedDelay: 10m" + work,
+			`jobs.yaml:4: job "j": fixedDelay and cron are both set`},
+		{"fixedDelay not whole seconds", "jobs:\n  - name: j\n    fixedDelay: 1500ms" + work,
+			`jobs.yaml:3: job "j": fixedDelay must be a whole number of seconds >= 1s, got 1.5s`},
+		{"fixedDelay with jitter", "jobs:\n  - name: j\n    fixedDelay: 10m\n    jitter: 5s" + work,
+			`jobs.yaml:4: job "j": jitter applies to a cron schedule, not to fixedDelay`},
+		{"fixedDelay parent", "jobs:\n  - name: p\n    fixedDelay: 10m" + work + "  - name: c\n    dependsOn: [p]" + work,
+			`jobs.yaml:2: job "p": c depends on this job, whose fixedDelay gives each item its own fires`},
 		{"cron empty list", "jobs:\n  - name: j\n    cron: []" + work,
 			`jobs.yaml:3: job "j": cron is an empty list`},
 	}

@@ -426,6 +426,10 @@ func (l *loader) checkDependencies() {
 		}
 	}
 	for _, p := range slices.Sorted(maps.Keys(children)) {
+		if j := byName[p]; j != nil && j.FixedDelay > 0 {
+			l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.Pos.Line, Job: strconv.Quote(p),
+				Msg: fmt.Sprintf("%s depends on this job, whose fixedDelay gives each item its own fires: none is a fire of the whole job to complete; give it a cron", strings.Join(children[p], ", "))})
+		}
 		if kids := children[p]; len(kids) > MaxChildren && byName[p] != nil {
 			j := byName[p]
 			l.errs = append(l.errs, &Error{File: j.Pos.File, Line: j.Pos.Line, Job: strconv.Quote(p),

@@ -179,7 +179,7 @@ func itemRows(js admin.JobStatus, jr admin.JobRuns) []itemRow {
 	}
 	for _, it := range js.Items {
 		row := itemRow{ItemStatus: it, Disabled: off[it.Item], RunningOn: jr.Running[it.Item]}
-		if rec, ok := jr.Records[it.Item]; ok && !begun(rec) {
+		if rec, ok := jr.Records[it.Item]; ok && !rec.Begins() {
 			row.Last, row.Result = &rec, result(rec)
 			if row.RunningOn != "" && rec.State == keyspace.StateRunning {
 				row.RunningFence = rec.Fence

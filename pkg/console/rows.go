@@ -32,7 +32,7 @@ type jobRow struct {
 func newJobRow(j *admin.JobStatus, runs admin.JobRuns) jobRow {
 	row := jobRow{job: j, Name: j.Name, Status: j.Status, Leader: j.Leader, Total: j.Total, Running: len(runs.Running)}
 	for _, rec := range runs.Records {
-		if rec.State == keyspace.StateRunning || rec.End.IsZero() || begun(rec) {
+		if rec.State == keyspace.StateRunning || rec.End.IsZero() || rec.Begins() {
 			continue
 		}
 		if rec.End.After(row.LastEnd) {
@@ -49,12 +49,6 @@ func newJobRow(j *admin.JobStatus, runs admin.JobRuns) jobRow {
 		row.def = j.Definition.Job
 	}
 	return row
-}
-
-// begun reports whether a record only begins an item's record (coord's
-// Begin): the item has not run yet.
-func begun(rec keyspace.ItemRecord) bool {
-	return rec.State == keyspace.StateSkipped && rec.Skipped == 0 && rec.Reason == "" && rec.Fence == 0
 }
 
 // failed reports whether a run's record is a failure an operator should see.
@@ -84,7 +78,9 @@ func definition(raw []byte, name string) *config.Job {
 type schedule struct {
 	Cron     string
 	TimeZone string
-	Next     []time.Time
+	// FixedDelay is the job's fixedDelay, when it has one instead of a cron.
+	FixedDelay string
+	Next       []time.Time
 	// After are the job's parents (dependsOn): it also runs after their fires.
 	After []string
 }
@@ -94,6 +90,9 @@ func scheduleOf(j *config.Job, now time.Time, n int) schedule {
 		return schedule{}
 	}
 	s := schedule{Cron: j.Cron.String(), TimeZone: j.TimeZone, After: j.DependsOn}
+	if j.FixedDelay > 0 {
+		s.FixedDelay = j.FixedDelay.String()
+	}
 	if j.Schedule == nil {
 		return s
 	}

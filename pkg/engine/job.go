@@ -416,6 +416,10 @@ func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
 		j.pokeAfter(100 * time.Millisecond) // read again first
 		return
 	}
+	if a.kind == none && !a.fire.IsZero() {
+		r.next = earliest(r.next, a.fire) // a fixed delay's next fire
+		a = action{}
+	}
 	if a.kind == none && !local && !st.Disabled && st.RunningBy == "" && r.loaded {
 		a = manual(r.triggers, item, st, r.now, j.baseline)
 	}

@@ -207,3 +207,37 @@ func TestRerunKeepsExcluded(t *testing.T) {
 		}
 	}
 }
+
+// fixedDelay: each item's next fire is its record's end plus the delay,
+// rounded up to a second; the first, the second after its record begins.
+func TestDecideFixedDelay(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2027, 1, 1, 12, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return base.Add(time.Duration(s * float64(time.Second))) }
+	p := policy{failover: true, misfire: true, fixedDelay: 10 * time.Second, window: time.Minute, baseline: at(-5)}
+	done := func(fire, end float64) keyspace.ItemState {
+		return keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(fire), Sched: at(fire), State: keyspace.StateDone, Attempt: 1, Fence: 9, Source: "NORMAL", Start: at(fire), End: at(end)}, Rev: 7}
+	}
+	begun := keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(0.3), Sched: at(0.3), State: keyspace.StateSkipped}, Rev: 3}
+	tests := []struct {
+		name string
+		st   keyspace.ItemState
+		now  time.Time
+		want action
+	}{
+		{"never claimed: the record begins", keyspace.ItemState{}, at(0.3), action{kind: begin, fire: at(0.3)}},
+		{"begun: the first fire is the next second", begun, at(0.5), action{fire: at(1)}},
+		{"begun, that second has come: it runs", begun, at(1.01), action{kind: run, fire: at(1), attempt: 1, source: "NORMAL", sched: at(1)}},
+		{"ran until 4.2 s: the next fire is at 15 s (14.2 rounded up)", done(1, 4.2), at(5), action{fire: at(15)}},
+		{"its time came", done(1, 4.2), at(15.001), action{kind: run, fire: at(15), attempt: 1, source: "NORMAL", sched: at(15)}},
+		{"its owner was down for an hour: the fire runs late, nothing skipped", done(1, 4.2), at(3600), action{kind: run, fire: at(15), attempt: 1, source: "NORMAL", sched: at(15)}},
+		{"a run cut by a failure is re-run first", keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(15), Sched: at(15), State: keyspace.StateRunning, Attempt: 1, Source: "NORMAL"}, Rev: 12}, at(20),
+			action{kind: run, fire: at(15), attempt: 2, source: "FAILOVER", sched: at(15)}},
+		{"running elsewhere: wait", keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: at(15), Sched: at(15), State: keyspace.StateRunning}, Rev: 12, RunningBy: "b"}, at(40), action{}},
+	}
+	for _, tt := range tests {
+		if got := decide(tt.st, false, p, tt.now); got != tt.want {
+			t.Errorf("%s:\n got  %+v\n want %+v", tt.name, got, tt.want)
+		}
+	}
+}

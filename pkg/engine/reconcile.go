@@ -21,6 +21,9 @@ type policy struct {
 	// exclusion is the job's calendars: the fires they exclude are
 	// recorded skipped, reason calendar.
 	exclusion schedule.Exclusion
+	// fixedDelay, for a job without a cron, puts each item's next fire at
+	// its record's end plus the delay.
+	fixedDelay time.Duration
 	// window is how old a missed fire may be and still run.
 	window time.Duration
 	// baseline is the watermark of an item never claimed, until its
@@ -33,7 +36,7 @@ type policy struct {
 // a job that names none.
 func policyOf(job *config.Job, window time.Duration, baseline time.Time) policy {
 	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, overlap: job.Overlap,
-		bufferLimit: job.BufferLimit, exclusion: job.Exclusion, window: window, baseline: baseline}
+		bufferLimit: job.BufferLimit, exclusion: job.Exclusion, fixedDelay: time.Duration(job.FixedDelay), window: window, baseline: baseline}
 	if job.CatchUpWindow > 0 {
 		p.window = time.Duration(job.CatchUpWindow)
 	}
@@ -174,6 +177,9 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 		}
 	}
 	if p.schedule == nil {
+		if p.fixedDelay > 0 {
+			return decideFixedDelay(rec, p.fixedDelay, now)
+		}
 		return action{}
 	}
 	base, busyUntil := p.baseline, time.Time{}
@@ -263,6 +269,37 @@ func decideDue(p policy, rec *keyspace.ItemRecord, base, busyUntil, now time.Tim
 		a.oldest = s.Next(base)
 	}
 	return a
+}
+
+// decideFixedDelay is decide for a job with fixedDelay: an item's next
+// fire is its record's end plus the delay, rounded up to a whole second,
+// computed from the record in etcd: the same on every instance, and kept
+// across a failover, a reshard and a restart. The first fire is the second
+// after the item's record begins; a skip ends at its fire. A fire late because its owner was down runs
+// late: with nothing due meanwhile, nothing is skipped. When the fire is
+// ahead, the action says when (none, fire set): the loop wakes then.
+func decideFixedDelay(rec *keyspace.ItemRecord, delay time.Duration, now time.Time) action {
+	if rec == nil {
+		return action{kind: begin, fire: now}
+	}
+	end := rec.End
+	if end.IsZero() || end.Before(rec.Fire) {
+		end = rec.Fire
+	}
+	next := end.Add(delay)
+	if rec.Begins() {
+		next = rec.Fire // the record's beginning: the first fire is now
+	}
+	if t := next.Truncate(time.Second); t.Before(next) {
+		next = t.Add(time.Second)
+	}
+	if !next.After(rec.Watermark()) { // a manual run's record keeps an older watermark
+		next = rec.Watermark().Add(time.Second).Truncate(time.Second)
+	}
+	if next.After(now) {
+		return action{kind: none, fire: next}
+	}
+	return action{kind: run, fire: next, attempt: 1, source: keyspace.SourceNormal, sched: next}
 }
 
 // decideBufferAll is decideDue for overlap bufferAll: each due fire runs,

@@ -78,6 +78,12 @@ func (r *ItemRecord) NeverStarted() bool {
 	return r.State == StateKilled && r.Reason == ReasonNotStarted
 }
 
+// Begins reports whether the record only begins an item's record (coord's
+// Begin): the item has not run yet, and its fires are due from Fire on.
+func (r *ItemRecord) Begins() bool {
+	return r.State == StateSkipped && r.Skipped == 0 && r.Excluded == 0 && r.Reason == "" && r.Fence == 0
+}
+
 // Watermark is the latest scheduled fire the record accounts for: every
 // scheduled fire up to it was run or recorded as skipped. Manual runs do not
 // move it.
