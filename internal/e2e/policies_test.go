@@ -278,7 +278,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	for item := range 2 {
 		type run struct {
 			fire, start, end time.Time
-			attempt         int
+			attempt          int
 		}
 		var runs []*run
 		byFence := map[int64]*run{}
