@@ -127,12 +127,22 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 				conflicts = strings.Join(d.Conflicts, ",")
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", j.Name, j.Status, j.Health.Brief(j.Total), dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total,
+		status := j.Status
+		if j.Paused != nil {
+			status = "PAUSED"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", j.Name, status, j.Health.Brief(j.Total), dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total,
 			dash(strings.Join(j.Eligible, ",")), def, conflicts)
 	}
 	tw.Flush()
 	for _, j := range st.Jobs {
 		fmt.Fprintf(w, "\njob %s\n", j.Name)
+		if p := j.Paused; p != nil {
+			fmt.Fprintf(w, "  PAUSED after %d failed fires in a row, %s (pauseAfterFailures); shardd enable %s resumes it\n", p.FailedInARow, "since "+p.PausedAt.Format(time.RFC3339), j.Name)
+			for _, why := range p.Reasons {
+				fmt.Fprintf(w, "    %s\n", why)
+			}
+		}
 		if d := j.Definition; d != nil {
 			verb := "published"
 			if d.Source == "applied" {

@@ -12,6 +12,8 @@ import (
 
 	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/internal/ledger"
+	"github.com/shardd/shardd/pkg/coord/admin"
+	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
 
@@ -31,6 +33,10 @@ import (
 //   - delayed: fixedDelay 2s, runs of 1s: each item's next fire is its
 //     previous run's end plus 2s (rounded up to a second), kept across
 //     the faults; never two runs at once.
+//   - flaky: every run fails, pauseAfterFailures 3: after its third fire
+//     the job is disabled by itself (audited as job:flaky), says PAUSED in
+//     status, and its onFailure command hears PAUSED once; no fourth fire
+//     runs.
 //   - replaced: overlap replace, runs longer than its period: each newer
 //     fire stops the run (KILLED/replaced) and then runs, never both at
 //     once; every due fire starts.
@@ -57,7 +63,17 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		job("jittered", "@every 6s", 3, "0.2", "    jitter: 4s\n") +
 		job("busy", "@every 3s", 1, "4", "    overlap: skip\n") +
 		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n") +
-		strings.Replace(job("delayed", "", 2, "1", "    fixedDelay: 2s\n"), "    cron: \"\"\n", "", 1)
+		strings.Replace(job("delayed", "", 2, "1", "    fixedDelay: 2s\n"), "    cron: \"\"\n", "", 1) +
+		`  - name: flaky
+    cron: "*/2 * * * * ?"
+    shardingTotalCount: 2
+    pauseAfterFailures: 3
+    script:
+      command: ` + etcdtest.YAMLQuote(`echo "$SHARDD_ITEM $SHARDD_FIRE_TIME" >> "$DIR/flaky"; exit 1`) + `
+      env: {DIR: ` + etcdtest.YAMLQuote(dir) + `}
+    onFailure:
+      command: ` + etcdtest.YAMLQuote(`echo "$SHARDD_RESULT" >> `+etcdtest.YAMLQuote(filepath.Join(dir, "notified"))) + `
+`
 	path := filepath.Join(dir, "jobs.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
@@ -318,6 +334,31 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 				t.Errorf("delayed item %d: fire %s after a run that ended %s: want its end + 2s, rounded up to a second", item, r.fire.Format(time.RFC3339Nano), prev.end.Format(time.RFC3339Nano))
 			}
 		}
+	}
+
+	// flaky: three fires ran, then the job paused itself.
+	flakyRuns, _ := os.ReadFile(filepath.Join(dir, "flaky"))
+	fires := map[string]bool{}
+	for _, l := range strings.Split(strings.TrimSpace(string(flakyRuns)), "\n") {
+		if _, fire, ok := strings.Cut(l, " "); ok {
+			fires[fire] = true
+		}
+	}
+	if len(fires) != 3 {
+		t.Errorf("flaky ran %d fires (%s), want 3: it pauses after 3 failed fires", len(fires), strings.TrimSpace(string(flakyRuns)))
+	}
+	notified, _ := os.ReadFile(filepath.Join(dir, "notified"))
+	if got := strings.Count(string(notified), "PAUSED"); got != 1 {
+		t.Errorf("onFailure heard PAUSED %d times, want once: %q", got, notified)
+	}
+	adm := admin.New(cli, keyspace.NewKeys(""))
+	js, err := adm.JobStatus(t.Context(), "flaky")
+	if err != nil || len(js.Jobs) != 1 || js.Jobs[0].Paused == nil || js.Jobs[0].Paused.FailedInARow != 3 {
+		t.Errorf("status of flaky: %+v, %v; want PAUSED after 3 failed fires", js, err)
+	}
+	audit, err := adm.Audit(t.Context(), admin.AuditFilter{Job: "flaky"})
+	if err != nil || len(audit) != 1 || audit[0].Actor != "job:flaky" {
+		t.Errorf("audit of flaky: %+v, %v; want one entry by job:flaky", audit, err)
 	}
 
 	replacedRuns := 0

@@ -96,6 +96,10 @@ type Job struct {
 	// previous run's end plus the delay (the first at its record's
 	// beginning), from the item's record in etcd.
 	FixedDelay Duration `yaml:"fixedDelay" json:"fixedDelay,omitempty"`
+	// PauseAfterFailures, when > 0, disables the job after that many of
+	// its fires in a row failed (an item of each ended FAILED or KILLED),
+	// until an operator enables it.
+	PauseAfterFailures int `yaml:"pauseAfterFailures" json:"pauseAfterFailures,omitempty"`
 	// Overlap says what happens to a fire of an item whose previous run
 	// is still going (Overlap* constants; "" is misfire's); BufferLimit
 	// bounds the pending fires of OverlapBufferAll (0: the default).

@@ -43,6 +43,8 @@ const (
 	MaxCrons           = 16
 	MaxJitter          = Duration(time.Hour)
 	MaxCalendarDates   = 1000
+	// MaxPauseAfterFailures bounds pauseAfterFailures.
+	MaxPauseAfterFailures = 1000
 )
 
 // OverlapPolicy is the job's overlap policy: Overlap, or the one misfire
@@ -275,6 +277,12 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 	}
 	validateCalendars(j, f, bad)
 	validateFixedDelay(j, f, bad)
+	switch {
+	case j.PauseAfterFailures < 0 || j.PauseAfterFailures > MaxPauseAfterFailures:
+		bad("pauseAfterFailures", "pauseAfterFailures must be between 1 and %d (0: never pause), got %d", MaxPauseAfterFailures, j.PauseAfterFailures)
+	case j.PauseAfterFailures > 0 && j.FixedDelay > 0:
+		bad("pauseAfterFailures", "pauseAfterFailures counts failed fires of the whole job; with fixedDelay each item has its own fires")
+	}
 }
 
 // validateFixedDelay checks fixedDelay: a schedule of its own, without

@@ -172,6 +172,10 @@ func TestPoliciesBad(t *testing.T) {
 			`jobs.yaml:4: job "j": jitter applies to a cron schedule, not to fixedDelay`},
 		{"fixedDelay parent", "jobs:\n  - name: p\n    fixedDelay: 10m" + work + "  - name: c\n    dependsOn: [p]" + work,
 			`jobs.yaml:2: job "p": c depends on this job, whose fixedDelay gives each item its own fires`},
+		{"pauseAfterFailures negative", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    pauseAfterFailures: -1" + work,
+			`jobs.yaml:4: job "j": pauseAfterFailures must be between 1 and 1000 (0: never pause), got -1`},
+		{"pauseAfterFailures with fixedDelay", "jobs:\n  - name: j\n    fixedDelay: 1m\n    pauseAfterFailures: 3" + work,
+			`jobs.yaml:4: job "j": pauseAfterFailures counts failed fires of the whole job; with fixedDelay each item has its own fires`},
 		{"cron empty list", "jobs:\n  - name: j\n    cron: []" + work,
 			`jobs.yaml:3: job "j": cron is an empty list`},
 	}

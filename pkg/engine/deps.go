@@ -22,6 +22,12 @@ import (
 // item's next writer, or to its new owner, whose reconcile notes the
 // records of the items it owns.
 
+// keepsBarriers reports whether the job's fires are noted in barriers: it
+// has children (dependsOn), or it pauses after failed fires.
+func keepsBarriers(v coord.JobView) bool {
+	return len(v.Children) > 0 || v.Job != nil && v.Job.PauseAfterFailures > 0
+}
+
 // notable reports whether rec is the final outcome of a fire of its item,
 // to be noted in the fire's barrier: not a run in progress, not one to be
 // run again, not the start of a record (begin), not a manual run that does
@@ -64,7 +70,7 @@ func (j *jobLoop) noteFinal(item int, rec keyspace.ItemRecord) {
 }
 
 func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec keyspace.ItemRecord) bool {
-	if len(v.Children) == 0 || !notable(&rec, v.Job.Failover) || j.e.opts.forgetNotes {
+	if !keepsBarriers(v) || !notable(&rec, v.Job.Failover) || j.e.opts.forgetNotes {
 		return true
 	}
 	j.mu.Lock()
@@ -89,7 +95,14 @@ func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec keysp
 	j.mu.Lock()
 	j.noted[item] = rec.Seq
 	j.mu.Unlock()
-	if completed {
+	if completed && b.Paused {
+		j.e.runs.Add(1)
+		go func() {
+			defer j.e.runs.Done()
+			j.e.notifyPause(v.Job, rec.Fire, b)
+		}()
+	}
+	if completed && len(v.Children) > 0 {
 		j.log.Info("fire complete: its children are triggered", "fire", keyspace.FireKey(&rec), "succeeded", b.Succeeded(),
 			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "children", slices.Sorted(maps.Keys(v.Children)))
 	}

@@ -376,7 +376,7 @@ func (j *jobLoop) read(ctx context.Context, r *pass) bool {
 // item's owner: the map's, or for per-fire strategies and runtime routes,
 // any member (each may own the next).
 func (j *jobLoop) notesOutcomes(v coord.JobView) func(item int, rec *keyspace.ItemRecord) bool {
-	if len(v.Children) == 0 {
+	if !keepsBarriers(v) {
 		return func(int, *keyspace.ItemRecord) bool { return false }
 	}
 	me := j.e.opts.Node.ID()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -33,6 +34,11 @@ func (e *Engine) notifyFailure(job *config.Job, rc runner.Context, out coord.Out
 		how = fmt.Sprintf("was %s (%s)", out.State, out.Reason)
 	}
 	summary := fmt.Sprintf("shardd: job %s item %d (fire %s, attempt %d) %s on %s: %s", job.Name, rc.Item, rc.Fire.Format(time.RFC3339), rc.Attempt, how, rc.Instance, out.Err)
+	e.tell(of, summary, rc, out, log)
+}
+
+// tell sends summary, about rc and out, to the onFailure targets of.
+func (e *Engine) tell(of *config.OnFailure, summary string, rc runner.Context, out coord.Outcome, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(e.killCtx, hookTimeout) // a forced stop (or the grace end) stops it
 	defer cancel()
 	if of.Webhook != "" {
@@ -53,6 +59,22 @@ func (e *Engine) notifyFailure(job *config.Job, rc runner.Context, out coord.Out
 			log.Warn("onFailure command", "err", r.Err, "output", r.Output)
 		}
 	}
+}
+
+// notifyPause tells the job's onFailure targets that its failed fires
+// paused it (pauseAfterFailures), once, from the instance whose note of
+// the fire paused it. The result they see is PAUSED.
+func (e *Engine) notifyPause(job *config.Job, fire time.Time, b keyspace.Barrier) {
+	e.log.Warn("job paused after failed fires in a row; shardd enable resumes it", "job", job.Name, "after", job.PauseAfterFailures, "fire", fire.UTC(), "failed", b.Failed)
+	of := job.OnFailure
+	if of == nil {
+		return
+	}
+	summary := fmt.Sprintf("shardd: job %s paused: %d of its fires in a row failed (the last, %s: item(s) %v); shardd enable %s resumes it",
+		job.Name, job.PauseAfterFailures, fire.Format(time.RFC3339), b.Failed, job.Name)
+	rc := runner.Context{Job: job.Name, Item: -1, Fire: fire, Instance: e.opts.Node.ID(), Source: "PAUSE"}
+	out := coord.Outcome{State: "PAUSED", Reason: "pauseAfterFailures", ExitCode: -1, Err: summary}
+	e.tell(of, summary, rc, out, e.log.With("job", job.Name))
 }
 
 // webhookBody shapes a failure for a chat's incoming webhook.

@@ -105,7 +105,13 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 		}
 		// The job's children, at the same revision: an item disabled
 		// makes every fire of a parent fail for them.
-		resp, err := c.cli.Txn(ctx).If(guards...).Then(op, clientv3.OpGet(c.keys.Children(t.Job))).Commit()
+		ops := []clientv3.Op{op, clientv3.OpGet(c.keys.Children(t.Job))}
+		if !on && t.Item < 0 && t.Instance == "" {
+			// Enabling the job ends a pause of pauseAfterFailures: its
+			// streak starts again.
+			ops = append(ops, clientv3.OpDelete(c.keys.Pause(t.Job)))
+		}
+		resp, err := c.cli.Txn(ctx).If(guards...).Then(ops...).Commit()
 		if err != nil {
 			return Disabling{}, fmt.Errorf("update %s: %w", key, err)
 		}

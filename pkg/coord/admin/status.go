@@ -84,7 +84,10 @@ type JobStatus struct {
 	Health *Health `json:"health,omitempty"`
 	// Placement says which instances may run the job, for an applied job
 	// or one with instances.selector (docs/applied.md).
-	Placement      *PlacementStatus `json:"placement,omitempty"`
+	Placement *PlacementStatus `json:"placement,omitempty"`
+	// Paused is set while the job is disabled by its own failed fires
+	// (pauseAfterFailures): how many, and why.
+	Paused         *keyspace.PauseStreak `json:"paused,omitempty"`
 	itemParameters map[int]string
 	// runs are its items' records and running markers, read with the rest.
 	runs *JobRuns
@@ -242,6 +245,9 @@ func (c *Client) readStatus(ctx context.Context, jobsPrefix string) (*ClusterSta
 	if err := c.readStreaks(ctx, cs, rev); err != nil {
 		return nil, err
 	}
+	if err := c.readPauses(ctx, cs, byJob, rev); err != nil {
+		return nil, err
+	}
 	<-members
 	cs.Etcd = etcd
 	if jobsPrefix == c.keys.Jobs() {
@@ -279,6 +285,7 @@ type jobKeys struct {
 	disabledList  []string
 	disabledItems []int
 	jobOff        bool
+	pause         bool // it has a pause streak (pauseAfterFailures)
 }
 
 // groupJobKeys sorts the keys of the jobs keyspace (keys only) by job.
@@ -300,6 +307,8 @@ func (c *Client) groupJobKeys(kvs []*mvccpb.KeyValue) map[string]*jobKeys {
 			jk.members = append(jk.members, keyspace.LastSegment(key))
 		case key == c.keys.DisabledJob(name):
 			jk.jobOff = true
+		case key == c.keys.Pause(name):
+			jk.pause = true
 		case strings.HasPrefix(key, c.keys.DisabledInstances(name)):
 			jk.disabledInst[keyspace.LastSegment(key)] = true
 			jk.disabledList = append(jk.disabledList, keyspace.LastSegment(key))
@@ -749,6 +758,26 @@ func (c *Client) linkOne(ctx context.Context, js *JobStatus, rev int64) error {
 	for i, p := range js.DependsOn {
 		if resp.Responses[i+1].GetResponseRange().Count == 0 {
 			js.Problems = append(js.Problems, fmt.Sprintf("depends on job %s, which no instance defines: it never fires from it", p))
+		}
+	}
+	return nil
+}
+
+// readPauses sets Paused on the disabled jobs whose pause streak paused
+// them: only those are read (a job's streak key is in the keys listing).
+func (c *Client) readPauses(ctx context.Context, cs *ClusterStatus, byJob map[string]*jobKeys, rev int64) error {
+	for i := range cs.Jobs {
+		jk := byJob[cs.Jobs[i].Name]
+		if jk == nil || !jk.pause || !jk.jobOff {
+			continue
+		}
+		resp, err := c.cli.Get(ctx, c.keys.Pause(cs.Jobs[i].Name), clientv3.WithRev(rev))
+		if err != nil {
+			return fmt.Errorf("read the pause of job %s: %w", cs.Jobs[i].Name, err)
+		}
+		var st keyspace.PauseStreak
+		if len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &st) == nil && !st.PausedAt.IsZero() {
+			cs.Jobs[i].Paused = &st
 		}
 	}
 	return nil

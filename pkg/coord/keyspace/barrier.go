@@ -49,7 +49,32 @@ type Barrier struct {
 	// retried after a lost reply knows it completed the barrier.
 	Completed   time.Time `json:"completed,omitzero"`
 	CompletedBy string    `json:"completedBy,omitempty"`
+	// Paused is set when the note that completed the fire paused the job
+	// (pauseAfterFailures): its streak of failed fires reached the bound.
+	Paused bool `json:"paused,omitempty"`
 }
+
+// PauseStreak is a job's count of failed fires in a row, for
+// pauseAfterFailures (jobs/<job>/pause): the note that completes a fire's
+// barrier updates it in the same Txn, so every fire counts once, in the
+// order the fires complete. A fire failed when an item of it ended
+// FAILED or KILLED (not DONE, not SKIPPED).
+type PauseStreak struct {
+	FailedInARow int `json:"failedInARow"`
+	// Reasons say why the fires of the streak failed, the newest last (at
+	// most MaxPauseReasons).
+	Reasons []string `json:"reasons,omitempty"`
+	// PausedAt is when the streak paused the job (disabled/job put in the
+	// same Txn); zero while it has not.
+	PausedAt time.Time `json:"pausedAt,omitzero"`
+}
+
+// MaxPauseReasons bounds a PauseStreak's Reasons.
+const MaxPauseReasons = 5
+
+// PausedBy is the actor of the audit entry of a job paused by its own
+// failures.
+func PausedBy(job string) string { return "job:" + job }
 
 // Complete reports whether every item has ended: items 0 to Total-1.
 func (b *Barrier) Complete() bool {

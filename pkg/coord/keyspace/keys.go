@@ -99,6 +99,7 @@ func (k Keys) Fire(job, fire string) string    { return k.Fires(job) + fire }
 func (k Keys) Children(job string) string      { return k.JobPrefix(job) + "children" }
 func (k Keys) LastSuccess(job string) string   { return k.JobPrefix(job) + "lastsuccess" }
 func (k Keys) Deps(job string) string          { return k.JobPrefix(job) + "deps" }
+func (k Keys) Pause(job string) string         { return k.JobPrefix(job) + "pause" }
 func (k Keys) Kill(job, id string) string      { return k.Kills(job) + id }
 func (k Keys) Audit() string                   { return k.prefix + "/audit/" }
 func (k Keys) History(job string, item int, slot int64) string {
