@@ -137,6 +137,13 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 	tw.Flush()
 	for _, j := range st.Jobs {
 		fmt.Fprintf(w, "\njob %s\n", j.Name)
+		if sl := j.Slots; sl != nil {
+			waiting := "none waiting"
+			if len(sl.Waiting) > 0 {
+				waiting = fmt.Sprintf("waiting: item(s) %v", sl.Waiting)
+			}
+			fmt.Fprintf(w, "  cluster slots (clusterConcurrency): %d of %d in use; %s\n", sl.InUse, sl.Limit, waiting)
+		}
 		if p := j.Paused; p != nil {
 			fmt.Fprintf(w, "  PAUSED after %d failed fires in a row, %s (pauseAfterFailures); shardd enable %s resumes it\n", p.FailedInARow, "since "+p.PausedAt.Format(time.RFC3339), j.Name)
 			for _, why := range p.Reasons {

@@ -17,6 +17,24 @@ import (
 	"github.com/shardd/shardd/pkg/schedule"
 )
 
+// limitScript runs for 2s holding an exclusive lock on a file of its own;
+// at its start it counts the other runs of the job whose lock is held (a
+// lock goes with the process, whatever kills it), probing each with a
+// shared lock, which other probes do not block: finding
+// clusterConcurrency (2) others is an observed excess.
+const limitScript = `me="$DIR/active.$SHARDD_ITEM.$SHARDD_FENCE"
+exec 9>"$me"
+flock -n 9
+n=0
+for f in "$DIR"/active.*; do
+  [ "$f" = "$me" ] && continue
+  flock -n -s "$f" true || n=$((n+1)) # shared: other runs' probes do not count
+done
+[ $n -ge 2 ] && echo "limit $SHARDD_ITEM $SHARDD_FENCE $n" >> "$DIR/limit"
+echo "$SHARDD_ITEM $SHARDD_FIRE_TIME $SHARDD_SKIPPED" >> "$DIR/limited"
+sleep 2
+`
+
 // The scheduling policies per due fire (docs/policies.md), on 3 instances
 // with faults during runs (kill -9 of the instance running a queued item,
 // SIGSTOP of another for 2 x TTL):
@@ -33,6 +51,10 @@ import (
 //   - delayed: fixedDelay 2s, runs of 1s: each item's next fire is its
 //     previous run's end plus 2s (rounded up to a second), kept across
 //     the faults; never two runs at once.
+//   - limited: 6 items every 3s whose runs take 2s, clusterConcurrency 2:
+//     never more than 2 run at once (a lock each run holds, counted at
+//     each start), every item gets its turn, and status shows items
+//     waiting.
 //   - flaky: every run fails, pauseAfterFailures 3: after its third fire
 //     the job is disabled by itself (audited as job:flaky), says PAUSED in
 //     status, and its onFailure command hears PAUSED once; no fourth fire
@@ -64,6 +86,15 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		job("busy", "@every 3s", 1, "4", "    overlap: skip\n") +
 		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n") +
 		strings.Replace(job("delayed", "", 2, "1", "    fixedDelay: 2s\n"), "    cron: \"\"\n", "", 1) +
+		`  - name: limited
+    cron: "@every 3s"
+    shardingTotalCount: 6
+    clusterConcurrency: 2
+    failover: true
+    script:
+      command: ` + etcdtest.YAMLQuote(limitScript) + `
+      env: {DIR: ` + etcdtest.YAMLQuote(dir) + `}
+` +
 		`  - name: flaky
     cron: "*/2 * * * * ?"
     shardingTotalCount: 2
@@ -102,6 +133,11 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	var failures []ledger.Failure
 	bound := ttl + 2*time.Second
 	time.Sleep(8 * time.Second) // the queue fills
+	adm := admin.New(cli, keyspace.NewKeys(""))
+	etcdtest.Eventually(t, 10*time.Second, "limited's items waiting in status", func() bool {
+		js, err := adm.JobStatus(t.Context(), "limited")
+		return err == nil && len(js.Jobs) == 1 && js.Jobs[0].Slots != nil && js.Jobs[0].Slots.Limit == 2 && len(js.Jobs[0].Slots.Waiting) > 0
+	})
 
 	victim := running("queue", 0, nil)
 	victim.stop(syscall.SIGKILL)
@@ -351,7 +387,6 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	if got := strings.Count(string(notified), "PAUSED"); got != 1 {
 		t.Errorf("onFailure heard PAUSED %d times, want once: %q", got, notified)
 	}
-	adm := admin.New(cli, keyspace.NewKeys(""))
 	js, err := adm.JobStatus(t.Context(), "flaky")
 	if err != nil || len(js.Jobs) != 1 || js.Jobs[0].Paused == nil || js.Jobs[0].Paused.FailedInARow != 3 {
 		t.Errorf("status of flaky: %+v, %v; want PAUSED after 3 failed fires", js, err)
@@ -359,6 +394,22 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	audit, err := adm.Audit(t.Context(), admin.AuditFilter{Job: "flaky"})
 	if err != nil || len(audit) != 1 || audit[0].Actor != "job:flaky" {
 		t.Errorf("audit of flaky: %+v, %v; want one entry by job:flaky", audit, err)
+	}
+
+	// limited: never above its limit; every item ran.
+	if over, _ := os.ReadFile(filepath.Join(dir, "limit")); len(over) > 0 {
+		t.Errorf("limited ran more than clusterConcurrency 2 at once:\n%s", over)
+	}
+	limitedRuns, _ := os.ReadFile(filepath.Join(dir, "limited"))
+	perItem := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSpace(string(limitedRuns)), "\n") {
+		item, _, _ := strings.Cut(l, " ")
+		perItem[item]++
+	}
+	for item := range 6 {
+		if perItem[fmt.Sprint(item)] < 2 {
+			t.Errorf("limited item %d ran %d times: every item must get its turn (%v)", item, perItem[fmt.Sprint(item)], perItem)
+		}
 	}
 
 	replacedRuns := 0

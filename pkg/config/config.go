@@ -96,6 +96,10 @@ type Job struct {
 	// previous run's end plus the delay (the first at its record's
 	// beginning), from the item's record in etcd.
 	FixedDelay Duration `yaml:"fixedDelay" json:"fixedDelay,omitempty"`
+	// ClusterConcurrency, when > 0, caps the items of this job running at
+	// once over the whole cluster (slots fenced in etcd; the items that
+	// waited longest get them first).
+	ClusterConcurrency int `yaml:"clusterConcurrency" json:"clusterConcurrency,omitempty"`
 	// PauseAfterFailures, when > 0, disables the job after that many of
 	// its fires in a row failed (an item of each ended FAILED or KILLED),
 	// until an operator enables it.

@@ -277,6 +277,9 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 	}
 	validateCalendars(j, f, bad)
 	validateFixedDelay(j, f, bad)
+	if j.ClusterConcurrency < 0 || j.ClusterConcurrency > MaxShardingTotalCount {
+		bad("clusterConcurrency", "clusterConcurrency must be between 1 and %d (0: no limit), got %d", MaxShardingTotalCount, j.ClusterConcurrency)
+	}
 	switch {
 	case j.PauseAfterFailures < 0 || j.PauseAfterFailures > MaxPauseAfterFailures:
 		bad("pauseAfterFailures", "pauseAfterFailures must be between 1 and %d (0: never pause), got %d", MaxPauseAfterFailures, j.PauseAfterFailures)

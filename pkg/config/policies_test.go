@@ -176,6 +176,8 @@ func TestPoliciesBad(t *testing.T) {
 			`jobs.yaml:4: job "j": pauseAfterFailures must be between 1 and 1000 (0: never pause), got -1`},
 		{"pauseAfterFailures with fixedDelay", "jobs:\n  - name: j\n    fixedDelay: 1m\n    pauseAfterFailures: 3" + work,
 			`jobs.yaml:4: job "j": pauseAfterFailures counts failed fires of the whole job; with fixedDelay each item has its own fires`},
+		{"clusterConcurrency negative", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    clusterConcurrency: -2" + work,
+			`jobs.yaml:4: job "j": clusterConcurrency must be between 1 and 10000 (0: no limit), got -2`},
 		{"cron empty list", "jobs:\n  - name: j\n    cron: []" + work,
 			`jobs.yaml:3: job "j": cron is an empty list`},
 	}

@@ -54,6 +54,11 @@ type Claim struct {
 	Upstream    *keyspace.Upstream
 	NoPropagate bool
 	Total       int
+	// Slot, when > 0, is the cluster-wide slot (clusterConcurrency) the
+	// run takes, plus one: the claim holds only while the slot's key is
+	// absent, puts it under the session's lease, and deletes the item's
+	// waiting key.
+	Slot int
 }
 
 // Grant is a won claim.
@@ -129,7 +134,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: keyspace.StateRunning, Instance: n.opts.ID,
 		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped, Excluded: c.Excluded,
 		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By, FireKey: c.FireKey,
-		Upstream: c.Upstream, NoPropagate: c.NoPropagate, Total: c.Total,
+		Upstream: c.Upstream, NoPropagate: c.NoPropagate, Total: c.Total, Slot: c.Slot,
 	}
 	if c.Prev.Record != nil {
 		rec.Seq = c.Prev.Record.Seq + 1
@@ -151,6 +156,12 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	ops := []clientv3.Op{
 		clientv3.OpPut(k.Item(c.Job, c.Item), string(val)),
 		clientv3.OpPut(k.RunningItem(c.Job, c.Item), n.opts.ID, clientv3.WithLease(s.lease)),
+	}
+	if c.Slot > 0 {
+		slot := k.Slot(c.Job, c.Slot-1)
+		cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(slot), "=", 0))
+		ops = append(ops, clientv3.OpPut(slot, fmt.Sprintf("%s %d", n.opts.ID, c.Item), clientv3.WithLease(s.lease)),
+			clientv3.OpDelete(k.WaitingItem(c.Job, c.Item)))
 	}
 	if cut, ok := cutRecord(c, rec); ok {
 		cv, err := json.Marshal(cut)
@@ -217,6 +228,9 @@ func claimChunkEnd(claims []Claim, from int) int {
 		if cutsARun(claims[to]) { // and the cut run's history record
 			o++
 			records++
+		}
+		if claims[to].Slot > 0 { // the slot's guard, its put, the waiting key's delete
+			c, o = c+1, o+2
 		}
 		// A record is about 1 KiB, and its parameter up to 6 bytes a
 		// character in JSON (a "<" is \u003c).

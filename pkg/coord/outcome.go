@@ -86,7 +86,10 @@ type Skip struct {
 	Skipped int
 	// Excluded counts the fires up to Fire that calendars excluded.
 	Excluded int
-	Reason   string
+	// Waited: the item may have a waiting key (clusterConcurrency), which
+	// the skip deletes: its fires no longer wait.
+	Waited bool
+	Reason string
 	// Prev is the item's state as read: the write is guarded by it.
 	Prev keyspace.ItemState
 }
@@ -100,6 +103,9 @@ func (n *Node) Skip(ctx context.Context, s Skip) error {
 	if s.Prev.Record != nil {
 		rec.Seq = s.Prev.Record.Seq + 1
 		rec.Trigger = s.Prev.Record.Trigger
+	}
+	if s.Waited {
+		return n.finish(ctx, rec, s.Prev.Rev, false, clientv3.OpDelete(n.keys.WaitingItem(s.Job, s.Item)))
 	}
 	return n.finish(ctx, rec, s.Prev.Rev, false)
 }
@@ -191,11 +197,12 @@ func repairedClaim(cur []byte, rec keyspace.ItemRecord, rev int64) bool {
 
 // finish writes rec to the item and its history if the item record is still
 // at revision rev, and removes the running marker when clearRunning is set.
-func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, clearRunning bool) error {
+func (n *Node) finish(ctx context.Context, rec keyspace.ItemRecord, rev int64, clearRunning bool, extra ...clientv3.Op) error {
 	cmp, ops, err := n.finishTxn(rec, rev, clearRunning)
 	if err != nil {
 		return err
 	}
+	ops = append(ops, extra...)
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
 	key := n.keys.Item(rec.Job, rec.Item)
@@ -307,6 +314,9 @@ func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) 
 	}
 	if clearRunning {
 		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
+		if rec.Slot > 0 { // the cluster slot goes with the marker
+			ops = append(ops, clientv3.OpDelete(k.Slot(rec.Job, rec.Slot-1)))
+		}
 	}
 	if rec.Failed() {
 		ops = append(ops, clientv3.OpPut(k.LastFailure(rec.Job), string(val)))

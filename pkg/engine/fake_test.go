@@ -176,6 +176,12 @@ func (f *fakeNode) Kills(context.Context, string) (map[keyspace.KillKey]keyspace
 func (f *fakeNode) SettleKilled(context.Context, string, int, keyspace.ItemState, keyspace.KillBy) error {
 	return errors.New("fakeNode: no kills")
 }
+func (f *fakeNode) ReadClusterSlots(context.Context, string) (coord.ClusterSlots, error) {
+	return coord.ClusterSlots{}, errors.New("fakeNode: no cluster slots")
+}
+func (f *fakeNode) Wait(context.Context, string, int, time.Time) error {
+	return errors.New("fakeNode: no cluster slots")
+}
 func (f *fakeNode) Replace(context.Context, string, int, int64, string, time.Time) (bool, error) {
 	return false, errors.New("fakeNode: no kills")
 }

@@ -64,6 +64,14 @@ type KillRequests interface {
 	Replace(ctx context.Context, job string, item int, fence int64, instance string, fire time.Time) (bool, error)
 }
 
+// ClusterSlots are a job's cluster-wide slots (clusterConcurrency; see
+// coord/slots.go): which are held, which items wait for one; Wait records
+// an item waiting.
+type ClusterSlots interface {
+	ReadClusterSlots(ctx context.Context, job string) (coord.ClusterSlots, error)
+	Wait(ctx context.Context, job string, item int, since time.Time) error
+}
+
 // Triggers reads a job's waiting triggers; DeleteTrigger deletes one no
 // item is left to serve, if etcd says so still (its guard).
 type Triggers interface {
@@ -96,6 +104,7 @@ type Node interface {
 	Claims
 	Records
 	KillRequests
+	ClusterSlots
 	Triggers
 	Barriers
 	Events

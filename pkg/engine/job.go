@@ -206,6 +206,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 	for item := range r.total {
 		j.decideItem(ctx, r, item)
 	}
+	j.takeClusterSlots(ctx, r)
 	j.takeSlots(r)
 	j.launch(ctx, v, r.starts)                        // runs first: the records below may take a while
 	j.deleteServed(ctx, r.triggers, r.total, r.items) // as read: the claims just made count at the next look
@@ -531,6 +532,103 @@ func (j *jobLoop) mayAct(r *pass, item int, a action) bool {
 	return true
 }
 
+// clusterLimited reports whether the job's definition caps its runs
+// cluster-wide (clusterConcurrency).
+func (j *jobLoop) clusterLimited() bool {
+	v, ok := j.e.opts.Node.View(j.name)
+	return ok && v.Job != nil && v.Job.ClusterConcurrency > 0
+}
+
+// takeClusterSlots gives the runs r decided on the job's free cluster
+// slots (clusterConcurrency), read from etcd now, the items that waited
+// longest first, counting those waiting on other instances: the runs left
+// without one are dropped from r, and their items recorded waiting. The
+// claim's guard is what holds the limit (two instances may pick the same
+// free slot: one claim wins); this only chooses.
+func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
+	limit := r.v.Job.ClusterConcurrency
+	if limit <= 0 || len(r.starts) == 0 {
+		return
+	}
+	cs, err := j.e.opts.Node.ReadClusterSlots(ctx, j.name)
+	if err != nil {
+		j.log.Warn("read the cluster slots; deciding again", "err", err)
+		r.starts = nil
+		r.retrySoon()
+		return
+	}
+	granted, waiting := assignClusterSlots(r.starts, limit, cs)
+	r.starts = granted
+	for _, s := range waiting {
+		since := s.a.waitingSince()
+		if at, ok := cs.Waiting[s.item]; ok && at.Equal(since) {
+			continue
+		}
+		if err := j.e.opts.Node.Wait(ctx, j.name, s.item, since); err != nil {
+			j.log.Warn("record an item waiting for a cluster slot", "item", s.item, "err", err)
+			r.retrySoon()
+		}
+	}
+	if len(waiting) > 0 {
+		j.log.Info("waiting for a cluster slot (clusterConcurrency)", "items", len(waiting), "limit", limit, "held", len(cs.Held))
+	}
+}
+
+// assignClusterSlots gives starts free slots of limit, given cs: in order
+// of how long each has waited (waitingSince, then item), where an item
+// waiting elsewhere (in cs.Waiting, not in starts) that waited longer goes
+// first. An adoption keeps the slot its claim took.
+func assignClusterSlots(starts []start, limit int, cs coord.ClusterSlots) (granted, waiting []start) {
+	var free []int
+	for k := range limit {
+		if !cs.Held[k] {
+			free = append(free, k)
+		}
+	}
+	mine := map[int]bool{}
+	for _, s := range starts {
+		mine[s.item] = true
+	}
+	type queued struct {
+		since time.Time
+		item  int
+	}
+	before := func(a, b queued) bool { return a.since.Before(b.since) || a.since.Equal(b.since) && a.item < b.item }
+	sorted := slices.Clone(starts)
+	slices.SortStableFunc(sorted, func(x, y start) int {
+		a, b := queued{x.a.waitingSince(), x.item}, queued{y.a.waitingSince(), y.item}
+		switch {
+		case before(a, b):
+			return -1
+		case before(b, a):
+			return 1
+		}
+		return 0
+	})
+	used := 0
+	for _, s := range sorted {
+		if s.a.kind == adopt {
+			granted = append(granted, s)
+			continue
+		}
+		me := queued{s.a.waitingSince(), s.item}
+		older := 0
+		for item, since := range cs.Waiting {
+			if !mine[item] && before(queued{since, item}, me) {
+				older++
+			}
+		}
+		if used+older < len(free) {
+			s.a.slot = free[used] + 1
+			used++
+			granted = append(granted, s)
+			continue
+		}
+		waiting = append(waiting, s)
+	}
+	return granted, waiting
+}
+
 // takeSlots gives the runs r decided on their concurrency slots, the
 // oldest fires first, so that no item starves behind lower-numbered ones;
 // the runs left without one are dropped from r, and decided again when a
@@ -638,7 +736,7 @@ func manual(triggers []keyspace.Trigger, item int, st keyspace.ItemState, now, b
 // skip records fires as skipped by the misfire policy.
 func (j *jobLoop) skip(ctx context.Context, item int, st keyspace.ItemState, a action) {
 	e := j.e
-	if err := e.opts.Node.Skip(ctx, coord.Skip{Job: j.name, Item: item, Fire: a.fire, Skipped: a.skipped, Excluded: a.excluded, Reason: a.why, Prev: st}); err != nil {
+	if err := e.opts.Node.Skip(ctx, coord.Skip{Job: j.name, Item: item, Fire: a.fire, Skipped: a.skipped, Excluded: a.excluded, Reason: a.why, Prev: st, Waited: j.clusterLimited()}); err != nil {
 		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
 		return

@@ -1,10 +1,12 @@
 package engine
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/shardd/shardd/pkg/config"
+	"github.com/shardd/shardd/pkg/coord"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 	"github.com/shardd/shardd/pkg/schedule"
 )
@@ -238,6 +240,56 @@ func TestDecideFixedDelay(t *testing.T) {
 	for _, tt := range tests {
 		if got := decide(tt.st, false, p, tt.now); got != tt.want {
 			t.Errorf("%s:\n got  %+v\n want %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// clusterConcurrency: the free slots go to the runs that waited longest,
+// counting the items waiting on other instances; an adoption keeps its
+// slot.
+func TestAssignClusterSlots(t *testing.T) {
+	t.Parallel()
+	base := time.Date(2027, 1, 1, 12, 0, 0, 0, time.UTC)
+	st := func(item int, since float64, kind actionKind) start {
+		return start{item: item, a: action{kind: kind, fire: base.Add(time.Duration(since) * time.Second)}}
+	}
+	tests := []struct {
+		name        string
+		starts      []start
+		limit       int
+		held        []int
+		waiting     map[int]float64
+		wantGranted map[int]int // item -> slot+1
+		wantWaiting []int
+	}{
+		{"slots free for all", []start{st(0, 0, run), st(1, 0, run)}, 3, nil, nil, map[int]int{0: 1, 1: 2}, nil},
+		{"one slot: the older fire gets it", []start{st(0, 10, run), st(1, 5, run)}, 2, []int{0}, nil, map[int]int{1: 2}, []int{0}},
+		{"an item waiting elsewhere since earlier goes first", []start{st(0, 10, run)}, 2, []int{1}, map[int]float64{7: 3}, map[int]int{}, []int{0}},
+		{"waiting elsewhere but later: ours goes first", []start{st(0, 10, run)}, 2, []int{1}, map[int]float64{7: 20}, map[int]int{0: 1}, nil},
+		{"our own waiting key does not count against us", []start{st(0, 10, run)}, 1, nil, map[int]float64{0: 10}, map[int]int{0: 1}, nil},
+		{"every slot held: all wait", []start{st(0, 0, run), st(1, 0, run)}, 2, []int{0, 1}, nil, map[int]int{}, []int{0, 1}},
+		{"an adoption keeps its claim's slot", []start{st(0, 0, adopt), st(1, 0, run)}, 1, []int{0}, nil, map[int]int{0: 0}, []int{1}},
+		{"ties by item", []start{st(3, 0, run), st(2, 0, run)}, 1, nil, nil, map[int]int{2: 1}, []int{3}},
+	}
+	for _, tt := range tests {
+		cs := coord.ClusterSlots{Held: map[int]bool{}, Waiting: map[int]time.Time{}}
+		for _, k := range tt.held {
+			cs.Held[k] = true
+		}
+		for item, s := range tt.waiting {
+			cs.Waiting[item] = base.Add(time.Duration(s) * time.Second)
+		}
+		granted, waiting := assignClusterSlots(tt.starts, tt.limit, cs)
+		got := map[int]int{}
+		for _, s := range granted {
+			got[s.item] = s.a.slot
+		}
+		var gotWaiting []int
+		for _, s := range waiting {
+			gotWaiting = append(gotWaiting, s.item)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tt.wantGranted) || fmt.Sprint(gotWaiting) != fmt.Sprint(tt.wantWaiting) {
+			t.Errorf("%s: granted %v waiting %v, want %v and %v", tt.name, got, gotWaiting, tt.wantGranted, tt.wantWaiting)
 		}
 	}
 }

@@ -118,6 +118,8 @@ type action struct {
 	kill keyspace.KillBy
 	// fence is the run a replace asks to stop (by names its instance).
 	fence int64
+	// slot is the cluster slot a run claims, plus one (0: none).
+	slot int
 	// startAt is set on a run claimed ahead of its fire: its work starts
 	// then (see docs/performance.md).
 	startAt time.Time

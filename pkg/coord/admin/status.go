@@ -87,10 +87,21 @@ type JobStatus struct {
 	Placement *PlacementStatus `json:"placement,omitempty"`
 	// Paused is set while the job is disabled by its own failed fires
 	// (pauseAfterFailures): how many, and why.
-	Paused         *keyspace.PauseStreak `json:"paused,omitempty"`
+	Paused *keyspace.PauseStreak `json:"paused,omitempty"`
+	// Slots says how the job's cluster-wide slots are used, for a job with
+	// clusterConcurrency.
+	Slots          *SlotsStatus `json:"slots,omitempty"`
 	itemParameters map[int]string
 	// runs are its items' records and running markers, read with the rest.
 	runs *JobRuns
+}
+
+// SlotsStatus is a job's cluster-wide slots (clusterConcurrency): its
+// limit, how many runs hold one, and the items waiting for one.
+type SlotsStatus struct {
+	Limit   int   `json:"limit"`
+	InUse   int   `json:"inUse"`
+	Waiting []int `json:"waiting,omitempty"`
 }
 
 // DefinitionStatus identifies a job's registered definition.
@@ -286,6 +297,8 @@ type jobKeys struct {
 	disabledItems []int
 	jobOff        bool
 	pause         bool // it has a pause streak (pauseAfterFailures)
+	slots         int   // cluster slots held (clusterConcurrency)
+	waiting       []int // items waiting for one
 }
 
 // groupJobKeys sorts the keys of the jobs keyspace (keys only) by job.
@@ -309,6 +322,12 @@ func (c *Client) groupJobKeys(kvs []*mvccpb.KeyValue) map[string]*jobKeys {
 			jk.jobOff = true
 		case key == c.keys.Pause(name):
 			jk.pause = true
+		case strings.HasPrefix(key, c.keys.Slots(name)):
+			jk.slots++
+		case strings.HasPrefix(key, c.keys.Waiting(name)):
+			if n, err := strconv.Atoi(keyspace.LastSegment(key)); err == nil {
+				jk.waiting = append(jk.waiting, n)
+			}
 		case strings.HasPrefix(key, c.keys.DisabledInstances(name)):
 			jk.disabledInst[keyspace.LastSegment(key)] = true
 			jk.disabledList = append(jk.disabledList, keyspace.LastSegment(key))
@@ -388,6 +407,9 @@ func (cs *ClusterStatus) jobStatus(name string, jk *jobKeys, r []*etcdserverpb.R
 		for _, id := range p.FilesBehind {
 			js.Problems = append(js.Problems, fmt.Sprintf("instance %s's files define the job too; the applied definition stands (its files are behind: drop the job from them)", id))
 		}
+	}
+	if d.def != nil && d.def.ClusterConcurrency > 0 {
+		js.Slots = &SlotsStatus{Limit: d.def.ClusterConcurrency, InUse: jk.slots, Waiting: slices.Sorted(slices.Values(jk.waiting))}
 	}
 	js.Status = jobState(m, js.Eligible, alive, jk.jobOff || configDisabled)
 	switch {

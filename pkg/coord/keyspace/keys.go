@@ -100,8 +100,16 @@ func (k Keys) Children(job string) string      { return k.JobPrefix(job) + "chil
 func (k Keys) LastSuccess(job string) string   { return k.JobPrefix(job) + "lastsuccess" }
 func (k Keys) Deps(job string) string          { return k.JobPrefix(job) + "deps" }
 func (k Keys) Pause(job string) string         { return k.JobPrefix(job) + "pause" }
-func (k Keys) Kill(job, id string) string      { return k.Kills(job) + id }
-func (k Keys) Audit() string                   { return k.prefix + "/audit/" }
+func (k Keys) Slots(job string) string         { return k.JobPrefix(job) + "slots/" }
+func (k Keys) Slot(job string, slot int) string {
+	return k.Slots(job) + strconv.Itoa(slot)
+}
+func (k Keys) Waiting(job string) string { return k.JobPrefix(job) + "waiting/" }
+func (k Keys) WaitingItem(job string, item int) string {
+	return k.Waiting(job) + strconv.Itoa(item)
+}
+func (k Keys) Kill(job, id string) string { return k.Kills(job) + id }
+func (k Keys) Audit() string              { return k.prefix + "/audit/" }
 func (k Keys) History(job string, item int, slot int64) string {
 	return k.HistoryPrefix(job) + strconv.Itoa(item) + "/" + strconv.FormatInt(slot, 10)
 }

@@ -183,6 +183,10 @@ type ItemRecord struct {
 	// Total is the job's item count when the run was claimed: its fire's
 	// barrier waits for that many items (0 in records older than it).
 	Total int `json:"total,omitempty"`
+	// Slot is the cluster-wide slot the run holds (clusterConcurrency),
+	// plus one: 0 for none. Its key, under the claim's lease, goes with the
+	// run's outcome.
+	Slot int `json:"slot,omitempty"`
 }
 
 // ItemState is what etcd says about one item at one revision.
