@@ -296,7 +296,7 @@ type jobKeys struct {
 	disabledList  []string
 	disabledItems []int
 	jobOff        bool
-	pause         bool // it has a pause streak (pauseAfterFailures)
+	pause         bool  // it has a pause streak (pauseAfterFailures)
 	slots         int   // cluster slots held (clusterConcurrency)
 	waiting       []int // items waiting for one
 }
