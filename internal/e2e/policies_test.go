@@ -44,7 +44,7 @@ sleep 2
 //     (buffer-full, too-old); never two runs of an item at once.
 //   - holiday: every second, on days its calendar excludes (today and
 //     tomorrow): nothing runs, and the fires are recorded SKIPPED/calendar.
-//   - jittered: jitter 4s: each item's run starts at its fire plus the
+//   - jittered: jitter 3s: each item's run starts at its fire plus the
 //     offset every instance computes; G1-G4 as for any job.
 //   - busy: overlap skip, runs longer than its period: the fires that come
 //     while it runs are recorded busy; G1-G4 hold with those records.
@@ -82,7 +82,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	cfg := "calendars:\n  now:\n    weekdays: [" + today + ", " + tomorrow + "]\njobs:\n" +
 		job("queue", "@every 2s", 2, "2.6", "    overlap: bufferAll\n    bufferLimit: 3\n") +
 		job("holiday", "* * * * * ?", 1, "0", "    excludeCalendars: [now]\n") +
-		job("jittered", "@every 6s", 3, "0.2", "    jitter: 4s\n") +
+		job("jittered", "@every 4s", 3, "0.2", "    jitter: 3s\n") +
 		job("busy", "@every 3s", 1, "4", "    overlap: skip\n") +
 		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n") +
 		strings.Replace(job("delayed", "", 2, "1", "    fixedDelay: 2s\n"), "    cron: \"\"\n", "", 1) +
@@ -132,7 +132,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	}
 	var failures []ledger.Failure
 	bound := ttl + 2*time.Second
-	time.Sleep(8 * time.Second) // the queue fills
+	time.Sleep(6 * time.Second) // the queue fills
 	adm := admin.New(cli, keyspace.NewKeys(""))
 	etcdtest.Eventually(t, 10*time.Second, "limited's items waiting in status", func() bool {
 		js, err := adm.JobStatus(t.Context(), "limited")
@@ -143,7 +143,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	victim.stop(syscall.SIGKILL)
 	failures = append(failures, ledger.Failure{At: time.Now(), Instance: victim.name})
 	t.Logf("killed %s (running queue/0) at %s", victim.name, time.Now().Format(time.RFC3339Nano))
-	time.Sleep(bound + 2*time.Second)
+	time.Sleep(bound + time.Second)
 
 	paused := running("queue", 1, victim)
 	paused.signal(syscall.SIGSTOP)
@@ -151,7 +151,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	t.Logf("paused %s (running queue/1) at %s", paused.name, time.Now().Format(time.RFC3339Nano))
 	time.Sleep(2 * ttl)
 	paused.signal(syscall.SIGCONT)
-	time.Sleep(bound + 8*time.Second)
+	time.Sleep(bound + 5*time.Second)
 	to := time.Now()
 	for _, p := range procs {
 		if p != victim {
@@ -178,11 +178,11 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	// within the bound (jittered: its bound stretched by the jitter).
 	r := ledger.Check(events, ledger.Options{
 		Jobs: map[string]ledger.Job{
-			"jittered": {Items: 3, Schedule: mustSchedule(t, "@every 6s"), Failover: true},
+			"jittered": {Items: 3, Schedule: mustSchedule(t, "@every 4s"), Failover: true},
 			"busy":     {Items: 1, Schedule: mustSchedule(t, "@every 3s"), Failover: true},
 		},
-		Bound: bound + 4*time.Second, From: from, To: to.Add(-10 * time.Second), Failures: failures, Records: records,
-		Faults: faultWindows(failures, bound+4*time.Second),
+		Bound: bound + 3*time.Second, From: from, To: to.Add(-8 * time.Second), Failures: failures, Records: records,
+		Faults: faultWindows(failures, bound+3*time.Second),
 	})
 	t.Logf("ledger: %s", r)
 	for _, v := range r.Violations {
@@ -196,9 +196,9 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		if ev.Job != "jittered" || ev.Kind != "start" || ev.Attempt != 1 || ev.Source != "NORMAL" {
 			continue
 		}
-		want := ev.Fire.Add(schedule.JitterOffset("jittered", ev.Item, ev.Fire, 4*time.Second))
+		want := ev.Fire.Add(schedule.JitterOffset("jittered", ev.Item, ev.Fire, 3*time.Second))
 		if slices.ContainsFunc(failures, func(f ledger.Failure) bool {
-			return want.After(f.At.Add(-time.Second)) && want.Before(f.At.Add(bound+4*time.Second))
+			return want.After(f.At.Add(-time.Second)) && want.Before(f.At.Add(bound+3*time.Second))
 		}) {
 			continue // its owner may be the instance a fault hit: it runs late, on another, as any fire
 		}
