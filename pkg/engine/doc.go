@@ -44,7 +44,7 @@
 // scheduled fire.
 //
 // Missed fires are all recorded, never silently dropped: the latest missed
-// fire runs once (coalesced) unless it is older than the misfire window
+// fire runs once (coalesced) unless it is older than the catch-up window
 // (max(1 min, 3 x TTL)), or it came while the item's previous run was still
 // going and the job says misfire: false; then every missed fire is recorded
 // SKIPPED. Fires at or before the watermark never run again (G2), except a

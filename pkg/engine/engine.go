@@ -20,7 +20,7 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock decisions are made with; default time.Now.
 	Now func() time.Time
-	// TTL of the node's session; the misfire window is max(1m, 3 x TTL).
+	// TTL of the node's session; the catch-up window of a job that sets none is max(1m, 3 x TTL).
 	TTL time.Duration
 	// MaxConcurrency caps the items running at once on this instance, all
 	// jobs together; 0 means no cap.

@@ -275,7 +275,7 @@ func (j *jobLoop) runnable(ctx context.Context, v coord.JobView) bool {
 		case disabled:
 			j.log.Info("job is disabled by an operator: its fires are not run until it is enabled")
 		default:
-			j.log.Info("job is enabled: its fires run again; fires missed while it was disabled count as missed (the latest runs if younger than the misfire window)")
+			j.log.Info("job is enabled: its fires run again; fires missed while it was disabled count as missed (the latest runs if younger than the catch-up window)")
 		}
 	}
 	if m == nil || disabled {

@@ -13,7 +13,7 @@ import (
 //
 // Slots are taken when the reconcile decides on a run, never waited for: a
 // decision that waited for a slot would be stale when it got one (a fire
-// older than the misfire window, a fire a later decision coalesces). An
+// older than the catch-up window, a fire a later decision coalesces). An
 // item without a slot is decided again when a slot is given back.
 type semaphore chan struct{}
 

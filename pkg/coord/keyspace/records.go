@@ -43,7 +43,7 @@ const (
 const (
 	// SkipDisabled: the item or its job was disabled.
 	SkipDisabled = "disabled"
-	// SkipTooOld: the latest missed fire was older than the misfire window.
+	// SkipTooOld: the latest missed fire was older than the catch-up window.
 	SkipTooOld = "too-old"
 	// SkipBusy: the fires came while the item ran, and misfire is off.
 	SkipBusy = "busy"
