@@ -10,6 +10,13 @@ import (
 // excluded when the day its instant shows in that zone is one of them. An
 // excluded fire is still due: the engine records it skipped, reason
 // calendar, so that history says why nothing ran that day.
+//
+// The spans are counted from each day's first instant to the next day's.
+// Where a zone's clocks went back over midnight (America/Goose_Bay and
+// America/Moncton, 1990-2010: 00:01 back to 23:01), the day before shows a
+// second time after the new day began; Excludes judges each instant by
+// the day it shows, the counts by day starts, so the counts of such a
+// night can be off by the fires of that hour. No zone does this today.
 type Calendar struct {
 	Name string
 	Loc  *time.Location
