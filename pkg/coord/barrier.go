@@ -53,7 +53,10 @@ func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec keysp
 				b.Total = total // items of the fire claimed under a larger map
 			}
 		}
-		me := strconv.Itoa(rec.Item) + "/" + strconv.FormatInt(rec.Fence, 10)
+		// The note's identity is this instance's and the record's: a note
+		// retried here after a lost reply learns it completed the fire, and
+		// another instance noting the same record does not.
+		me := n.opts.ID + ":" + strconv.Itoa(rec.Item) + "/" + strconv.FormatInt(rec.Fence, 10)
 		if b.Ended(rec.Item) || b.Complete() {
 			return b, b.Complete() && b.CompletedBy == me, nil // ours applied, its reply lost
 		}
@@ -62,6 +65,8 @@ func (n *Node) NoteOutcome(ctx context.Context, job string, total int, rec keysp
 			b.Done = append(b.Done, rec.Item)
 		case rec.State == keyspace.StateSkipped:
 			b.Skipped = append(b.Skipped, rec.Item)
+		case rec.State == keyspace.StateKilled && !rec.Failed():
+			b.Stopped = append(b.Stopped, rec.Item)
 		default:
 			b.Failed = append(b.Failed, rec.Item)
 		}

@@ -270,6 +270,9 @@ func barrierWhy(job, fire string, fireTime time.Time, b keyspace.Barrier) string
 	if len(b.Skipped) > 0 {
 		parts = append(parts, fmt.Sprintf("item(s) %v were skipped", sortedInts(b.Skipped)))
 	}
+	if len(b.Stopped) > 0 {
+		parts = append(parts, fmt.Sprintf("item(s) %v were killed", sortedInts(b.Stopped)))
+	}
 	return fmt.Sprintf("%s in fire %s of parent %s (fire key %s)", strings.Join(parts, ", "), fireTime.UTC().Format(time.RFC3339), job, fire)
 }
 

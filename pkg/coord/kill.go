@@ -104,18 +104,30 @@ func (n *Node) SettleKilled(ctx context.Context, job string, item int, st keyspa
 }
 
 // Replace asks the instance running item's run with fence to stop it for
-// a newer fire (overlap replace): a kill request, reason replaced, put
-// under this session's lease (it lives while its asker does, which decides
-// again if it is gone), once per run (keyspace.ReplaceKillID), and only
-// while the run holds the item (its running marker was created at fence).
-// It reports whether the run is asked to stop: still running, and the
-// request put by this call or before.
+// a newer fire (overlap replace): a kill request, reason replaced, once per
+// run (keyspace.ReplaceKillID), and only while the run holds the item (its
+// running marker was created at fence). The request lives under a lease of
+// its own, as an operator's does (KillTTL, or three session TTLs if that is
+// longer: the time a cut-off run takes to be settled from it), so that
+// requests do not pile up. It reports whether the run is asked to stop:
+// still running, and the request put by this call or before.
 func (n *Node) Replace(ctx context.Context, job string, item int, fence int64, instance string, fire time.Time) (bool, error) {
-	n.mu.Lock()
-	s := n.session
-	n.mu.Unlock()
-	if s == nil {
-		return false, ErrNotUp
+	key, marker := n.keys.Kill(job, keyspace.ReplaceKillID(item, fence)), n.keys.RunningItem(job, item)
+	read, err := n.opts.Client.Txn(ctx).Then(clientv3.OpGet(key, clientv3.WithCountOnly()), clientv3.OpGet(marker)).Commit()
+	if err != nil {
+		return false, fmt.Errorf("ask to replace the run of job %q item %d: %w", job, item, err)
+	}
+	kvs := read.Responses[1].GetResponseRange().Kvs
+	if len(kvs) != 1 || kvs[0].CreateRevision != fence {
+		return false, nil // the run ended
+	}
+	if read.Responses[0].GetResponseRange().Count > 0 {
+		return true, nil // asked before
+	}
+	ttl := max(keyspace.KillTTL, 3*n.opts.TTL)
+	lease, err := n.opts.Client.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return false, fmt.Errorf("ask to replace the run of job %q item %d: %w", job, item, err)
 	}
 	k := keyspace.Kill{ID: keyspace.ReplaceKillID(item, fence), Runs: []keyspace.KillRun{{Item: item, Fence: fence, Instance: instance}},
 		By: "the fire of " + fire.UTC().Format(time.RFC3339), At: n.opts.Now().UTC(), Reason: keyspace.ReasonReplaced}
@@ -123,19 +135,17 @@ func (n *Node) Replace(ctx context.Context, job string, item int, fence int64, i
 	if err != nil {
 		return false, err
 	}
-	key := n.keys.Kill(job, k.ID)
 	resp, err := n.opts.Client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
-			clientv3.Compare(clientv3.CreateRevision(n.keys.RunningItem(job, item)), "=", fence)).
-		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(s.lease))).
-		Else(clientv3.OpGet(n.keys.RunningItem(job, item))).Commit()
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0), clientv3.Compare(clientv3.CreateRevision(marker), "=", fence)).
+		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease.ID))).
+		Else(clientv3.OpGet(marker)).Commit()
 	if err != nil {
 		return false, fmt.Errorf("ask to replace the run of job %q item %d: %w", job, item, err)
 	}
 	if resp.Succeeded {
 		return true, nil
 	}
-	// Refused: asked before if the run still holds the item, else it ended.
-	kvs := resp.Responses[0].GetResponseRange().Kvs
+	n.opts.Client.Revoke(ctx, lease.ID) // not needed: the request is there, or the run ended
+	kvs = resp.Responses[0].GetResponseRange().Kvs
 	return len(kvs) == 1 && kvs[0].CreateRevision == fence, nil
 }

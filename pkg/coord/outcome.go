@@ -314,8 +314,14 @@ func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) 
 	}
 	if clearRunning {
 		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
-		if rec.Slot > 0 { // the cluster slot goes with the marker
-			ops = append(ops, clientv3.OpDelete(k.Slot(rec.Job, rec.Slot-1)))
+		if rec.Slot > 0 {
+			// The cluster slot goes with the marker, if it is still this
+			// run's: created by its claim (at its fence). A session that
+			// ended gave it back with its lease, and another run may hold
+			// it now.
+			slot := k.Slot(rec.Job, rec.Slot-1)
+			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(slot), "=", rec.Fence)},
+				[]clientv3.Op{clientv3.OpDelete(slot)}, nil))
 		}
 	}
 	if rec.Failed() {

@@ -32,8 +32,9 @@ func TestPauseAfterFailures(t *testing.T) {
 		var b keyspace.Barrier
 		for item, st := range states {
 			fence++
+			state, reason, _ := strings.Cut(st, "/")
 			var err error
-			b, _, err = n.NoteOutcome(ctx, "flaky", 2, keyspace.ItemRecord{Job: "flaky", Item: item, Fire: fire, State: st, Fence: fence, Error: "exit status 3"}, nil)
+			b, _, err = n.NoteOutcome(ctx, "flaky", 2, keyspace.ItemRecord{Job: "flaky", Item: item, Fire: fire, State: state, Reason: reason, Fence: fence, Error: "exit status 3"}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,7 +67,14 @@ func TestPauseAfterFailures(t *testing.T) {
 	if fireWith(keyspace.StateDone, keyspace.StateSkipped); streak().FailedInARow != 0 {
 		t.Fatalf("a fire without a failure must end the streak: %+v", streak())
 	}
-	fireWith(keyspace.StateDone, keyspace.StateKilled)
+	// Killed by overlap replace or an operator: stopped, not failed.
+	if fireWith(keyspace.StateFailed, keyspace.StateDone); streak().FailedInARow != 1 {
+		t.Fatalf("streak %+v", streak())
+	}
+	if fireWith(keyspace.StateKilled+"/"+keyspace.ReasonReplaced, keyspace.StateKilled+"/"+keyspace.ReasonOperator); streak().FailedInARow != 0 {
+		t.Fatalf("replaced and killed runs counted as failures: %+v", streak())
+	}
+	fireWith(keyspace.StateDone, keyspace.StateKilled+"/"+keyspace.ReasonTimeout) // a timeout is a failure
 	if b := fireWith(keyspace.StateFailed, keyspace.StateFailed); !b.Paused || !disabled() {
 		t.Fatalf("two failed fires in a row with pauseAfterFailures 2: paused %v, disabled %v", b.Paused, disabled())
 	}
@@ -104,5 +112,33 @@ func TestPauseAfterFailures(t *testing.T) {
 	}
 	if b := fireWith(keyspace.StateFailed, keyspace.StateDone); b.Paused || streak().FailedInARow != 1 {
 		t.Fatalf("after enable, one failure: paused %v, streak %+v", b.Paused, streak())
+	}
+}
+
+// The note that completes a fire is this instance's: another instance
+// noting the same record (a per-fire strategy's members, the map's owner
+// of a record another wrote) is not told it completed the fire, so the
+// pause is told once (review of #30).
+func TestOnlyTheCompletingInstanceIsTold(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Shared(t)
+	defs := jobs(t, "jobs:\n"+job("flaky1", 1, "    pauseAfterFailures: 1\n"))
+	a, b := startNode(t, srv, "a", defs), startNode(t, srv, "b", defs)
+	for _, n := range []*testNode{a, b} {
+		etcdtest.Eventually(t, 10*time.Second, "the definition", func() bool { return n.pauseOf("flaky1").after == 1 })
+	}
+	rec := keyspace.ItemRecord{Job: "flaky1", Item: 0, Fire: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC), State: keyspace.StateFailed, Fence: 3000}
+	told := 0
+	for _, n := range []*testNode{a, b, a} {
+		bar, completed, err := n.NoteOutcome(context.Background(), "flaky1", 1, rec, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if completed && bar.Paused {
+			told++
+		}
+	}
+	if told != 2 { // a, and a again (its reply "lost"); never b
+		t.Fatalf("told %d times, want a's two notes only", told)
 	}
 }

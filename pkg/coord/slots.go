@@ -70,3 +70,12 @@ func (n *Node) Wait(ctx context.Context, job string, item int, since time.Time) 
 	}
 	return nil
 }
+
+// Unwait deletes item's waiting key: it waits for nothing (the engine's
+// dropStaleWaiting).
+func (n *Node) Unwait(ctx context.Context, job string, item int) error {
+	if _, err := n.opts.Client.Delete(ctx, n.keys.WaitingItem(job, item)); err != nil {
+		return fmt.Errorf("delete the waiting key of item %d of job %q: %w", item, job, err)
+	}
+	return nil
+}

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/shardd/shardd/internal/etcdtest"
 	"github.com/shardd/shardd/pkg/coord/keyspace"
 )
 
@@ -57,5 +60,69 @@ func TestClusterSlotHeldByOneRun(t *testing.T) {
 	}
 	if !slots.Held[0] || len(slots.Waiting) != 0 {
 		t.Fatalf("slots %+v: want slot 0 held by item 1, nobody waiting (item 1 claimed, item 2's fires skipped)", slots)
+	}
+}
+
+// A run's outcome frees its slot only if the slot is still its own: when
+// its session ended (the slot went with its lease) and another run took the
+// slot, the late outcome leaves that run's slot alone, so a third claim of
+// it is lost (review of #30: N+1 runs held the slots).
+func TestLateOutcomeLeavesAnotherRunsSlot(t *testing.T) {
+	t.Parallel()
+	n := ordersNode(t, 3)
+	ctx := context.Background()
+	fire := time.Now().Truncate(time.Second)
+	cs := claimsOf(t, n, 3, fire)
+	cs[0].Slot = 1
+	g0, err := n.Claim(ctx, cs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := n.currentLease()
+	if _, err := n.opts.Client.Revoke(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	etcdtest.Eventually(t, 10*time.Second, "a new session", func() bool {
+		s, m := n.sessionFor("orders")
+		return s != nil && m != 0 && s.lease != old
+	})
+	cs = claimsOf(t, n, 3, fire)
+	cs[1].Slot = 1
+	if _, err := n.Claim(ctx, cs[1]); err != nil {
+		t.Fatalf("item 1 takes the slot the ended session gave back: %v", err)
+	}
+	if err := n.Complete(ctx, g0, Outcome{State: keyspace.StateKilled, Reason: keyspace.ReasonFence, ExitCode: -1, End: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	cs = claimsOf(t, n, 3, fire)
+	cs[2].Slot = 1
+	if _, err := n.Claim(ctx, cs[2]); !errors.Is(err, ErrClaimLost) {
+		t.Fatalf("a third claim of the single slot: %v, want ErrClaimLost (item 1 holds it)", err)
+	}
+}
+
+// overlap replace's requests live under a lease of their own, not the
+// asker's session: they do not pile up, one per replaced run, for as long
+// as the asker lives (review of #30).
+func TestReplaceRequestExpires(t *testing.T) {
+	t.Parallel()
+	n := ordersNode(t, 1)
+	ctx := context.Background()
+	fire := time.Now().Truncate(time.Second)
+	g := claimNext(t, n, fire)
+	if asked, err := n.Replace(ctx, "orders", 0, g.Fence, "a", fire.Add(time.Minute)); err != nil || !asked {
+		t.Fatalf("asked %v, err %v", asked, err)
+	}
+	resp, err := n.opts.Client.Get(ctx, n.keys.Kill("orders", keyspace.ReplaceKillID(0, g.Fence)))
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the request: %v %v", resp, err)
+	}
+	lease := clientv3.LeaseID(resp.Kvs[0].Lease)
+	if lease == n.currentLease() {
+		t.Fatal("the request is under the session's lease: it would live as long as the asker")
+	}
+	ttl, err := n.opts.Client.TimeToLive(ctx, lease)
+	if err != nil || ttl.TTL <= 0 || time.Duration(ttl.GrantedTTL)*time.Second > max(keyspace.KillTTL, 3*n.opts.TTL) {
+		t.Fatalf("the request's lease: %+v, %v; want one of at most %s", ttl, err, max(keyspace.KillTTL, 3*n.opts.TTL))
 	}
 }

@@ -104,7 +104,7 @@ func (j *jobLoop) note(ctx context.Context, v coord.JobView, item int, rec keysp
 	}
 	if completed && len(v.Children) > 0 {
 		j.log.Info("fire complete: its children are triggered", "fire", keyspace.FireKey(&rec), "succeeded", b.Succeeded(),
-			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "children", slices.Sorted(maps.Keys(v.Children)))
+			"done", len(b.Done), "failed", b.Failed, "skipped", b.Skipped, "stopped", b.Stopped, "children", slices.Sorted(maps.Keys(v.Children)))
 	}
 	return true
 }

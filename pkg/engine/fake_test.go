@@ -182,6 +182,9 @@ func (f *fakeNode) ReadClusterSlots(context.Context, string) (coord.ClusterSlots
 func (f *fakeNode) Wait(context.Context, string, int, time.Time) error {
 	return errors.New("fakeNode: no cluster slots")
 }
+func (f *fakeNode) Unwait(context.Context, string, int) error {
+	return errors.New("fakeNode: no cluster slots")
+}
 func (f *fakeNode) Replace(context.Context, string, int, int64, string, time.Time) (bool, error) {
 	return false, errors.New("fakeNode: no kills")
 }

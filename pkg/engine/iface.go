@@ -70,6 +70,7 @@ type KillRequests interface {
 type ClusterSlots interface {
 	ReadClusterSlots(ctx context.Context, job string) (coord.ClusterSlots, error)
 	Wait(ctx context.Context, job string, item int, since time.Time) error
+	Unwait(ctx context.Context, job string, item int) error
 }
 
 // Triggers reads a job's waiting triggers; DeleteTrigger deletes one no

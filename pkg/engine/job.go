@@ -557,6 +557,7 @@ func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
 		r.retrySoon()
 		return
 	}
+	j.dropStaleWaiting(ctx, r, cs)
 	granted, waiting := assignClusterSlots(r.starts, limit, cs)
 	r.starts = granted
 	for _, s := range waiting {
@@ -571,6 +572,32 @@ func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
 	}
 	if len(waiting) > 0 {
 		j.log.Info("waiting for a cluster slot (clusterConcurrency)", "items", len(waiting), "limit", limit, "held", len(cs.Held))
+	}
+}
+
+// dropStaleWaiting removes from cs, and deletes from etcd, the waiting keys
+// of items that wait for nothing as this pass read them: an item no longer
+// in the job (fewer items, a BROADCAST index gone), or one with no fire to
+// run now (its record is running, or nothing is due). Such a key, left by
+// an owner that moved on, would otherwise queue ahead of every item for as
+// long as its lease lives. An owner that still waits puts its key again at
+// its next pass.
+func (j *jobLoop) dropStaleWaiting(ctx context.Context, r *pass, cs coord.ClusterSlots) {
+	for item := range cs.Waiting {
+		if item < r.total {
+			p := r.policy
+			p.baseline = j.baselineOf(item, r.now)
+			if a := decide(r.items.Items[item], false, p, r.now); a.kind == run || a.kind == adopt {
+				continue
+			}
+			if slices.ContainsFunc(r.starts, func(s start) bool { return s.item == item }) {
+				continue // a trigger or a manual run it serves waits too
+			}
+		}
+		delete(cs.Waiting, item)
+		if err := j.e.opts.Node.Unwait(ctx, j.name, item); err != nil {
+			j.log.Warn("delete a stale waiting key", "item", item, "err", err)
+		}
 	}
 }
 

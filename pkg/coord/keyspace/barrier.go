@@ -44,8 +44,14 @@ type Barrier struct {
 	Done    []int `json:"done,omitempty"`
 	Failed  []int `json:"failed,omitempty"`
 	Skipped []int `json:"skipped,omitempty"`
+	// Stopped are the items KILLED for another reason than a failure of
+	// their work (an operator's kill, overlap replace, a run lost with its
+	// instance and not re-run): the fire did not succeed, but its work did
+	// not fail either (pauseAfterFailures does not count it). Barriers
+	// written before it put them in Failed.
+	Stopped []int `json:"stopped,omitempty"`
 	// Completed is when the last item's outcome was noted (zero: items
-	// are still to end), CompletedBy that note's run (item/fence): a note
+	// are still to end), CompletedBy that note's instance and run (instance:item/fence): a note
 	// retried after a lost reply knows it completed the barrier.
 	Completed   time.Time `json:"completed,omitzero"`
 	CompletedBy string    `json:"completedBy,omitempty"`
@@ -57,8 +63,9 @@ type Barrier struct {
 // PauseStreak is a job's count of failed fires in a row, for
 // pauseAfterFailures (jobs/<job>/pause): the note that completes a fire's
 // barrier updates it in the same Txn, so every fire counts once, in the
-// order the fires complete. A fire failed when an item of it ended
-// FAILED or KILLED (not DONE, not SKIPPED).
+// order the fires complete. A fire failed when an item of it failed
+// (ItemRecord.Failed: FAILED, or KILLED by its timeout); any other fire (its
+// items done, skipped or stopped: Barrier.Stopped) ends the streak.
 type PauseStreak struct {
 	FailedInARow int `json:"failedInARow"`
 	// Reasons say why the fires of the streak failed, the newest last (at
@@ -87,9 +94,11 @@ func (b *Barrier) Complete() bool {
 }
 
 // Succeeded reports whether every item ended DONE.
-func (b *Barrier) Succeeded() bool { return b.Complete() && len(b.Failed)+len(b.Skipped) == 0 }
+func (b *Barrier) Succeeded() bool {
+	return b.Complete() && len(b.Failed)+len(b.Skipped)+len(b.Stopped) == 0
+}
 
 // Ended reports whether item's outcome is noted.
 func (b *Barrier) Ended(item int) bool {
-	return slices.Contains(b.Done, item) || slices.Contains(b.Failed, item) || slices.Contains(b.Skipped, item)
+	return slices.Contains(b.Done, item) || slices.Contains(b.Failed, item) || slices.Contains(b.Skipped, item) || slices.Contains(b.Stopped, item)
 }
