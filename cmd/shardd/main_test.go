@@ -581,4 +581,25 @@ jobs:
 			t.Errorf("%s: exit %d %s; output\n%s\nwant it to have\n%s", args[0], code, errOut, out, want)
 		}
 	}
+	// On a Saturday every fire shown is excluded: the first that runs is
+	// shown too. A window that ended says so.
+	os.WriteFile(path, []byte(`calendars:
+  weekends:
+    weekdays: [SAT, SUN]
+jobs:
+  - name: settle
+    cron: ["0 0 2 * * ?", "0 0 14 * * ?"]
+    excludeCalendars: [weekends]
+    script: "true"
+  - name: over
+    cron: "@hourly"
+    activeUntil: 2020-01-01
+    script: "true"
+`), 0o644)
+	_, out, _ := sharddAt(t, time.Date(2027, 1, 2, 3, 0, 0, 0, time.UTC), "validate", path)
+	for _, w := range []string{"first not excluded: Mon 2027-01-04 02:00:00 UTC", "over (@hourly, UTC): next never: activeUntil 2020-01-01 has passed"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("validate lacks %q:\n%s", w, out)
+		}
+	}
 }

@@ -74,7 +74,7 @@ func writeNextFires(w io.Writer, c *config.Config, n int, now time.Time) {
 			continue
 		}
 		var fires []string
-		t := now
+		t, excluded := now, 0
 		for range n {
 			if t = j.Schedule.Next(t); t.IsZero() {
 				break
@@ -82,11 +82,23 @@ func writeNextFires(w io.Writer, c *config.Config, n int, now time.Time) {
 			fire := t.In(j.Location).Format("Mon 2006-01-02 15:04:05 MST")
 			if by := j.Exclusion.ExcludedBy(t); by != "" {
 				fire += " (excluded: calendar " + by + ")"
+				excluded++
 			}
 			fires = append(fires, fire)
 		}
 		if len(fires) == 0 {
-			fires = []string{"never (the expression matches no future time)"}
+			switch w, ok := j.Schedule.(schedule.Window); {
+			case ok && !w.Until.IsZero() && w.Until.Before(now):
+				fires = []string{fmt.Sprintf("never: activeUntil %s has passed", j.ActiveUntil)}
+			default:
+				fires = []string{"never (the expression matches no future time)"}
+			}
+		}
+		if excluded > 0 && excluded == len(fires) {
+			// Every fire shown is excluded: the first that will run.
+			if f := j.Exclusion.NextIncluded(j.Schedule, now, now.AddDate(2, 0, 0)); !f.IsZero() {
+				fires = append(fires, "first not excluded: "+f.In(j.Location).Format("Mon 2006-01-02 15:04:05 MST"))
+			}
 		}
 		off := ""
 		if j.Disabled {

@@ -3,11 +3,14 @@ package config
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -65,7 +68,21 @@ func (l *loader) readCalendars(file string, n *yaml.Node) {
 			continue
 		}
 		var c Calendar
-		decodeStruct(fs, resolve(kv.value), reflect.ValueOf(&c).Elem(), "calendars."+name+".", nil)
+		prefix := "calendars." + name + "."
+		f := &fields{line: map[string]int{"": kv.key.Line}, failed: map[string]bool{}}
+		before := len(l.errs)
+		decodeStruct(fs, resolve(kv.value), reflect.ValueOf(&c).Elem(), prefix, f)
+		// Checked here, at its own lines, whether a job names it or not.
+		c.parse(name, time.UTC, prefix, func(field, format string, args ...any) {
+			line, ok := f.line[field]
+			if !ok {
+				line = kv.key.Line
+			}
+			if !f.failed[field] {
+				fs.errorf(line, format, args...)
+			}
+		})
+		c.checked = len(l.errs) == before
 		l.calendars[name] = calendarAt{&c, Pos{File: file, Line: kv.key.Line}}
 	}
 }
@@ -232,7 +249,14 @@ func (l *loader) nameCalendars(s scope, j *Job, f *fields) {
 	for _, name := range j.ExcludeCalendars {
 		at, ok := l.calendars[name]
 		if !ok {
+			if near, found := Nearest(name, slices.Sorted(maps.Keys(l.calendars))); found {
+				s.errorf(f.line["excludeCalendars"], "excludeCalendars: no calendar %q (did you mean %s?)", name, near)
+				j.ExcludeCalendars = slices.DeleteFunc(slices.Clone(j.ExcludeCalendars), func(n string) bool { return n == name })
+			}
 			continue // validateCalendars reports a name no calendar has
+		}
+		if !at.cal.checked {
+			s.errorf(f.line["excludeCalendars"], "excludeCalendars: calendar %q has problems (at %s)", name, at.pos)
 		}
 		if _, own := j.Calendars[name]; own {
 			s.errorf(f.line["calendars."+name], "calendars.%s is also defined at the top of %s; keep one", name, at.pos)

@@ -134,6 +134,10 @@ type Calendar struct {
 	Dates []string `yaml:"dates" json:"dates,omitempty"`
 	// Weekdays are days of the week excluded every week: MON ... SUN.
 	Weekdays []string `yaml:"weekdays" json:"weekdays,omitempty"`
+
+	// checked: read at the top of a file and found valid there (its
+	// problems are reported at its own lines, not again at each job's).
+	checked bool
 }
 
 var weekdayNames = map[string]time.Weekday{
@@ -200,9 +204,19 @@ func parseActive(v string, loc *time.Location, until bool) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, v); err == nil {
 		return t, nil
 	}
+	for _, layout := range []string{"2006-01-02 15:04:05", "2006-01-02 15:04"} { // a reading in the job's zone
+		if t, err := time.ParseInLocation(layout, v, loc); err == nil {
+			return t, nil
+		}
+	}
 	d, err := time.Parse(time.DateOnly, v)
 	if err != nil {
-		return time.Time{}, errors.New("is not a time like 2027-01-01T09:00:00+08:00 or a date like 2027-01-01")
+		why := "is not a time like 2027-01-01T09:00:00+08:00, a reading in the job's zone like 2027-01-01 09:00, or a date like 2027-01-01"
+		var pe *time.ParseError
+		if errors.As(err, &pe) && pe.Message != "" && len(v) == len(time.DateOnly) {
+			why += " (" + strings.TrimPrefix(pe.Message, ": ") + ")"
+		}
+		return time.Time{}, errors.New(why)
 	}
 	if until {
 		return schedule.DayStart(loc, d.Year(), d.Month(), d.Day()+1).Add(-time.Nanosecond), nil
@@ -243,12 +257,12 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 	case j.Jitter > 0 && j.Jitter < Duration(time.Millisecond):
 		bad("jitter", "jitter must be at least 1ms, got %s", j.Jitter)
 	case j.Jitter > 0 && len(j.Cron) == 0:
-		if _, set := f.line["jitter"]; set { // not when it comes from defaults
+		if _, set := f.line["jitter"]; set && j.FixedDelay == 0 { // not from defaults; fixedDelay says its own
 			bad("jitter", "jitter needs a cron schedule to offset")
 		}
 	case j.Jitter > 0 && j.Schedule != nil:
-		if gap, at := shortestGap(j.Schedule, j.Location); gap <= time.Duration(j.Jitter) {
-			bad("jitter", "jitter %s must be shorter than the %s between the fires at %s and the one before", j.Jitter, gap, at.Format(time.RFC3339))
+		if gap, _ := shortestGap(j.Schedule, j.Location); gap <= time.Duration(j.Jitter) {
+			bad("jitter", "jitter %s must be shorter than the shortest gap between two fires of the schedule, %s (a run would start after the next fire)", j.Jitter, gap)
 		}
 	}
 	var from, until time.Time
@@ -291,6 +305,10 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 // validateFixedDelay checks fixedDelay: a schedule of its own, without
 // the fields that shape a cron's fires.
 func validateFixedDelay(j *Job, f *fields, bad badFunc) {
+	if _, set := f.line["fixedDelay"]; set && j.FixedDelay == 0 {
+		bad("fixedDelay", "fixedDelay must be a whole number of seconds >= 1s, got 0s (leave it out for a job run only by hand)")
+		return
+	}
 	if j.FixedDelay == 0 {
 		return
 	}
@@ -341,10 +359,14 @@ func validateCalendars(j *Job, f *fields, bad badFunc) {
 			continue
 		}
 		seen[name] = true
+		calBad := bad
+		if j.Calendars[name].checked {
+			calBad = func(string, string, ...any) {}
+		}
 		if _, set := f.line["excludeCalendars"]; set && len(j.Cron) == 0 {
 			bad("excludeCalendars", "excludeCalendars excludes fires of a cron schedule; this job has none")
 		}
-		j.Exclusion = append(j.Exclusion, j.Calendars[name].parse(name, j.Location, "calendars."+name+".", bad))
+		j.Exclusion = append(j.Exclusion, j.Calendars[name].parse(name, j.Location, "calendars."+name+".", calBad))
 	}
 	for _, name := range slices.Sorted(maps.Keys(j.Calendars)) {
 		if !seen[name] {

@@ -139,11 +139,15 @@ func TestPoliciesBad(t *testing.T) {
 		{"catchUpWindow", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    catchUpWindow: -1m" + work,
 			`jobs.yaml:4: job "j": catchUpWindow must not be negative, got -1m0s`},
 		{"jitter over the period", "jobs:\n  - name: j\n    cron: \"0 * * * * ?\"\n    jitter: 1m" + work,
-			`jobs.yaml:4: job "j": jitter 1m0s must be shorter than the 1m0s between the fires`},
+			`jobs.yaml:4: job "j": jitter 1m0s must be shorter than the shortest gap between two fires of the schedule, 1m0s`},
 		{"jitter without cron", "jobs:\n  - name: j\n    jitter: 1s" + work,
 			`jobs.yaml:3: job "j": jitter needs a cron schedule to offset`},
 		{"activeFrom", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    activeFrom: next monday" + work,
 			`jobs.yaml:4: job "j": activeFrom "next monday" is not a time like`},
+		{"activeFrom a date that does not exist", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    activeFrom: 2027-02-30" + work,
+			`(day out of range)`},
+		{"fixedDelay 0s", "jobs:\n  - name: j\n    fixedDelay: 0s" + work,
+			`jobs.yaml:3: job "j": fixedDelay must be a whole number of seconds >= 1s, got 0s`},
 		{"activeUntil before activeFrom", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    activeFrom: 2027-02-01\n    activeUntil: 2027-01-31" + work,
 			`jobs.yaml:5: job "j": activeUntil 2027-01-31 is before activeFrom 2027-02-01`},
 		{"no such calendar", "calendars:\n  holidays:\n    dates: [2027-01-01]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holiday]" + work,
@@ -151,7 +155,11 @@ func TestPoliciesBad(t *testing.T) {
 		{"calendar field typo", "calendars:\n  holidays:\n    date: [2027-01-01]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
 			`jobs.yaml:3: unknown field calendars.holidays.date (did you mean dates?)`},
 		{"calendar date", "calendars:\n  holidays:\n    dates: [2027-13-01]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
-			`calendars.holidays.dates "2027-13-01" is not a date like 2027-01-01`},
+			`jobs.yaml:3: calendars.holidays.dates "2027-13-01" is not a date like 2027-01-01`},
+		{"an unused calendar is checked too", "calendars:\n  spare:\n    weekdays: [XYZ]\njobs:\n  - name: j\n    cron: \"@hourly\"" + work,
+			`jobs.yaml:3: calendars.spare.weekdays "XYZ" is not a day of the week`},
+		{"a misspelled calendar name", "calendars:\n  weekend:\n    weekdays: [SAT]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [Weekend]" + work,
+			`jobs.yaml:7: job "j": excludeCalendars: no calendar "Weekend" (did you mean weekend?)`},
 		{"calendar range backwards", "calendars:\n  holidays:\n    dates: [2027-02-17..2027-02-10]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
 			`calendars.holidays.dates "2027-02-17..2027-02-10" ends before it begins`},
 		{"calendar weekday", "calendars:\n  holidays:\n    weekdays: [SATURDAYS]\njobs:\n  - name: j\n    cron: \"@hourly\"\n    excludeCalendars: [holidays]" + work,
@@ -195,6 +203,15 @@ func TestPoliciesBad(t *testing.T) {
 // A date names the day's first instant in the job's zone, also where the
 // clocks jump over midnight (America/Santiago on 2026-09-06: 00:00 is
 // never shown, the day starts at the jump).
+func TestActiveReadingInTheJobsZone(t *testing.T) {
+	t.Parallel()
+	shanghai, _ := time.LoadLocation("Asia/Shanghai")
+	got, err := parseActive("2027-01-01 09:30", shanghai, false)
+	if err != nil || !got.Equal(time.Date(2027, 1, 1, 9, 30, 0, 0, shanghai)) {
+		t.Fatalf("2027-01-01 09:30 in Shanghai: %s, %v", got, err)
+	}
+}
+
 func TestActiveDatesWhereMidnightIsSkipped(t *testing.T) {
 	t.Parallel()
 	loc, _ := time.LoadLocation("America/Santiago")

@@ -48,6 +48,8 @@ func (f *fakeCluster) status(names ...string) *admin.ClusterStatus {
 			Definition: &admin.DefinitionStatus{Generation: 7, Writer: "a", Job: []byte(fmt.Sprintf(string(def), name))}}
 		if name == "job-00003" {
 			js.Status = admin.StatusDisabled
+			js.Paused = &keyspace.PauseStreak{FailedInARow: 3, Reasons: []string{"fire 2026-12-04T01:00:00Z: item(s) [1] failed"}, PausedAt: time.Date(2026, 12, 4, 1, 0, 5, 0, time.UTC)}
+			js.Slots = &admin.SlotsStatus{Limit: 2, InUse: 2, Waiting: []int{0, 1}}
 		}
 		if name == "job-00002" {
 			js.Health = &admin.Health{State: admin.HealthFailing, Failing: []admin.FailingItem{{Item: 1, InARow: 4, Since: time.Date(2026, 12, 4, 1, 0, 0, 0, time.UTC)}},
@@ -669,6 +671,19 @@ func TestJobPageShowsTheMergedHistory(t *testing.T) {
 	get(h, "/jobs/job-00001?before="+url.QueryEscape(fromLog.Cursor().String()), bob)
 	if len(asked) != 2 || asked[1].Before == nil || asked[1].Before.Fence != 42 {
 		t.Errorf("the older page asked %+v", asked[len(asked)-1])
+	}
+}
+
+// A job paused by its failures, and its cluster slots, are shown to every
+// session, a reader's too (not in the actions, which only a writer sees).
+func TestJobPageShowsPauseAndSlots(t *testing.T) {
+	f := &fakeCluster{n: 4}
+	h := newTestConsole(f, auth.Token{Name: "bob", Role: auth.RoleRead, Secret: readSecret})
+	_, body, _ := get(h, "/jobs/job-00003", login(t, h, readSecret))
+	for _, want := range []string{`id="job-paused"`, "PAUSED after 3 failed fires in a row", "item(s) [1] failed", `id="job-slots"`, "2 of 2 in use", "waiting for one: item(s) 0, 1"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("a reader's job page lacks %q", want)
+		}
 	}
 }
 

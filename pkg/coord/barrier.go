@@ -142,6 +142,9 @@ func (n *Node) pauseOps(job, fire string, b *keyspace.Barrier, rec keyspace.Item
 		json.Unmarshal(streakKvs[0].Value, &st) // a malformed streak starts again
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", streakKvs[0].ModRevision)}
 	}
+	if disabled && !st.PausedAt.IsZero() {
+		return nil, nil // paused: the streak says why until an operator enables the job
+	}
 	if len(b.Failed) == 0 {
 		if st.FailedInARow == 0 && len(streakKvs) == 0 {
 			return nil, nil
@@ -149,7 +152,10 @@ func (n *Node) pauseOps(job, fire string, b *keyspace.Barrier, rec keyspace.Item
 		st = keyspace.PauseStreak{}
 	} else {
 		st.FailedInARow++
-		why := fmt.Sprintf("fire %s: item(s) %v failed", fire, sortedInts(b.Failed))
+		why := fmt.Sprintf("fire %s: item(s) %v failed", rec.Fire.UTC().Format(time.RFC3339), sortedInts(b.Failed))
+		if rec.FireKey != "" {
+			why = fmt.Sprintf("manual fire %s: item(s) %v failed", fire, sortedInts(b.Failed))
+		}
 		if rec.State != keyspace.StateDone && rec.State != keyspace.StateSkipped && rec.Error != "" {
 			why += fmt.Sprintf("; item %d: %s", rec.Item, rec.Error)
 		}

@@ -79,7 +79,7 @@ func TestPauseAfterFailures(t *testing.T) {
 		t.Fatalf("two failed fires in a row with pauseAfterFailures 2: paused %v, disabled %v", b.Paused, disabled())
 	}
 	st := streak()
-	if st.FailedInARow != 2 || st.PausedAt.IsZero() || len(st.Reasons) != 2 || !strings.Contains(st.Reasons[1], "item(s) [0 1] failed") {
+	if st.FailedInARow != 2 || st.PausedAt.IsZero() || len(st.Reasons) != 2 || !strings.Contains(st.Reasons[1], "T00:") || !strings.Contains(st.Reasons[1], "item(s) [0 1] failed") {
 		t.Fatalf("the streak that paused: %+v", st)
 	}
 	c := adminOf(n)
@@ -104,8 +104,11 @@ func TestPauseAfterFailures(t *testing.T) {
 	if b := fireWith(keyspace.StateFailed, keyspace.StateDone); b.Paused {
 		t.Fatal("a paused job paused again")
 	}
-	if _, err := c.SetDisabled(ctx, admin.Target{Job: "flaky", Item: -1}, false, false); err != nil {
-		t.Fatal(err)
+	if fireWith(keyspace.StateDone, keyspace.StateDone); streak().PausedAt.IsZero() {
+		t.Fatal("a fire that succeeded while the job was paused (a run that had started) ended the pause's record: status would no longer say PAUSED")
+	}
+	if d, err := c.SetDisabled(ctx, admin.Target{Job: "flaky", Item: -1}, false, false); err != nil || !strings.Contains(d.Message, "paused by pauseAfterFailures after 2 failed fires") {
+		t.Fatalf("enable: %+v, %v; want it to say the pause ended", d, err)
 	}
 	if disabled() || streak().FailedInARow != 0 {
 		t.Fatalf("enabled: disabled %v, streak %+v; want the streak to start again", disabled(), streak())

@@ -173,8 +173,8 @@ func TestDecideReplace(t *testing.T) {
 			policy{schedule: schedule.Window{S: every10, Until: at(10)}, overlap: config.OverlapReplace, window: time.Minute}, at(75), action{}},
 		{"the newer fire falls on an excluded day: no replace", running("b", false), false, policy{schedule: every10, overlap: config.OverlapReplace, window: time.Minute, exclusion: weekdays}, at(10.1), action{}},
 		{"disabled: not replaced", keyspace.ItemState{Record: running("b", false).Record, Rev: 41, RunningBy: "b", Disabled: true}, false, p, at(10.1), action{}},
-		{"replaced: the new fire runs, as a fire that came while the item ran", replaced, false, p, at(10.3),
-			action{kind: run, fire: at(10), attempt: 1, source: "MISFIRE", sched: at(10)}},
+		{"replaced: the new fire runs, on time: NORMAL", replaced, false, p, at(10.3),
+			action{kind: run, fire: at(10), attempt: 1, source: "NORMAL", sched: at(10)}},
 		{"bufferOne does not replace", running("b", false), false, policy{schedule: every10, misfire: true, window: time.Minute}, at(10.1), action{}},
 	}
 	for _, tt := range tests {

@@ -263,7 +263,9 @@ func decideDue(p policy, rec *keyspace.ItemRecord, base, busyUntil, now time.Tim
 	// MISFIRE: a run that stands for fires that came while the item was
 	// busy, or for several; a fire run late by a new owner is still NORMAL.
 	source := keyspace.SourceNormal
-	if count > 1 || cameWhileBusy {
+	if count > 1 || cameWhileBusy && p.overlapPolicy() != config.OverlapReplace {
+		// (A replaced run's successor came while it ran, by definition:
+		// one fire, on time, is NORMAL.)
 		source = keyspace.SourceMisfire
 	}
 	a := action{kind: run, fire: target, attempt: 1, source: source, skipped: count - 1, excluded: excluded, sched: target}

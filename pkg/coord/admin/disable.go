@@ -90,6 +90,7 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 	}
 	res := Disabling{Target: t, Changed: was != on, Disabled: on}
 	var children []string
+	var paused keyspace.PauseStreak // the pause an enable ended
 	if res.Changed {
 		// Guarded by what was checked: the definition the item was checked
 		// against, and the mark as it was read.
@@ -109,7 +110,7 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 		if !on && t.Item < 0 && t.Instance == "" {
 			// Enabling the job ends a pause of pauseAfterFailures: its
 			// streak starts again.
-			ops = append(ops, clientv3.OpDelete(c.keys.Pause(t.Job)))
+			ops = append(ops, clientv3.OpGet(c.keys.Pause(t.Job)), clientv3.OpDelete(c.keys.Pause(t.Job)))
 		}
 		resp, err := c.cli.Txn(ctx).If(guards...).Then(ops...).Commit()
 		if err != nil {
@@ -124,10 +125,18 @@ func (c *Client) SetDisabled(ctx context.Context, t Target, on, force bool) (Dis
 				children = slices.Sorted(maps.Keys(idx))
 			}
 		}
+		if len(resp.Responses) > 2 {
+			if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) > 0 && json.Unmarshal(kvs[0].Value, &paused) == nil && paused.PausedAt.IsZero() {
+				paused = keyspace.PauseStreak{}
+			}
+		}
 	}
 	verb := map[bool]string{true: "disabled", false: "enabled"}[on]
 	if res.Changed {
 		res.Message = fmt.Sprintf("%s %s", verb, t)
+		if !paused.PausedAt.IsZero() {
+			res.Message += fmt.Sprintf(" (it was paused by pauseAfterFailures after %d failed fires in a row; their count starts again)", paused.FailedInARow)
+		}
 		if on && t.Item < 0 && t.Instance == "" && f.def != nil && f.def.Disabled {
 			res.Message += " (its definition disables it too: disabled: true)"
 		}
