@@ -97,10 +97,13 @@ func scheduleOf(j *config.Job, now time.Time, n int) schedule {
 		return s
 	}
 	t := now
-	for range n {
+	for tries := 0; len(s.Next) < n && tries < 1000; tries++ {
 		t = j.Schedule.Next(t)
 		if t.IsZero() {
 			break
+		}
+		if j.Exclusion.Excludes(t) {
+			continue // a calendar's: not a fire that runs
 		}
 		loc := j.Location
 		if loc == nil {
