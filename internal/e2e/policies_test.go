@@ -48,6 +48,12 @@ sleep 2
 //     offset every instance computes; G1-G4 as for any job.
 //   - busy: overlap skip, runs longer than its period: the fires that come
 //     while it runs are recorded busy; G1-G4 hold with those records.
+//   - listed: two crons (every 2s and every 3s): G1-G4 over their union,
+//     a second both give fires once.
+//   - windowed: every second until activeUntil (12 s in): no fire after
+//     it runs.
+//   - catchup: catchUpWindow 1s: the fires its items miss while their
+//     owner is down are recorded too-old, the rest run; G1-G4 hold.
 //   - delayed: fixedDelay 2s, runs of 1s: each item's next fire is its
 //     previous run's end plus 2s (rounded up to a second), kept across
 //     the faults; never two runs at once.
@@ -68,6 +74,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	e := startEtcd(t)
 	cli := e.client()
 	now := time.Now().UTC()
+	activeUntil := now.Add(12 * time.Second).Truncate(time.Second)
 	today, tomorrow := strings.ToUpper(now.Weekday().String()[:3]), strings.ToUpper(now.Add(24 * time.Hour).Weekday().String()[:3])
 	job := func(name, cron string, items int, sleep, extra string) string {
 		return `  - name: ` + name + `
@@ -84,6 +91,9 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		job("holiday", "* * * * * ?", 1, "0", "    excludeCalendars: [now]\n") +
 		job("jittered", "@every 4s", 3, "0.2", "    jitter: 3s\n") +
 		job("busy", "@every 3s", 1, "4", "    overlap: skip\n") +
+		strings.Replace(job("listed", "", 2, "0.1", "    cron: [\"*/2 * * * * ?\", \"*/3 * * * * ?\"]\n"), "    cron: \"\"\n", "", 1) +
+		job("windowed", "* * * * * ?", 1, "0", "    activeUntil: "+activeUntil.Format(time.RFC3339)+"\n") +
+		job("catchup", "@every 2s", 3, "0.1", "    catchUpWindow: 1s\n") +
 		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n") +
 		strings.Replace(job("delayed", "", 2, "1", "    fixedDelay: 2s\n"), "    cron: \"\"\n", "", 1) +
 		`  - name: limited
@@ -180,6 +190,8 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		Jobs: map[string]ledger.Job{
 			"jittered": {Items: 3, Schedule: mustSchedule(t, "@every 4s"), Failover: true},
 			"busy":     {Items: 1, Schedule: mustSchedule(t, "@every 3s"), Failover: true},
+			"catchup":  {Items: 3, Schedule: mustSchedule(t, "@every 2s"), Failover: true},
+			"listed":   {Items: 2, Schedule: schedule.Union{mustSchedule(t, "*/2 * * * * ?"), mustSchedule(t, "*/3 * * * * ?")}, Failover: true},
 		},
 		Bound: bound + 3*time.Second, From: from, To: to.Add(-8 * time.Second), Failures: failures, Records: records,
 		Faults: faultWindows(failures, bound+3*time.Second),
@@ -187,6 +199,25 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	t.Logf("ledger: %s", r)
 	for _, v := range r.Violations {
 		t.Error(v)
+	}
+
+	// windowed: no fire after activeUntil ran; fires before it did.
+	windowedRuns := 0
+	for _, ev := range events {
+		if ev.Job == "windowed" && ev.Kind == "start" {
+			windowedRuns++
+			if ev.Fire.After(activeUntil) {
+				t.Errorf("windowed ran fire %s, after its activeUntil %s", ev.Fire.Format(time.RFC3339), activeUntil.Format(time.RFC3339))
+			}
+		}
+	}
+	tooOld := 0
+	for _, p := range procs {
+		tooOld += len(p.find(func(m map[string]any) bool { return m["job"] == "catchup" && m["why"] == "too-old" }))
+	}
+	t.Logf("catchup: %d records of fires too old to run", tooOld)
+	if windowedRuns < 5 {
+		t.Errorf("windowed ran %d fires before its activeUntil", windowedRuns)
 	}
 
 	// jittered: each first attempt starts at its fire plus its offset
