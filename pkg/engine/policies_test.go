@@ -293,3 +293,65 @@ func TestAssignClusterSlots(t *testing.T) {
 		}
 	}
 }
+
+// An item's due fires give the same answers listed (a few, walked) and
+// counted (many, schedule.Count and friends): decide takes either.
+func TestDueListedAndCountedAgree(t *testing.T) {
+	t.Parallel()
+	weekends := schedule.Exclusion{{Name: "weekends", Loc: time.UTC, Weekdays: 1<<time.Saturday | 1<<time.Sunday}}
+	base := time.Date(2027, 1, 1, 8, 0, 0, 0, time.UTC) // a Friday
+	for _, spec := range []string{"0 0 9 * * ?", "0 0 9,21 * * ?", "@every 7h"} {
+		s := mustSchedule(t, spec)
+		for _, x := range []schedule.Exclusion{nil, weekends} {
+			for days := 0; days < 6; days++ {
+				now := base.Add(time.Duration(days)*24*time.Hour + 90*time.Minute)
+				listed := dueOf(s, x, base, now)
+				if !listed.listed {
+					continue
+				}
+				counted := due{s: s, x: x, base: base, now: now}
+				for _, upTo := range []time.Time{now, now.Add(-13 * time.Hour), base.Add(time.Hour)} {
+					li, le := listed.counts(upTo)
+					ci, ce := counted.counts(upTo)
+					if li != ci || le != ce || !listed.latest(upTo).Equal(counted.latest(upTo)) || !listed.latestIncluded(upTo).Equal(counted.latestIncluded(upTo)) {
+						t.Errorf("%s %v to %s, up to %s: listed %d/%d %s %s, counted %d/%d %s %s", spec, x != nil, now, upTo,
+							li, le, listed.latest(upTo), listed.latestIncluded(upTo), ci, ce, counted.latest(upTo), counted.latestIncluded(upTo))
+					}
+				}
+				for k := 1; k <= 3; k++ {
+					if !listed.nthIncluded(k).Equal(counted.nthIncluded(k)) {
+						t.Errorf("%s %v to %s: nthIncluded(%d) listed %s, counted %s", spec, x != nil, now, k, listed.nthIncluded(k), counted.nthIncluded(k))
+					}
+				}
+				if !listed.first().Equal(counted.first()) || !listed.nextIncluded().Equal(counted.nextIncluded()) {
+					t.Errorf("%s %v to %s: first/nextIncluded differ", spec, x != nil, now)
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkDecideDue measures decide's cost for an item with one fire due
+// (every reconcile of every item) and with a year of fires due (a long
+// outage): the first walks, the second counts.
+func BenchmarkDecideDue(b *testing.B) {
+	berlin, _ := time.LoadLocation("Europe/Berlin")
+	hourly, _ := schedule.Parse("0 0 * * * ?", berlin)
+	seconds, _ := schedule.Parse("* * * * * ?", berlin)
+	now := time.Date(2027, 3, 1, 12, 0, 0, 500, time.UTC)
+	for _, c := range []struct {
+		name string
+		s    schedule.Schedule
+		from time.Time
+	}{{"one-due", hourly, now.Add(-time.Hour)}, {"year-of-seconds", seconds, now.AddDate(-1, 0, 0)}} {
+		st := keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: c.from, Sched: c.from, State: keyspace.StateDone, End: c.from.Add(time.Second)}, Rev: 3}
+		p := policy{schedule: c.s, misfire: true, window: time.Hour}
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if a := decide(st, false, p, now); a.kind != run {
+					b.Fatalf("%+v", a)
+				}
+			}
+		})
+	}
+}

@@ -152,8 +152,10 @@ func decide(st keyspace.ItemState, local bool, p policy, now time.Time) action {
 		if st.RunningBy != "" || rec == nil || p.schedule == nil {
 			return action{}
 		}
-		if latest := schedule.Latest(p.schedule, rec.Watermark(), now); !latest.IsZero() {
-			return action{kind: skip, fire: latest, skipped: int(schedule.Count(p.schedule, rec.Watermark(), latest)), why: whyDisabled}
+		d := dueOf(p.schedule, nil, rec.Watermark(), now)
+		if latest := d.latest(now); !latest.IsZero() {
+			n, _ := d.counts(latest)
+			return action{kind: skip, fire: latest, skipped: n, why: whyDisabled}
 		}
 		return action{}
 	}
@@ -210,7 +212,7 @@ func replacing(st keyspace.ItemState, local bool, p policy, now time.Time) (acti
 	if st.RunningMine && !local {
 		return action{}, false
 	}
-	newer := p.exclusion.LatestIncluded(p.schedule, rec.Watermark(), now)
+	newer := dueOf(p.schedule, p.exclusion, rec.Watermark(), now).latestIncluded(now)
 	if newer.IsZero() || now.Sub(newer) > p.window {
 		return action{}, false
 	}
@@ -225,7 +227,8 @@ func replacing(st keyspace.ItemState, local bool, p policy, now time.Time) (acti
 // up to it came while the item ran.
 func decideDue(p policy, rec *keyspace.ItemRecord, base, busyUntil, now time.Time) action {
 	s, x := p.schedule, p.exclusion
-	latest := schedule.Latest(s, base, now)
+	d := dueOf(s, x, base, now)
+	latest := d.latest(now)
 	if latest.IsZero() {
 		if rec == nil {
 			// Nothing was due: the item's record begins now, so that every
@@ -234,20 +237,15 @@ func decideDue(p policy, rec *keyspace.ItemRecord, base, busyUntil, now time.Tim
 		}
 		return action{}
 	}
-	// counts returns how many fires in (base, upTo] are not excluded and
-	// how many are.
-	counts := func(upTo time.Time) (int, int) {
-		excluded := x.CountExcluded(s, base, upTo)
-		return int(schedule.Count(s, base, upTo) - excluded), int(excluded)
-	}
+	counts := d.counts
 	if p.overlapPolicy() == config.OverlapBufferAll {
-		return decideBufferAll(p, base, busyUntil, now, latest, counts)
+		return decideBufferAll(p, d, busyUntil, now, latest)
 	}
 	// The latest fire a calendar leaves is the one that may run; the
 	// excluded fires after it are recorded once it has (or is skipped).
 	target := latest
 	if len(x) > 0 {
-		if target = x.LatestIncluded(s, base, now); target.IsZero() {
+		if target = d.latestIncluded(now); target.IsZero() {
 			_, excluded := counts(latest)
 			return action{kind: skip, fire: latest, excluded: excluded, why: whyCalendar}
 		}
@@ -270,7 +268,7 @@ func decideDue(p policy, rec *keyspace.ItemRecord, base, busyUntil, now time.Tim
 	}
 	a := action{kind: run, fire: target, attempt: 1, source: source, skipped: count - 1, excluded: excluded, sched: target}
 	if count+excluded > 1 {
-		a.oldest = s.Next(base)
+		a.oldest = d.first()
 	}
 	return a
 }
@@ -313,31 +311,30 @@ func decideFixedDelay(rec *keyspace.ItemRecord, delay time.Duration, now time.Ti
 // are recorded skipped (too-old), the oldest of more than bufferLimit
 // pending ones too (buffer-full), and a calendar's, in their turn
 // (calendar).
-func decideBufferAll(p policy, base, busyUntil, now, latest time.Time, counts func(time.Time) (int, int)) action {
-	s, x := p.schedule, p.exclusion
+func decideBufferAll(p policy, d due, busyUntil, now, latest time.Time) action {
 	// Fires f with now - f > window, that is f before now - window.
-	if old := schedule.Latest(s, base, now.Add(-p.window).Add(-time.Nanosecond)); !old.IsZero() {
-		count, excluded := counts(old)
+	if old := d.latest(now.Add(-p.window).Add(-time.Nanosecond)); !old.IsZero() {
+		count, excluded := d.counts(old)
 		return action{kind: skip, fire: old, skipped: count, excluded: excluded, why: whyTooOld}
 	}
 	limit := p.bufferLimit
 	if limit <= 0 {
 		limit = config.DefaultBufferLimit
 	}
-	if pending := x.CountIncluded(s, base, now); pending > int64(limit) {
-		cut := x.NthIncluded(s, base, now, pending-int64(limit))
-		count, excluded := counts(cut)
+	if pending, _ := d.counts(now); pending > limit {
+		cut := d.nthIncluded(pending - limit)
+		count, excluded := d.counts(cut)
 		return action{kind: skip, fire: cut, skipped: count, excluded: excluded, why: whyBufferFull}
 	}
-	next := s.Next(base)
-	if x.Excludes(next) {
+	next := d.first()
+	if d.x.Excludes(next) {
 		// The excluded fires before the next one that runs, in one record.
 		upTo := now
-		if included := x.NextIncluded(s, base, now); !included.IsZero() {
+		if included := d.nextIncluded(); !included.IsZero() {
 			upTo = included.Add(-time.Nanosecond)
 		}
-		last := schedule.Latest(s, base, upTo)
-		_, excluded := counts(last)
+		last := d.latest(upTo)
+		_, excluded := d.counts(last)
 		return action{kind: skip, fire: last, excluded: excluded, why: whyCalendar}
 	}
 	// MISFIRE: the fire came while the item ran, or waited behind others.
@@ -346,6 +343,131 @@ func decideBufferAll(p policy, base, busyUntil, now, latest time.Time, counts fu
 		source = keyspace.SourceMisfire
 	}
 	return action{kind: run, fire: next, attempt: 1, source: source, sched: next}
+}
+
+// maxListed is how many due fires an item's decision lists one by one;
+// past it, it counts them (schedule.Count and friends).
+const maxListed = 8
+
+// due is an item's scheduled fires after base and at or before now: listed
+// when there are few (nearly always one), counted when there are many (a
+// long outage), with the same answers either way. Counting costs more per
+// decision than walking a few fires; walking a year of fires costs far
+// more than counting them.
+type due struct {
+	s         schedule.Schedule
+	x         schedule.Exclusion
+	base, now time.Time
+	list      []time.Time // every due fire, when listed
+	listed    bool
+}
+
+func dueOf(s schedule.Schedule, x schedule.Exclusion, base, now time.Time) due {
+	d := due{s: s, x: x, base: base, now: now}
+	for f := s.Next(base); !f.IsZero() && !f.After(now); f = s.Next(f) {
+		if len(d.list) == maxListed {
+			d.list = nil
+			return d
+		}
+		d.list = append(d.list, f)
+	}
+	d.listed = true
+	return d
+}
+
+// first is the first due fire (zero: none).
+func (d due) first() time.Time {
+	if d.listed {
+		if len(d.list) == 0 {
+			return time.Time{}
+		}
+		return d.list[0]
+	}
+	if f := d.s.Next(d.base); !f.After(d.now) {
+		return f
+	}
+	return time.Time{}
+}
+
+// latest is the latest due fire at or before upTo.
+func (d due) latest(upTo time.Time) time.Time {
+	if !d.listed {
+		return schedule.Latest(d.s, d.base, minTime(upTo, d.now))
+	}
+	for i := len(d.list) - 1; i >= 0; i-- {
+		if !d.list[i].After(upTo) {
+			return d.list[i]
+		}
+	}
+	return time.Time{}
+}
+
+// latestIncluded is the latest due fire at or before upTo that no calendar
+// excludes.
+func (d due) latestIncluded(upTo time.Time) time.Time {
+	if !d.listed {
+		return d.x.LatestIncluded(d.s, d.base, minTime(upTo, d.now))
+	}
+	for i := len(d.list) - 1; i >= 0; i-- {
+		if !d.list[i].After(upTo) && !d.x.Excludes(d.list[i]) {
+			return d.list[i]
+		}
+	}
+	return time.Time{}
+}
+
+// counts returns how many due fires at or before upTo no calendar
+// excludes, and how many one does.
+func (d due) counts(upTo time.Time) (included, excluded int) {
+	if !d.listed {
+		ex := d.x.CountExcluded(d.s, d.base, upTo)
+		return int(schedule.Count(d.s, d.base, upTo) - ex), int(ex)
+	}
+	for _, f := range d.list {
+		switch {
+		case f.After(upTo):
+		case d.x.Excludes(f):
+			excluded++
+		default:
+			included++
+		}
+	}
+	return included, excluded
+}
+
+// nextIncluded is the first due fire no calendar excludes.
+func (d due) nextIncluded() time.Time {
+	if !d.listed {
+		return d.x.NextIncluded(d.s, d.base, d.now)
+	}
+	for _, f := range d.list {
+		if !d.x.Excludes(f) {
+			return f
+		}
+	}
+	return time.Time{}
+}
+
+// nthIncluded is the k-th due fire (k >= 1) no calendar excludes.
+func (d due) nthIncluded(k int) time.Time {
+	if !d.listed {
+		return d.x.NthIncluded(d.s, d.base, d.now, int64(k))
+	}
+	for _, f := range d.list {
+		if !d.x.Excludes(f) {
+			if k--; k == 0 {
+				return f
+			}
+		}
+	}
+	return time.Time{}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // Why fires are recorded skipped.
