@@ -131,23 +131,32 @@ func TestTimelineAndChartInABrowser(t *testing.T) {
 	browsertest.Screenshot(t, ctx, "console-timeline")
 
 	// The overview: this hour's runs and failures, and flaky among the
-	// jobs that fail.
-	browsertest.Do(t, ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#hours")))
+	// jobs that fail. b ran flaky until it was killed, and its runs are
+	// not counted (it is gone): the bar counts a's, which begin once a
+	// takes flaky over, so the page is read again until a has failed it
+	// three times (under the race detector that can take a few seconds
+	// more than the failover above).
 	hour := time.Now().UTC().Truncate(time.Hour).Format(time.RFC3339)
-	counts := browsertest.Run(t, ctx, chromedp.Evaluate[[]string](`(() => { const g = document.querySelector('#hours g.hour[data-hour="`+hour+`"]'); return g ? [g.dataset.runs, g.dataset.failures] : [] })()`))
-	var runs, failures int
-	if len(counts) == 2 {
-		fmt.Sscan(counts[0], &runs)
-		fmt.Sscan(counts[1], &failures)
-	}
-	ledgerRuns := 0
-	for _, ev := range ledgerSoFar(dir) {
-		if ev.Kind == "end" && ev.Instance == "a" && ev.At.UTC().Truncate(time.Hour).Format(time.RFC3339) == hour {
-			ledgerRuns++
+	var runs, failures, ledgerRuns int
+	waitFor(30*time.Second, func() bool {
+		// The ledger is read before the page: every run it holds ended
+		// before the page was made, so the bar counts it.
+		ledgerRuns = 0
+		for _, ev := range ledgerSoFar(dir) {
+			if ev.Kind == "end" && ev.Instance == "a" && ev.At.UTC().Truncate(time.Hour).Format(time.RFC3339) == hour {
+				ledgerRuns++
+			}
 		}
-	}
-	// b's runs are not counted (it is gone); a's work runs and flaky's
-	// failures are.
+		browsertest.Do(t, ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#hours")))
+		counts := browsertest.Run(t, ctx, chromedp.Evaluate[[]string](`(() => { const g = document.querySelector('#hours g.hour[data-hour="`+hour+`"]'); return g ? [g.dataset.runs, g.dataset.failures] : [] })()`))
+		runs, failures = 0, 0
+		if len(counts) == 2 {
+			fmt.Sscan(counts[0], &runs)
+			fmt.Sscan(counts[1], &failures)
+		}
+		return failures >= 3
+	})
+	// a's work runs and flaky's failures are all counted.
 	if failures < 3 || runs < ledgerRuns+failures {
 		t.Errorf("this hour's bar: %d runs, %d failed; a ran %d of work's (ledger) and flaky failed every 2 s", runs, failures, ledgerRuns)
 	}
