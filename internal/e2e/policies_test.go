@@ -68,6 +68,17 @@ sleep 2
 //   - replaced: overlap replace, runs longer than its period: each newer
 //     fire stops the run (KILLED/replaced) and then runs, never both at
 //     once; every due fire starts.
+//
+// And the same policies on jobs whose period (10 s) is longer than the
+// failure bound, so that no later fire can stand for a lost one: the
+// kill comes while their runs go, the pause half a second before one of
+// their fires, each on an instance that owns one of their items; each
+// run cut must be run again, and every fire must run within the bound (or be recorded: slowcatchup's catch-up window is shorter than a
+// failover, so its fire there is too-old); slowdelayed's next fire is its
+// run's end plus 6 s, and must start by then plus the bound.
+//
+// The ledger is checked up to the end of the fault windows: the fires due
+// while an instance is dead or stopped are the ones that matter.
 func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	faultTest(t)
 	dir := t.TempDir()
@@ -76,6 +87,7 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	now := time.Now().UTC()
 	activeUntil := now.Add(12 * time.Second).Truncate(time.Second)
 	today, tomorrow := strings.ToUpper(now.Weekday().String()[:3]), strings.ToUpper(now.Add(24 * time.Hour).Weekday().String()[:3])
+	const slow = "*/10 * * * * ?"
 	job := func(name, cron string, items int, sleep, extra string) string {
 		return `  - name: ` + name + `
     cron: "` + cron + `"
@@ -96,6 +108,15 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 		job("catchup", "@every 2s", 3, "0.1", "    catchUpWindow: 1s\n") +
 		job("replaced", "@every 3s", 2, "5", "    overlap: replace\n") +
 		strings.Replace(job("delayed", "", 2, "1", "    fixedDelay: 2s\n"), "    cron: \"\"\n", "", 1) +
+		// Periods longer than the failure bound.
+		job("slowbuffer", slow, 3, "0.3", "    overlap: bufferAll\n") +
+		job("slowskip", slow, 3, "0.3", "    overlap: skip\n") +
+		job("slowreplace", slow, 3, "0.3", "    overlap: replace\n") +
+		job("slowjitter", slow, 3, "0.3", "    jitter: 3s\n") +
+		job("slowcatchup", slow, 3, "0.3", "    catchUpWindow: 1s\n") +
+		job("slowlimited", slow, 3, "0.5", "    clusterConcurrency: 1\n") +
+		strings.Replace(job("slowlisted", "", 3, "0.3", "    cron: [\""+slow+"\", \"*/20 * * * * ?\"]\n"), "    cron: \"\"\n", "", 1) +
+		strings.Replace(job("slowdelayed", "", 3, "0.5", "    fixedDelay: 6s\n"), "    cron: \"\"\n", "", 1) +
 		`  - name: limited
     cron: "@every 3s"
     shardingTotalCount: 6
@@ -142,26 +163,41 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	}
 	var failures []ledger.Failure
 	bound := ttl + 2*time.Second
-	time.Sleep(5 * time.Second) // the queue fills
+	// checkBound is the ledger's bound: a failover's, plus jitter (3 s).
+	checkBound := bound + 3*time.Second
 	adm := admin.New(cli, keyspace.NewKeys(""))
 	etcdtest.Eventually(t, 10*time.Second, "limited's items waiting in status", func() bool {
 		js, err := adm.JobStatus(t.Context(), "limited")
 		return err == nil && len(js.Jobs) == 1 && js.Jobs[0].Slots != nil && js.Jobs[0].Slots.Limit == 2 && len(js.Jobs[0].Slots.Waiting) > 0
 	})
+	// Each fault comes at a fire of the slow jobs: the kill 0.2 s after
+	// one, while their runs (0.3 s) go, once the queue has filled (5 s);
+	// the pause half a second before the next, so that it is due while
+	// its owner is stopped.
+	slowSchedule := mustSchedule(t, slow)
+	atSlowFire := func(after time.Time, offset time.Duration) time.Time {
+		fire := slowSchedule.Next(after.Add(-offset))
+		time.Sleep(time.Until(fire.Add(offset)))
+		return fire
+	}
 
+	fire := atSlowFire(from.Add(5*time.Second), 200*time.Millisecond)
 	victim := running("queue", 0, nil)
 	victim.stop(syscall.SIGKILL)
 	failures = append(failures, ledger.Failure{At: time.Now(), Instance: victim.name})
-	t.Logf("killed %s (running queue/0) at %s", victim.name, time.Now().Format(time.RFC3339Nano))
-	time.Sleep(2 * time.Second) // its items move; the pause comes on top (the ledger judges fires in both windows by the later bound)
+	t.Logf("killed %s (running queue/0) at %s, during the slow jobs' fire %s", victim.name, time.Now().Format(time.RFC3339Nano), fire.Format(time.RFC3339))
 
+	fire = atSlowFire(time.Now(), -500*time.Millisecond)
 	paused := running("queue", 1, victim)
 	paused.signal(syscall.SIGSTOP)
 	failures = append(failures, ledger.Failure{At: time.Now(), Instance: paused.name})
-	t.Logf("paused %s (running queue/1) at %s", paused.name, time.Now().Format(time.RFC3339Nano))
+	t.Logf("paused %s (running queue/1) at %s, before the slow jobs' fire %s", paused.name, time.Now().Format(time.RFC3339Nano), fire.Format(time.RFC3339))
 	time.Sleep(2 * ttl)
 	paused.signal(syscall.SIGCONT)
-	time.Sleep(bound + 4*time.Second)
+	// Until every fire due in the pause's window has had its bound: the
+	// window is checkBound long, and a fire at its end has checkBound more.
+	pauseEnd := failures[1].At.Add(checkBound)
+	time.Sleep(time.Until(pauseEnd.Add(checkBound + time.Second)))
 	to := time.Now()
 	for _, p := range procs {
 		if p != victim {
@@ -186,19 +222,39 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 
 	// G1-G4 for the jobs whose fires each run or are recorded skipped
 	// within the bound (jittered: its bound stretched by the jitter).
+	checked := map[string]ledger.Job{
+		"jittered": {Items: 3, Schedule: mustSchedule(t, "@every 4s"), Failover: true},
+		"busy":     {Items: 1, Schedule: mustSchedule(t, "@every 3s"), Failover: true},
+		"catchup":  {Items: 3, Schedule: mustSchedule(t, "@every 2s"), Failover: true},
+		"listed":   {Items: 2, Schedule: schedule.Union{mustSchedule(t, "*/2 * * * * ?"), mustSchedule(t, "*/3 * * * * ?")}, Failover: true},
+	}
+	slowJobs := []string{"slowbuffer", "slowskip", "slowreplace", "slowjitter", "slowcatchup", "slowlimited"}
+	for _, name := range slowJobs {
+		checked[name] = ledger.Job{Items: 3, Schedule: slowSchedule, Failover: true}
+	}
+	checked["slowlisted"] = ledger.Job{Items: 3, Schedule: schedule.Union{slowSchedule, mustSchedule(t, "*/20 * * * * ?")}, Failover: true}
+	faults := faultWindows(failures, checkBound)
 	r := ledger.Check(events, ledger.Options{
-		Jobs: map[string]ledger.Job{
-			"jittered": {Items: 3, Schedule: mustSchedule(t, "@every 4s"), Failover: true},
-			"busy":     {Items: 1, Schedule: mustSchedule(t, "@every 3s"), Failover: true},
-			"catchup":  {Items: 3, Schedule: mustSchedule(t, "@every 2s"), Failover: true},
-			"listed":   {Items: 2, Schedule: schedule.Union{mustSchedule(t, "*/2 * * * * ?"), mustSchedule(t, "*/3 * * * * ?")}, Failover: true},
-		},
-		Bound: bound + 3*time.Second, From: from, To: to.Add(-8 * time.Second), Failures: failures, Records: records,
-		Faults: faultWindows(failures, bound+3*time.Second),
+		Jobs:  checked,
+		Bound: checkBound, From: from, To: to.Add(-time.Second), Failures: failures, Records: records,
+		Faults: faults,
 	})
-	t.Logf("ledger: %s", r)
+	t.Logf("ledger: %s; per job %v", r, r.FiresByJob)
 	for _, v := range r.Violations {
 		t.Error(v)
+	}
+	// The fires that matter were judged: each slow job's three items had a
+	// fire half a second into the pause's window, and the kill cut runs.
+	if want := 3 * (len(slowJobs) + 1); r.FiresInFaults < want {
+		t.Errorf("%d fires judged in the fault windows, want at least %d (the slow jobs' fires there)", r.FiresInFaults, want)
+	}
+	if r.CutRuns == 0 {
+		t.Error("no run cut by the kill was judged")
+	}
+	for name := range checked {
+		if r.FiresByJob[name] == 0 {
+			t.Errorf("no fire of %s was judged", name)
+		}
 	}
 
 	// windowed: no fire after activeUntil ran; fires before it did.
@@ -357,50 +413,25 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 			}
 		}
 	}
-	// delayed: each run's fire is its previous run's end plus the delay.
-	for item := range 2 {
-		type run struct {
-			fire, start, end time.Time
-			attempt          int
-		}
-		var runs []*run
-		byFence := map[int64]*run{}
-		for _, ev := range events {
-			if ev.Job != "delayed" || ev.Item != item {
-				continue
-			}
-			switch ev.Kind {
-			case "overlap":
-				t.Errorf("delayed item %d: two runs at once: %+v", item, ev)
-			case "start":
-				r := &run{fire: ev.Fire, start: ev.At, attempt: ev.Attempt}
-				runs = append(runs, r)
-				byFence[ev.Fence] = r
-			case "end":
-				if r := byFence[ev.Fence]; r != nil {
-					r.end = ev.At
-				}
+	// delayed, slowdelayed: each run's fire is its previous run's end plus
+	// the delay, and it starts by that fire's deadline (its bound, or the
+	// end of a fault window it falls in); after the last run, no fire
+	// whose deadline has passed is missing.
+	deadline := func(fire time.Time) time.Time {
+		d := fire.Add(checkBound)
+		for _, w := range faults {
+			if !fire.Before(w.From) && !fire.After(w.To) && w.To.After(d) {
+				d = w.To
 			}
 		}
-		if len(runs) < 5 {
-			t.Fatalf("delayed item %d: %d runs", item, len(runs))
-		}
-		for i := 1; i < len(runs); i++ {
-			prev, r := runs[i-1], runs[i]
-			if r.attempt > 1 {
-				if !r.fire.Equal(prev.fire) {
-					t.Errorf("delayed item %d: attempt %d of fire %s follows fire %s: a re-run must keep its fire", item, r.attempt, r.fire, prev.fire)
-				}
-				continue
-			}
-			if prev.end.IsZero() {
-				continue // cut by a fault: its re-run is next
-			}
-			earliest := prev.end.Add(2 * time.Second)
-			if r.fire.Before(earliest.Truncate(time.Second)) || r.fire.After(earliest.Add(1500*time.Millisecond)) {
-				t.Errorf("delayed item %d: fire %s after a run that ended %s: want its end + 2s, rounded up to a second", item, r.fire.Format(time.RFC3339Nano), prev.end.Format(time.RFC3339Nano))
-			}
-		}
+		return d
+	}
+	for _, fd := range []struct {
+		job   string
+		items int
+		delay time.Duration
+	}{{"delayed", 2, 2 * time.Second}, {"slowdelayed", 3, 6 * time.Second}} {
+		checkFixedDelay(t, events, fd.job, fd.items, fd.delay, deadline, to.Add(-time.Second))
 	}
 
 	// flaky: it paused itself after three failed fires (completed fires:
@@ -460,5 +491,68 @@ func TestSchedulingPoliciesUnderFaults(t *testing.T) {
 	}
 	if replacedRuns < 4 {
 		t.Errorf("only %d runs of replaced recorded KILLED/replaced; its runs outlast its period", replacedRuns)
+	}
+}
+
+// checkFixedDelay checks a fixedDelay job's runs in the ledger: per item,
+// each run's fire is its previous run's end plus delay (rounded up to a
+// second), a re-run keeps its fire, never two runs at once, each fire
+// starts by deadline(fire), and the fire after the last run is not due
+// (its deadline is after to).
+func checkFixedDelay(t *testing.T, events []ledger.Event, job string, items int, delay time.Duration, deadline func(time.Time) time.Time, to time.Time) {
+	t.Helper()
+	type run struct {
+		fire, start, end time.Time
+		attempt          int
+	}
+	for item := range items {
+		var runs []*run
+		byFence := map[int64]*run{}
+		for _, ev := range events {
+			if ev.Job != job || ev.Item != item {
+				continue
+			}
+			switch ev.Kind {
+			case "overlap":
+				t.Errorf("%s item %d: two runs at once: %+v", job, item, ev)
+			case "start":
+				r := &run{fire: ev.Fire, start: ev.At, attempt: ev.Attempt}
+				runs = append(runs, r)
+				byFence[ev.Fence] = r
+			case "end":
+				if r := byFence[ev.Fence]; r != nil {
+					r.end = ev.At
+				}
+			}
+		}
+		if len(runs) < 3 {
+			t.Errorf("%s item %d: %d runs", job, item, len(runs))
+			continue
+		}
+		for i := 1; i < len(runs); i++ {
+			prev, r := runs[i-1], runs[i]
+			if r.attempt > 1 {
+				if !r.fire.Equal(prev.fire) {
+					t.Errorf("%s item %d: attempt %d of fire %s follows fire %s: a re-run must keep its fire", job, item, r.attempt, r.fire, prev.fire)
+				}
+				continue
+			}
+			if prev.end.IsZero() {
+				continue // cut by a fault: its re-run is next
+			}
+			earliest := prev.end.Add(delay)
+			if r.fire.Before(earliest.Truncate(time.Second)) || r.fire.After(earliest.Add(1500*time.Millisecond)) {
+				t.Errorf("%s item %d: fire %s after a run that ended %s: want its end + %s, rounded up to a second", job, item, r.fire.Format(time.RFC3339Nano), prev.end.Format(time.RFC3339Nano), delay)
+			}
+			if r.start.After(deadline(r.fire)) {
+				t.Errorf("%s item %d: fire %s started at %s, after its deadline %s", job, item, r.fire.Format(time.RFC3339), r.start.Format(time.RFC3339Nano), deadline(r.fire).Format(time.RFC3339Nano))
+			}
+		}
+		if last := runs[len(runs)-1]; !last.end.IsZero() {
+			next := last.end.Add(delay).Truncate(time.Second).Add(time.Second)
+			if deadline(next).Before(to) {
+				t.Errorf("%s item %d: its last run ended %s; the fire after it (%s) never started by its deadline %s", job, item, last.end.Format(time.RFC3339Nano), next.Format(time.RFC3339), deadline(next).Format(time.RFC3339Nano))
+			}
+		}
 	}
 }
