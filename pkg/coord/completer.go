@@ -36,6 +36,9 @@ type completer struct {
 	// siblings counts, by fence, the runs of a shared claim whose outcome
 	// has not come yet.
 	siblings map[int64]int
+	// linger is how long an outcome waits for its siblings' (0:
+	// siblingLinger).
+	linger time.Duration
 }
 
 // siblingLinger bounds how long an outcome waits for its siblings'.
@@ -121,7 +124,11 @@ func (c *completer) do(ctx context.Context, rec keyspace.ItemRecord, fence int64
 		go c.drain()
 	case waiting > 0:
 		// The last sibling, or this timer, writes it.
-		time.AfterFunc(siblingLinger, func() {
+		linger := c.linger
+		if linger == 0 {
+			linger = siblingLinger
+		}
+		time.AfterFunc(linger, func() {
 			c.mu.Lock()
 			delete(c.siblings, fence) // late siblings do not wait
 			c.mu.Unlock()
