@@ -129,7 +129,8 @@ func (n *Node) pauseOf(job string) pause {
 
 // pauseOps are the guards and writes of a fire's completing note that
 // carry the job's streak of failed fires (keyspace.PauseStreak): one more
-// for a failed fire, none for another. The note that brings the streak to
+// for a failed fire, none for another that ran (a fire none of whose items
+// ran leaves it as it is). The note that brings the streak to
 // the bound also disables the job (disabled/job, as `shardd disable`
 // does), with an audit entry whose actor is the job itself, and marks b
 // Paused. A job already disabled is not paused again; `shardd enable`
@@ -145,12 +146,18 @@ func (n *Node) pauseOps(job, fire string, b *keyspace.Barrier, rec keyspace.Item
 	if disabled && !st.PausedAt.IsZero() {
 		return nil, nil // paused: the streak says why until an operator enables the job
 	}
-	if len(b.Failed) == 0 {
+	switch {
+	case len(b.Failed) == 0 && len(b.Done) == 0 && len(b.Stopped) == 0:
+		// None of its items ran it (busy, a calendar's day, too old,
+		// disabled): it neither failed nor succeeded, and a job whose
+		// failing runs alternate with skipped fires must still pause.
+		return nil, nil
+	case len(b.Failed) == 0:
 		if st.FailedInARow == 0 && len(streakKvs) == 0 {
 			return nil, nil
 		}
 		st = keyspace.PauseStreak{}
-	} else {
+	default:
 		st.FailedInARow++
 		why := fmt.Sprintf("fire %s: item(s) %v failed", rec.Fire.UTC().Format(time.RFC3339), sortedInts(b.Failed))
 		if rec.FireKey != "" {

@@ -64,6 +64,12 @@ func TestPauseAfterFailures(t *testing.T) {
 	if b := fireWith(keyspace.StateFailed, keyspace.StateDone); b.Paused || streak().FailedInARow != 1 || disabled() {
 		t.Fatalf("one failed fire: paused %v, streak %+v, disabled %v", b.Paused, streak(), disabled())
 	}
+	// A fire none of whose items ran (busy behind a failing run, a
+	// calendar's day) neither fails nor succeeds: a job whose failing
+	// runs outlast its period under overlap: skip must still pause.
+	if fireWith(keyspace.StateSkipped+"/"+keyspace.SkipBusy, keyspace.StateSkipped+"/"+keyspace.SkipCalendar); streak().FailedInARow != 1 {
+		t.Fatalf("a fire whose items were all skipped must leave the streak as it was (1): %+v", streak())
+	}
 	if fireWith(keyspace.StateDone, keyspace.StateSkipped); streak().FailedInARow != 0 {
 		t.Fatalf("a fire without a failure must end the streak: %+v", streak())
 	}

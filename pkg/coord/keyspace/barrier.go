@@ -64,8 +64,9 @@ type Barrier struct {
 // pauseAfterFailures (jobs/<job>/pause): the note that completes a fire's
 // barrier updates it in the same Txn, so every fire counts once, in the
 // order the fires complete. A fire failed when an item of it failed
-// (ItemRecord.Failed: FAILED, or KILLED by its timeout); any other fire (its
-// items done, skipped or stopped: Barrier.Stopped) ends the streak.
+// (ItemRecord.Failed: FAILED, or KILLED by its timeout); any other fire an
+// item of which ran (done, or stopped: Barrier.Stopped) ends the streak; a
+// fire whose items were all skipped leaves it as it is.
 type PauseStreak struct {
 	FailedInARow int `json:"failedInARow"`
 	// Reasons say why the fires of the streak failed, the newest last (at
