@@ -126,3 +126,44 @@ func TestReplaceRequestExpires(t *testing.T) {
 		t.Fatalf("the request's lease: %+v, %v; want one of at most %s", ttl, err, max(keyspace.KillTTL, 3*n.opts.TTL))
 	}
 }
+
+// A waiting key names the instance that put it, and its delete is guarded
+// by the revision read: a key put again since (the item waits again, or
+// another owner waits for it) stays.
+func TestUnwaitKeepsAKeyPutAgain(t *testing.T) {
+	t.Parallel()
+	n := ordersNode(t, 2)
+	ctx := context.Background()
+	fire := time.Now().Truncate(time.Second)
+	if err := n.Wait(ctx, "orders", 1, fire); err != nil {
+		t.Fatal(err)
+	}
+	read := func() ClusterSlots {
+		t.Helper()
+		cs, err := n.ReadClusterSlots(ctx, "orders")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cs
+	}
+	first := read()
+	if k := first.WaitingKeys[1]; k.Instance != n.ID() || k.Rev == 0 || !first.Waiting[1].Equal(fire) {
+		t.Fatalf("the waiting key as read: %+v since %s; want this instance's, since %s", k, first.Waiting[1], fire)
+	}
+	if err := n.Wait(ctx, "orders", 1, fire.Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Unwait(ctx, "orders", 1, first.WaitingKeys[1].Rev); err != nil {
+		t.Fatal(err)
+	}
+	again := read()
+	if _, ok := again.WaitingKeys[1]; !ok {
+		t.Fatal("a delete guarded by an older revision deleted the key put again since")
+	}
+	if err := n.Unwait(ctx, "orders", 1, again.WaitingKeys[1].Rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := read().WaitingKeys[1]; ok {
+		t.Fatal("the key is still there after a delete at its revision")
+	}
+}

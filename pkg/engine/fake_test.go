@@ -182,7 +182,7 @@ func (f *fakeNode) ReadClusterSlots(context.Context, string) (coord.ClusterSlots
 func (f *fakeNode) Wait(context.Context, string, int, time.Time) error {
 	return errors.New("fakeNode: no cluster slots")
 }
-func (f *fakeNode) Unwait(context.Context, string, int) error {
+func (f *fakeNode) Unwait(context.Context, string, int, int64) error {
 	return errors.New("fakeNode: no cluster slots")
 }
 func (f *fakeNode) Replace(context.Context, string, int, int64, string, time.Time) (bool, error) {

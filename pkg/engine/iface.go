@@ -66,11 +66,11 @@ type KillRequests interface {
 
 // ClusterSlots are a job's cluster-wide slots (clusterConcurrency; see
 // coord/slots.go): which are held, which items wait for one; Wait records
-// an item waiting.
+// an item waiting, Unwait deletes a waiting key still at the revision read.
 type ClusterSlots interface {
 	ReadClusterSlots(ctx context.Context, job string) (coord.ClusterSlots, error)
 	Wait(ctx context.Context, job string, item int, since time.Time) error
-	Unwait(ctx context.Context, job string, item int) error
+	Unwait(ctx context.Context, job string, item int, rev int64) error
 }
 
 // Triggers reads a job's waiting triggers; DeleteTrigger deletes one no

@@ -50,6 +50,11 @@ type jobLoop struct {
 	// noted is, per item, the Seq of the record last noted in its fire's
 	// barrier (deps.go).
 	noted map[int]int64
+	// waitKeys are the items this loop put a waiting key for
+	// (clusterConcurrency) that it has not seen gone: its reconciles read
+	// the slots, and look after those keys, even when it has no run to
+	// start (dropStaleWaiting). Only the reconcile uses it.
+	waitKeys map[int]bool
 }
 
 // localRuns are the runs of one job's items in this process, from the
@@ -346,7 +351,7 @@ func (j *jobLoop) claimAhead(v coord.JobView, now, next time.Time) (ahead, wake 
 // thousands of jobs on every instance, reading every job at every fire on
 // every instance is most of etcd's load.
 func (j *jobLoop) idle(v coord.JobView) bool {
-	return !v.Map.PerFire && !v.Job.Shard.Runtime() && len(v.Map.ItemsOf(j.e.opts.Node.ID())) == 0 && !j.runs.busy()
+	return !v.Map.PerFire && !v.Job.Shard.Runtime() && len(v.Map.ItemsOf(j.e.opts.Node.ID())) == 0 && !j.runs.busy() && len(j.waitKeys) == 0
 }
 
 // read reads the job's items into r, and its triggers. Triggers are served
@@ -547,7 +552,7 @@ func (j *jobLoop) clusterLimited() bool {
 // free slot: one claim wins); this only chooses.
 func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
 	limit := r.v.Job.ClusterConcurrency
-	if limit <= 0 || len(r.starts) == 0 {
+	if limit <= 0 || len(r.starts) == 0 && len(j.waitKeys) == 0 {
 		return
 	}
 	cs, err := j.e.opts.Node.ReadClusterSlots(ctx, j.name)
@@ -560,15 +565,20 @@ func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
 	j.dropStaleWaiting(ctx, r, cs)
 	granted, waiting := assignClusterSlots(r.starts, limit, cs)
 	r.starts = granted
+	me := j.e.opts.Node.ID()
 	for _, s := range waiting {
 		since := s.a.waitingSince()
-		if at, ok := cs.Waiting[s.item]; ok && at.Equal(since) {
-			continue
+		if at, ok := cs.Waiting[s.item]; ok && at.Equal(since) && cs.WaitingKeys[s.item].Instance == me {
+			continue // put already
 		}
 		if err := j.e.opts.Node.Wait(ctx, j.name, s.item, since); err != nil {
 			j.log.Warn("record an item waiting for a cluster slot", "item", s.item, "err", err)
 			r.retrySoon()
 		}
+		if j.waitKeys == nil {
+			j.waitKeys = map[int]bool{}
+		}
+		j.waitKeys[s.item] = true
 	}
 	if len(waiting) > 0 {
 		j.log.Info("waiting for a cluster slot (clusterConcurrency)", "items", len(waiting), "limit", limit, "held", len(cs.Held))
@@ -576,27 +586,42 @@ func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
 }
 
 // dropStaleWaiting removes from cs, and deletes from etcd, the waiting keys
-// of items that wait for nothing as this pass read them: an item no longer
-// in the job (fewer items, a BROADCAST index gone), or one with no fire to
-// run now (its record is running, or nothing is due). Such a key, left by
-// an owner that moved on, would otherwise queue ahead of every item for as
-// long as its lease lives. An owner that still waits puts its key again at
-// its next pass.
+// that stand for no wait, which would otherwise keep a slot for an item
+// that will not take it for as long as their putter's session lives:
+//   - an item no longer in the job (fewer items, a BROADCAST index gone);
+//   - a key this instance put for an item it does not wait for now (it
+//     ran, its fires were skipped, it moved to another instance);
+//   - a key of an instance that is not in the job's map (the job left it:
+//     a reload, a selector that no longer matches).
+//
+// A key another instance of the map put is its own to keep or delete:
+// this instance cannot tell what it waits for (a trigger, an upstream
+// fire). Each delete is guarded by the key's revision as read: a key put
+// again since stays.
 func (j *jobLoop) dropStaleWaiting(ctx context.Context, r *pass, cs coord.ClusterSlots) {
-	for item := range cs.Waiting {
-		if item < r.total {
-			p := r.policy
-			p.baseline = j.baselineOf(item, r.now)
-			if a := decide(r.items.Items[item], false, p, r.now); a.kind == run || a.kind == adopt {
-				continue
-			}
+	me := j.e.opts.Node.ID()
+	for item, key := range cs.WaitingKeys {
+		switch {
+		case item >= r.total:
+		case key.Instance == me:
 			if slices.ContainsFunc(r.starts, func(s start) bool { return s.item == item }) {
-				continue // a trigger or a manual run it serves waits too
+				continue // it waits, or its run takes a slot now
 			}
+		case slices.Contains(r.v.Map.Instances, key.Instance):
+			continue
 		}
 		delete(cs.Waiting, item)
-		if err := j.e.opts.Node.Unwait(ctx, j.name, item); err != nil {
+		if err := j.e.opts.Node.Unwait(ctx, j.name, item, key.Rev); err != nil {
 			j.log.Warn("delete a stale waiting key", "item", item, "err", err)
+			continue // looked after again at the next reconcile
+		}
+		delete(cs.WaitingKeys, item)
+	}
+	// The keys this instance put that are gone (a claim or a skip deleted
+	// them, or the loop above) are no longer its to look after.
+	for item := range j.waitKeys {
+		if key, ok := cs.WaitingKeys[item]; !ok || key.Instance != me {
+			delete(j.waitKeys, item)
 		}
 	}
 }

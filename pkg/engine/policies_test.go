@@ -1,7 +1,12 @@
 package engine
 
 import (
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -353,5 +358,97 @@ func BenchmarkDecideDue(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// slotsNode is a fakeNode with cluster slots in memory.
+type slotsNode struct {
+	*fakeNode
+	cs       coord.ClusterSlots
+	unwaited []int
+}
+
+func (s *slotsNode) ReadClusterSlots(context.Context, string) (coord.ClusterSlots, error) {
+	return coord.ClusterSlots{Held: maps.Clone(s.cs.Held), Waiting: maps.Clone(s.cs.Waiting), WaitingKeys: maps.Clone(s.cs.WaitingKeys)}, nil
+}
+
+func (s *slotsNode) Wait(_ context.Context, _ string, item int, since time.Time) error {
+	s.cs.Waiting[item] = since
+	s.cs.WaitingKeys[item] = coord.WaitingKey{Instance: s.id, Rev: s.cs.WaitingKeys[item].Rev + 1}
+	return nil
+}
+
+func (s *slotsNode) Unwait(_ context.Context, _ string, item int, rev int64) error {
+	if s.cs.WaitingKeys[item].Rev == rev {
+		s.unwaited = append(s.unwaited, item)
+		delete(s.cs.Waiting, item)
+		delete(s.cs.WaitingKeys, item)
+	}
+	return nil
+}
+
+// Which waiting keys (clusterConcurrency) an instance deletes as stale:
+// its own for an item it does not wait for now, an item no longer in the
+// job, a key of an instance the job's map no longer has; never a key of
+// another instance of the map, which may wait for what this one cannot
+// see (a trigger, an upstream fire: review of #30, where such a key was
+// deleted and this instance's newer run took the only slot).
+func TestDropStaleWaiting(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2027, 3, 1, 12, 0, 0, 0, time.UTC)
+	wm := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	rec := func(item int) keyspace.ItemState {
+		return keyspace.ItemState{Record: &keyspace.ItemRecord{Job: "j", Item: item, Fire: wm, Sched: wm, State: keyspace.StateDone, End: wm.Add(time.Second)}, Rev: 50 + int64(item)}
+	}
+	manual := func(item int) start {
+		return start{item: item, st: rec(item), a: action{kind: run, fire: now, attempt: 1, source: keyspace.SourceManual}}
+	}
+	tests := []struct {
+		name         string
+		keys         map[int]string // item -> the instance that put its key
+		starts       []start        // a's runs this pass
+		wantUnwaited []int
+		wantGranted  []int
+	}{
+		{"b's item waits for a trigger since earlier: kept, and it goes first", map[int]string{1: "b"}, []start{manual(0)}, nil, nil},
+		{"a key of an instance no longer in the map: deleted", map[int]string{1: "gone"}, []start{manual(0)}, []int{1}, []int{0}},
+		{"a's own key for an item it no longer waits for: deleted", map[int]string{2: "a"}, nil, []int{2}, nil},
+		{"a's own key for an item that still waits: kept (its run takes the slot)", map[int]string{0: "a"}, []start{manual(0)}, nil, []int{0}},
+		{"an item no longer in the job: deleted", map[int]string{7: "b"}, []start{manual(0)}, []int{7}, []int{0}},
+		{"nothing to start, no key of its own: the slots are not read", map[int]string{7: "b", 1: "gone"}, nil, nil, nil},
+	}
+	for _, tt := range tests {
+		fn := newFakeNode(t, `jobs:
+  - name: j
+    cron: "0 0 0 1 1 ?"
+    shardingTotalCount: 3
+    clusterConcurrency: 1
+    script: ["/bin/true"]
+`, map[string][]int{"a": {0, 2}, "b": {1}})
+		sn := &slotsNode{fakeNode: fn, cs: coord.ClusterSlots{Held: map[int]bool{}, Waiting: map[int]time.Time{}, WaitingKeys: map[int]coord.WaitingKey{}}}
+		for item, id := range tt.keys {
+			sn.cs.Waiting[item] = now.Add(-10 * time.Second)
+			sn.cs.WaitingKeys[item] = coord.WaitingKey{Instance: id, Rev: 40}
+		}
+		e := &Engine{opts: Options{Node: sn, Now: func() time.Time { return now }}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		j := &jobLoop{e: e, name: "j", log: e.log, baseline: wm, seen: map[int]time.Time{}}
+		if tt.keys[2] == "a" {
+			j.waitKeys = map[int]bool{2: true} // it put that key
+		}
+		v, _ := fn.View("j")
+		r := &pass{v: v, now: now, total: 3, policy: policyOf(v.Job, time.Minute, wm),
+			items: keyspace.JobItems{Items: map[int]keyspace.ItemState{0: rec(0), 1: rec(1), 2: rec(2)}}, starts: tt.starts}
+		j.takeClusterSlots(context.Background(), r)
+		var granted []int
+		for _, s := range r.starts {
+			granted = append(granted, s.item)
+		}
+		slices.Sort(sn.unwaited)
+		if fmt.Sprint(sn.unwaited) != fmt.Sprint(tt.wantUnwaited) || fmt.Sprint(granted) != fmt.Sprint(tt.wantGranted) {
+			t.Errorf("%s: deleted the waiting keys of %v and granted %v, want %v and %v", tt.name, sn.unwaited, granted, tt.wantUnwaited, tt.wantGranted)
+		}
+		if len(j.waitKeys) != 0 && !slices.ContainsFunc(tt.starts, func(s start) bool { return j.waitKeys[s.item] }) {
+			t.Errorf("%s: still looks after the keys of %v", tt.name, j.waitKeys)
+		}
 	}
 }
