@@ -409,7 +409,7 @@ func (j *jobLoop) baselineOf(item int, now time.Time) time.Time {
 // decision among r's starts, skips or fresh records.
 func (j *jobLoop) decideItem(ctx context.Context, r *pass, item int) {
 	st := r.items.Items[item]
-	p := r.policy
+	p := r.policy.forItem(item)
 	p.baseline = j.baselineOf(item, r.now)
 	local, ended := j.runs.snapshot(item)
 	stale := r.before[item].running || ended != r.before[item].ended

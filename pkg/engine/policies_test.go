@@ -452,3 +452,49 @@ func TestDropStaleWaiting(t *testing.T) {
 		}
 	}
 }
+
+// A jittered fire's lateness counts from its start (the fire plus the
+// item's offset for it), not from the fire plus the whole jitter: with
+// catchUpWindow 1m and jitter 50m, a fire whose offset is small is too old
+// 40 minutes after its start (review of #30: it ran), and one whose offset
+// is large still runs a few seconds after its start, an hour after the
+// fire. Under bufferOne and bufferAll alike.
+func TestDecideJitterCountsLatenessFromTheStart(t *testing.T) {
+	t.Parallel()
+	hourly := mustSchedule(t, "0 0 * * * ?")
+	const jitter = 50 * time.Minute
+	// fireWith finds a fire whose offset for item 2 satisfies ok.
+	fireWith := func(ok func(time.Duration) bool) (time.Time, time.Duration) {
+		fire := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+		for !ok(schedule.JitterOffset("j", 2, fire, jitter)) {
+			fire = fire.Add(time.Hour)
+		}
+		return fire, schedule.JitterOffset("j", 2, fire, jitter)
+	}
+	small, smallOff := fireWith(func(d time.Duration) bool { return d < 5*time.Minute })
+	large, largeOff := fireWith(func(d time.Duration) bool { return d > 45*time.Minute })
+	done := func(fire time.Time) keyspace.ItemState {
+		prev := fire.Add(-time.Hour)
+		return keyspace.ItemState{Record: &keyspace.ItemRecord{Fire: prev, Sched: prev, State: keyspace.StateDone, Attempt: 1, End: prev.Add(time.Second)}, Rev: 7}
+	}
+	for _, overlap := range []string{config.OverlapBufferOne, config.OverlapBufferAll} {
+		p := policy{schedule: hourly, overlap: overlap, window: time.Minute, jitter: jitter, job: "j"}.forItem(2)
+		tests := []struct {
+			name     string
+			fire     time.Time
+			now      time.Time
+			wantKind actionKind
+		}{
+			{"small offset, 40 minutes after its start: too old", small, small.Add(smallOff + 40*time.Minute), skip},
+			{"small offset, 30 s after its start: runs", small, small.Add(smallOff + 30*time.Second), run},
+			{"large offset, 30 s after its start, 46 minutes or more after its fire: runs", large, large.Add(largeOff + 30*time.Second), run},
+			{"large offset, 2 minutes after its start: too old", large, large.Add(largeOff + 2*time.Minute), skip},
+		}
+		for _, tt := range tests {
+			a := decide(done(tt.fire), false, p, tt.now)
+			if a.kind != tt.wantKind || !a.fire.Equal(tt.fire) || (a.kind == skip && a.why != whyTooOld) {
+				t.Errorf("%s, %s: %v of %s (%s), want %v of %s", overlap, tt.name, a.kind, a.fire.Format(time.RFC3339), a.why, tt.wantKind, tt.fire.Format(time.RFC3339))
+			}
+		}
+	}
+}

@@ -24,8 +24,14 @@ type policy struct {
 	// fixedDelay, for a job without a cron, puts each item's next fire at
 	// its record's end plus the delay.
 	fixedDelay time.Duration
-	// window is how old a missed fire may be and still run.
+	// window is how old a missed fire may be and still run, counted from
+	// its start: the fire plus its jitter offset (see tooOld).
 	window time.Duration
+	// jitter is the job's; job and item name the fires whose offsets it
+	// gives (schedule.JitterOffset).
+	jitter time.Duration
+	job    string
+	item   int
 	// baseline is the watermark of an item never claimed, until its
 	// record begins: fires at or before it are not due (the job did not
 	// exist yet, as far as this instance knows).
@@ -36,14 +42,29 @@ type policy struct {
 // a job that names none.
 func policyOf(job *config.Job, window time.Duration, baseline time.Time) policy {
 	p := policy{schedule: job.Schedule, failover: job.Failover, misfire: job.Misfire, overlap: job.Overlap,
-		bufferLimit: job.BufferLimit, exclusion: job.Exclusion, fixedDelay: time.Duration(job.FixedDelay), window: window, baseline: baseline}
+		bufferLimit: job.BufferLimit, exclusion: job.Exclusion, fixedDelay: time.Duration(job.FixedDelay), window: window, baseline: baseline,
+		jitter: time.Duration(job.Jitter), job: job.Name}
 	if job.CatchUpWindow > 0 {
 		p.window = time.Duration(job.CatchUpWindow)
 	}
-	// A jittered run is due at its fire plus its offset: lateness counts
-	// from there.
-	p.window += time.Duration(job.Jitter)
 	return p
+}
+
+// forItem is p for one item of the job: its fires' jitter offsets are the
+// item's.
+func (p policy) forItem(item int) policy {
+	p.item = item
+	return p
+}
+
+// tooOld reports whether fire is older than the catch-up window at now. A
+// jittered run is due at its fire plus the item's offset for that fire:
+// its lateness counts from there.
+func (p policy) tooOld(fire, now time.Time) bool {
+	if p.jitter > 0 {
+		fire = fire.Add(schedule.JitterOffset(p.job, p.item, fire, p.jitter))
+	}
+	return now.Sub(fire) > p.window
 }
 
 // overlapPolicy is p's overlap policy, misfire's when none is named.
@@ -213,7 +234,7 @@ func replacing(st keyspace.ItemState, local bool, p policy, now time.Time) (acti
 		return action{}, false
 	}
 	newer := dueOf(p.schedule, p.exclusion, rec.Watermark(), now).latestIncluded(now)
-	if newer.IsZero() || now.Sub(newer) > p.window {
+	if newer.IsZero() || p.tooOld(newer, now) {
 		return action{}, false
 	}
 	return action{kind: replace, fire: newer, fence: keyspace.RunFence(rec, st.Rev), by: st.RunningBy}, true
@@ -253,7 +274,7 @@ func decideDue(p policy, rec *keyspace.ItemRecord, base, busyUntil, now time.Tim
 	count, excluded := counts(target)
 	cameWhileBusy := !target.After(busyUntil)
 	switch {
-	case now.Sub(target) > p.window:
+	case p.tooOld(target, now):
 		return action{kind: skip, fire: target, skipped: count, excluded: excluded, why: whyTooOld}
 	case p.overlapPolicy() == config.OverlapSkip && cameWhileBusy:
 		return action{kind: skip, fire: target, skipped: count, excluded: excluded, why: whyBusy}
@@ -312,8 +333,14 @@ func decideFixedDelay(rec *keyspace.ItemRecord, delay time.Duration, now time.Ti
 // pending ones too (buffer-full), and a calendar's, in their turn
 // (calendar).
 func decideBufferAll(p policy, d due, busyUntil, now, latest time.Time) action {
-	// Fires f with now - f > window, that is f before now - window.
-	if old := d.latest(now.Add(-p.window).Add(-time.Nanosecond)); !old.IsZero() {
+	// Fires f with now - f > window + jitter are too old whatever their
+	// offsets; of the rest, the first may be too, by its own offset (a
+	// second one, if any, is looked at once the first is recorded).
+	old := d.latest(now.Add(-p.window - p.jitter).Add(-time.Nanosecond))
+	if first := d.first(); old.IsZero() && p.tooOld(first, now) {
+		old = first
+	}
+	if !old.IsZero() {
 		count, excluded := d.counts(old)
 		return action{kind: skip, fire: old, skipped: count, excluded: excluded, why: whyTooOld}
 	}
