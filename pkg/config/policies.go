@@ -257,9 +257,7 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 	case j.Jitter > 0 && j.Jitter < Duration(time.Millisecond):
 		bad("jitter", "jitter must be at least 1ms, got %s", j.Jitter)
 	case j.Jitter > 0 && len(j.Cron) == 0:
-		if _, set := f.line["jitter"]; set && j.FixedDelay == 0 { // not from defaults; fixedDelay says its own
-			bad("jitter", "jitter needs a cron schedule to offset")
-		}
+		j.Jitter = 0 // no fire to offset (set on the job itself: validateCronOnly says so)
 	case j.Jitter > 0 && j.Schedule != nil:
 		if gap, _ := shortestGap(j.Schedule, j.Location); gap <= time.Duration(j.Jitter) {
 			bad("jitter", "jitter %s must be shorter than the shortest gap between two fires of the schedule, %s (a run would start after the next fire)", j.Jitter, gap)
@@ -283,14 +281,12 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 	if !from.IsZero() && !until.IsZero() && until.Before(from) {
 		bad("activeUntil", "activeUntil %s is before activeFrom %s", j.ActiveUntil, j.ActiveFrom)
 	}
-	if (!from.IsZero() || !until.IsZero()) && len(j.Cron) == 0 {
-		bad("activeFrom", "activeFrom and activeUntil bound a cron schedule; this job has none")
-	}
 	if j.Schedule != nil && (!from.IsZero() || !until.IsZero()) {
 		j.Schedule = schedule.Window{S: j.Schedule, From: from, Until: until}
 	}
 	validateCalendars(j, f, bad)
 	validateFixedDelay(j, f, bad)
+	validateCronOnly(j, f, bad)
 	if j.ClusterConcurrency < 0 || j.ClusterConcurrency > MaxShardingTotalCount {
 		bad("clusterConcurrency", "clusterConcurrency must be between 1 and %d (0: no limit), got %d", MaxShardingTotalCount, j.ClusterConcurrency)
 	}
@@ -299,6 +295,25 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 		bad("pauseAfterFailures", "pauseAfterFailures must be between 1 and %d (0: never pause), got %d", MaxPauseAfterFailures, j.PauseAfterFailures)
 	case j.PauseAfterFailures > 0 && j.FixedDelay > 0:
 		bad("pauseAfterFailures", "pauseAfterFailures counts failed fires of the whole job; with fixedDelay each item has its own fires")
+	}
+}
+
+// cronOnly are the fields that shape the fires of a cron schedule: on a
+// job without one they would do nothing.
+var cronOnly = []string{"overlap", "bufferLimit", "catchUpWindow", "jitter", "activeFrom", "activeUntil", "excludeCalendars"}
+
+// validateCronOnly refuses the fields of cronOnly set on a job that has no
+// cron (it runs when triggered, by hand or by its parents): they would do
+// nothing. From defaults they are left alone, as they do nothing there. A
+// fixedDelay job is validateFixedDelay's to judge.
+func validateCronOnly(j *Job, f *fields, bad badFunc) {
+	if len(j.Cron) > 0 || j.FixedDelay > 0 {
+		return
+	}
+	for _, field := range cronOnly {
+		if _, set := f.line[field]; set {
+			bad(field, "%s shapes the fires of a cron schedule; this job has none (it runs when triggered: by hand, or by its parents)", field)
+		}
 	}
 }
 
@@ -318,7 +333,7 @@ func validateFixedDelay(j *Job, f *fields, bad badFunc) {
 	case len(j.Cron) > 0:
 		bad("fixedDelay", "fixedDelay and cron are both set; a job has one schedule")
 	}
-	for _, field := range []string{"jitter", "activeFrom", "activeUntil", "excludeCalendars", "overlap", "bufferLimit", "catchUpWindow"} {
+	for _, field := range cronOnly {
 		if _, set := f.line[field]; set {
 			bad(field, "%s applies to a cron schedule, not to fixedDelay (each run comes a delay after the previous one ends)", field)
 		}
@@ -326,20 +341,69 @@ func validateFixedDelay(j *Job, f *fields, bad badFunc) {
 }
 
 // shortestGap is the shortest time between two consecutive fires of s over
-// the next year (at most 10,000 fires), and the later fire of that pair.
+// a year (2027, a fixed year: the same answer every day), and the later
+// fire of that pair. It is the shortest distance between any two of its
+// fires, found without walking a year of them:
+//   - the first 10,000 fires: a cron expression matches the same times of
+//     day on every day it matches, so they show its own gaps;
+//   - around each change of the zone's offset, where a day is shorter;
+//   - for several crons, each fire of a member with at most 10,000 fires in
+//     the year against the nearest fires of the others: a rare schedule
+//     (once a year) may come minutes before a frequent one's fire.
 func shortestGap(s schedule.Schedule, loc *time.Location) (time.Duration, time.Time) {
-	from := time.Date(2027, 1, 1, 0, 0, 0, 0, loc) // a fixed year: the same answer every day
+	const sample = 10000
+	from := time.Date(2027, 1, 1, 0, 0, 0, 0, loc)
+	to := from.AddDate(1, 0, 0)
 	gap, at := time.Duration(1<<62), time.Time{}
-	prev := s.Next(from)
-	for i := 0; i < 10000 && !prev.IsZero(); i++ {
-		n := s.Next(prev)
-		if n.IsZero() || n.Sub(from) > 366*24*time.Hour {
-			break
+	pair := func(a, b time.Time) {
+		if a.After(b) {
+			a, b = b, a
 		}
-		if d := n.Sub(prev); d < gap {
-			gap, at = d, n
+		if !a.IsZero() && b.After(a) && b.Sub(a) < gap {
+			gap, at = b.Sub(a), b
 		}
-		prev = n
+	}
+	walk := func(t time.Time, n int) {
+		prev := s.Next(t)
+		for i := 0; i < n && !prev.IsZero() && !prev.After(to); i++ {
+			next := s.Next(prev)
+			pair(prev, next)
+			prev = next
+		}
+	}
+	walk(from.Add(-time.Nanosecond), sample)
+	for _, c := range schedule.Changes(s, from, to) {
+		walk(c.At.Add(-26*time.Hour), 200)
+	}
+	members, ok := s.(schedule.Union)
+	if !ok || gap == time.Duration(1<<62) {
+		return gap, at
+	}
+	for i, m := range members {
+		if schedule.Count(m, from, to) > sample {
+			continue // frequent: its own fires are in the sample
+		}
+		for f := m.Next(from.Add(-time.Nanosecond)); !f.IsZero() && !f.After(to); f = m.Next(f) {
+			pair(f, m.Next(f))
+			for k, other := range members {
+				if k == i {
+					continue
+				}
+				// The other's fires nearest f: the first after f - gap,
+				// and the one after it (when the first is before f).
+				n := other.Next(f.Add(-gap))
+				if n.Equal(f) {
+					n = other.Next(f)
+				}
+				pair(f, n)
+				if n.Before(f) {
+					if n = other.Next(n); n.Equal(f) {
+						n = other.Next(f)
+					}
+					pair(f, n)
+				}
+			}
+		}
 	}
 	return gap, at
 }

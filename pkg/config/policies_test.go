@@ -140,8 +140,16 @@ func TestPoliciesBad(t *testing.T) {
 			`jobs.yaml:4: job "j": catchUpWindow must not be negative, got -1m0s`},
 		{"jitter over the period", "jobs:\n  - name: j\n    cron: \"0 * * * * ?\"\n    jitter: 1m" + work,
 			`jobs.yaml:4: job "j": jitter 1m0s must be shorter than the shortest gap between two fires of the schedule, 1m0s`},
+		{"jitter over the gap between two crons' fires, once a year", "jobs:\n  - name: j\n    cron: [\"0 */10 * * * ?\", \"0 5 0 1 6 ?\"]\n    jitter: 8m" + work,
+			`jobs.yaml:4: job "j": jitter 8m0s must be shorter than the shortest gap between two fires of the schedule, 5m0s`},
 		{"jitter without cron", "jobs:\n  - name: j\n    jitter: 1s" + work,
-			`jobs.yaml:3: job "j": jitter needs a cron schedule to offset`},
+			`jobs.yaml:3: job "j": jitter shapes the fires of a cron schedule; this job has none (it runs when triggered: by hand, or by its parents)`},
+		{"overlap without cron (a child run by its parents)", "jobs:\n  - name: p\n    cron: \"0 * * * * ?\"\n    script: [/bin/true]\n  - name: j\n    dependsOn: [p]\n    overlap: replace" + work,
+			`jobs.yaml:7: job "j": overlap shapes the fires of a cron schedule; this job has none`},
+		{"catchUpWindow without cron", "jobs:\n  - name: j\n    catchUpWindow: 5m" + work,
+			`jobs.yaml:3: job "j": catchUpWindow shapes the fires of a cron schedule; this job has none`},
+		{"activeFrom without cron", "jobs:\n  - name: j\n    activeFrom: 2027-01-01" + work,
+			`jobs.yaml:3: job "j": activeFrom shapes the fires of a cron schedule; this job has none`},
 		{"activeFrom", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    activeFrom: next monday" + work,
 			`jobs.yaml:4: job "j": activeFrom "next monday" is not a time like`},
 		{"activeFrom a date that does not exist", "jobs:\n  - name: j\n    cron: \"@hourly\"\n    activeFrom: 2027-02-30" + work,
@@ -222,5 +230,34 @@ func TestActiveDatesWhereMidnightIsSkipped(t *testing.T) {
 	until, _ := parseActive("2026-09-05", loc, true)
 	if got := until.In(loc).Format(time.DateOnly); got != "2026-09-05" || until.Add(time.Nanosecond).In(loc).Format(time.DateOnly) != "2026-09-06" {
 		t.Errorf("activeUntil 2026-09-05 ends at %s, want the last instant of that day", until.In(loc))
+	}
+}
+
+// jitter from defaults reaches the jobs with a cron only: a fixedDelay job
+// or one run by hand has no fire to offset, and runs without it (review of
+// #30: a fixedDelay job took it).
+func TestDefaultJitterOnlyForCronJobs(t *testing.T) {
+	t.Parallel()
+	c, err := Parse("jobs.yaml", []byte(`defaults: {jitter: 5s, activeFrom: 2027-01-01}
+jobs:
+  - name: hourly
+    cron: "0 0 * * * ?"
+    script: [/bin/true]
+  - name: delayed
+    fixedDelay: 1m
+    script: [/bin/true]
+  - name: manual
+    script: [/bin/true]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Job("manual").ActiveFrom == "" {
+		t.Error("activeFrom from defaults did not reach the job (it is accepted on a job without a cron, where it does nothing)")
+	}
+	for name, want := range map[string]time.Duration{"hourly": 5 * time.Second, "delayed": 0, "manual": 0} {
+		if got := time.Duration(c.Job(name).Jitter); got != want {
+			t.Errorf("job %s: jitter %s, want %s", name, got, want)
+		}
 	}
 }
