@@ -313,21 +313,36 @@ func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) 
 		clientv3.OpPut(k.History(rec.Job, rec.Item, rec.Seq%keyspace.HistoryPerItem), string(val)),
 	}
 	if clearRunning {
-		ops = append(ops, clientv3.OpDelete(k.RunningItem(rec.Job, rec.Item)))
-		if rec.Slot > 0 {
-			// The cluster slot goes with the marker, if it is still this
-			// run's: created by its claim (at its fence). A session that
-			// ended gave it back with its lease, and another run may hold
-			// it now.
-			slot := k.Slot(rec.Job, rec.Slot-1)
-			ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(slot), "=", rec.Fence)},
-				[]clientv3.Op{clientv3.OpDelete(slot)}, nil))
-		}
+		ops = append(ops, n.clearRunningOps(rec, false)...)
 	}
 	if rec.Failed() {
 		ops = append(ops, clientv3.OpPut(k.LastFailure(rec.Job), string(val)))
 	}
 	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
+}
+
+// clearRunningOps delete rec's run's running marker and give back its
+// cluster slot, with its outcome. The slot goes if it is still this run's:
+// created by its claim (at its fence); a session that ended gave it back
+// with its lease, and another run may hold it now. onlyMine deletes the
+// marker only while it is this instance's: a rewind's repair, which writes
+// an outcome over a record as etcd says it now, must not end another
+// instance's run of the item claimed since (its outcome's own Txn is
+// guarded by its claim, whose marker it deletes whatever its revision).
+func (n *Node) clearRunningOps(rec keyspace.ItemRecord, onlyMine bool) []clientv3.Op {
+	k := n.keys
+	marker := k.RunningItem(rec.Job, rec.Item)
+	del := clientv3.OpDelete(marker)
+	if onlyMine {
+		del = clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.Value(marker), "=", n.opts.ID)}, []clientv3.Op{del}, nil)
+	}
+	ops := []clientv3.Op{del}
+	if rec.Slot > 0 {
+		slot := k.Slot(rec.Job, rec.Slot-1)
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(slot), "=", rec.Fence)},
+			[]clientv3.Op{clientv3.OpDelete(slot)}, nil))
+	}
+	return ops
 }
 
 // oneLastFailure keeps, of the puts in ops of a job's last-failure key

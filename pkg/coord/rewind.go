@@ -537,15 +537,26 @@ func (n *Node) repairRecords(ctx context.Context) (int, error) {
 // first): the caller reads again.
 func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.KeyValue, pending map[int]*pendingOutcome) (wrote int, conflict bool, err error) {
 	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-	resp, err := n.opts.Client.Get(gctx, n.keys.Items(job), clientv3.WithPrefix())
+	resp, err := n.opts.Client.Txn(gctx).Then(clientv3.OpGet(n.keys.Items(job), clientv3.WithPrefix()),
+		clientv3.OpGet(n.keys.Running(job), clientv3.WithPrefix())).Commit()
 	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("read records of job %q: %w", job, err)
 	}
 	current := map[int]*mvccpb.KeyValue{}
-	for _, kv := range resp.Kvs {
+	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
 		if item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
 			current[item] = kv
+		}
+	}
+	// held are the items another instance's run holds now (its marker):
+	// their records are that run's, written by its outcome; a repair over
+	// them would end the run's claim while it goes on (its outcome refused,
+	// its marker left, or deleted under it).
+	held := map[int]bool{}
+	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
+		if item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil && string(kv.Value) != n.opts.ID {
+			held[item] = true
 		}
 	}
 	var cmps []clientv3.Cmp
@@ -574,6 +585,9 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 		return nil
 	}
 	for item := range union(known, pending) {
+		if held[item] {
+			continue
+		}
 		cur := current[item]
 		var curRev int64 // 0: absent, which a ModRevision compare of 0 matches
 		var c *keyspace.ItemRecord
@@ -583,10 +597,11 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 		if p := pending[item]; p != nil && ahead(&p.rec, c) {
 			// The run's outcome, as Complete would write it, guarded by
 			// etcd's record as read.
-			_, o, err := n.finishTxn(p.rec, curRev, true)
+			_, o, err := n.finishTxn(p.rec, curRev, false)
 			if err != nil {
 				return wrote, conflict, err
 			}
+			o = append(o, n.clearRunningOps(p.rec, true)...)
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(n.keys.Item(job, item)), "=", curRev))
 			ops, outs = append(ops, o...), append(outs, p)
 		} else if kv := known[item]; kv != nil && ahead(decodeRecord(kv.Value), c) {

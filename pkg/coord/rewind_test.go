@@ -1012,3 +1012,59 @@ func ranDone(t *testing.T, n *Node, item int, fire, at time.Time) *Grant {
 	}
 	return g
 }
+
+// A rewind's repair never writes over a record another instance's run
+// holds now: after a wipe, a (recovered) claims item 1 for the fire b's
+// cut-off run also ran; b's repair leaves a's claim alone (review of #30:
+// it wrote b's DONE over it and deleted a's running marker, so the next
+// fire could be claimed beside a's run, G1). b's outcome is not recorded
+// (the fire ran twice across the wipe: at least once), and a's is.
+func TestRepairLeavesAnotherInstancesMarker(t *testing.T) {
+	t.Parallel()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a := startRewindNode(t, srv, "a", testTTL, yaml)
+	b := startRewindNode(t, srv, "b", testTTL, yaml)
+	cli := srv.Client()
+	ctx := context.Background()
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	a.proxy.Blackhole()
+	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
+	b.proxy.Blackhole()
+	srv.Wipe()
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	ga := claimItem(t, a.Node, 1, base, keyspace.SourceNormal, 1)
+
+	// b's run ends while b is still cut off: its outcome is pending when
+	// b learns of the rewind, and its recovery's repair writes it.
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Complete(cctx, g, Outcome{State: keyspace.StateDone, Start: base, End: base}) }()
+	time.Sleep(500 * time.Millisecond) // the outcome's first write is on its way
+	b.proxy.Restore()
+	err := <-done
+	t.Logf("b's outcome: %v", err)
+	resp, rerr := cli.Get(ctx, a.keys.RunningItem("orders", 1))
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "a" {
+		t.Fatalf("item 1's running marker after b's outcome: %v; want a's, whose run (fence %d) still goes", resp.Kvs, ga.Fence)
+	}
+	if !errors.Is(err, ErrClaimLost) {
+		t.Errorf("b's outcome: %v, want ErrClaimLost (a's claim holds the item)", err)
+	}
+	if err := a.Complete(cctx, ga, Outcome{State: keyspace.StateDone, Start: base, End: base}); err != nil {
+		t.Fatalf("a's outcome: %v", err)
+	}
+	rec, _ := readRecord(t, cli, a.keys.Item("orders", 1))
+	if rec.State != keyspace.StateDone || rec.Instance != "a" || rec.Fence != ga.Fence {
+		t.Errorf("item 1's record: %s by %s fence %d; want a's outcome, fence %d", rec.State, rec.Instance, rec.Fence, ga.Fence)
+	}
+	if resp, _ := cli.Get(ctx, a.keys.RunningItem("orders", 1)); len(resp.Kvs) != 0 {
+		t.Errorf("item 1's running marker after a's outcome: %v", resp.Kvs)
+	}
+}
