@@ -892,20 +892,8 @@ func TestReportOfALateInstanceIsNotANewRewind(t *testing.T) {
 // dropped, and item 1, with no record, runs its fire again (G2).
 func TestOutcomeOfRunWhoseClaimWasWipedIsRecorded(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Start(t)
-	yaml := "jobs:\n" + job("orders", 2)
-	a := startRewindNode(t, srv, "a", testTTL, yaml)
-	b := startRewindNode(t, srv, "b", testTTL, yaml)
-	cli := srv.Client()
-	ctx := context.Background()
-	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	a.proxy.Blackhole()
-	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
-	b.proxy.Blackhole()
-	srv.Wipe()
-	a.proxy.Restore()
-	waitRewindSeen(t, a)
-	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	_, b, g, cli := wipedUnderBsRun(t)
+	ctx, base := context.Background(), wipeFire
 
 	b.proxy.Restore()
 	// The run ends as b's connection is back (before a's report can reach
@@ -935,20 +923,8 @@ func TestOutcomeOfRunWhoseClaimWasWipedIsRecorded(t *testing.T) {
 // RUNNING with no marker: its fire run again, G2).
 func TestOutcomeAfterItsOwnRepairIsRecorded(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Start(t)
-	yaml := "jobs:\n" + job("orders", 2)
-	a := startRewindNode(t, srv, "a", testTTL, yaml)
-	b := startRewindNode(t, srv, "b", testTTL, yaml)
-	cli := srv.Client()
-	ctx := context.Background()
-	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	a.proxy.Blackhole()
-	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
-	b.proxy.Blackhole()
-	srv.Wipe()
-	a.proxy.Restore()
-	waitRewindSeen(t, a)
-	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	_, b, g, cli := wipedUnderBsRun(t)
+	ctx, base := context.Background(), wipeFire
 	b.proxy.Restore()
 	etcdtest.Eventually(t, 30*time.Second, "b's recovery, its record of item 1 written back", func() bool {
 		resp, err := cli.Get(ctx, b.keys.Item("orders", 1))
@@ -1021,20 +997,8 @@ func ranDone(t *testing.T, n *Node, item int, fire, at time.Time) *Grant {
 // (the fire ran twice across the wipe: at least once), and a's is.
 func TestRepairLeavesAnotherInstancesMarker(t *testing.T) {
 	t.Parallel()
-	srv := etcdtest.Start(t)
-	yaml := "jobs:\n" + job("orders", 2)
-	a := startRewindNode(t, srv, "a", testTTL, yaml)
-	b := startRewindNode(t, srv, "b", testTTL, yaml)
-	cli := srv.Client()
-	ctx := context.Background()
-	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	a.proxy.Blackhole()
-	g := claimItem(t, b.Node, 1, base, keyspace.SourceNormal, 1)
-	b.proxy.Blackhole()
-	srv.Wipe()
-	a.proxy.Restore()
-	waitRewindSeen(t, a)
-	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	a, b, g, cli := wipedUnderBsRun(t)
+	ctx, base := context.Background(), wipeFire
 	ga := claimItem(t, a.Node, 1, base, keyspace.SourceNormal, 1)
 
 	// b's run ends while b is still cut off: its outcome is pending when
@@ -1068,3 +1032,26 @@ func TestRepairLeavesAnotherInstancesMarker(t *testing.T) {
 		t.Errorf("item 1's running marker after a's outcome: %v", resp.Kvs)
 	}
 }
+
+// wipedUnderBsRun starts a and b on a fresh etcd; b claims item 1 of
+// orders for wipeFire while a is cut off, then b is cut off, etcd is
+// wiped, and a comes back and recovers from the rewind. b's run (g) goes
+// on, its instance still cut off.
+func wipedUnderBsRun(t *testing.T) (a, b *rewindNode, g *Grant, cli *clientv3.Client) {
+	t.Helper()
+	srv := etcdtest.Start(t)
+	yaml := "jobs:\n" + job("orders", 2)
+	a = startRewindNode(t, srv, "a", testTTL, yaml)
+	b = startRewindNode(t, srv, "b", testTTL, yaml)
+	a.proxy.Blackhole()
+	g = claimItem(t, b.Node, 1, wipeFire, keyspace.SourceNormal, 1)
+	b.proxy.Blackhole()
+	srv.Wipe()
+	a.proxy.Restore()
+	waitRewindSeen(t, a)
+	etcdtest.Eventually(t, 30*time.Second, "a's recovery", func() bool { return a.Rewound() == nil && a.Up() })
+	return a, b, g, srv.Client()
+}
+
+// wipeFire is the fire of b's run in wipedUnderBsRun.
+var wipeFire = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
