@@ -129,7 +129,7 @@ func writeStatus(w io.Writer, st *admin.ClusterStatus) error {
 		}
 		status := j.Status
 		if j.Paused != nil {
-			status = "PAUSED"
+			status = admin.StatusPaused
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d\t%s\t%s\t%s\n", j.Name, status, j.Health.Brief(j.Total), dash(j.Leader), j.Epoch, dash(j.Strategy), j.Total,
 			dash(strings.Join(j.Eligible, ",")), def, conflicts)

@@ -680,10 +680,17 @@ func TestJobPageShowsPauseAndSlots(t *testing.T) {
 	f := &fakeCluster{n: 4}
 	h := newTestConsole(f, auth.Token{Name: "bob", Role: auth.RoleRead, Secret: readSecret})
 	_, body, _ := get(h, "/jobs/job-00003", login(t, h, readSecret))
-	for _, want := range []string{`id="job-paused"`, "PAUSED after 3 failed fires in a row", "item(s) [1] failed", `id="job-slots"`, "2 of 2 in use", "waiting for one: item(s) 0, 1"} {
+	for _, want := range []string{`id="job-paused"`, `id="job-paused-badge"`, "PAUSED after 3 failed fires in a row", "item(s) [1] failed", `id="job-slots"`, "2 of 2 in use", "waiting for one: item(s) 0, 1"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("a reader's job page lacks %q", want)
 		}
+	}
+	// The jobs list says PAUSED, not DISABLED, and counts it among the
+	// disabled.
+	cookie := login(t, h, readSecret)
+	_, list, _ := get(h, "/jobs?filter=disabled", cookie)
+	if !strings.Contains(list, `<td class="st-paused">PAUSED</td>`) || strings.Contains(list, ">DISABLED<") {
+		t.Errorf("the disabled jobs' list does not show job-00003 PAUSED:\n%s", list)
 	}
 }
 

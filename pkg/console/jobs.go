@@ -60,10 +60,10 @@ func (c *console) jobs(r *http.Request, v *view) (string, error) {
 			ok = row.FailedAt.After(v.Now.Add(-time.Hour))
 		case "failing": // its health: an item's last run failed, or a due fire went unrecorded
 			ok = row.Failing > 0 || row.job.Health != nil && row.job.Health.State != admin.HealthOK
-		case "disabled":
-			ok = row.Status == admin.StatusDisabled
+		case "disabled": // paused ones too
+			ok = row.Status == admin.StatusDisabled || row.Status == admin.StatusPaused
 		case "troubled":
-			ok = row.Status != admin.StatusOK && row.Status != admin.StatusDisabled
+			ok = row.Status != admin.StatusOK && row.Status != admin.StatusDisabled && row.Status != admin.StatusPaused
 		}
 		if ok {
 			match = append(match, row)

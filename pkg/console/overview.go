@@ -56,7 +56,7 @@ func (c *console) overview(r *http.Request, v *view) (string, error) {
 			if healthy {
 				d.OK++
 			}
-		case admin.StatusDisabled:
+		case admin.StatusDisabled, admin.StatusPaused:
 			d.Disabled++
 		default:
 			d.Troubled++

@@ -31,6 +31,9 @@ type jobRow struct {
 
 func newJobRow(j *admin.JobStatus, runs admin.JobRuns) jobRow {
 	row := jobRow{job: j, Name: j.Name, Status: j.Status, Leader: j.Leader, Total: j.Total, Running: len(runs.Running)}
+	if j.Paused != nil {
+		row.Status = admin.StatusPaused // disabled by its own failed fires
+	}
 	for _, rec := range runs.Records {
 		if rec.State == keyspace.StateRunning || rec.End.IsZero() || rec.Begins() {
 			continue

@@ -105,6 +105,11 @@ func TestPauseAfterFailures(t *testing.T) {
 			t.Fatalf("status of a paused job: %+v", j.Paused)
 		}
 	}
+	// A trigger of the paused job is refused, saying it paused itself
+	// (not that an operator disabled it).
+	if _, err := c.Trigger(ctx, admin.TriggerRequest{Job: "flaky"}); err == nil || !strings.Contains(err.Error(), "paused itself after 2 failed fires in a row") {
+		t.Errorf("trigger of a paused job: %v; want it refused as paused by pauseAfterFailures", err)
+	}
 	// A fire completing while the job is paused (a run that had started)
 	// counts, but pauses nothing again.
 	if b := fireWith(keyspace.StateFailed, keyspace.StateDone); b.Paused {

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -29,8 +30,11 @@ type jobFacts struct {
 	running   []int    // items with a running marker
 	leaders   int      // election candidates (campaigns)
 	jobOff    bool     // disabled/job exists
-	offItems  map[int]bool
-	offInst   map[string]bool
+	// paused is the job's streak of failed fires when it paused the job
+	// (pauseAfterFailures): its disable mark is the job's own.
+	paused   *keyspace.PauseStreak
+	offItems map[int]bool
+	offInst  map[string]bool
 }
 
 // readJobFacts reads what the operator commands check, in one request,
@@ -49,6 +53,7 @@ func (c *Client) readJobFacts(ctx context.Context, job string) (*jobFacts, error
 		clientv3.OpGet(c.keys.Disabled(job), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
 		clientv3.OpGet(c.keys.JobPrefix(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
 		clientv3.OpGet(c.keys.Leader(job), clientv3.WithPrefix(), clientv3.WithCountOnly()),
+		clientv3.OpGet(c.keys.Pause(job)),
 	).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("read job %q from etcd: %w", job, err)
@@ -56,6 +61,12 @@ func (c *Client) readJobFacts(ctx context.Context, job string) (*jobFacts, error
 	f := &jobFacts{name: job, offItems: map[int]bool{}, offInst: map[string]bool{}}
 	f.exists = resp.Responses[5].GetResponseRange().Count > 0
 	f.leaders = int(resp.Responses[6].GetResponseRange().Count)
+	if kvs := resp.Responses[7].GetResponseRange().Kvs; len(kvs) > 0 {
+		var st keyspace.PauseStreak
+		if json.Unmarshal(kvs[0].Value, &st) == nil && !st.PausedAt.IsZero() {
+			f.paused = &st
+		}
+	}
 	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
 		f.configRev = kvs[0].ModRevision
 		if j, err := keyspace.DecodeRegistered(c.keys.Config(job), job, kvs[0].Value, &f.reg, nil); err == nil {
@@ -168,6 +179,9 @@ func (f *jobFacts) disabledWhy() string {
 	case f.def != nil && f.def.Disabled:
 		return fmt.Sprintf("job %q is disabled in its definition (disabled: true, registered by %s at %s); remove it from the job's YAML and reload",
 			f.name, f.reg.Writer, f.reg.Written.Format(time.RFC3339))
+	case f.jobOff && f.paused != nil:
+		return fmt.Sprintf("job %q paused itself after %d failed fires in a row (pauseAfterFailures, at %s); `shardd enable %s` resumes it",
+			f.name, f.paused.FailedInARow, f.paused.PausedAt.Format(time.RFC3339), f.name)
 	case f.jobOff:
 		return fmt.Sprintf("job %q is disabled by an operator; `shardd enable %s` enables it", f.name, f.name)
 	}
