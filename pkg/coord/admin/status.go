@@ -24,13 +24,13 @@ import (
 
 // Job statuses, after ElasticJob's.
 const (
-	StatusOK         = "OK"         // the map covers exactly the eligible instances
-	StatusCrashed    = "CRASHED"    // items are owned by an instance that is gone
-	StatusDisabled   = "DISABLED"   // the job is disabled
+	StatusOK       = "OK"       // the map covers exactly the eligible instances
+	StatusCrashed  = "CRASHED"  // items are owned by an instance that is gone
+	StatusDisabled = "DISABLED" // the job is disabled
 	// StatusPaused is how status and the console show a DISABLED job that
 	// disabled itself (JobStatus.Paused: pauseAfterFailures); the job's
 	// Status stays DISABLED.
-	StatusPaused = "PAUSED"
+	StatusPaused     = "PAUSED"
 	StatusResharding = "RESHARDING" // the map does not yet match the eligible instances
 	// StatusNoInstances: no live instance can run the job (none defines
 	// it, or every one that does is disabled for it).
