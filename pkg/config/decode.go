@@ -501,7 +501,32 @@ func unknownField(t reflect.Type, prefix, key string) string {
 	if best, ok := Nearest(key, candidates); ok {
 		return fmt.Sprintf("unknown field %s%s (did you mean %s?)", prefix, key, best)
 	}
+	if hint, ok := foreignFields[strings.ToLower(key)]; ok && t == reflect.TypeFor[Job]() {
+		return fmt.Sprintf("unknown field %s%s: shardd's is %s", prefix, key, hint)
+	}
 	return fmt.Sprintf("unknown field %s%s (known: %s)", prefix, key, strings.Join(names, ", "))
+}
+
+// foreignFields are other schedulers' job fields (Kubernetes CronJob,
+// XXL-JOB, dkron, Nomad), by their lower-cased names, with what says the
+// same here: the README's "Coming from XXL-JOB or Kubernetes CronJob".
+var foreignFields = map[string]string{
+	"schedule":                "cron (Kubernetes' schedule)",
+	"scheduleconf":            "cron (XXL-JOB's scheduleConf)",
+	"crons":                   "cron, which takes a list",
+	"concurrencypolicy":       "overlap (Kubernetes' Forbid is overlap: skip, Replace is overlap: replace)",
+	"executorblockstrategy":   "overlap (XXL-JOB's SERIAL_EXECUTION is bufferAll, DISCARD_LATER is skip, COVER_EARLY is replace)",
+	"blockstrategy":           "overlap (XXL-JOB's SERIAL_EXECUTION is bufferAll, DISCARD_LATER is skip, COVER_EARLY is replace)",
+	"startingdeadlineseconds": "catchUpWindow (a duration, like 5m)",
+	"misfirestrategy":         "catchUpWindow (XXL-JOB's DO_NOTHING is a short one, like 10s; FIRE_ONCE_NOW a long one, like 30d)",
+	"suspend":                 "disabled",
+	"activedeadlineseconds":   "timeout (a duration, like 10m)",
+	"executortimeout":         "timeout (a duration, like 10m)",
+	"backofflimit":            "retries",
+	"executorfailretrycount":  "retries",
+	"childjobid":              "dependsOn, set on the child (it names its parents)",
+	"starts_at":               "activeFrom",
+	"expires_at":              "activeUntil",
 }
 
 // Nearest returns the candidate nearest to name by edit distance, case

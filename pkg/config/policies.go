@@ -224,13 +224,30 @@ func parseActive(v string, loc *time.Location, until bool) (time.Time, error) {
 	return schedule.DayStart(loc, d.Year(), d.Month(), d.Day()), nil
 }
 
+// foreignOverlap are other schedulers' overlap policies (Kubernetes'
+// concurrencyPolicy, XXL-JOB's block strategies), lower-cased, with
+// shardd's.
+var foreignOverlap = map[string]string{
+	"forbid":           OverlapSkip,
+	"discard_later":    OverlapSkip,
+	"serial_execution": OverlapBufferAll,
+	"serial":           OverlapBufferAll,
+	"cover_early":      OverlapReplace,
+}
+
 // validatePolicies checks the policies' fields, after validateSchedule
 // (which sets j.Location), and wraps j.Schedule in the active window and
 // sets j.Exclusion.
 func validatePolicies(j *Job, f *fields, bad badFunc) {
 	if j.Overlap != "" {
 		if !slices.Contains(overlapPolicies, j.Overlap) {
-			bad("overlap", "overlap %q is not one of %s", j.Overlap, strings.Join(overlapPolicies, ", "))
+			msg := fmt.Sprintf("overlap %q is not one of %s", j.Overlap, strings.Join(overlapPolicies, ", "))
+			if theirs, ok := foreignOverlap[strings.ToLower(j.Overlap)]; ok {
+				msg += fmt.Sprintf(" (%s is overlap: %s here)", j.Overlap, theirs)
+			} else if near, ok := Nearest(j.Overlap, overlapPolicies); ok {
+				msg += fmt.Sprintf(" (did you mean %s?)", near)
+			}
+			bad("overlap", "%s", msg)
 		} else {
 			// misfire is overlap's alias: given both, they must agree.
 			want := j.Overlap != OverlapSkip
