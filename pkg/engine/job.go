@@ -53,8 +53,11 @@ type jobLoop struct {
 	// waitKeys are the items this loop put a waiting key for
 	// (clusterConcurrency) that it has not seen gone: its reconciles read
 	// the slots, and look after those keys, even when it has no run to
-	// start (dropStaleWaiting). Only the reconcile uses it.
-	waitKeys map[int]bool
+	// start (dropStaleWaiting). slotsRead: the loop has read them once,
+	// which looks after the keys a loop this one replaced (a reload) put.
+	// Only the reconcile uses them.
+	waitKeys  map[int]bool
+	slotsRead bool
 }
 
 // localRuns are the runs of one job's items in this process, from the
@@ -196,6 +199,7 @@ func (j *jobLoop) reconcile(ctx context.Context) time.Time {
 		r.before[item].running, r.before[item].ended = j.runs.snapshot(item)
 	}
 	mustRead := j.mustRead.Swap(false)
+	r.mustRead = mustRead
 	if !mustRead && j.idle(v) {
 		return r.next
 	}
@@ -241,6 +245,10 @@ type pass struct {
 	notes  func(item int, rec *keyspace.ItemRecord) bool // see notesOutcomes
 	own    func(item int, fire time.Time, source string) (bool, time.Time)
 	kills  map[keyspace.KillKey]keyspace.KillBy // read when a cut run is to run again
+
+	// mustRead: this reconcile was asked to read even if idle (the
+	// safety net's sweep, a marker of this session no run holds).
+	mustRead bool
 
 	starts []start // the runs decided on
 	skips  []start // the records of skips, settles and kills decided on
@@ -351,7 +359,8 @@ func (j *jobLoop) claimAhead(v coord.JobView, now, next time.Time) (ahead, wake 
 // thousands of jobs on every instance, reading every job at every fire on
 // every instance is most of etcd's load.
 func (j *jobLoop) idle(v coord.JobView) bool {
-	return !v.Map.PerFire && !v.Job.Shard.Runtime() && len(v.Map.ItemsOf(j.e.opts.Node.ID())) == 0 && !j.runs.busy() && len(j.waitKeys) == 0
+	return !v.Map.PerFire && !v.Job.Shard.Runtime() && len(v.Map.ItemsOf(j.e.opts.Node.ID())) == 0 && !j.runs.busy() &&
+		(v.Job.ClusterConcurrency == 0 || j.slotsRead && len(j.waitKeys) == 0)
 }
 
 // read reads the job's items into r, and its triggers. Triggers are served
@@ -552,7 +561,7 @@ func (j *jobLoop) clusterLimited() bool {
 // free slot: one claim wins); this only chooses.
 func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
 	limit := r.v.Job.ClusterConcurrency
-	if limit <= 0 || len(r.starts) == 0 && len(j.waitKeys) == 0 {
+	if limit <= 0 || len(r.starts) == 0 && len(j.waitKeys) == 0 && j.slotsRead && !r.mustRead {
 		return
 	}
 	cs, err := j.e.opts.Node.ReadClusterSlots(ctx, j.name)
@@ -562,6 +571,7 @@ func (j *jobLoop) takeClusterSlots(ctx context.Context, r *pass) {
 		r.retrySoon()
 		return
 	}
+	j.slotsRead = true
 	j.dropStaleWaiting(ctx, r, cs)
 	granted, waiting := assignClusterSlots(r.starts, limit, cs)
 	r.starts = granted
@@ -612,8 +622,9 @@ func (j *jobLoop) dropStaleWaiting(ctx context.Context, r *pass, cs coord.Cluste
 		}
 		delete(cs.Waiting, item)
 		if err := j.e.opts.Node.Unwait(ctx, j.name, item, key.Rev); err != nil {
-			j.log.Warn("delete a stale waiting key", "item", item, "err", err)
-			continue // looked after again at the next reconcile
+			j.log.Warn("delete a stale waiting key; trying again", "item", item, "err", err)
+			r.retrySoon()
+			continue
 		}
 		delete(cs.WaitingKeys, item)
 	}
@@ -717,7 +728,14 @@ func (j *jobLoop) record(ctx context.Context, r *pass) {
 		case replace:
 			j.replace(ctx, s.item, s.a)
 		default:
-			j.skip(ctx, s.item, s.st, s.a)
+			if j.skip(ctx, s.item, s.st, s.a) && r.policy.schedule != nil {
+				// Fires after the skipped ones may be due already (a
+				// queue's next, cut by its own offset): decide again soon,
+				// not at the next fire, by when they may be too old.
+				if n := r.policy.schedule.Next(s.a.fire); !n.IsZero() && !n.After(r.now) {
+					r.retrySoon()
+				}
+			}
 		}
 	}
 	if len(r.fresh) > 0 {
@@ -786,17 +804,18 @@ func manual(triggers []keyspace.Trigger, item int, st keyspace.ItemState, now, b
 }
 
 // skip records fires as skipped by the misfire policy.
-func (j *jobLoop) skip(ctx context.Context, item int, st keyspace.ItemState, a action) {
+func (j *jobLoop) skip(ctx context.Context, item int, st keyspace.ItemState, a action) bool {
 	e := j.e
 	if err := e.opts.Node.Skip(ctx, coord.Skip{Job: j.name, Item: item, Fire: a.fire, Skipped: a.skipped, Excluded: a.excluded, Reason: a.why, Prev: st, Waited: j.clusterLimited()}); err != nil {
 		j.log.Warn("record skipped fires; trying again", "item", item, "err", err)
 		j.pokeAfter(200 * time.Millisecond)
-		return
+		return false
 	}
 	j.log.Info(msgSkipped, "item", item, "skipped", a.skipped, "excluded", a.excluded, "through", a.fire.UTC(), "why", a.why)
 	if e.opts.OnSkipped != nil {
 		e.opts.OnSkipped(j.name, a.skipped)
 	}
+	return true
 }
 
 // msgSkipped is the log message of fires recorded as skipped by a policy

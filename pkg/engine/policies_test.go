@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -416,6 +417,7 @@ func TestDropStaleWaiting(t *testing.T) {
 		{"a's own key for an item that still waits: kept (its run takes the slot)", map[int]string{0: "a"}, []start{manual(0)}, nil, []int{0}},
 		{"an item no longer in the job: deleted", map[int]string{7: "b"}, []start{manual(0)}, []int{7}, []int{0}},
 		{"nothing to start, no key of its own: the slots are not read", map[int]string{7: "b", 1: "gone"}, nil, nil, nil},
+		{"a loop's first pass reads them: a's key put before a reload, for an item it no longer waits for, is deleted", map[int]string{2: "a"}, nil, []int{2}, nil},
 	}
 	for _, tt := range tests {
 		fn := newFakeNode(t, `jobs:
@@ -432,7 +434,9 @@ func TestDropStaleWaiting(t *testing.T) {
 		}
 		e := &Engine{opts: Options{Node: sn, Now: func() time.Time { return now }}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 		j := &jobLoop{e: e, name: "j", log: e.log, baseline: wm, seen: map[int]time.Time{}}
-		if tt.keys[2] == "a" {
+		first := strings.HasPrefix(tt.name, "a loop's first pass")
+		j.slotsRead = !first
+		if tt.keys[2] == "a" && !first {
 			j.waitKeys = map[int]bool{2: true} // it put that key
 		}
 		v, _ := fn.View("j")
@@ -496,5 +500,48 @@ func TestDecideJitterCountsLatenessFromTheStart(t *testing.T) {
 				t.Errorf("%s, %s: %v of %s (%s), want %v of %s", overlap, tt.name, a.kind, a.fire.Format(time.RFC3339), a.why, tt.wantKind, tt.fire.Format(time.RFC3339))
 			}
 		}
+	}
+}
+
+// A skip that leaves later fires due makes the loop look again at once,
+// not at the next fire: bufferAll, jitter 9m, catchUpWindow 5m, every 10
+// minutes; the instance comes back 30 s after f2's start, with f1 too old
+// by its own offset. The pass records f1 skipped; the next must come
+// before f2 is too old too (review of #30: it came at the next fire, and
+// f2 was recorded too-old though it could have run for 4.5 minutes).
+func TestSkipLeavingDueFiresLooksAgainSoon(t *testing.T) {
+	t.Parallel()
+	const yaml = "jobs:\n  - name: j\n    cron: \"0 */10 * * * ?\"\n    overlap: bufferAll\n    jitter: 9m\n    catchUpWindow: 5m\n    script: \"true\"\n"
+	const jit = 9 * time.Minute
+	f1 := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	for schedule.JitterOffset("j", 0, f1.Add(10*time.Minute), jit) >= 3*time.Minute ||
+		schedule.JitterOffset("j", 0, f1, jit) >= 4*time.Minute {
+		f1 = f1.Add(10 * time.Minute)
+	}
+	f0, f2 := f1.Add(-10*time.Minute), f1.Add(10*time.Minute)
+	off2 := schedule.JitterOffset("j", 0, f2, jit)
+	now := f2.Add(off2 + 30*time.Second)
+	f := newFakeNode(t, yaml, map[string][]int{"a": {0}})
+	f.set(0, keyspace.ItemState{Record: &keyspace.ItemRecord{Job: "j", Fire: f0, Sched: f0, State: keyspace.StateDone, Attempt: 1, End: f0.Add(time.Second)}, Rev: 7})
+	clock := &fakeClock{now: now}
+	j, wait := reviewLoop(f, "j", clock)
+	next := j.reconcile(context.Background())
+	wait()
+	record := func() keyspace.ItemRecord {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return *f.items[0].Record
+	}
+	if rec := record(); rec.State != keyspace.StateSkipped || !rec.Fire.Equal(f1) || rec.Reason != keyspace.SkipTooOld {
+		t.Fatalf("the first pass recorded %s fire %s (%s), want f1 %s skipped too-old", rec.State, rec.Fire.Format("15:04"), rec.Reason, f1.Format("15:04"))
+	}
+	if deadline := f2.Add(off2 + 5*time.Minute); next.After(deadline) {
+		t.Fatalf("after recording f1 skipped, the loop looks again at %s, after f2's catch-up window ends (%s)", next.Format("15:04:05"), deadline.Format("15:04:05"))
+	}
+	clock.set(next)
+	j.reconcile(context.Background())
+	wait()
+	if rec := record(); !rec.Fire.Equal(f2) || rec.State == keyspace.StateSkipped {
+		t.Errorf("the next pass: %s fire %s (%s), want f2 %s run", rec.State, rec.Fire.Format("15:04"), rec.Reason, f2.Format("15:04"))
 	}
 }
