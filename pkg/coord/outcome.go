@@ -54,6 +54,9 @@ func (n *Node) Complete(ctx context.Context, g *Grant, o Outcome) error {
 		if errors.Is(err, ErrClaimLost) && po.written() {
 			return nil // written by the repair after etcd went back (rewind.go)
 		}
+		if errors.Is(err, ErrClaimLost) {
+			n.dropOwnMarker(ctx, rec, g.Fence)
+		}
 		if err == nil || errors.Is(err, ErrClaimLost) {
 			return err
 		}
@@ -319,6 +322,30 @@ func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) 
 		ops = append(ops, clientv3.OpPut(k.LastFailure(rec.Job), string(val)))
 	}
 	return clientv3.Compare(clientv3.ModRevision(k.Item(rec.Job, rec.Item)), "=", rev), ops, nil
+}
+
+// dropOwnMarker deletes the running marker of rec's run, a claim lost at
+// its outcome, if it is still there (created by the claim, at fence): a
+// rewind's repair wrote another outcome over the claim's record while the
+// run went on (it leaves a marker that is not its own), and the run's end
+// must free the item. A claim taken over the usual way has no marker left
+// (its session ended): the delete finds none.
+func (n *Node) dropOwnMarker(ctx context.Context, rec keyspace.ItemRecord, fence int64) {
+	marker := n.keys.RunningItem(rec.Job, rec.Item)
+	ops := []clientv3.Op{clientv3.OpDelete(marker)}
+	if rec.Slot > 0 {
+		slot := n.keys.Slot(rec.Job, rec.Slot-1)
+		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(slot), "=", fence)}, []clientv3.Op{clientv3.OpDelete(slot)}, nil))
+	}
+	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
+	defer cancel()
+	resp, err := n.opts.Client.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(marker), "=", fence)).Then(ops...).Commit()
+	switch {
+	case err != nil:
+		n.log.Warn("delete the running marker of a run whose claim was lost", "job", rec.Job, "item", rec.Item, "fence", fence, "err", err)
+	case resp.Succeeded:
+		n.log.Warn("deleted the running marker of a run whose record another outcome replaced (a rewind's repair)", "job", rec.Job, "item", rec.Item, "fence", fence)
+	}
 }
 
 // clearRunningOps delete rec's run's running marker and give back its

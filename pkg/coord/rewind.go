@@ -537,26 +537,15 @@ func (n *Node) repairRecords(ctx context.Context) (int, error) {
 // first): the caller reads again.
 func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.KeyValue, pending map[int]*pendingOutcome) (wrote int, conflict bool, err error) {
 	gctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
-	resp, err := n.opts.Client.Txn(gctx).Then(clientv3.OpGet(n.keys.Items(job), clientv3.WithPrefix()),
-		clientv3.OpGet(n.keys.Running(job), clientv3.WithPrefix())).Commit()
+	resp, err := n.opts.Client.Get(gctx, n.keys.Items(job), clientv3.WithPrefix())
 	cancel()
 	if err != nil {
 		return 0, false, fmt.Errorf("read records of job %q: %w", job, err)
 	}
 	current := map[int]*mvccpb.KeyValue{}
-	for _, kv := range resp.Responses[0].GetResponseRange().Kvs {
+	for _, kv := range resp.Kvs {
 		if item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil {
 			current[item] = kv
-		}
-	}
-	// held are the items another instance's run holds now (its marker):
-	// their records are that run's, written by its outcome; a repair over
-	// them would end the run's claim while it goes on (its outcome refused,
-	// its marker left, or deleted under it).
-	held := map[int]bool{}
-	for _, kv := range resp.Responses[1].GetResponseRange().Kvs {
-		if item, err := strconv.Atoi(keyspace.LastSegment(string(kv.Key))); err == nil && string(kv.Value) != n.opts.ID {
-			held[item] = true
 		}
 	}
 	var cmps []clientv3.Cmp
@@ -585,9 +574,6 @@ func (n *Node) repairJob(ctx context.Context, job string, known map[int]*mvccpb.
 		return nil
 	}
 	for item := range union(known, pending) {
-		if held[item] {
-			continue
-		}
 		cur := current[item]
 		var curRev int64 // 0: absent, which a ModRevision compare of 0 matches
 		var c *keyspace.ItemRecord
