@@ -456,9 +456,6 @@ func validateCalendars(j *Job, f *fields, bad badFunc) {
 		if j.Calendars[name].checked {
 			calBad = func(string, string, ...any) {}
 		}
-		if _, set := f.line["excludeCalendars"]; set && len(j.Cron) == 0 {
-			bad("excludeCalendars", "excludeCalendars excludes fires of a cron schedule; this job has none")
-		}
 		j.Exclusion = append(j.Exclusion, j.Calendars[name].parse(name, j.Location, "calendars."+name+".", calBad))
 	}
 	for _, name := range slices.Sorted(maps.Keys(j.Calendars)) {

@@ -269,3 +269,15 @@ jobs:
 		}
 	}
 }
+
+// A field out of place is one problem, said once: excludeCalendars on a
+// fixedDelay job, or on a job run by hand (a new user saw two messages).
+func TestCronOnlyFieldSaidOnce(t *testing.T) {
+	t.Parallel()
+	for _, schedule := range []string{"    fixedDelay: 1m\n", ""} {
+		_, err := Parse("jobs.yaml", []byte("calendars:\n  off: {weekdays: [SUN]}\njobs:\n  - name: j\n"+schedule+"    excludeCalendars: [off]\n    script: [/bin/true]\n"))
+		if errs := Errors(err); len(errs) != 1 || !strings.Contains(errs[0].Error(), "excludeCalendars") {
+			t.Errorf("%q: %d problems, want one about excludeCalendars: %v", schedule, len(errs), err)
+		}
+	}
+}
