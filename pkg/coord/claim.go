@@ -59,6 +59,10 @@ type Claim struct {
 	// absent, puts it under the session's lease, and deletes the item's
 	// waiting key.
 	Slot int
+	// StartAt is when the work of a claim made ahead starts (its fire, or
+	// the fire plus its jitter offset): the record's start, rather than
+	// the claim's time, so that no record shows a start before its fire.
+	StartAt time.Time
 }
 
 // Grant is a won claim.
@@ -130,9 +134,14 @@ type claimParts struct {
 // and writes (the record, the marker under s's lease).
 func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 	k := n.keys
+	now := n.opts.Now().UTC()
+	start := now
+	if c.StartAt.After(start) {
+		start = c.StartAt.UTC()
+	}
 	rec := keyspace.ItemRecord{
 		Job: c.Job, Item: c.Item, Fire: c.Fire.UTC(), State: keyspace.StateRunning, Instance: n.opts.ID,
-		Attempt: c.Attempt, Source: c.Source, Start: n.opts.Now().UTC(), ExitCode: -1, Skipped: c.Skipped, Excluded: c.Excluded,
+		Attempt: c.Attempt, Source: c.Source, Start: start, ExitCode: -1, Skipped: c.Skipped, Excluded: c.Excluded,
 		Sched: c.Sched.UTC(), Trigger: c.Trigger, Param: c.Param, By: c.By, FireKey: c.FireKey,
 		Upstream: c.Upstream, NoPropagate: c.NoPropagate, Total: c.Total, Slot: c.Slot,
 	}
@@ -163,7 +172,7 @@ func (n *Node) claimTxn(s *session, c Claim) (claimParts, error) {
 		ops = append(ops, clientv3.OpPut(slot, fmt.Sprintf("%s %d", n.opts.ID, c.Item), clientv3.WithLease(s.lease)),
 			clientv3.OpDelete(k.WaitingItem(c.Job, c.Item)))
 	}
-	if cut, ok := cutRecord(c, rec); ok {
+	if cut, ok := cutRecord(c, rec, now); ok {
 		cv, err := json.Marshal(cut)
 		if err != nil {
 			return claimParts{}, err
@@ -182,16 +191,17 @@ func cutsARun(c Claim) bool {
 
 // cutRecord is the history record of the run the claim c (whose record is
 // next) takes over from, when that run was cut: KILLED, reason lost, under
-// its own fence and sequence (the slot its outcome would have written).
+// its own fence and sequence (the slot its outcome would have written),
+// ended at the claim's time, now.
 // Without it, the claim's record replaces the cut run's, and nothing in
 // etcd would say the run began and was cut (its log is on the instance
 // that died).
-func cutRecord(c Claim, next keyspace.ItemRecord) (keyspace.ItemRecord, bool) {
+func cutRecord(c Claim, next keyspace.ItemRecord, now time.Time) (keyspace.ItemRecord, bool) {
 	if !cutsARun(c) {
 		return keyspace.ItemRecord{}, false
 	}
 	cut := *c.Prev.Record
-	cut.State, cut.Reason, cut.End, cut.Fence = keyspace.StateKilled, keyspace.ReasonLost, next.Start, keyspace.RunFence(c.Prev.Record, c.Prev.Rev)
+	cut.State, cut.Reason, cut.End, cut.Fence = keyspace.StateKilled, keyspace.ReasonLost, now, keyspace.RunFence(c.Prev.Record, c.Prev.Rev)
 	cut.Error = "its session ended before its outcome was recorded (its instance died or was cut off, or its last write was lost)"
 	if next.Fire.Equal(cut.Fire) && next.Attempt > cut.Attempt {
 		cut.Error = fmt.Sprintf("run again as attempt %d (%s): %s", next.Attempt, next.Source, cut.Error)

@@ -644,3 +644,32 @@ func TestAClaimOverACutRunRecordsTheCutRun(t *testing.T) {
 		t.Errorf("%d history records, want 6: each item's cut run and its re-run", len(recs))
 	}
 }
+
+// A claim made ahead of its work records the work's start (StartAt), not
+// the claim's time: no RUNNING record shows a start before its fire (a new
+// user's history showed START a second before FIRE). A claim without one
+// records its own time.
+func TestClaimAheadRecordsItsStart(t *testing.T) {
+	t.Parallel()
+	n := ordersNode(t, 2)
+	ctx := context.Background()
+	fire := time.Now().Add(3 * time.Second).Truncate(time.Second)
+	cs := claimsOf(t, n, 2, fire)
+	cs[0].StartAt = fire.Add(1500 * time.Millisecond) // a jitter offset
+	before := time.Now()
+	for _, c := range cs {
+		if _, err := n.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read, err := n.ReadItems(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := read.Items[0].Record.Start; !got.Equal(cs[0].StartAt.UTC()) {
+		t.Errorf("item 0, claimed ahead: record start %s, want its StartAt %s", got.Format(time.RFC3339Nano), cs[0].StartAt.Format(time.RFC3339Nano))
+	}
+	if got := read.Items[1].Record.Start; got.Before(before.Add(-time.Second)) || got.After(time.Now()) {
+		t.Errorf("item 1, claimed for now: record start %s, want the claim's time", got.Format(time.RFC3339Nano))
+	}
+}

@@ -198,7 +198,7 @@ func (j *jobLoop) claimOf(v coord.JobView, s start) coord.Claim {
 	return coord.Claim{
 		Job: j.name, Item: s.item, Fire: a.fire, Attempt: a.attempt, Source: a.source, Skipped: a.skipped, Excluded: a.excluded,
 		Prev: s.st, MapRev: v.MapRev, Sched: a.sched, Trigger: a.trigger, TriggerID: a.triggerID, Param: a.param, By: a.by, FireKey: a.fireKey,
-		Upstream: a.upstream, NoPropagate: a.noPropagate, Total: j.totalOf(v), Slot: a.slot,
+		Upstream: a.upstream, NoPropagate: a.noPropagate, Total: j.totalOf(v), Slot: a.slot, StartAt: a.startAt,
 	}
 }
 
