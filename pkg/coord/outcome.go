@@ -332,14 +332,10 @@ func (n *Node) finishTxn(rec keyspace.ItemRecord, rev int64, clearRunning bool) 
 // (its session ended): the delete finds none.
 func (n *Node) dropOwnMarker(ctx context.Context, rec keyspace.ItemRecord, fence int64) {
 	marker := n.keys.RunningItem(rec.Job, rec.Item)
-	ops := []clientv3.Op{clientv3.OpDelete(marker)}
-	if rec.Slot > 0 {
-		slot := n.keys.Slot(rec.Job, rec.Slot-1)
-		ops = append(ops, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(slot), "=", fence)}, []clientv3.Op{clientv3.OpDelete(slot)}, nil))
-	}
+	rec.Fence = fence // the slot's guard too (clearRunningOps)
 	wctx, cancel := context.WithTimeout(ctx, n.opts.TTL)
 	defer cancel()
-	resp, err := n.opts.Client.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(marker), "=", fence)).Then(ops...).Commit()
+	resp, err := n.opts.Client.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(marker), "=", fence)).Then(n.clearRunningOps(rec, false)...).Commit()
 	switch {
 	case err != nil:
 		n.log.Warn("delete the running marker of a run whose claim was lost", "job", rec.Job, "item", rec.Item, "fence", fence, "err", err)
