@@ -302,7 +302,7 @@ func validatePolicies(j *Job, f *fields, bad badFunc) {
 	if j.Schedule != nil && (!from.IsZero() || !until.IsZero()) {
 		j.Schedule = schedule.Window{S: j.Schedule, From: from, Until: until}
 	}
-	validateCalendars(j, f, bad)
+	validateCalendars(j, bad)
 	validateFixedDelay(j, f, bad)
 	validateCronOnly(j, f, bad)
 	if j.ClusterConcurrency < 0 || j.ClusterConcurrency > MaxShardingTotalCount {
@@ -440,7 +440,7 @@ func shortestGap(s schedule.Schedule, loc *time.Location) (time.Duration, time.T
 // validateCalendars checks excludeCalendars against the job's calendars
 // (its own, and those of its file that it names, put there by the loader)
 // and sets j.Exclusion.
-func validateCalendars(j *Job, f *fields, bad badFunc) {
+func validateCalendars(j *Job, bad badFunc) {
 	seen := map[string]bool{}
 	for _, name := range j.ExcludeCalendars {
 		switch {
